@@ -1,0 +1,539 @@
+"""Job configuration: Java ``.properties`` files, typed key declarations and one loader.
+
+Precedence: built-in defaults < ``.properties`` file < repeated ``--set key=value``.
+
+Every key is declared once, next to the code that reads it, as a :class:`Key` in a module-level
+``KEYS`` list. :func:`load_config` takes the declarations, parses the file, merges the
+overrides, converts types, runs each key's check and returns a read-only :class:`Config` that
+remembers where every value came from. Errors are :class:`ConfigError` (a ``ValueError``) whose
+message names the file and line or the key, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "TYPES",
+    "Config",
+    "ConfigError",
+    "Key",
+    "KeyLike",
+    "at_least",
+    "between",
+    "in_range",
+    "load_config",
+    "non_negative",
+    "parse_properties",
+    "positive",
+    "render_markdown",
+]
+
+TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem: unknown key, bad value, unreadable file, missing required key."""
+
+
+class KeyLike(Protocol):
+    """What the loader needs of a declaration; ``decay`` declares its keys with its own class."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None
+    choices: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its name, type, default, a one-line doc and an optional check.
+
+    ``check(value)`` returns ``None`` when the value is fine, else a short phrase saying what is
+    valid ("an integer >= 1"). ``choices`` restricts a ``str`` key to these names (matched
+    case-insensitively, stored in the declared spelling). A ``<i>`` in the name stands for a
+    non-negative integer index. ``default=None`` means "unset": the reader decides.
+    """
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None = None
+    choices: tuple[str, ...] | None = None
+    deprecated: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.type not in TYPES:
+            raise ValueError(
+                f"key {self.name}: type {self.type!r} is not one of {', '.join(TYPES)}"
+            )
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+def positive(value: float) -> str | None:
+    """Check: value > 0."""
+    return None if value > 0 else "a number > 0"
+
+
+def non_negative(value: float) -> str | None:
+    """Check: value >= 0."""
+    return None if value >= 0 else "a number >= 0"
+
+
+def at_least(low: float) -> Callable[[float], str | None]:
+    """Check: value >= low."""
+
+    def check(value: float) -> str | None:
+        return None if value >= low else f"a number >= {low:g}"
+
+    return check
+
+
+def between(low: float, high: float) -> Callable[[float], str | None]:
+    """Check: low <= value <= high."""
+
+    def check(value: float) -> str | None:
+        return None if low <= value <= high else f"a number in [{low:g}, {high:g}]"
+
+    return check
+
+
+def in_range(low: float, high: float) -> Callable[[float], str | None]:
+    """Check: low < value < high (open interval)."""
+
+    def check(value: float) -> str | None:
+        return None if low < value < high else f"a number in ({low:g}, {high:g})"
+
+    return check
+
+
+# --- .properties parsing -----------------------------------------------------------------------
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key/value pair read from a properties file, with the line where its key starts."""
+
+    key: str
+    value: str
+    line: int
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """Join ``\\``-continued physical lines; skip blank lines and comments (``#`` or ``!``)."""
+    physical = text.splitlines()
+    i = 0
+    while i < len(physical):
+        start = i + 1
+        line = physical[i].lstrip(" \t\f")
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        # A line continues when it ends in an odd number of backslashes.
+        while _ends_with_continuation(line) and i < len(physical):
+            line = line[:-1] + physical[i].lstrip(" \t\f")
+            i += 1
+        if _ends_with_continuation(line):
+            line = line[:-1]
+        yield start, line
+
+
+def _ends_with_continuation(line: str) -> bool:
+    n = len(line) - len(line.rstrip("\\"))
+    return n % 2 == 1
+
+
+def _unescape(raw: str, where: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        i += 1
+        if i >= len(raw):
+            break
+        c = raw[i]
+        if c == "u":
+            hexdigits = raw[i + 1 : i + 5]
+            if len(hexdigits) != 4 or not all(h in "0123456789abcdefABCDEF" for h in hexdigits):
+                raise ConfigError(f"{where}: malformed \\uXXXX escape {raw[i - 1 : i + 5]!r}")
+            out.append(chr(int(hexdigits, 16)))
+            i += 5
+            continue
+        out.append(_ESCAPES.get(c, c))
+        i += 1
+    return "".join(out)
+
+
+def parse_properties(text: str, source: str = "<string>") -> list[Entry]:
+    """Parse Java ``.properties`` text into entries, in file order (later ones win on merge).
+
+    Rules as ``java.util.Properties.load``: ``#``/``!`` comments, ``=``, ``:`` or whitespace
+    separators, ``\\`` line continuations, ``\\uXXXX`` and ``\\t \\n \\r \\f`` escapes, any other
+    escaped character stands for itself.
+    """
+    entries: list[Entry] = []
+    for lineno, line in _logical_lines(text):
+        where = f"{source}:{lineno}"
+        # The key ends at the first unescaped '=', ':' or whitespace.
+        i = 0
+        while i < len(line):
+            c = line[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c in "=: \t\f":
+                break
+            i += 1
+        key_raw = line[:i]
+        rest = line[i:].lstrip(" \t\f")
+        # Whitespace, then at most one '=' or ':', then whitespace, is one separator.
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(" \t\f")
+        entries.append(Entry(_unescape(key_raw, where), _unescape(rest, where), lineno))
+    return entries
+
+
+# --- type conversion ---------------------------------------------------------------------------
+
+_WHAT = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "int_list": "a comma-separated list of integers",
+    "float_list": "a comma-separated list of numbers",
+    "str_list": "a comma-separated list of names",
+}
+
+
+def _convert(key: KeyLike, value: Any) -> Any:
+    """Convert a raw string (or an already typed Python value) to the key's type."""
+    t = key.type
+    if value is None:
+        return None
+    if t == "str":
+        return str(value)
+    if t == "bool":
+        if isinstance(value, bool):
+            return value
+        s = str(value).strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ValueError
+    if t == "int":
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        s = str(value).strip()
+        try:
+            return int(s)
+        except ValueError:
+            f = float(s)  # accept "1e6" and "10.0" when they are whole numbers
+            if f.is_integer():
+                return int(f)
+            raise
+    if t == "float":
+        if isinstance(value, bool):
+            raise ValueError
+        f = float(value)
+        return f
+    # lists
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        s = str(value).strip()
+        items = [p.strip() for p in s.split(",")] if s else []
+    if t == "int_list":
+        return [_convert(Key("x", "int", None, ""), v) for v in items]
+    if t == "float_list":
+        return [float(v) for v in items]
+    return [str(v) for v in items]
+
+
+def _validate(key: KeyLike, value: Any, where: str, name: str | None = None) -> Any:
+    """Convert and check one value; raise ConfigError naming where, the key, the value and what is valid."""
+    shown = value if isinstance(value, str) else _format(value)
+    name = name or key.name
+    try:
+        typed = _convert(key, value)
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(
+            f"{where}: {name}={shown!s} is not valid: expected {_WHAT[key.type]}"
+        ) from None
+    if typed is None:
+        return None
+    if key.type == "float" and typed != typed:  # NaN passes every comparison check
+        raise ConfigError(f"{where}: {name}={shown} is not valid: expected a finite number")
+    if key.choices and key.type == "str":
+        match = {c.lower(): c for c in key.choices}.get(typed.lower())
+        if match is None:
+            close = difflib.get_close_matches(typed, key.choices, n=3, cutoff=0.4)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ConfigError(
+                f"{where}: {name}={shown} is not valid: expected one of "
+                f"{', '.join(key.choices)}{hint}"
+            )
+        typed = match
+    if key.check is not None:
+        items = typed if isinstance(typed, list) and key.type != "str_list" else [typed]
+        problem = key.check(typed) if key.type.endswith("_list") else None
+        if problem is None and not key.type.endswith("_list"):
+            for item in items:
+                problem = key.check(item)
+                if problem:
+                    break
+        if problem:
+            raise ConfigError(f"{where}: {name}={shown} is not valid: expected {problem}")
+    return typed
+
+
+# --- key lookup --------------------------------------------------------------------------------
+
+
+class _KeyIndex:
+    """Exact names plus ``<i>`` patterns, and nearest-name suggestions for unknown keys."""
+
+    def __init__(self, keys: Iterable[KeyLike]) -> None:
+        self.exact: dict[str, KeyLike] = {}
+        self.patterns: list[tuple[re.Pattern[str], KeyLike]] = []
+        for k in keys:
+            if k.name in self.exact or any(k.name == p.name for _, p in self.patterns):
+                raise ValueError(f"key {k.name} is declared twice")
+            if "<i>" in k.name:
+                rx = re.compile("^" + re.escape(k.name).replace("<i>", r"(\d+)") + "$")
+                self.patterns.append((rx, k))
+            else:
+                self.exact[k.name] = k
+
+    def find(self, name: str) -> KeyLike | None:
+        k = self.exact.get(name)
+        if k is not None:
+            return k
+        for rx, pk in self.patterns:
+            if rx.match(name):
+                return pk
+        return None
+
+    def all(self) -> list[KeyLike]:
+        return list(self.exact.values()) + [k for _, k in self.patterns]
+
+    def suggest(self, name: str) -> list[str]:
+        # Indexed names are suggested with the index the user typed, when there is one.
+        m = re.search(r"\.(\d+)\.", name)
+        names = list(self.exact)
+        for _, k in self.patterns:
+            names.append(k.name.replace("<i>", m.group(1)) if m else k.name)
+        return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+
+
+def _unknown(name: str, where: str, index: _KeyIndex) -> ConfigError:
+    close = index.suggest(name)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return ConfigError(f"{where}: unknown key {name}{hint}; `angelps conf --keys` lists every key")
+
+
+# --- the typed configuration -------------------------------------------------------------------
+
+
+class Config(Mapping[str, Any]):
+    """A read-only, typed configuration: every declared key has a value (maybe None = unset).
+
+    ``source(name)`` tells where a value came from: ``default``, ``<file>:<line>`` or
+    ``command line``. Keys matching an indexed declaration (``ml.opt.decay.0.gamma``) are present
+    only when set.
+    """
+
+    def __init__(
+        self,
+        values: Mapping[str, Any],
+        sources: Mapping[str, str],
+        keys: Sequence[KeyLike] = (),
+    ) -> None:
+        self._values = dict(values)
+        self._sources = dict(sources)
+        self._keys = {k.name: k for k in keys}
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"configuration key {name} is not declared") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def source(self, name: str) -> str:
+        """Where the value of ``name`` came from."""
+        return self._sources.get(name, "default")
+
+    def is_set(self, name: str) -> bool:
+        """True when the file or the command line gave this key a value."""
+        return self.source(name) != "default"
+
+    def declaration(self, name: str) -> KeyLike | None:
+        """The declaration of a (non-indexed) key, when known."""
+        return self._keys.get(name)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
+        """A copy with some values replaced (typed and checked), marked as set by the program."""
+        index = _KeyIndex(self._keys.values()) if self._keys else None
+        values = dict(self._values)
+        sources = dict(self._sources)
+        for name, value in overrides.items():
+            key = index.find(name) if index else None
+            if index is not None and key is None:
+                raise _unknown(name, "override", index)
+            values[name] = _validate(key, value, "override", name) if key is not None else value
+            sources[name] = "program"
+        return Config(values, sources, list(self._keys.values()))
+
+    def to_properties(self) -> dict[str, str]:
+        """The values as ``.properties`` strings (None left out)."""
+        return {k: _format(v) for k, v in self._values.items() if v is not None}
+
+    def __repr__(self) -> str:
+        set_keys = {k: v for k, v in self._values.items() if self.is_set(k)}
+        return f"Config({set_keys!r})"
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_format(v) for v in value)
+    return str(value)
+
+
+def _read_file(path: str | Path) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"configuration file {path} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"configuration file {path} is a directory, not a .properties file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"configuration file {path} cannot be read: {e.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # Java's classic Properties encoding; \uXXXX escapes carry anything else.
+        return raw.decode("latin-1")
+
+
+def _parse_set(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    k, v = item.split("=", 1)
+    k = k.strip()
+    if not k:
+        raise ConfigError(f"--set {item!r}: the key is empty; expected key=value")
+    return k, v.strip()
+
+
+def load_config(
+    path: str | Path | None,
+    sets: Iterable[str] | Mapping[str, Any] = (),
+    keys: Iterable[KeyLike] = (),
+) -> Config:
+    """Merge defaults < file < overrides into a typed, checked :class:`Config`.
+
+    ``sets`` is either ``["key=value", ...]`` (from repeated ``--set``) or a mapping (from the
+    Python API). Unknown keys are rejected with the closest valid names.
+    """
+    key_list = list(keys)
+    index = _KeyIndex(key_list)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for k in index.exact.values():
+        values[k.name] = (
+            _validate(k, k.default, f"default of {k.name}") if k.default is not None else None
+        )
+
+    if path is not None:
+        text = _read_file(path)
+        for e in parse_properties(text, str(path)):
+            where = f"{path}:{e.line}"
+            key = index.find(e.key)
+            if key is None:
+                raise _unknown(e.key, where, index)
+            # An empty value in a file means "unset": the default applies.
+            if e.value == "":
+                values[e.key] = (
+                    _validate(key, key.default, where) if key.default is not None else None
+                )
+                sources[e.key] = where
+                continue
+            values[e.key] = _validate(key, e.value, where, e.key)
+            sources[e.key] = where
+
+    items = sets.items() if isinstance(sets, Mapping) else (_parse_set(s) for s in sets)
+    for name, raw in items:
+        where = "--set" if not isinstance(sets, Mapping) else "override"
+        key = index.find(name)
+        if key is None:
+            raise _unknown(name, where, index)
+        values[name] = _validate(key, raw, where, name)
+        sources[name] = "command line" if where == "--set" else "program"
+    return Config(values, sources, key_list)
+
+
+# --- docs --------------------------------------------------------------------------------------
+
+
+def _doc_default(k: KeyLike) -> str:
+    if k.default is None:
+        return "(unset)"
+    return f"`{_format(k.default)}`" if _format(k.default) != "" else '`""`'
+
+
+def render_markdown(groups: Sequence[tuple[str, Sequence[KeyLike]]]) -> str:
+    """The configuration reference (docs/config.md) generated from the declarations."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the key declarations by `python -m angelps conf --markdown`; do not edit",
+        "by hand (a test fails when this file is stale).",
+        "",
+        "Precedence: built-in defaults < `.properties` file < `--set key=value`. A key written as",
+        "`<i>` stands for a child index (0, 1, ...). `angelps conf --conf F` prints the effective",
+        "configuration and where each value came from.",
+        "",
+    ]
+    for title, keys in groups:
+        out += [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for k in sorted(keys, key=lambda k: k.name):
+            doc = k.doc.replace("|", "\\|")
+            if k.choices:
+                doc += f" One of: {', '.join(k.choices)}."
+            dep = getattr(k, "deprecated", None)
+            if dep:
+                doc += f" Deprecated: use `{dep}`."
+            out.append(f"| `{k.name}` | {k.type} | {_doc_default(k)} | {doc} |")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""learners: GraphLearner, models, data readers and metrics; where decay and angelps meet."""
