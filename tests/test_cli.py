@@ -1,0 +1,96 @@
+"""The `angelps` command line: verbs, help, the conf verb, exit codes, generated docs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from angelps.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+VERBS = ("train", "predict", "evaluate", "schedule", "conf", "plot")
+
+
+def test_every_verb_is_registered_and_has_examples() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "verb")
+    assert set(VERBS) <= set(sub.choices)
+    for verb in VERBS:
+        help_text = sub.choices[verb].format_help()
+        assert "example" in help_text.lower(), f"`angelps {verb} --help` shows no example"
+        assert f"angelps {verb}" in help_text
+
+
+def test_no_verb_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: angelps" in capsys.readouterr().out
+
+
+def test_conf_shows_values_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "job.properties"
+    f.write_text("# job\nml.learn.rate = 0.25\nangel.train.data.path = data/a9a/a9a_123d_train.libsvm\n")
+    assert main(["conf", "--conf", str(f), "--set", "ml.epoch.num=3"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "0.25" in lines["ml.learn.rate"] and lines["ml.learn.rate"].endswith(f"# {f}:2")
+    assert lines["ml.epoch.num"].endswith("# command line")
+    assert "angel.ps.number" not in lines  # defaults are hidden without --all
+    assert main(["conf", "--conf", str(f), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("angel.ps.number") and line.endswith("# default") for line in out.splitlines())
+
+
+def test_conf_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from learners.keys import all_keys
+
+    assert main(["conf", "--keys"]) == 0
+    out = capsys.readouterr().out
+    for k in all_keys():
+        assert k.name in out
+    assert "ml.learn.rate  [float, default 0.5]" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["conf", "--conf", "no/such.properties"], "configuration file no/such.properties does not exist"),
+        (["conf", "--set", "ml.lern.rate=1"], "unknown key ml.lern.rate (did you mean ml.learn.rate?)"),
+        (["conf", "--set", "ml.learn.rate=fast"], "ml.learn.rate=fast is not valid: expected a number"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.startswith("angelps: error: ")
+
+
+def test_bad_line_in_file_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "job.properties"
+    f.write_text("ml.learn.rate=0.1\nml.epoch.num = many\n")
+    assert main(["conf", "--conf", str(f)]) == 2
+    assert f"{f}:2: ml.epoch.num=many is not valid: expected an integer" in capsys.readouterr().err
+
+
+def test_generated_config_reference_is_current() -> None:
+    from angelps.config import render_markdown
+    from learners.keys import key_groups
+
+    current = (ROOT / "docs" / "config.md").read_text()
+    assert current == render_markdown(key_groups()), (
+        "docs/config.md is stale: run `bash scripts/gen-docs`"
+    )
+
+
+def test_python_dash_m_and_console_script_agree() -> None:
+    a = subprocess.run([sys.executable, "-m", "angelps", "--version"], capture_output=True, text=True)
+    script = Path(sys.executable).with_name("angelps")
+    b = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and a.stdout.startswith("angelps ")
