@@ -1,0 +1,170 @@
+"""`ray job submit` end to end on loopback, through scripts/ray-cluster.
+
+One head per module: started in its own process group with token authentication and the
+dashboard on 127.0.0.1, ended (the group, nothing else) even when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "ray-cluster"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Head:
+    def __init__(self, state: Path, env: dict[str, str], dashboard_port: int) -> None:
+        self.state = state
+        self.env = env
+        self.dashboard_port = dashboard_port
+
+    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPT), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    if shutil.which("setsid") is None:
+        pytest.skip("setsid is not available")
+    # Short path: Ray puts Unix sockets under it (108-byte limit).
+    state = Path(tempfile.mkdtemp(prefix="angelps-ray-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(ANGELPS_RAY_DIR=str(state), ANGELPS_VENV=str(VENV_BIN.parent))
+    port = _free_port()
+    h = Head(state, env, port)
+    try:
+        started = h.run(
+            "start",
+            "--num-cpus",
+            "2",
+            "--dashboard-port",
+            str(port),
+            "--",
+            "--object-store-memory",
+            str(300 * 1024 * 1024),
+        )
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield h
+    finally:
+        stopped = h.run("stop", timeout=60)
+        pid_file = state / "pid"
+        assert not pid_file.exists(), stopped.stdout + stopped.stderr
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_head_requires_the_token_and_binds_the_dashboard_to_loopback(head: Head) -> None:
+    env = {k: v for k, v in head.env.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(head.state)  # no ~/.ray/auth_token to fall back on
+    anonymous = subprocess.run(
+        [
+            str(VENV_BIN / "ray"),
+            "job",
+            "list",
+            "--address",
+            f"http://127.0.0.1:{head.dashboard_port}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert anonymous.returncode != 0
+    assert "Authentication required" in anonymous.stderr + anonymous.stdout
+
+    log = (head.state / "head.log").read_text()
+    node_ip = re.search(r"Local node IP\S*: \S*?(\d+\.\d+\.\d+\.\d+)", log)
+    assert node_ip is not None, log
+    if not node_ip.group(1).startswith("127."):
+        with socket.socket() as s, pytest.raises(OSError):
+            s.settimeout(2)
+            s.connect((node_ip.group(1), head.dashboard_port))
+
+
+def test_submit_train_job_succeeds_and_writes_its_summary(head: Head) -> None:
+    pytest.importorskip("learners.cli_train")
+    out = Path(tempfile.mkdtemp(prefix="angelps-job-"))
+    try:
+        summary = out / "summary.json"
+        job_id = f"angelps_test_{os.getpid()}"
+        # Outputs go to absolute paths: the job's working directory is Ray's unpacked copy.
+        submitted = head.run(
+            "submit",
+            "--submission-id",
+            job_id,
+            "--",
+            "python",
+            "-m",
+            "angelps",
+            "train",
+            "--conf",
+            "conf/lr_a9a.properties",
+            "--set",
+            "ml.epoch.num=3",
+            "--set",
+            f"angel.log.path={out / 'log'}",
+            "--summary-json",
+            str(summary),
+        )
+        text = submitted.stdout + submitted.stderr
+        assert submitted.returncode == 0, text
+        assert f"Job '{job_id}' succeeded" in text
+
+        status = head.run("status", job_id, timeout=60)
+        assert f"Job '{job_id}' succeeded" in status.stdout + status.stderr
+
+        logs = head.run("logs", job_id, timeout=60)
+        assert logs.returncode == 0
+        assert "auc" in logs.stdout.lower()
+
+        result = json.loads(summary.read_text())
+        assert result["epochs"] == 3
+        assert result["valid_auc"] >= 0.88
+        assert 0.0 < result["valid_logloss"] < 0.5
+        assert result["train_samples_per_s"] > 0
+        metrics = (out / "log" / "metrics.jsonl").read_text().splitlines()
+        epochs = [json.loads(line) for line in metrics if '"epoch"' in line]
+        assert [e["epoch"] for e in epochs if e.get("kind") == "epoch"][-1] in (2, 3)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_failing_job_is_reported_failed(head: Head) -> None:
+    job_id = f"angelps_fail_{os.getpid()}"
+    submitted = head.run(
+        "submit",
+        "--submission-id",
+        job_id,
+        "--",
+        "python",
+        "-c",
+        "import sys; print('bad things'); sys.exit(3)",
+    )
+    assert submitted.returncode != 0
+    status = head.run("status", job_id, timeout=60)
+    assert f"Job '{job_id}' failed" in status.stdout + status.stderr
+    assert "exit code 3" in status.stdout + status.stderr
