@@ -499,10 +499,10 @@ class _TextFormat:
         }[kind]
         if has_label:
             body = rf"{_NUM}(?:{sep}{token})*"
-            expected = f"<label> {shape} {shape} ..."
+            expected = f"<label> {shape} ..."
         else:
             body = rf"(?:{token}(?:{sep}{token})*)?"
-            expected = f"{shape} {shape} ..."
+            expected = f"{shape} ..."
         if not whitespace:
             expected += f"' separated by {splitor!r} ('"
         return cls(
@@ -718,6 +718,9 @@ class _Reader:
             rows_vbad = np.zeros(n, bool)
             rows_vbad[row_of[vbad]] = True
             flag(rows_vbad, "a feature value is not a finite float32 number")
+            values = np.where(
+                vbad, 0.0, values
+            )  # the row is dropped or raised; avoid the cast overflow
         if fmt.kind != "dense":
             base = 1 if fmt.kind == "libsvm" else 0
             if too_long.any():
@@ -906,6 +909,7 @@ class _Reader:
                 r = np.zeros(n, bool)
                 r[row_of[vbad]] = True
                 flag(r, f"values column {values_col} holds a null or non-finite value")
+                values = np.where(vbad, 0.0, values)
         else:
             values = np.ones(ids.shape[0])
         r = np.zeros(n, bool)
