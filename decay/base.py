@@ -1,0 +1,230 @@
+"""The step-size scheduler contract: a schedule is a pure function of the update count.
+
+``lr_at(k)`` is the step size applied to update ``k`` (k = 0, 1, 2, ...; or epoch ``k`` when the
+learner decays once per epoch). The only state is the count of updates already made, so a
+scheduler restored from ``state_dict()`` continues with identical numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = ["ParamError", "StepSizeScheduler"]
+
+
+class ParamError(ValueError):
+    """A bad schedule parameter: names the schedule, the parameter, the value and what is valid.
+
+    ``from_conf`` re-raises it with the properties key (``ml.opt.decay.gamma``) in place of the
+    Python parameter name (``gamma``).
+    """
+
+    def __init__(self, schedule: str, param: str, value: Any, valid: str) -> None:
+        self.schedule = schedule
+        self.param = param
+        self.value = value
+        self.valid = valid
+        super().__init__(self.render(param))
+
+    def render(self, name: str) -> str:
+        """The message with ``name`` standing for the parameter."""
+        if self.value is None:
+            return f"{self.schedule}: {name} is required: {self.valid}"
+        return f"{self.schedule}: {name}={_show(self.value)} is invalid: expected {self.valid}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+class StepSizeScheduler:
+    """Base class: subclasses implement ``_lr(k)`` (and ``_momentum(k)`` if they drive momentum).
+
+    Usage in a training loop (one update = one optimizer step, after gradient accumulation)::
+
+        lr = sched.peek()            # step size for the coming update
+        applied = optimizer_step(lr)  # e.g. False when AMP found inf/NaN and skipped it
+        if applied:
+            sched.advance()          # a skipped update does not advance the schedule
+
+    or, Angel style, ``lr = sched.next()`` (returns ``lr_at(count)`` and advances).
+    """
+
+    #: Schedules whose value depends on more than the count (metric-driven) set this.
+    composable: ClassVar[bool] = True
+
+    def __init__(self, lr: float) -> None:
+        _check_float(self, "lr", lr, lr >= 0 if _is_real(lr) else False, "a finite number >= 0")
+        self.lr = float(lr)
+        self._count = 0
+
+    # --- the pure function ---------------------------------------------------------------------
+
+    def lr_at(self, k: int) -> float:
+        """The step size applied to update ``k`` (0-based)."""
+        return self._lr(_check_k(k))
+
+    def momentum_at(self, k: int) -> float | None:
+        """The momentum (or Adam's beta1) for update ``k``; None when the schedule leaves it alone."""
+        return self._momentum(_check_k(k))
+
+    def _lr(self, k: int) -> float:
+        raise NotImplementedError
+
+    def _momentum(self, k: int) -> float | None:
+        return None
+
+    def _boundary(self, count: int) -> bool:
+        """Angel's ``isIntervalBoundary`` after ``count`` calls of ``next()``; False by default."""
+        return False
+
+    # --- the count -----------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """Number of updates already made (= calls of ``next()``/``advance()``)."""
+        return self._count
+
+    def next(self) -> float:
+        """Return the step size of the next update and advance the count (Angel's ``next()``)."""
+        k = self._count
+        value = self._lr(k)
+        self._count = k + 1
+        return value
+
+    def peek(self) -> float:
+        """The step size of the next update, without advancing."""
+        return self._lr(self._count)
+
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more updates (call after an update was really applied)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"advance(n): n={n!r} is invalid: expected an integer >= 0")
+        self._count += n
+
+    def is_interval_boundary(self) -> bool:
+        """Angel's validation signal (``ml.opt.decay.intervals``); see each schedule."""
+        return self._boundary(self._count)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state: the count only."""
+        return {"count": self._count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the count saved by ``state_dict()``."""
+        if not isinstance(state, Mapping) or "count" not in state:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: expected a mapping with a 'count', "
+                f"got {state!r}"
+            )
+        count = state["count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: count={count!r} is invalid: "
+                "expected an integer >= 0"
+            )
+        self._count = count
+
+    # --- description ---------------------------------------------------------------------------
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters of this schedule (for titles, logs and reprs)."""
+        out: dict[str, Any] = {}
+        for name, p in inspect.signature(type(self).__init__).parameters.items():
+            if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            out[name] = getattr(self, name, None)
+        return out
+
+    def describe(self) -> str:
+        """``Name(param=value, ...)``, nested schedules included."""
+        inner = ", ".join(f"{k}={_describe_value(v)}" for k, v in self.params().items())
+        return f"{type(self).__name__}({inner})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+# --- validation helpers used by the schedules ----------------------------------------------------
+
+
+def _describe_value(v: Any) -> str:
+    if isinstance(v, StepSizeScheduler):
+        return v.describe()
+    if isinstance(v, (list, tuple)) and any(isinstance(x, StepSizeScheduler) for x in v):
+        return "[" + ", ".join(_describe_value(x) for x in v) + "]"
+    if callable(v):
+        return getattr(v, "__name__", type(v).__name__)
+    if v is None:
+        return "None"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    return _show(v)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"update index k={k!r} is invalid: expected an integer >= 0")
+    return k
+
+
+def _name(owner: Any) -> str:
+    return owner if isinstance(owner, str) else type(owner).__name__
+
+
+def _check_float(owner: Any, param: str, value: Any, ok: bool, valid: str) -> float:
+    if not _is_real(value) or not ok:
+        raise ParamError(_name(owner), param, value, valid)
+    return float(value)
+
+
+def _check_int(owner: Any, param: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ParamError(_name(owner), param, value, f"an integer >= {low}")
+    return value
+
+
+def _check_choice(owner: Any, param: str, value: Any, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str):
+        for c in choices:
+            if c.lower() == value.lower():
+                return c
+    raise ParamError(_name(owner), param, value, "one of " + ", ".join(choices))
+
+
+def _check_bool(owner: Any, param: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ParamError(_name(owner), param, value, "true or false")
+    return value
+
+
+def _finite(owner: Any, k: int, value: float) -> float:
+    """Guard against overflow of growing schedules (gamma > 1): never return inf or NaN."""
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{_name(owner)}: the step size at update {k} is {value!r} (overflow); "
+            "use a smaller gamma or fewer updates"
+        )
+    return value
+
+
+def _pow(owner: Any, k: int, base: float, exponent: float) -> float:
+    try:
+        return _finite(owner, k, base**exponent)
+    except OverflowError:
+        return _finite(owner, k, math.inf)
+    except ZeroDivisionError:  # 0.0 ** negative; schedules validate against it, keep the contract
+        return _finite(owner, k, math.inf)

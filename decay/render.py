@@ -1,0 +1,2 @@
+def render() -> str:
+    return "# decay\n"
