@@ -1130,18 +1130,31 @@ def to_parquet(
         src, conf, 0, 1, int(conf.get("ml.data.chunk.rows", 65536)), stats, transform=False
     )
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+
+    def write(writer: pq.ParquetWriter, b: Batch) -> None:
+        offsets = pa.array(b.indptr.astype(np.int32) if b.nnz < 2**31 else b.indptr)
+        table = pa.table(
+            [
+                pa.array(b.labels),
+                pa.ListArray.from_arrays(offsets, pa.array(b.ids)),
+                pa.ListArray.from_arrays(offsets, pa.array(b.values)),
+            ],
+            schema=schema,
+        )
+        writer.write_table(table, row_group_size=row_group_rows)
+
+    # Chunks are regrouped so that every row group but the last has exactly row_group_rows rows.
+    pending: list[Batch] = []
+    count = 0
     with pq.ParquetWriter(dst, schema) as writer:
         for b in reader:
-            if not len(b):
-                continue
-            offsets = pa.array(b.indptr.astype(np.int32) if b.nnz < 2**31 else b.indptr)
-            table = pa.table(
-                [
-                    pa.array(b.labels),
-                    pa.ListArray.from_arrays(offsets, pa.array(b.ids)),
-                    pa.ListArray.from_arrays(offsets, pa.array(b.values)),
-                ],
-                schema=schema,
-            )
-            writer.write_table(table, row_group_size=row_group_rows)
+            pending.append(b)
+            count += len(b)
+            if count >= row_group_rows:
+                whole = concat(pending)
+                cut = count - count % row_group_rows
+                write(writer, whole.take(np.arange(cut)))
+                pending, count = [whole.take(np.arange(cut, count))], count - cut
+        if count:
+            write(writer, concat(pending))
     return stats
