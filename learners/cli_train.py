@@ -1,0 +1,185 @@
+"""The ``train``, ``predict`` and ``evaluate`` verbs of the ``angelps`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+_FMT = argparse.RawDescriptionHelpFormatter
+
+
+def _conf_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--conf", metavar="FILE", required=required, help="a .properties job file")
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one key (repeatable; wins over the file)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        default=None,
+        help="join this Ray cluster (default: RAY_ADDRESS, else start a local Ray)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``train``, ``predict`` and ``evaluate`` sub-commands."""
+    p = sub.add_parser(
+        "train",
+        help="train a model described by a .properties file",
+        description="Train the model of a .properties job on the parameter server: validation "
+        "metrics every epoch, metrics.jsonl under angel.log.path, a checkpoint after every "
+        "epoch when angel.save.model.path is set.",
+        epilog="examples:\n"
+        "  angelps train --conf conf/lr_a9a.properties\n"
+        "  angelps train --conf conf/deepfm_census.properties --set ml.epoch.num=3 "
+        "--summary-json out.json\n"
+        "  angelps train --conf conf/lr_a9a.properties --set angel.save.model.path=runs/lr "
+        "--resume\n",
+        formatter_class=_FMT,
+    )
+    _conf_args(p, required=True)
+    p.add_argument("--summary-json", metavar="PATH", help="write the final summary as JSON")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint in angel.save.model.path",
+    )
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser(
+        "predict",
+        help="write one prediction per input row with a saved model",
+        description="Load a saved model and write one prediction per input row, in input order, "
+        "as CSV or Parquet (by the --out suffix): column pred (P(y=1) for binary models, the "
+        "class for multi-class, the value for regression) and label when the input has labels.",
+        epilog="examples:\n"
+        "  angelps predict --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm "
+        "--out pred.csv\n"
+        "  angelps predict --conf conf/lr_a9a.properties --model runs/lr_a9a/model "
+        "--input data/a9a/a9a_123d_train.libsvm --out pred.parquet\n",
+        formatter_class=_FMT,
+    )
+    _conf_args(p, required=False)
+    p.add_argument("--model", metavar="DIR", required=True, help="a saved model directory")
+    p.add_argument("--input", metavar="PATH", required=True, help="input file or directory")
+    p.add_argument("--out", metavar="PATH", required=True, help="output .csv or .parquet")
+    p.set_defaults(func=_predict)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="print the metrics of a saved model on a labelled file",
+        description="Load a saved model and print its metrics on a labelled input.",
+        epilog="examples:\n"
+        "  angelps evaluate --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm\n"
+        "  angelps evaluate --conf conf/census_fm.properties --model runs/fm/model "
+        "--input data/census/census_148d_train.dummy\n",
+        formatter_class=_FMT,
+    )
+    _conf_args(p, required=False)
+    p.add_argument("--model", metavar="DIR", required=True, help="a saved model directory")
+    p.add_argument(
+        "--input", metavar="PATH", required=True, help="labelled input file or directory"
+    )
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.set_defaults(func=_evaluate)
+
+
+def _load(args: argparse.Namespace, sets: list[str] | None = None) -> Any:
+    from angelps.config import load_config
+    from learners.keys import all_keys
+
+    return load_config(args.conf, list(args.set) + list(sets or []), all_keys())
+
+
+def _train(args: argparse.Namespace) -> int:
+    from learners.learner import GraphLearner
+
+    conf = _load(args)
+    learner = GraphLearner(conf, address=args.address)
+    try:
+        result = learner.train(resume=bool(args.resume))
+    finally:
+        learner.shutdown()
+    s = result.summary
+    parts = [f"{s['epochs']} epochs", f"{s['elapsed_s']:.1f} s"]
+    for k in ("valid_auc", "valid_logloss", "valid_accuracy", "valid_rmse", "valid_r2"):
+        v = s.get(k)
+        if v is not None:
+            parts.append(f"{k} {v:.4f}")
+    print("done: " + ", ".join(parts))
+    if args.summary_json:
+        path = Path(args.summary_json)
+        if path.parent != Path(""):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(s, indent=2) + "\n")
+    return 0
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    from angelps.config import ConfigError
+
+    if not Path(args.model).is_dir():
+        raise ConfigError(f"--model {args.model}: no such model directory")
+    if not Path(args.input).exists():
+        raise ConfigError(f"--input {args.input}: no such file or directory")
+
+
+def _loaded(args: argparse.Namespace) -> Any:
+    from learners.learner import GraphLearner
+
+    _check_paths(args)
+    conf = _load(args)
+    return GraphLearner(conf, address=args.address, quiet=True).load(args.model)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from angelps.config import ConfigError
+
+    out = Path(args.out)
+    if out.suffix.lower() not in (".csv", ".parquet"):
+        raise ConfigError(f"--out {args.out}: expected a .csv or .parquet file name")
+    learner = _loaded(args)
+    try:
+        pred = learner.predict(args.input)
+    finally:
+        learner.shutdown()
+    table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, out)
+    else:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, out)
+    print(f"wrote {table.num_rows} predictions to {out}", file=sys.stderr)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    learner = _loaded(args)
+    try:
+        metrics = learner.evaluate(args.input)
+    finally:
+        learner.shutdown()
+    if args.json:
+        print(json.dumps(metrics))
+        return 0
+    for k, v in metrics.items():
+        shown = f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else str(v)
+        print(f"{k:<20} {shown}")
+    return 0

@@ -1,0 +1,55 @@
+"""Shared helpers: an in-process parameter server over angelps' own table init and optimizers.
+
+``LocalPS`` answers ``pull_many``/``push_many`` like a PSClient handle of one worker, without Ray,
+so the worker's training step can be tested in one process (accumulation, clipping, freezing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from angelps.optim import apply, slot_widths
+from angelps.table import TableSpec, init_rows
+
+
+class LocalPS:
+    """Dense in-memory tables; one optimizer update per push (one worker, BSP trivially)."""
+
+    def __init__(self, specs: list[TableSpec]) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.w: dict[str, np.ndarray] = {}
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+        self.pushes: list[dict[str, Any]] = []
+        for s in specs:
+            rows = s.rows
+            self.w[s.name] = init_rows(s, np.arange(rows, dtype=np.int64))
+            self.state[s.name] = {
+                k: np.zeros((rows, width), dtype=np.dtype(s.dtype))
+                for k, width in slot_widths(s.optimizer, s.cols).items()
+            }
+
+    def pull_many(self, req: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: self.w[name][np.asarray(ids)].copy() for name, ids in req.items()}
+
+    def push_many(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float) -> None:
+        self.pushes.append(
+            {"lr": lr, "grads": {k: (np.array(i), np.array(g)) for k, (i, g) in grads.items()}}
+        )
+        for name, (ids, g) in grads.items():
+            spec = self.specs[name]
+            ids = np.asarray(ids)
+            w = self.w[name][ids]
+            st = {k: v[ids] for k, v in self.state[name].items()}
+            apply(spec.optimizer, w, st, np.asarray(g, dtype=w.dtype), lr)
+            self.w[name][ids] = w
+            for k, v in st.items():
+                self.state[name][k][ids] = v
+
+
+@pytest.fixture
+def local_ps_class() -> type[LocalPS]:
+    return LocalPS

@@ -1,0 +1,220 @@
+"""The worker's training step, in one process over an in-process PS (no Ray).
+
+Accumulation equivalence (seed 002), skipped updates, clipping, frozen layers, checkpoints of
+the worker-side state.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from angelps import table as table_mod
+from angelps.config import load_config
+from decay.angel import StandardDecay
+from learners import data as data_mod
+from learners import learner as learner_mod
+from learners import models
+from learners.worker import TrainWorker, _Dedup, _merge_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = [*models.KEYS, *learner_mod.KEYS, *data_mod.KEYS, *table_mod.KEYS]
+
+
+def _head(src: Path, dst: Path, n: int) -> str:
+    with open(src) as f, open(dst, "w") as g:
+        for _ in range(n):
+            g.write(f.readline())
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def census_256(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("census")
+    return _head(ROOT / "data/census/census_148d_train.dummy", d / "c.dummy", 256)
+
+
+def _worker(path: str, sets: dict, setup: dict, ps_cls, fields=None) -> tuple[TrainWorker, object]:
+    conf = load_config(
+        None,
+        {"angel.train.data.path": path, "ml.data.validate.ratio": 0.0, **sets},
+        KEYS,
+    )
+    w = TrainWorker(conf, 0, 1, {"torch_threads": 1})
+    base = {
+        "num_features": 148,
+        "num_fields": fields,
+        "batch_size": 64,
+        "accum_steps": 1,
+        "seed": 3,
+        "shuffle": False,
+        "clip_norm": 0.0,
+        "decay_on_batch": True,
+        "frozen": [],
+        "dense_optimizer": table_mod.OptimizerSpec.from_conf(
+            conf, "ml.fclayer.optimizer"
+        ).to_dict(),
+    }
+    base.update(setup)
+    decls = w.setup_model(base)
+    ps = ps_cls(learner_mod.table_specs(conf, decls))
+    w.set_ps(ps)
+    return w, ps
+
+
+DEEPFM = {
+    "ml.data.type": "dummy",
+    "ml.model.class.name": "DeepFM",
+    "ml.fm.rank": 4,
+    "ml.model.hidden.layers": "8",
+    "ml.inputlayer.optimizer": "Adam",
+    "ml.embedding.optimizer": "Adam",
+    "ml.fclayer.optimizer": "Adam",
+}
+
+
+def test_accumulation_equals_the_larger_batch(census_256, local_ps_class):
+    """k micro-batches of b = one batch of k·b: same step sizes, same weights (float tolerance)."""
+    big, ps_big = _worker(census_256, DEEPFM, {"batch_size": 64}, local_ps_class, 13)
+    acc, ps_acc = _worker(
+        census_256, DEEPFM, {"batch_size": 16, "accum_steps": 4}, local_ps_class, 13
+    )
+    s_big, s_acc = StandardDecay(0.05, alpha=0.5), StandardDecay(0.05, alpha=0.5)
+    big.begin_epoch(0, s_big)
+    acc.begin_epoch(0, s_acc)
+    out_big = big.run_steps(4, None)
+    out_acc = acc.run_steps(4, None)
+    # The schedule advanced once per update, never per micro-batch.
+    assert s_big.count == s_acc.count == 4
+    assert out_big["updates"] == out_acc["updates"] == 4
+    assert [p["lr"] for p in ps_big.pushes] == [p["lr"] for p in ps_acc.pushes]
+    assert [p["lr"] for p in ps_acc.pushes] == pytest.approx(
+        [0.05 / np.sqrt(1 + 0.5 * k) for k in (1, 2, 3, 4)]
+    )
+    for name in ps_big.w:
+        np.testing.assert_allclose(ps_acc.w[name], ps_big.w[name], rtol=1e-4, atol=1e-6)
+    for p, q in zip(big.model.parameters(), acc.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert out_big["samples"] == out_acc["samples"] == 256
+    # The weights did move.
+    assert np.abs(ps_big.w["embedding"]).sum() > 0
+    assert not np.allclose(ps_big.w["wide"], 0)
+
+
+class _PoisonOnce:
+    """A LocalPS whose second pull returns a NaN row: that update must be skipped."""
+
+    def __init__(self, base):
+        self.base = base
+        self.pulls = 0
+
+    def __call__(self, specs):
+        ps = self.base(specs)
+        orig = ps.pull_many
+
+        def pull_many(req):
+            self.pulls += 1
+            out = orig(req)
+            if self.pulls == 2:
+                out["weight"][0, 0] = np.nan
+            return out
+
+        ps.pull_many = pull_many
+        return ps
+
+
+def test_skipped_update_does_not_advance_the_schedule(tmp_path, local_ps_class):
+    path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 128)
+    poison = _PoisonOnce(local_ps_class)
+    w, ps = _worker(
+        path, {"ml.inputlayer.optimizer": "SGD"}, {"batch_size": 32, "num_features": 123}, poison
+    )
+    sched = StandardDecay(1.0, alpha=1.0)
+    w.begin_epoch(0, sched)
+    out = w.run_steps(4, None)
+    assert out["skipped"] == 1 and out["updates"] == 3
+    assert sched.count == 3
+    assert len(ps.pushes) == 3
+    # The three applied updates used lr_at(0), lr_at(1), lr_at(2): nothing was consumed by the skip.
+    assert [p["lr"] for p in ps.pushes] == pytest.approx(
+        [1 / np.sqrt(2), 1 / np.sqrt(3), 1 / np.sqrt(4)]
+    )
+    assert np.isfinite(ps.w["weight"]).all()
+
+
+def test_clipping_bounds_the_pushed_gradient(tmp_path, local_ps_class):
+    path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 64)
+    w, ps = _worker(
+        path,
+        {"ml.inputlayer.optimizer": "SGD"},
+        {"batch_size": 64, "num_features": 123, "clip_norm": 0.01},
+        local_ps_class,
+    )
+    w.begin_epoch(0, StandardDecay(0.1, alpha=0.0))
+    w.run_steps(1, None)
+    g = ps.pushes[0]["grads"]
+    norm = np.sqrt(sum(float(np.square(v).sum()) for _, v in g.values()))
+    assert norm == pytest.approx(0.01, rel=1e-3)
+
+
+def test_frozen_layers_are_untouched(census_256, local_ps_class):
+    sets = {**DEEPFM, "ml.freeze.layers": "embedding,mlp"}
+    w, ps = _worker(census_256, sets, {"frozen": ["embedding", "mlp"]}, local_ps_class, 13)
+    emb0 = ps.w["embedding"].copy()
+    mlp0 = copy.deepcopy(w.model.mlp.state_dict())
+    wide0 = ps.w["wide"].copy()
+    w.begin_epoch(0, StandardDecay(0.05))
+    w.run_steps(4, None)
+    np.testing.assert_array_equal(ps.w["embedding"], emb0)
+    for k, v in w.model.mlp.state_dict().items():
+        assert torch.equal(v, mlp0[k])
+    assert all("embedding" not in p["grads"] for p in ps.pushes)
+    # No optimizer state for frozen layers; the wide part trained.
+    assert w.opt is None
+    assert not np.array_equal(ps.w["wide"], wide0)
+
+
+def test_dense_state_round_trip(census_256, local_ps_class):
+    w, _ = _worker(census_256, DEEPFM, {}, local_ps_class, 13)
+    w.begin_epoch(0, StandardDecay(0.05))
+    w.run_steps(2, None)
+    blob = w.dense_state()
+    assert not blob.startswith(b"\x80")  # an .npz (zip), not a pickle
+    w2, _ = _worker(census_256, DEEPFM, {"seed": 99}, local_ps_class, 13)
+    w2.load_dense_state(blob)
+    for p, q in zip(w.model.parameters(), w2.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    s1, s2 = w.opt.state_dict(), w2.opt.state_dict()
+    assert s1["param_groups"] == s2["param_groups"]
+    for k in s1["state"]:
+        for name, v in s1["state"][k].items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(s2["state"][k][name]))
+
+
+def test_dedup_matches_numpy_unique():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, size=5000)
+    d = _Dedup(1000)
+    for _ in range(2):  # the mask must be clean for the next call
+        uniq, inv = d(ids)
+        u2, i2 = np.unique(ids, return_inverse=True)
+        np.testing.assert_array_equal(uniq, u2)
+        np.testing.assert_array_equal(inv, i2)
+    uniq, inv = _Dedup(-1)(np.array([10**12, 5, 10**12]))
+    np.testing.assert_array_equal(uniq, [5, 10**12])
+    np.testing.assert_array_equal(inv, [1, 0, 1])
+
+
+def test_merge_rows_sums_duplicates():
+    ids, g = _merge_rows(
+        [
+            (np.array([3, 1]), np.array([[1.0], [2.0]])),
+            (np.array([1, 7]), np.array([[10.0], [5.0]])),
+        ]
+    )
+    np.testing.assert_array_equal(ids, [1, 3, 7])
+    np.testing.assert_array_equal(g[:, 0], [12.0, 1.0, 5.0])
