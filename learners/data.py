@@ -772,12 +772,12 @@ class _Reader:
             row_index=line_no + offset,
         )
         if problems:
-            rows = sorted(problems)
+            bad_rows = sorted(problems)
             self._reject(
-                [f"{file}:{int(line_no[r]) + 1}" for r in rows], [problems[r] for r in rows]
+                [f"{file}:{int(line_no[r]) + 1}" for r in bad_rows], [problems[r] for r in bad_rows]
             )
             ok = np.ones(n, bool)
-            ok[rows] = False
+            ok[bad_rows] = False
             batch = batch.take(ok)
         return batch
 
@@ -934,12 +934,13 @@ class _Reader:
             row_index=row_no + offset,
         )
         if problems:
-            rows = sorted(problems)
+            bad_rows = sorted(problems)
             self._reject(
-                [f"{file}: row {int(row_no[r])}" for r in rows], [problems[r] for r in rows]
+                [f"{file}: row {int(row_no[r])}" for r in bad_rows],
+                [problems[r] for r in bad_rows],
             )
             ok = np.ones(n, bool)
-            ok[rows] = False
+            ok[bad_rows] = False
             batch = batch.take(ok)
         return batch
 
