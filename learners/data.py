@@ -52,6 +52,7 @@ __all__ = [
     "concat",
     "input_files",
     "iter_minibatches",
+    "iter_stream_minibatches",
     "iter_train_chunks",
     "label_transform",
     "load_file",
@@ -626,14 +627,15 @@ class _Reader:
         for lines, first in self._line_blocks(file):
             for start in range(0, len(lines), step):
                 part = lines.slice(start, step)
-                pos = self._mine(offset + first + start, len(part))
-                if pos.size == 0:
-                    continue
-                mine = part.take(pa.array(pos)) if pos.size != len(part) else part
-                line_no = first + start + pos  # 0-based within the file
-                self.stats.lines += len(mine)
-                batch = self._parse(file, mine, line_no, offset)
-                yield self._finish(batch)
+                all_pos = self._mine(offset + first + start, len(part))
+                # Whole blocks of P lines go to one worker, so a slice may hold more than
+                # chunk_rows of this worker's lines: parse them in pieces.
+                for k in range(0, all_pos.size, self.chunk_rows):
+                    pos = all_pos[k : k + self.chunk_rows]
+                    mine = part.take(pa.array(pos)) if pos.size != len(part) else part
+                    line_no = first + start + pos  # 0-based within the file
+                    self.stats.lines += len(mine)
+                    yield self._finish(self._parse(file, mine, line_no, offset))
             seen = first + len(lines)
         self._file_lines = seen
 
@@ -805,27 +807,27 @@ class _Reader:
         columns = want + ([values_col] if values_col in names else [])
         first = 0
         for rb in pf.iter_batches(batch_size=self.chunk_rows * self.num_workers, columns=columns):
-            pos = self._mine(offset + first, rb.num_rows)
-            row_no = first + pos
+            all_pos = self._mine(offset + first, rb.num_rows)
+            start = first
             first += rb.num_rows
-            if pos.size == 0:
-                continue
-            rb = rb.take(pa.array(pos))
-            self.stats.lines += rb.num_rows
-            yield self._finish(
-                self._parquet_batch(
-                    file,
-                    rb,
-                    row_no,
-                    offset,
-                    label_col,
-                    ids_col,
-                    values_col,
-                    has_label,
-                    index_range,
-                    field_num,
+            for k in range(0, all_pos.size, self.chunk_rows):
+                pos = all_pos[k : k + self.chunk_rows]
+                part = rb.take(pa.array(pos))
+                self.stats.lines += part.num_rows
+                yield self._finish(
+                    self._parquet_batch(
+                        file,
+                        part,
+                        start + pos,
+                        offset,
+                        label_col,
+                        ids_col,
+                        values_col,
+                        has_label,
+                        index_range,
+                        field_num,
+                    )
                 )
-            )
 
     def _parquet_batch(
         self,
@@ -1080,6 +1082,42 @@ def iter_train_chunks(
             batch = batch.take(~_validation_mask(batch, period))
         if len(batch):
             yield batch
+
+
+def iter_stream_minibatches(
+    conf: Mapping[str, Any],
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    worker_id: int = 0,
+    num_workers: int = 1,
+    drop_last: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[Batch]:
+    """Mini-batches read from disk during the epoch, for training inputs larger than memory.
+
+    Holds one chunk of ``ml.data.chunk.rows`` rows (plus fewer than ``batch_size`` left over from
+    the previous chunk) at a time. Chunks come in file order; with ``shuffle`` the rows of pool
+    ``c`` are permuted by ``numpy.random.default_rng([seed, epoch, c])``, a shuffle within a
+    window of one chunk, the same in a resumed run. Every batch has ``batch_size`` rows but
+    possibly the last, which ``drop_last`` leaves out.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is not valid: expected an integer >= 1")
+    carry = Batch.empty()
+    chunks = iter_train_chunks(conf, worker_id=worker_id, num_workers=num_workers, stats=stats)
+    for c, chunk in enumerate(chunks):
+        pool = concat([carry, chunk])
+        n = len(pool)
+        order = np.random.default_rng([seed, epoch, c]).permutation(n) if shuffle else np.arange(n)
+        full = n - n % batch_size
+        for start in range(0, full, batch_size):
+            yield pool.take(order[start : start + batch_size])
+        carry = pool.take(order[full:])
+    if len(carry) and not drop_last:
+        yield carry
 
 
 def iter_minibatches(

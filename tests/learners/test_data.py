@@ -279,6 +279,15 @@ def test_worker_parts_are_disjoint_and_cover(workers: int) -> None:
         assert ((p.row_index // 20) % workers == w).all()
 
 
+def test_chunks_never_exceed_chunk_rows() -> None:
+    cfg = C()
+    for w in range(3):
+        sizes = [
+            len(b) for b in D.read_file(str(A9A), cfg, worker_id=w, num_workers=3, chunk_rows=7)
+        ]
+        assert max(sizes) == 7 and sum(sizes) > 10000
+
+
 def test_validation_split_is_angels_rule_and_independent_of_workers(tmp_path: Path) -> None:
     cfg = C(**{"angel.train.data.path": str(A9A)})
     train, valid = D.load_train_valid(cfg)
@@ -315,6 +324,30 @@ def test_streaming_train_chunks_equal_in_memory_train() -> None:
         streamed = D.concat(chunks)
         assert np.array_equal(streamed.row_index, train.row_index)
         assert np.array_equal(streamed.ids, train.ids)
+
+
+def test_stream_minibatches_hold_one_chunk_and_cover_the_train_rows() -> None:
+    cfg = C(**{"angel.train.data.path": str(A9A), "ml.data.chunk.rows": 2500})
+    train, _ = D.load_train_valid(cfg, worker_id=1, num_workers=2)
+    kw: dict[str, Any] = {"worker_id": 1, "num_workers": 2}
+    plain = list(D.iter_stream_minibatches(cfg, 100, shuffle=False, seed=0, epoch=0, **kw))
+    assert np.array_equal(D.concat(plain).row_index, train.row_index)
+    shuffled = list(D.iter_stream_minibatches(cfg, 100, shuffle=True, seed=3, epoch=1, **kw))
+    sizes = [len(b) for b in shuffled]
+    assert sizes[:-1] == [100] * (len(sizes) - 1) and sum(sizes) == len(train)
+    order = np.concatenate([b.row_index for b in shuffled])
+    assert np.array_equal(np.sort(order), train.row_index)
+    assert not np.array_equal(order, train.row_index)
+    again = list(D.iter_stream_minibatches(cfg, 100, shuffle=True, seed=3, epoch=1, **kw))
+    assert np.array_equal(np.concatenate([b.row_index for b in again]), order)
+    # A window of one chunk: the first batches come from the first chunk only.
+    first = next(D.iter_train_chunks(cfg, **kw))
+    head = (len(first) // 100) * 100
+    assert np.isin(order[:head], first.row_index).all() and head > 2000
+    dropped = list(
+        D.iter_stream_minibatches(cfg, 100, shuffle=True, seed=3, epoch=1, drop_last=True, **kw)
+    )
+    assert [len(b) for b in dropped] == [100] * (len(train) // 100)
 
 
 def test_directory_input_continues_line_index(tmp_path: Path) -> None:
