@@ -29,11 +29,13 @@ class ParamError(ValueError):
         self.valid = valid
         super().__init__(self.render(param))
 
-    def render(self, name: str) -> str:
-        """The message with ``name`` standing for the parameter."""
+    def render(self, name: str, properties: bool = False) -> str:
+        """The message with ``name`` standing for the parameter; ``properties`` shows the value
+        as it is written in a .properties file (``5,5``) instead of Python (``[5, 5]``)."""
         if self.value is None:
             return f"{self.schedule}: {name} is required: {self.valid}"
-        return f"{self.schedule}: {name}={_show(self.value)} is invalid: expected {self.valid}"
+        shown = _show(self.value) if properties else repr(self.value)
+        return f"{self.schedule}: {name}={shown} is invalid: expected {self.valid}"
 
 
 def _show(value: Any) -> str:

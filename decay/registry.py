@@ -667,7 +667,7 @@ def _param_error(e: ParamError, prefix: str, r: _Reader) -> ValueError:
     key = LR_KEY if e.param == "lr" else prefix + _suffix(e.param)
     if e.param.startswith("schedulers["):
         key = PREFIX + "schedulers"
-    return ValueError(e.render(key) + r.where(key))
+    return ValueError(e.render(key, properties=True) + r.where(key))
 
 
 def _build_one(
@@ -698,8 +698,6 @@ def _build_one(
         value = r.get(key)
         if value is None and p.name in _FROM_TOTAL and total_steps is not None:
             value = total_steps
-        if value is None and p.name == "alpha" and cls is angel.StandardDecay and top:
-            value = _deprecated_alpha(r)
         if value is None:
             if p.default is inspect.Parameter.empty:
                 hint = (
@@ -710,8 +708,10 @@ def _build_one(
                 raise ValueError(f"{cls.__name__}: {key} is required{hint}; see docs/decay.md")
             continue
         kwargs[p.name] = value
-    if cls is angel.StandardDecay and top and "alpha" in kwargs:
-        _deprecated_alpha(r, alpha_set=True)
+    if cls is angel.StandardDecay and top:
+        old = _deprecated_alpha(r, alpha_set=r.is_set(prefix + "alpha"))
+        if old is not None:
+            kwargs["alpha"] = old
     try:
         sched = cls(lr, **kwargs)
         if warmup:
