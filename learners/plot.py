@@ -19,7 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "plot_metrics", "read_metrics"]
+__all__ = ["HEADLINE_METRICS", "Run", "plot_metrics", "read_metrics"]
+
+# Drawn by default when present; any other valid_* metric can be asked for with `metrics`.
+HEADLINE_METRICS = (
+    "valid_auc",
+    "valid_logloss",
+    "valid_accuracy",
+    "valid_rmse",
+    "valid_mae",
+    "valid_r2",
+)
 
 
 @dataclass
@@ -40,13 +50,20 @@ class Run:
         return xs, ys
 
     def valid_keys(self) -> list[str]:
-        """The ``valid_*`` metrics present in the epoch lines, in first-seen order."""
+        """The numeric ``valid_*`` metrics present in the epoch lines, in first-seen order."""
         keys: dict[str, None] = {}
         for r in self.epochs:
             for k, v in r.items():
                 if k.startswith("valid_") and (v is None or isinstance(v, (int, float))):
                     keys[k] = None
         return list(keys)
+
+    def headline_keys(self) -> list[str]:
+        """The validation metrics drawn by default: the usual quality measures that are present
+        (not counts, not recalls), or every numeric ``valid_*`` when none of them is."""
+        present = self.valid_keys()
+        chosen = [k for k in HEADLINE_METRICS if k in present]
+        return chosen or [k for k in present if not k.endswith(("_count", "_rows"))]
 
 
 def _num(v: Any) -> float:
@@ -119,7 +136,8 @@ def plot_metrics(
 ) -> Path:
     """Draw loss, validation metrics, learning rate (and samples/s when logged) to ``out``.
 
-    ``metrics`` picks the validation metrics (default: every ``valid_*`` in the file). The image
+    ``metrics`` picks the validation metrics (default: those of :data:`HEADLINE_METRICS` that
+    the file has; any numeric ``valid_*`` may be named). The image
     format follows the suffix of ``out`` (png, pdf, svg). Returns the path written.
     """
     import matplotlib
@@ -162,14 +180,15 @@ def plot_metrics(
             ax_loss.plot(eps, ey, "o-", ms=4, label=f"{tag}train loss (epoch mean)")
             ax_loss.set_xlabel("epoch")
 
-        for key in metrics or run.valid_keys():
+        for key in metrics or run.headline_keys():
             vx, vy = run.series("epoch", "epoch", key)
             if vx:
                 ax_valid.plot(vx, vy, "o-", ms=4, label=f"{tag}{key}")
 
         lx, ly = run.series("step", "step", "lr")
         if lx:
-            ax_lr.plot(lx, ly, lw=1.2, label=f"{tag}lr (per log interval)")
+            # A step line's lr held over the interval that ends at its step: steps-pre.
+            ax_lr.plot(lx, ly, lw=1.2, drawstyle="steps-pre", label=f"{tag}lr (per log interval)")
             ax_lr.set_xlabel("step")
         else:
             lx, ly = run.series("epoch", "epoch", "lr")

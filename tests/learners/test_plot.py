@@ -39,6 +39,8 @@ def _lines(n_epochs: int = 3, steps_per_epoch: int = 4, lr0: float = 0.5) -> lis
                 "train_loss": 0.5 - 0.1 * e,
                 "valid_auc": 0.8 + 0.03 * e,
                 "valid_logloss": 0.45 - 0.05 * e if e != 1 else None,
+                "valid_rows": 1000,
+                "valid_true_recall": 0.5,
             }
         )
     out.append({"kind": "summary", "epochs": n_epochs})
@@ -63,7 +65,14 @@ def test_read_metrics_splits_appended_runs_and_keeps_values(tmp_path: Path) -> N
     assert loss[0] == pytest.approx(0.45) and math.isnan(loss[1])  # null: a gap, not a crash
     _, lr = runs[1].series("step", "step", "lr")
     assert lr[:4] == [0.1] * 4 and lr[4:] == [0.05] * 4
-    assert runs[0].valid_keys() == ["valid_auc", "valid_logloss"]
+    assert runs[0].valid_keys() == [
+        "valid_auc",
+        "valid_logloss",
+        "valid_rows",
+        "valid_true_recall",
+    ]
+    # Counts and recalls are not drawn unless asked for.
+    assert runs[0].headline_keys() == ["valid_auc", "valid_logloss"]
 
 
 def test_a_run_without_summary_line_is_split_where_steps_restart(tmp_path: Path) -> None:
@@ -127,7 +136,8 @@ def test_plot_with_epoch_lines_only(tmp_path: Path) -> None:
 def test_unknown_metric_lists_what_is_there(tmp_path: Path) -> None:
     f = _write(tmp_path / "m.jsonl", _lines())
     with pytest.raises(
-        ValueError, match="no valid_rmse in the epoch lines; present: valid_auc, valid_logloss"
+        ValueError,
+        match="no valid_rmse in the epoch lines; present: valid_auc, valid_logloss, valid_rows, valid_true_recall",
     ):
         plot_metrics(f, tmp_path / "c.png", metrics=["valid_rmse"])
 
