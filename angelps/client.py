@@ -1,0 +1,526 @@
+"""The worker's view of the parameter server: :class:`PSClient`.
+
+Every operation dedups keys on the worker (duplicate gradients summed), routes them with the
+shared :mod:`angelps.partition` module, makes ONE remote call per shard (all shards are called
+before a single ``ray.get``), and sends numpy arrays. Pushes do not wait: ``push`` submits the
+calls and returns; Ray runs one caller's calls to an actor in order and the shard also orders a
+worker's calls by clock, so the next pull still sees the push. An error raised by a push that
+was not waited for surfaces at the client's next synchronous call (or :meth:`PSClient.flush`).
+
+Clock semantics (see :mod:`angelps.consistency`): each ``push``/``push_many``/``push_pull``/
+``clock`` call is one step of this worker. With ``W`` workers under BSP each worker must push
+once per step (``clock()`` when it has nothing to push); the shards apply one update per step
+on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push the mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayTaskError
+
+from angelps.config import Key
+from angelps.consistency import KEYS as CONSISTENCY_KEYS
+from angelps.consistency import READER
+from angelps.partition import PARTITIONERS, Partitioner, dedup
+from angelps.shard import (
+    NAN_POLICIES,
+    ShardServer,
+    check_grads,
+    check_keys,
+    check_lr,
+    segment_sum,
+)
+from angelps.table import TableSpec
+
+__all__ = ["KEYS", "NAMESPACE", "PSClient", "PSFuture", "actor_name"]
+
+NAMESPACE = "angelps"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "a number >= 0"
+
+
+def _positive_int(v: int) -> str | None:
+    return None if v >= 1 else "an integer >= 1"
+
+
+KEYS = [
+    Key(
+        "angel.job.name",
+        "str",
+        "angelps",
+        "Job name; shard actors are named <angel.job.name>-ps-<i> in the Ray namespace angelps.",
+        check=lambda v: None if v and "/" not in v else "a non-empty name without '/'",
+    ),
+    Key("angel.ps.number", "int", 1, "Number of parameter-shard actors.", check=_positive_int),
+    Key(
+        "angel.ps.partitioner",
+        "str",
+        "hash",
+        "How sparse keys map to shards: hash (mix64(key) mod shards) or range (contiguous key "
+        "ranges). Dense tables are always range-partitioned.",
+        choices=PARTITIONERS,
+    ),
+    Key(
+        "angel.ps.cpus",
+        "float",
+        0.0,
+        "CPUs Ray reserves for each shard actor (0: none reserved, the actor still runs).",
+        check=_non_negative,
+    ),
+    Key(
+        "angel.ps.memory",
+        "int",
+        0,
+        "Memory Ray reserves for each shard actor, in MiB (0: no reservation).",
+        check=_non_negative,
+    ),
+    Key(
+        "angel.ps.gpus",
+        "float",
+        0.0,
+        "GPUs per shard actor (fractions share a device). 0 keeps the rows in host memory.",
+        check=_non_negative,
+    ),
+    Key(
+        "angel.ps.nan.policy",
+        "str",
+        "error",
+        "A push with NaN or inf gradients: error (reject it, naming the table) or skip "
+        "(drop that table's update and count it).",
+        choices=NAN_POLICIES,
+    ),
+]
+
+
+def _conf(conf: Mapping[str, Any], name: str) -> Any:
+    """``conf[name]``, or the declared default when absent or unset."""
+    value = conf.get(name)
+    if value is None:
+        return _DEFAULTS[name]
+    return value
+
+
+_DEFAULTS = {k.name: k.default for k in [*KEYS, *CONSISTENCY_KEYS]}
+
+
+def actor_name(job: str, shard: int) -> str:
+    """Ray actor name of shard ``shard`` of job ``job``."""
+    return f"{job}-ps-{shard}"
+
+
+_ShardActor = ray.remote(ShardServer)
+
+
+class PSFuture:
+    """The result of an ``*_async`` call: ``.result()`` waits and returns it (None for a push)."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        refs: list[Any],
+        finish: Callable[[list[Any]], Any],
+    ) -> None:
+        self._client = client
+        self._refs = refs
+        self._finish = finish
+        self._done = False
+        self._value: Any = None
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value = self._finish(self._client._get(self._refs))
+            self._done = True
+            self._refs = []
+        return self._value
+
+
+class _Routed:
+    """One table's keys deduplicated and grouped by shard."""
+
+    __slots__ = ("inv", "offsets", "order", "spec", "uniq")
+
+    def __init__(self, spec: TableSpec, part: Partitioner, keys: np.ndarray) -> None:
+        self.spec = spec
+        self.uniq, self.inv = dedup(keys)
+        self.order, self.offsets = part.split(self.uniq)
+
+    def index(self, shard: int) -> slice | np.ndarray:
+        a, b = int(self.offsets[shard]), int(self.offsets[shard + 1])
+        return slice(a, b) if self.order is None else self.order[a:b]
+
+    def count(self, shard: int) -> int:
+        return int(self.offsets[shard + 1] - self.offsets[shard])
+
+
+class PSClient:
+    """Pull rows from and push gradients to the shard actors of one job.
+
+    Create the shards with :meth:`launch` (on the driver, after ``ray.init``), hand
+    :meth:`for_worker` clients to worker actors. The client that launched the shards owns them:
+    its :meth:`shutdown` kills them; other clients' ``shutdown`` only flushes.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        handles: Sequence[Any],
+        partitioner: str = "hash",
+        num_workers: int = 1,
+        worker_id: int = 0,
+        options: Mapping[str, Any] | None = None,
+        owner: bool = False,
+    ) -> None:
+        self.specs = {t.name: t for t in tables}
+        self.handles = list(handles)
+        self.num_shards = len(self.handles)
+        self.partitioner = partitioner
+        self.parts = {t.name: Partitioner(t, self.num_shards, partitioner) for t in tables}
+        self.num_workers = num_workers
+        self.worker_id = worker_id
+        self.options = dict(options or {})
+        self.nan_policy = self.options.get("nan_policy", "error")
+        self.skipped: dict[str, int] = {name: 0 for name in self.specs}
+        self._owner = owner
+        self._clock = 0
+        self._inflight: list[Any] = []
+
+    # --- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls, tables: Sequence[TableSpec], conf: Mapping[str, Any], num_workers: int = 1
+    ) -> PSClient:
+        """Create ``angel.ps.number`` shard actors named ``<angel.job.name>-ps-<i>`` in the Ray
+        namespace ``angelps`` and return the client of worker 0 (Ray must be initialised)."""
+        if not ray.is_initialized():
+            raise RuntimeError("PSClient.launch needs a running Ray: call ray.init() first")
+        tables = list(tables)
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        job = str(_conf(conf, "angel.job.name"))
+        n = int(_conf(conf, "angel.ps.number"))
+        if n < 1:
+            raise ValueError(f"angel.ps.number={n} must be >= 1")
+        partitioner = str(_conf(conf, "angel.ps.partitioner")).lower()
+        if partitioner not in PARTITIONERS:
+            raise ValueError(
+                f"angel.ps.partitioner={partitioner!r} is not one of {', '.join(PARTITIONERS)}"
+            )
+        nan_policy = str(_conf(conf, "angel.ps.nan.policy")).lower()
+        if nan_policy not in NAN_POLICIES:
+            raise ValueError(
+                f"angel.ps.nan.policy={nan_policy!r} is not one of {', '.join(NAN_POLICIES)}"
+            )
+        options = {
+            "partitioner": partitioner,
+            "num_workers": num_workers,
+            "staleness": int(_conf(conf, "angel.staleness")),
+            "nan_policy": nan_policy,
+            "timeout_ms": int(_conf(conf, "angel.matrixtransfer.request.timeout.ms")),
+            "job": job,
+        }
+        actor_opts: dict[str, Any] = {
+            "namespace": NAMESPACE,
+            "num_cpus": float(_conf(conf, "angel.ps.cpus")),
+            "max_concurrency": 1000,
+        }
+        mem = int(_conf(conf, "angel.ps.memory"))
+        if mem > 0:
+            actor_opts["memory"] = mem * 2**20
+        gpus = float(_conf(conf, "angel.ps.gpus"))
+        if gpus > 0:
+            actor_opts["num_gpus"] = gpus
+        spec_dicts = [t.to_dict() for t in tables]
+        handles = []
+        try:
+            for i in range(n):
+                name = actor_name(job, i)
+                try:
+                    h = _ShardActor.options(name=name, **actor_opts).remote(
+                        i, n, spec_dicts, options
+                    )
+                except ValueError as e:
+                    raise ValueError(
+                        f"cannot create shard actor {name!r} in namespace {NAMESPACE!r}: {e} "
+                        f"(is a job with angel.job.name={job!r} still running? shut it down "
+                        f"or choose another angel.job.name)"
+                    ) from None
+                handles.append(h)
+            client = cls(tables, handles, partitioner, num_workers, 0, options, owner=True)
+            client._get([h.ping.remote() for h in handles])
+        except BaseException:
+            for h in handles:
+                ray.kill(h)
+            raise
+        return client
+
+    def for_worker(self, worker_id: int) -> PSClient:
+        """A picklable client for worker ``worker_id`` (0 .. num_workers-1) to pass to a worker
+        actor; it starts at clock 0 and does not own the shards."""
+        if not 0 <= worker_id < self.num_workers:
+            raise ValueError(
+                f"worker id {worker_id} is out of range: num_workers={self.num_workers}"
+            )
+        return self._copy(worker_id)
+
+    def reader(self) -> PSClient:
+        """A client that only pulls and never waits for clocks (evaluation on the driver)."""
+        return self._copy(READER)
+
+    def _copy(self, worker_id: int) -> PSClient:
+        return PSClient(
+            list(self.specs.values()),
+            self.handles,
+            self.partitioner,
+            self.num_workers,
+            worker_id,
+            self.options,
+            owner=False,
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_inflight"] = []
+        state["_owner"] = False
+        return state
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _spec(self, table: str) -> TableSpec:
+        try:
+            return self.specs[table]
+        except KeyError:
+            raise ValueError(
+                f"unknown table {table!r}; tables: {', '.join(sorted(self.specs)) or '(none)'}"
+            ) from None
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        """``ray.get`` of ``refs`` plus every push still in flight; remote ValueErrors and
+        TimeoutErrors are re-raised as themselves."""
+        pending = self._inflight
+        self._inflight = []
+        try:
+            values = ray.get(list(refs) + pending)
+        except RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, (ValueError, TimeoutError, KeyError)):
+                raise cause from None
+            raise
+        return values[: len(refs)]
+
+    def _route(self, table: str, keys: Any) -> _Routed:
+        spec = self._spec(table)
+        return _Routed(spec, self.parts[table], check_keys(spec, keys))
+
+    def _route_push(
+        self, updates: Mapping[str, tuple[Any, Any]]
+    ) -> tuple[list[tuple[_Routed, np.ndarray]], dict[str, int]]:
+        """Validate every update first (nothing is sent if one is bad), dedup and sum."""
+        routed: list[tuple[_Routed, np.ndarray]] = []
+        skipped: dict[str, int] = {}
+        for table, (keys, grads) in updates.items():
+            spec = self._spec(table)
+            k = check_keys(spec, keys)
+            g = check_grads(spec, len(k), grads)
+            if not np.isfinite(g).all():
+                if self.nan_policy == "error":
+                    raise ValueError(
+                        f"table {table!r}: gradient contains NaN or inf "
+                        f"(angel.ps.nan.policy=error; set it to skip to drop such updates)"
+                    )
+                skipped[table] = skipped.get(table, 0) + 1
+                continue
+            r = _Routed(spec, self.parts[table], k)
+            if len(r.uniq) == len(k):
+                summed = np.empty_like(g)
+                summed[r.inv] = g
+            else:
+                summed = segment_sum(r.inv, g, len(r.uniq), np.dtype(spec.dtype))
+            routed.append((r, summed))
+        return routed, skipped
+
+    def _submit(
+        self,
+        push: list[tuple[_Routed, np.ndarray]] | None,
+        lr: float,
+        pull: list[_Routed],
+        pull_dense: Sequence[str] = (),
+    ) -> list[tuple[int, Any]]:
+        """One ``step`` call per shard that has something to do; returns (shard, ref) pairs."""
+        if push is not None and self.worker_id == READER:
+            raise ValueError("a reader client cannot push")
+        clock = self._clock
+        calls: list[tuple[int, Any]] = []
+        for s, h in enumerate(self.handles):
+            pushes = None
+            if push is not None:
+                pushes = {}
+                for r, g in push:
+                    if r.count(s):
+                        idx = r.index(s)
+                        pushes[r.spec.name] = (r.uniq[idx], g[idx])
+            pulls: dict[str, Any] = {}
+            for r in pull:
+                if r.count(s):
+                    pulls[r.spec.name] = r.uniq[r.index(s)]
+            for name in pull_dense:
+                pulls[name] = None
+            if pushes is None and not pulls:
+                continue
+            calls.append((s, h.step.remote(self.worker_id, clock, pushes, lr, pulls or None)))
+        if push is not None:
+            self._clock += 1
+        return calls
+
+    @staticmethod
+    def _assemble(routed: Sequence[_Routed], calls: list[tuple[int, Any]], values: list[Any]):
+        out: dict[str, np.ndarray] = {}
+        for r in routed:
+            name, spec = r.spec.name, r.spec
+            rows = np.empty((len(r.uniq), spec.cols), dtype=spec.dtype)
+            for (s, _), v in zip(calls, values, strict=True):
+                if v is not None and name in v:
+                    rows[r.index(s)] = v[name]
+            out[name] = rows[r.inv]
+        return out
+
+    def _track(self, calls: list[tuple[int, Any]]) -> None:
+        """Remember pushes not waited for; apply back-pressure when too many are in flight."""
+        self._inflight.extend(ref for _, ref in calls)
+        limit = 4 * self.num_shards
+        if len(self._inflight) > limit:
+            old, self._inflight = self._inflight[:-limit], self._inflight[-limit:]
+            try:
+                ray.get(old)
+            except RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, (ValueError, TimeoutError)):
+                    raise cause from None
+                raise
+
+    # --- public API ----------------------------------------------------------------------------
+
+    def pull_many_async(self, requests: Mapping[str, Any]) -> PSFuture:
+        """Future of :meth:`pull_many`."""
+        routed = [self._route(t, k) for t, k in requests.items()]
+        calls = self._submit(None, 0.0, routed)
+        return PSFuture(
+            self, [ref for _, ref in calls], lambda vals: self._assemble(routed, calls, vals)
+        )
+
+    def pull_many(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``."""
+        return self.pull_many_async(requests).result()  # type: ignore[no-any-return]
+
+    def pull_async(self, table: str, keys: Any) -> PSFuture:
+        """Future of :meth:`pull`."""
+        fut = self.pull_many_async({table: keys})
+        inner = fut._finish
+        fut._finish = lambda vals: inner(vals)[table]
+        return fut
+
+    def pull(self, table: str, keys: Any) -> np.ndarray:
+        """Rows ``keys`` (int64, 1-D, duplicates allowed) of ``table``: ``[len(keys), cols]``,
+        in the order of ``keys``. Sparse rows are created on first pull."""
+        return self.pull_async(table, keys).result()  # type: ignore[no-any-return]
+
+    def pull_dense(self, table: str) -> np.ndarray:
+        """All rows of a dense table, ``[rows, cols]`` (each shard sends its block)."""
+        spec = self._spec(table)
+        if spec.sparse:
+            raise ValueError(f"table {table!r} is sparse: pull_dense needs a dense table")
+        calls = self._submit(None, 0.0, [], pull_dense=[table])
+        values = self._get([ref for _, ref in calls])
+        return np.concatenate([v[table] for v in values], axis=0)
+
+    def push_many_async(self, updates: Mapping[str, tuple[Any, Any]], lr: float) -> PSFuture:
+        """Future of :meth:`push_many` (``result()`` waits until every shard applied it)."""
+        lr = check_lr(lr)
+        routed, skipped = self._route_push(updates)
+        for t, c in skipped.items():
+            self.skipped[t] += c
+        calls = self._submit(routed, lr, [])
+        return PSFuture(self, [ref for _, ref in calls], lambda vals: None)
+
+    def push_many(self, updates: Mapping[str, tuple[Any, Any]], lr: float) -> None:
+        """Push gradients of several tables as one step of this worker, without waiting."""
+        lr = check_lr(lr)
+        routed, skipped = self._route_push(updates)
+        for t, c in skipped.items():
+            self.skipped[t] += c
+        self._track(self._submit(routed, lr, []))
+
+    def push_async(self, table: str, keys: Any, grads: Any, lr: float) -> PSFuture:
+        """Future of :meth:`push`."""
+        return self.push_many_async({table: (keys, grads)}, lr)
+
+    def push(self, table: str, keys: Any, grads: Any, lr: float) -> None:
+        """Push the loss gradient of rows ``keys`` (duplicates summed) with step size ``lr``;
+        the shard applies the table's optimizer. Does not wait (see the module docstring)."""
+        self.push_many({table: (keys, grads)}, lr)
+
+    def push_pull_async(
+        self,
+        updates: Mapping[str, tuple[Any, Any]],
+        lr: float,
+        requests: Mapping[str, Any],
+    ) -> PSFuture:
+        """Future of :meth:`push_pull`."""
+        lr = check_lr(lr)
+        routed_push, skipped = self._route_push(updates)
+        routed_pull = [self._route(t, k) for t, k in requests.items()]
+        for t, c in skipped.items():
+            self.skipped[t] += c
+        calls = self._submit(routed_push, lr, routed_pull)
+        return PSFuture(
+            self,
+            [ref for _, ref in calls],
+            lambda vals: self._assemble(routed_pull, calls, vals),
+        )
+
+    def push_pull(
+        self,
+        updates: Mapping[str, tuple[Any, Any]],
+        lr: float,
+        requests: Mapping[str, Any],
+    ) -> dict[str, np.ndarray]:
+        """Fused step, one call per shard: apply the pushes (this worker's step), then return
+        the rows of ``requests`` as seen by the next step."""
+        return self.push_pull_async(updates, lr, requests).result()  # type: ignore[no-any-return]
+
+    def clock(self) -> None:
+        """End this worker's step without gradients (so BSP/SSP peers are not kept waiting)."""
+        self._track(self._submit([], 0.0, []))
+
+    def flush(self) -> None:
+        """Wait until every push of this client has been applied (raises its errors)."""
+        self._get([])
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
+        return self._get([h.stats.remote() for h in self.handles])
+
+    @property
+    def step_count(self) -> int:
+        """Pushes (steps) made by this client."""
+        return self._clock
+
+    def shutdown(self) -> None:
+        """Flush; if this client launched the shards, kill them."""
+        try:
+            self.flush()
+        finally:
+            if self._owner:
+                for h in self.handles:
+                    ray.kill(h, no_restart=True)
+                self.handles = []
+                self._owner = False

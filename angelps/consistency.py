@@ -1,0 +1,120 @@
+"""Clocks for BSP, SSP and ASP (``angel.staleness``), as a pure class the shard consults.
+
+A worker's clock ``c`` is the number of pushes it has made (one push = one step; a step with
+nothing to push still calls ``PSClient.clock()``). Every push is tagged with the clock it
+belongs to; a pull is tagged with the worker's current clock.
+
+* **BSP** (``staleness == 0``): the shard buffers the pushes of clock ``c`` from all ``W``
+  workers, sums them, and applies ONE optimizer update on the sum when the last one arrives.
+  A pull at clock ``c`` returns only after the updates of clocks ``0 .. c-1`` are applied, i.e.
+  after every worker has pushed for clock ``c-1``.
+* **SSP** (``staleness = s > 0``): each push is applied as it arrives. A pull at clock ``c``
+  waits until every worker has pushed clocks ``0 .. c-s-1``: it never misses an update older
+  than ``c - s``.
+* **ASP** (``staleness < 0``): pushes are applied as they arrive and pulls never wait.
+
+In every mode a worker reads its own writes: a pull at clock ``c`` waits for that worker's own
+pushes ``0 .. c-1``, and a worker's pushes are applied in clock order even if Ray delivers them
+out of order. A reader with worker id -1 (the driver evaluating a model) never waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from angelps.config import Key
+
+__all__ = ["KEYS", "READER", "ClockTable", "mode_name"]
+
+READER = -1
+
+KEYS = [
+    Key(
+        "angel.staleness",
+        "int",
+        0,
+        "Consistency: 0 = BSP (one update per step on the sum of all workers' gradients), "
+        "s > 0 = SSP (a pull at clock c sees every update older than c - s), < 0 = ASP.",
+    ),
+    Key(
+        "angel.matrixtransfer.request.timeout.ms",
+        "int",
+        120000,
+        "How long a shard lets a pull or push wait for other workers' clocks (BSP/SSP) before "
+        "failing with an error naming the clocks.",
+        check=lambda v: None if v > 0 else "an integer > 0",
+    ),
+]
+
+
+def mode_name(staleness: int) -> str:
+    """BSP, SSP or ASP."""
+    return "BSP" if staleness == 0 else ("SSP" if staleness > 0 else "ASP")
+
+
+@dataclass
+class ClockTable:
+    """Per-shard clock bookkeeping for ``num_workers`` workers."""
+
+    num_workers: int
+    staleness: int = 0
+    pushed: list[int] = field(default_factory=list)
+    applied: int = 0  # BSP: aggregated updates applied (= clocks complete on this shard)
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"number of workers must be >= 1, got {self.num_workers}")
+        if not self.pushed:
+            self.pushed = [0] * self.num_workers
+        elif len(self.pushed) != self.num_workers:
+            raise ValueError("pushed clocks must have one entry per worker")
+
+    @property
+    def bsp(self) -> bool:
+        return self.staleness == 0
+
+    def check_worker(self, worker: int) -> None:
+        if not (worker == READER or 0 <= worker < self.num_workers):
+            raise ValueError(
+                f"worker id {worker} is out of range: this job has {self.num_workers} worker(s) "
+                f"(ids 0 .. {self.num_workers - 1})"
+            )
+
+    def can_push(self, worker: int, clock: int) -> bool:
+        """A worker's push for ``clock`` may be applied (its earlier pushes are)."""
+        return self.pushed[worker] == clock
+
+    def stale_push(self, worker: int, clock: int) -> bool:
+        """A push for a clock this worker has already pushed (a retry after a restart)."""
+        return clock < self.pushed[worker]
+
+    def can_pull(self, worker: int, clock: int) -> bool:
+        """A pull by ``worker`` at ``clock`` may be served now."""
+        if worker == READER:
+            return True
+        if self.pushed[worker] < clock:
+            return False  # read your own writes
+        if self.staleness < 0:
+            return True
+        if self.staleness == 0:
+            return self.applied >= clock
+        return min(self.pushed) >= clock - self.staleness
+
+    def record_push(self, worker: int) -> None:
+        self.pushed[worker] += 1
+
+    def complete_clock(self) -> bool:
+        """BSP: True when every worker has pushed clock ``applied`` (apply, then call
+        :meth:`mark_applied`)."""
+        return min(self.pushed) > self.applied
+
+    def mark_applied(self) -> None:
+        self.applied += 1
+
+    def describe(self) -> str:
+        return f"{mode_name(self.staleness)}: pushed clocks per worker {self.pushed}, " + (
+            f"updates applied {self.applied}" if self.bsp else f"staleness {self.staleness}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pushed": list(self.pushed), "applied": self.applied}

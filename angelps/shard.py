@@ -1,0 +1,515 @@
+"""One parameter shard: a plain class (:class:`ParameterShard`, testable without Ray) and its Ray
+actor (:class:`ShardServer`, an asyncio actor that adds the BSP/SSP/ASP waiting).
+
+A shard holds, for every table, the rows the partitioner assigns to it plus their optimizer
+state, in numpy arrays:
+
+* dense: one contiguous block ``[lo, hi)`` (local row = key - lo);
+* sparse: rows stored in insertion order, found through a sorted key index (``searchsorted``;
+  the client sends each shard its keys sorted, which keeps the lookups cache-friendly). A row
+  is created on its first pull or push with :func:`angelps.table.init_rows`, so its initial
+  value depends only on (seed, key).
+
+Every push is validated completely (tables, key ranges, shapes, dtypes, finiteness) before any
+row is touched, so a rejected push leaves the shard unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from angelps.consistency import READER, ClockTable
+from angelps.optim import apply, slot_widths
+from angelps.partition import Partitioner, dedup
+from angelps.table import TableSpec, init_rows
+
+__all__ = ["NAN_POLICIES", "ParameterShard", "ShardServer", "check_lr", "segment_sum"]
+
+NAN_POLICIES = ("error", "skip")
+
+# Dense blocks are initialised in chunks to bound the float64 temporaries.
+_INIT_CHUNK = 1 << 18
+
+
+def segment_sum(inv: np.ndarray, values: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
+    """``out[i] = sum(values[inv == i])`` for ``i < n``, accumulated in float64.
+
+    A flattened ``np.bincount``: deterministic and single-threaded (torch's multithreaded
+    ``index_add_`` was 3-5x slower on 2 busy cores).
+    """
+    cols = values.shape[1]
+    if cols == 1:
+        out = np.bincount(inv, weights=values[:, 0], minlength=n)
+        return out.astype(dtype).reshape(n, 1)
+    idx = (inv[:, None] * cols + np.arange(cols, dtype=np.int64)).ravel()
+    out = np.bincount(idx, weights=values.ravel(), minlength=n * cols)
+    return out.astype(dtype).reshape(n, cols)
+
+
+def check_lr(lr: Any) -> float:
+    """The step size of a push: a finite number >= 0."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        raise ValueError(f"learning rate {lr!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"learning rate {lr!r} must be a finite number >= 0")
+    return value
+
+
+def check_keys(spec: TableSpec, keys: Any) -> np.ndarray:
+    """Keys as a 1-D int64 array, checked against the table's range."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ValueError(f"table {spec.name!r}: keys must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise ValueError(f"table {spec.name!r}: keys must be integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
+        raise ValueError(f"table {spec.name!r}: key {int(arr.max())} does not fit in int64")
+    arr = arr.astype(np.int64, copy=False)
+    if spec.rows > 0 and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= spec.rows:
+            bad = lo if lo < 0 else hi
+            kind = "sparse index" if spec.sparse else "dense"
+            raise ValueError(
+                f"table {spec.name!r}: key {bad} is outside the {kind} range [0, {spec.rows})"
+            )
+    return arr
+
+
+def check_grads(spec: TableSpec, n: int, grads: Any) -> np.ndarray:
+    """Gradients as a ``[n, cols]`` array of the table's dtype."""
+    arr = np.asarray(grads)
+    if arr.dtype.kind != "f":
+        raise ValueError(
+            f"table {spec.name!r}: gradients must be floating point, got dtype {arr.dtype}"
+        )
+    if arr.ndim == 1 and spec.cols == 1:
+        arr = arr.reshape(-1, 1)
+    if arr.shape != (n, spec.cols):
+        raise ValueError(
+            f"table {spec.name!r}: gradients of shape {arr.shape} do not match "
+            f"{n} keys x {spec.cols} columns"
+        )
+    return arr.astype(spec.dtype, copy=False)
+
+
+class _Table:
+    """The rows of one table held by one shard, and their optimizer state."""
+
+    def __init__(self, spec: TableSpec, part: Partitioner, shard_id: int) -> None:
+        self.spec = spec
+        self.part = part
+        self.dtype = np.dtype(spec.dtype)
+        self.widths = slot_widths(spec.optimizer, spec.cols)
+        if spec.sparse:
+            self.lo = self.hi = 0
+            self.n = 0
+            self.skeys = np.zeros(0, dtype=np.int64)  # sorted keys
+            self.sslot = np.zeros(0, dtype=np.int64)  # storage slot of skeys[i]
+            self.w = np.zeros((0, spec.cols), dtype=self.dtype)
+            self.state = {k: np.zeros((0, w), dtype=self.dtype) for k, w in self.widths.items()}
+        else:
+            self.lo, self.hi = part.row_range(shard_id)
+            self.n = self.hi - self.lo
+            self.w = np.empty((self.n, spec.cols), dtype=self.dtype)
+            for a in range(0, self.n, _INIT_CHUNK):
+                b = min(a + _INIT_CHUNK, self.n)
+                self.w[a:b] = init_rows(spec, np.arange(self.lo + a, self.lo + b))
+            self.state = {
+                k: np.zeros((self.n, w), dtype=self.dtype) for k, w in self.widths.items()
+            }
+
+    # --- lookup --------------------------------------------------------------------------------
+
+    def check_owned(self, keys: np.ndarray) -> None:
+        if not keys.size:
+            return
+        if not self.spec.sparse:
+            lo, hi = int(keys.min()), int(keys.max())
+            if lo < self.lo or hi >= self.hi:
+                bad = lo if lo < self.lo else hi
+                raise ValueError(
+                    f"table {self.spec.name!r}: key {bad} is not held by this shard "
+                    f"(rows [{self.lo}, {self.hi}))"
+                )
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.w)
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap, 1024)
+        w = np.empty((new_cap, self.spec.cols), dtype=self.dtype)
+        w[: self.n] = self.w[: self.n]
+        self.w = w
+        for k, width in self.widths.items():
+            s = np.zeros((new_cap, width), dtype=self.dtype)
+            s[: self.n] = self.state[k][: self.n]
+            self.state[k] = s
+
+    def locate(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        """Storage slots of unique ``keys``; sparse rows missing are created (initialised)."""
+        if not self.spec.sparse:
+            return keys - self.lo
+        n = len(self.skeys)
+        pos = np.searchsorted(self.skeys, keys)
+        if n:
+            found = self.skeys[np.minimum(pos, n - 1)] == keys
+        else:
+            found = np.zeros(len(keys), dtype=bool)
+        slots = np.empty(len(keys), dtype=np.int64)
+        slots[found] = self.sslot[pos[found]]
+        if found.all():
+            return slots
+        if not create:
+            raise KeyError("missing sparse rows")
+        missing = ~found
+        new_keys = keys[missing]
+        order = np.argsort(new_keys, kind="stable")
+        new_sorted = new_keys[order]
+        m = len(new_keys)
+        self._grow(self.n + m)
+        new_slots = np.arange(self.n, self.n + m, dtype=np.int64)
+        self.w[self.n : self.n + m] = init_rows(self.spec, new_sorted)
+        for k in self.state:
+            self.state[k][self.n : self.n + m] = 0
+        self.n += m
+        ins = np.searchsorted(self.skeys, new_sorted)
+        self.skeys = np.insert(self.skeys, ins, new_sorted)
+        self.sslot = np.insert(self.sslot, ins, new_slots)
+        got = np.empty(m, dtype=np.int64)
+        got[order] = new_slots
+        slots[missing] = got
+        return slots
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def read(self, keys: np.ndarray | None) -> np.ndarray:
+        if keys is None:
+            if self.spec.sparse:
+                raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
+            return self.w.copy()
+        if not self.spec.sparse and len(keys) and _is_range(keys):
+            a = int(keys[0]) - self.lo
+            return self.w[a : a + len(keys)].copy()  # a contiguous block: a copy, no gather
+        slots = self.locate(keys)  # first: creating rows may reallocate self.w
+        return self.w[slots]
+
+    def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        slots = self.locate(keys)
+        w = self.w[slots]
+        state = {k: v[slots] for k, v in self.state.items()}
+        apply(self.spec.optimizer, w, state, grads, lr)
+        self.w[slots] = w
+        for k, v in state.items():
+            self.state[k][slots] = v
+
+    def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(keys sorted, rows, state) copies of everything this shard holds."""
+        if self.spec.sparse:
+            slots = self.sslot
+            return (
+                self.skeys.copy(),
+                self.w[slots],
+                {k: v[slots] for k, v in self.state.items()},
+            )
+        keys = np.arange(self.lo, self.hi, dtype=np.int64)
+        return keys, self.w.copy(), {k: v.copy() for k, v in self.state.items()}
+
+    def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
+        """Overwrite rows (and state) of unique ``keys`` (checkpoint restore)."""
+        slots = self.locate(keys)
+        self.w[slots] = w
+        for k in self.state:
+            self.state[k][slots] = state[k]
+
+    def num_rows(self) -> int:
+        return self.n
+
+
+def _is_range(keys: np.ndarray) -> bool:
+    return int(keys[-1]) - int(keys[0]) == len(keys) - 1 and bool(np.all(np.diff(keys) == 1))
+
+
+def _strictly_increasing(keys: np.ndarray) -> bool:
+    return len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1]))
+
+
+class ParameterShard:
+    """Shard ``shard_id`` of ``num_shards``: the rows it owns of every table, and the clocks.
+
+    ``push`` applies (or, under BSP with several workers, buffers) one worker's gradients for
+    one clock; ``pull`` returns rows. Clock waiting is the actor's job: the plain class asserts
+    that a push arrives in clock order and serves pulls immediately.
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        num_shards: int,
+        tables: Sequence[TableSpec],
+        partitioner: str = "hash",
+        num_workers: int = 1,
+        staleness: int = 0,
+        nan_policy: str = "error",
+    ) -> None:
+        if not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard id {shard_id} is out of range for {num_shards} shards")
+        policy = str(nan_policy).lower()
+        if policy not in NAN_POLICIES:
+            raise ValueError(
+                f"angel.ps.nan.policy={nan_policy!r} is not one of {', '.join(NAN_POLICIES)}"
+            )
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        self.shard_id = shard_id
+        self.num_shards = num_shards
+        self.partitioner = partitioner
+        self.nan_policy = policy
+        self.specs = {t.name: t for t in tables}
+        self.tables = {
+            t.name: _Table(t, Partitioner(t, num_shards, partitioner), shard_id) for t in tables
+        }
+        self.clocks = ClockTable(num_workers, staleness)
+        # BSP with several workers: clock -> table -> list of (keys, grads); clock -> lr.
+        self._pending: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self._pending_lr: dict[int, float] = {}
+        self.skipped: dict[str, int] = {name: 0 for name in self.specs}
+        self.updates = 0  # optimizer updates applied (per table push)
+
+    # --- validation ----------------------------------------------------------------------------
+
+    def _table(self, name: str) -> _Table:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown table {name!r}; tables: {', '.join(sorted(self.tables)) or '(none)'}"
+            ) from None
+
+    def _validate(
+        self, updates: Mapping[str, tuple[Any, Any]]
+    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Checked, deduplicated (keys strictly increasing, duplicate grads summed) updates;
+        tables with non-finite gradients dropped (policy skip) or rejected (policy error)."""
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, (keys, grads) in updates.items():
+            t = self._table(name)
+            k = check_keys(t.spec, keys)
+            t.check_owned(k)
+            g = check_grads(t.spec, len(k), grads)
+            if not np.isfinite(g).all():
+                if self.nan_policy == "error":
+                    raise ValueError(
+                        f"table {name!r}: gradient contains NaN or inf "
+                        f"(angel.ps.nan.policy=error; set it to skip to drop such updates)"
+                    )
+                self.skipped[name] += 1
+                continue
+            if not _strictly_increasing(k):
+                uniq, inv = dedup(k)
+                g = segment_sum(inv, g, len(uniq), t.dtype)
+                k = uniq
+            out[name] = (k, g)
+        return out
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def push(
+        self,
+        worker: int,
+        clock: int,
+        updates: Mapping[str, tuple[Any, Any]],
+        lr: float,
+    ) -> None:
+        """Apply worker ``worker``'s gradients for ``clock`` (see :mod:`angelps.consistency`).
+
+        Under BSP the pushes of one clock are summed over the workers and applied as one
+        optimizer update (with the step size of the first push of that clock) when the last
+        worker's push arrives; under SSP/ASP each push is applied at once.
+        """
+        clocks = self.clocks
+        clocks.check_worker(worker)
+        if worker == READER:
+            raise ValueError("a reader client (worker id -1) cannot push")
+        if not clocks.can_push(worker, clock):
+            raise ValueError(
+                f"shard {self.shard_id}: worker {worker} pushed clock {clock} but its next "
+                f"clock is {clocks.pushed[worker]}"
+            )
+        lr = check_lr(lr)
+        checked = self._validate(updates)
+        if not clocks.bsp or clocks.num_workers == 1:
+            for name, (k, g) in checked.items():
+                self.tables[name].update(k, g, lr)
+                self.updates += 1
+            clocks.record_push(worker)
+            if clocks.bsp:
+                clocks.mark_applied()
+            return
+        bucket = self._pending.setdefault(clock, {})
+        self._pending_lr.setdefault(clock, lr)
+        for name, kg in checked.items():
+            bucket.setdefault(name, []).append(kg)
+        clocks.record_push(worker)
+        while clocks.complete_clock():
+            c = clocks.applied
+            self._apply_merged(self._pending.pop(c, {}), self._pending_lr.pop(c, lr))
+            clocks.mark_applied()
+
+    def _apply_merged(
+        self, bucket: Mapping[str, list[tuple[np.ndarray, np.ndarray]]], lr: float
+    ) -> None:
+        for name, parts in bucket.items():
+            t = self.tables[name]
+            if len(parts) == 1:
+                k, g = parts[0]
+            else:
+                keys = np.concatenate([p[0] for p in parts])
+                grads = np.concatenate([p[1] for p in parts])
+                k, inv = dedup(keys)
+                g = segment_sum(inv, grads, len(k), t.dtype)
+            t.update(k, g, lr)
+            self.updates += 1
+
+    def pull(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Rows of the requested keys, per table, in the order of the keys. ``None`` as the
+        keys of a dense table means this shard's whole block."""
+        checked: dict[str, np.ndarray | None] = {}
+        for name, keys in requests.items():
+            t = self._table(name)
+            if keys is None:
+                checked[name] = None
+                continue
+            k = check_keys(t.spec, keys)
+            t.check_owned(k)
+            checked[name] = k
+        out: dict[str, np.ndarray] = {}
+        for name, k in checked.items():
+            t = self.tables[name]
+            if k is None or _strictly_increasing(k):
+                out[name] = t.read(k)
+            else:
+                uniq, inv = dedup(k)
+                out[name] = t.read(uniq)[inv]
+        return out
+
+    def export(self, name: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(keys, rows, optimizer state) of one table, keys sorted (checkpoints)."""
+        return self._table(name).export()
+
+    def assign(
+        self, name: str, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]
+    ) -> None:
+        """Overwrite rows and state of ``keys`` (checkpoint restore); keys must be owned here."""
+        t = self._table(name)
+        k = check_keys(t.spec, keys)
+        t.check_owned(k)
+        t.assign(k, w, state)
+
+    def stats(self) -> dict[str, Any]:
+        """Rows held, updates applied, skipped (non-finite) pushes, clocks."""
+        return {
+            "shard": self.shard_id,
+            "rows": {n: t.num_rows() for n, t in self.tables.items()},
+            "updates": self.updates,
+            "skipped": dict(self.skipped),
+            "clocks": self.clocks.to_dict(),
+        }
+
+
+class ShardServer:
+    """Body of the Ray actor around a :class:`ParameterShard`.
+
+    An asyncio actor: the numpy work runs on the event loop (one operation at a time, so no
+    locks around the arrays), while calls that must wait for other workers' clocks park on a
+    condition variable without blocking the actor. ``step`` is the one call per shard per step:
+    apply a push (if any), then serve a pull (if any).
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        num_shards: int,
+        tables: Sequence[Mapping[str, Any]],
+        options: Mapping[str, Any],
+    ) -> None:
+        specs = [TableSpec.from_dict(t) for t in tables]
+        self.shard = ParameterShard(
+            shard_id,
+            num_shards,
+            specs,
+            partitioner=options.get("partitioner", "hash"),
+            num_workers=int(options.get("num_workers", 1)),
+            staleness=int(options.get("staleness", 0)),
+            nan_policy=options.get("nan_policy", "error"),
+        )
+        self.timeout_s = float(options.get("timeout_ms", 120000)) / 1000.0
+        self._cond: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def _wait(self, pred: Callable[[], bool], what: str) -> None:
+        if pred():
+            return
+        cond = self._condition()
+        async with cond:
+            try:
+                await asyncio.wait_for(cond.wait_for(pred), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"shard {self.shard.shard_id}: {what} waited {self.timeout_s:g} s for other "
+                    f"workers ({self.shard.clocks.describe()}); raise "
+                    f"angel.matrixtransfer.request.timeout.ms or check that every worker "
+                    f"pushes (or calls clock()) once per step"
+                ) from None
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    async def step(
+        self,
+        worker: int,
+        clock: int,
+        pushes: Mapping[str, tuple[Any, Any]] | None,
+        lr: float,
+        pulls: Mapping[str, Any] | None,
+    ) -> dict[str, np.ndarray] | None:
+        """Push (worker's gradients for ``clock``), then pull at the clock after it."""
+        clocks = self.shard.clocks
+        clocks.check_worker(worker)
+        if pushes is not None:
+            await self._wait(
+                lambda: clocks.pushed[worker] >= clock, f"worker {worker}'s push for clock {clock}"
+            )
+            if clocks.can_push(worker, clock):
+                self.shard.push(worker, clock, pushes, lr)
+                await self._notify()
+            # else: a duplicate of a push already applied (a retried call): ignore it.
+            clock += 1
+        if not pulls:
+            return None
+        await self._wait(
+            lambda: clocks.can_pull(worker, clock), f"worker {worker}'s pull at clock {clock}"
+        )
+        return self.shard.pull(pulls)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.shard.stats()
+
+    async def ping(self) -> int:
+        return self.shard.shard_id
