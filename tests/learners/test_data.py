@@ -89,6 +89,20 @@ def test_no_label_and_custom_splitor(tmp_path: Path) -> None:
     p = write(tmp_path, "1,0,4, 7\n0,2\n", "c.txt")
     b = read_all(p, C(**{"ml.data.type": "dummy", "ml.data.splitor": ","}))
     assert rows(b) == [(1.0, [0, 4, 7], [1.0, 1.0, 1.0]), (0.0, [2], [1.0])]
+    # A separator of several characters goes through the regular-expression split.
+    p = write(tmp_path, "1;;1:0.5 ;; 4:2\n\n0\n-1;;3:1;;\n", "r.txt")
+    cfg = C(**{"ml.data.splitor": ";;"})
+    assert D._TextFormat.from_conf(cfg).sep_bytes is None
+    b = read_all(p, cfg)
+    assert rows(b) == [(1.0, [0, 3], [0.5, 2.0]), (0.0, [], []), (-1.0, [2], [1.0])]
+    assert b.row_index.tolist() == [0, 2, 3]
+    p = write(tmp_path, "1;;1:0.5\n1;;;;3:1\n", "r2.txt")
+    with pytest.raises(
+        D.DataError,
+        match=r"r2\.txt:2: expected '<label> <id>:<value> \.\.\.' \(libsvm, separator ';;'\), "
+        r"got '1;;;;3:1'",
+    ):
+        read_all(p, cfg)
 
 
 def test_last_line_without_newline_and_tiny_blocks(tmp_path: Path) -> None:
