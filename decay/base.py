@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 __all__ = ["ParamError", "StepSizeScheduler"]
 
@@ -59,8 +59,9 @@ class StepSizeScheduler:
     or, Angel style, ``lr = sched.next()`` (returns ``lr_at(count)`` and advances).
     """
 
-    #: Schedules whose value depends on more than the count (metric-driven) set this.
-    composable: ClassVar[bool] = True
+    #: False for metric-driven schedules (ReduceLROnPlateau, or a warmup in front of one):
+    #: they take ``step(metric)`` and cannot be children of a sequence or chain.
+    composable: bool = True
 
     def __init__(self, lr: float) -> None:
         _check_float(self, "lr", lr, lr >= 0 if _is_real(lr) else False, "a finite number >= 0")

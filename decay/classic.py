@@ -13,7 +13,7 @@ import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from decay.base import (
     ParamError,
@@ -490,7 +490,7 @@ class ReduceLROnPlateau(StepSizeScheduler):
     ``step`` once (one decision, broadcast with the lr).
     """
 
-    composable: ClassVar[bool] = False
+    composable = False
 
     def __init__(
         self,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from decay.base import ParamError, StepSizeScheduler, _check_int
 
@@ -38,16 +39,17 @@ class Warmup(StepSizeScheduler):
 
     As in KempnerForge, torch's ``LinearLR`` warmups and Hugging Face, the warmup starts at 0
     (the first update has step size 0). Set by ``ml.opt.decay.warmup.steps`` on any schedule
-    without a warmup of its own."""
+    without a warmup of its own. In front of a ReduceLROnPlateau (warmup, then plateau: a
+    combination torch cannot express), ``step(metric)`` goes to the plateau, and a reduction
+    takes effect from the update at which its metric was reported."""
 
     def __init__(self, inner: StepSizeScheduler, warmup_steps: int) -> None:
-        if not isinstance(inner, StepSizeScheduler) or not inner.composable:
-            raise ParamError(
-                "Warmup", "inner", inner, "a schedule that is a function of the update count"
-            )
+        if not isinstance(inner, StepSizeScheduler):
+            raise ParamError("Warmup", "inner", inner, "a StepSizeScheduler")
         super().__init__(inner.lr)
         self.inner = inner
         self.warmup_steps = _check_int(self, "warmup_steps", warmup_steps, 0)
+        self.composable = inner.composable
         self._peak = inner.lr_at(0)
 
     def _lr(self, k: int) -> float:
@@ -61,6 +63,29 @@ class Warmup(StepSizeScheduler):
 
     def _boundary(self, count: int) -> bool:
         return count >= self.warmup_steps and self.inner._boundary(count - self.warmup_steps)
+
+    def step(self, metric: float) -> float:
+        """Report a metric to a metric-driven inner schedule; returns the next step size."""
+        step = getattr(self.inner, "step", None)
+        if self.composable or step is None:
+            raise TypeError(f"{self.inner.describe()} is not metric-driven: it has no step(metric)")
+        # The inner schedule counts from the end of the warmup.
+        self.inner._count = max(0, self._count - self.warmup_steps)
+        step(metric)
+        return self.peek()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if not self.composable:
+            state["inner"] = self.inner.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if not self.composable:
+            if "inner" not in state:
+                raise ValueError("Warmup.load_state_dict: missing 'inner' (the plateau state)")
+            self.inner.load_state_dict(state["inner"])
 
 
 class SequentialLR(StepSizeScheduler):

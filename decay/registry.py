@@ -646,8 +646,9 @@ class _Reader:
                 return ""
         return ""
 
-    def get(self, key: str) -> Any:
-        self.used.add(key)
+    def get(self, key: str, mark: bool = True) -> Any:
+        if mark:
+            self.used.add(key)
         param = _declaration(key)
         if param is None:
             raise KeyError(key)
@@ -840,6 +841,8 @@ def from_conf(conf: Mapping[str, Any], total_steps: int | None = None) -> StepSi
             close = difflib.get_close_matches(key, list(_BY_NAME), n=3, cutoff=0.6)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             raise ValueError(f"unknown key {key}{hint}; docs/decay.md lists every decay key")
+        if key.startswith(PREFIX) or key in (LR_KEY, "ml.learn.decay"):
+            r.get(key, mark=False)  # every value is checked, even those this schedule ignores
     lr = r.get(LR_KEY)
     name = r.get(CLASS_KEY)
     sched = _build_one(r, name, CLASS_KEY, PREFIX, lr, total_steps, top=True)

@@ -84,7 +84,9 @@ def test_warm_restarts_reference_values() -> None:
     assert r([w.lr_at(c - 1) for c in calls], 5) == [0.99978, 0.10022, 0.1, 0.99944, 0.1, 0.99849]
 
 
-@pytest.mark.parametrize("eta,alpha,interval", [(1.0, 0.001, 100), (0.5, 0.3, 3), (2.0, 0.0, 1), (0.1, 1.0, 7)])
+@pytest.mark.parametrize(
+    "eta,alpha,interval", [(1.0, 0.001, 100), (0.5, 0.3, 3), (2.0, 0.0, 1), (0.1, 1.0, 7)]
+)
 def test_warm_restarts_replays_angel_code_exactly(eta: float, alpha: float, interval: int) -> None:
     n = 5000
     want = angel_warm_restarts(eta, alpha, interval, n)
@@ -110,7 +112,9 @@ def test_warm_restarts_eta_min_override() -> None:
     assert decay.WarmRestarts(1.0, intervals=4).lr_at(3) == pytest.approx(0.1, abs=1e-15)
 
 
-@pytest.mark.parametrize("cls", [decay.ConstantLearningRate, decay.StandardDecay, decay.CorrectionDecay])
+@pytest.mark.parametrize(
+    "cls", [decay.ConstantLearningRate, decay.StandardDecay, decay.CorrectionDecay]
+)
 def test_interval_boundary_every_I_calls(cls: type) -> None:
     s = cls(1.0, intervals=3)
     flags = [s.is_interval_boundary()]
@@ -126,15 +130,23 @@ def test_constant_learning_rate() -> None:
 
 
 def test_angel_parameter_errors() -> None:
-    with pytest.raises(ValueError, match=r"CorrectionDecay: beta=1.0 is invalid: expected a number in \[0, 1\)"):
+    with pytest.raises(
+        ValueError, match=r"CorrectionDecay: beta=1.0 is invalid: expected a number in \[0, 1\)"
+    ):
         decay.CorrectionDecay(1.0, beta=1.0)
     with pytest.raises(ValueError, match=r"CorrectionDecay: beta=-0.1 is invalid"):
         decay.CorrectionDecay(1.0, beta=-0.1)
-    with pytest.raises(ValueError, match=r"StandardDecay: alpha=-1.0 is invalid: expected a number >= 0"):
+    with pytest.raises(
+        ValueError, match=r"StandardDecay: alpha=-1.0 is invalid: expected a number >= 0"
+    ):
         decay.StandardDecay(1.0, alpha=-1.0)
-    with pytest.raises(ValueError, match=r"WarmRestarts: intervals=0 is invalid: expected an integer >= 1"):
+    with pytest.raises(
+        ValueError, match=r"WarmRestarts: intervals=0 is invalid: expected an integer >= 1"
+    ):
         decay.WarmRestarts(1.0, intervals=0)
-    with pytest.raises(ValueError, match=r"ConstantLearningRate: lr=nan is invalid: expected a finite number >= 0"):
+    with pytest.raises(
+        ValueError, match=r"ConstantLearningRate: lr=nan is invalid: expected a finite number >= 0"
+    ):
         decay.ConstantLearningRate(float("nan"))
 
 
@@ -153,7 +165,9 @@ def test_deprecated_learn_decay_warns_and_is_used() -> None:
 
 
 def test_deprecated_learn_decay_loses_to_opt_decay_alpha() -> None:
-    with pytest.warns(decay.DecayDeprecationWarning, match=r"ignored because ml.opt.decay.alpha is set"):
+    with pytest.warns(
+        decay.DecayDeprecationWarning, match=r"ignored because ml.opt.decay.alpha is set"
+    ):
         s = decay.from_conf({"ml.learn.decay": "0.5", "ml.opt.decay.alpha": "0.0"})
     assert s.lr_at(100) == 0.5
     with warnings.catch_warnings():

@@ -16,12 +16,18 @@ FAST = settings(max_examples=25, deadline=None, derandomize=True)
 # (ours, torch) child factories whose torch recursive form equals the closed form.
 CHILDREN = {
     "StepLR": (lambda b: decay.StepLR(b, 3, 0.5), lambda o: S.StepLR(o, 3, 0.5)),
-    "MultiStepLR": (lambda b: decay.MultiStepLR(b, [2, 7], 0.3), lambda o: S.MultiStepLR(o, [2, 7], 0.3)),
+    "MultiStepLR": (
+        lambda b: decay.MultiStepLR(b, [2, 7], 0.3),
+        lambda o: S.MultiStepLR(o, [2, 7], 0.3),
+    ),
     "ConstantLR": (lambda b: decay.ConstantLR(b, 0.25, 4), lambda o: S.ConstantLR(o, 0.25, 4)),
     "LinearLR": (lambda b: decay.LinearLR(b, 0.1, 1.0, 5), lambda o: S.LinearLR(o, 0.1, 1.0, 5)),
     "ExponentialLR": (lambda b: decay.ExponentialLR(b, 0.9), lambda o: S.ExponentialLR(o, 0.9)),
     "PolynomialLR": (lambda b: decay.PolynomialLR(b, 8, 2.0), lambda o: S.PolynomialLR(o, 8, 2.0)),
-    "CosineAnnealingLR": (lambda b: decay.CosineAnnealingLR(b, 6), lambda o: S.CosineAnnealingLR(o, 6)),
+    "CosineAnnealingLR": (
+        lambda b: decay.CosineAnnealingLR(b, 6),
+        lambda o: S.CosineAnnealingLR(o, 6),
+    ),
 }
 names = st.sampled_from(sorted(CHILDREN))
 
@@ -50,7 +56,13 @@ def test_sequential_matches_torch(kinds: list[str], gaps: list[int], lr: float) 
 
 @FAST
 @given(
-    kinds=st.lists(st.sampled_from(["StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR", "PolynomialLR"]), min_size=1, max_size=3),
+    kinds=st.lists(
+        st.sampled_from(
+            ["StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR", "PolynomialLR"]
+        ),
+        min_size=1,
+        max_size=3,
+    ),
     lr=st.floats(1e-3, 2.0),
 )
 def test_chained_matches_torch(kinds: list[str], lr: float) -> None:
@@ -69,9 +81,19 @@ def test_torch_reference_tables() -> None:
     assert_close(ours(seq, 11), [0.05, 0.04, 0.032] + [0.05] * 4 + [0.005] * 4, 0.05)
     seq = decay.SequentialLR([decay.ConstantLR(0.05, 0.1, 3), decay.ExponentialLR(0.05, 0.9)], [3])
     assert_close(ours(seq, 8), [0.005] * 3 + [0.05 * 0.9**x for x in range(5)], 0.05)
-    chain = decay.ChainedScheduler([decay.ConstantLR(0.05, 0.1, 20), decay.ExponentialLR(0.05, 0.9)])
-    assert [round(chain.lr_at(k), 6) for k in range(18, 23)] == [0.00075, 0.000675, 0.006079, 0.005471, 0.004924]
-    lin_cos = decay.SequentialLR([decay.LinearLR(1.0, 0.1, 1.0, 3), decay.CosineAnnealingLR(1.0, 4)], [3])
+    chain = decay.ChainedScheduler(
+        [decay.ConstantLR(0.05, 0.1, 20), decay.ExponentialLR(0.05, 0.9)]
+    )
+    assert [round(chain.lr_at(k), 6) for k in range(18, 23)] == [
+        0.00075,
+        0.000675,
+        0.006079,
+        0.005471,
+        0.004924,
+    ]
+    lin_cos = decay.SequentialLR(
+        [decay.LinearLR(1.0, 0.1, 1.0, 3), decay.CosineAnnealingLR(1.0, 4)], [3]
+    )
     want = [0.1, 0.4, 0.7, 1.0, 0.853553, 0.5, 0.146447, 0.0, 0.146447, 0.5]
     assert [round(lin_cos.lr_at(k), 6) for k in range(10)] == want
 
@@ -100,19 +122,36 @@ def test_warmup_wrapper_boundaries_plus_minus_one() -> None:
 
 def test_warmup_boundary_signal_follows_inner() -> None:
     w = decay.Warmup(decay.ConstantLearningRate(1.0, intervals=2), 3)
-    assert [w._boundary(c) for c in range(8)] == [False, False, False, True, False, True, False, True]
+    assert [w._boundary(c) for c in range(8)] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_composition_errors() -> None:
-    with pytest.raises(ValueError, match=r"SequentialLR: milestones=\[5, 5\] is invalid: expected a strictly increasing list of integers >= 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"SequentialLR: milestones=\[5, 5\] is invalid: expected a strictly increasing list of integers >= 1",
+    ):
         decay.SequentialLR([decay.NoDecay(1.0)] * 3, [5, 5])
     with pytest.raises(ValueError, match=r"SequentialLR: milestones=\[0\] is invalid"):
         decay.SequentialLR([decay.NoDecay(1.0)] * 2, [0])
-    with pytest.raises(ValueError, match=r"SequentialLR: milestones=\[3, 4\] is invalid: expected 1 integer\(s\), one fewer than the 2 schedules"):
+    with pytest.raises(
+        ValueError,
+        match=r"SequentialLR: milestones=\[3, 4\] is invalid: expected 1 integer\(s\), one fewer than the 2 schedules",
+    ):
         decay.SequentialLR([decay.NoDecay(1.0)] * 2, [3, 4])
     with pytest.raises(ValueError, match=r"ChainedScheduler: schedulers is required"):
         decay.ChainedScheduler([])
     with pytest.raises(ValueError, match=r"ReduceLROnPlateau cannot be composed"):
         decay.ChainedScheduler([decay.NoDecay(1.0), decay.ReduceLROnPlateau(1.0)])
-    with pytest.raises(ValueError, match=r"Warmup: warmup_steps=-2 is invalid: expected an integer >= 0"):
+    with pytest.raises(
+        ValueError, match=r"Warmup: warmup_steps=-2 is invalid: expected an integer >= 0"
+    ):
         decay.Warmup(decay.NoDecay(1.0), -2)

@@ -20,7 +20,16 @@ def kf_warmup(t: int, w: int) -> float:
     return min(1.0, t / w) if w > 0 else 1.0
 
 
-def kf(name: str, t: int, w: int, d: int, r: float, stable: int = 0, kind: str = "cosine", alpha: float = 1.0) -> float:
+def kf(
+    name: str,
+    t: int,
+    w: int,
+    d: int,
+    r: float,
+    stable: int = 0,
+    kind: str = "cosine",
+    alpha: float = 1.0,
+) -> float:
     if name != "none" and t < w:
         return kf_warmup(t, w)
     if name == "constant":
@@ -47,7 +56,21 @@ def kf(name: str, t: int, w: int, d: int, r: float, stable: int = 0, kind: str =
 def test_warmup_cosine_reference_table() -> None:
     # W=2, N=10, peak 1: lr 0 at step 0, flat at the floor after N (torch's SequentialLR would rise)
     s = decay.WarmupCosine(1.0, total_steps=10, warmup_steps=2, min_lr_ratio=0.0)
-    want = [0.0, 0.5, 1.0, 0.96194, 0.853553, 0.691342, 0.5, 0.308658, 0.146447, 0.03806, 0.0, 0.0, 0.0]
+    want = [
+        0.0,
+        0.5,
+        1.0,
+        0.96194,
+        0.853553,
+        0.691342,
+        0.5,
+        0.308658,
+        0.146447,
+        0.03806,
+        0.0,
+        0.0,
+        0.0,
+    ]
     assert [round(s.lr_at(t), 6) for t in range(13)] == want
 
 
@@ -62,13 +85,17 @@ def test_warmup_cosine_reference_table() -> None:
 )
 def test_against_kempnerforge(lr: float, w: int, d: int, r: float, name: str, alpha: float) -> None:
     if name == "cosine":
-        s: decay.StepSizeScheduler = decay.WarmupCosine(lr, warmup_steps=w, decay_steps=d, min_lr_ratio=r)
+        s: decay.StepSizeScheduler = decay.WarmupCosine(
+            lr, warmup_steps=w, decay_steps=d, min_lr_ratio=r
+        )
     elif name == "linear":
         s = decay.WarmupLinear(lr, warmup_steps=w, decay_steps=d, min_lr_ratio=r)
     else:
         s = decay.Rex(lr, warmup_steps=w, decay_steps=d, min_lr_ratio=r, rex_alpha=alpha)
     for t in range(w + d + 20):
-        assert s.lr_at(t) == pytest.approx(lr * kf(name, t, w, d, r, alpha=alpha), rel=1e-12, abs=1e-15)
+        assert s.lr_at(t) == pytest.approx(
+            lr * kf(name, t, w, d, r, alpha=alpha), rel=1e-12, abs=1e-15
+        )
 
 
 @FAST
@@ -80,8 +107,12 @@ def test_against_kempnerforge(lr: float, w: int, d: int, r: float, name: str, al
     r=st.floats(0.0, 1.0),
     kind=st.sampled_from(["cosine", "linear", "sqrt"]),
 )
-def test_wsd_against_kempnerforge(lr: float, w: int, stable: int, d: int, r: float, kind: str) -> None:
-    s = decay.WarmupStableDecay(lr, warmup_steps=w, stable_steps=stable, decay_steps=d, min_lr_ratio=r, decay_type=kind)
+def test_wsd_against_kempnerforge(
+    lr: float, w: int, stable: int, d: int, r: float, kind: str
+) -> None:
+    s = decay.WarmupStableDecay(
+        lr, warmup_steps=w, stable_steps=stable, decay_steps=d, min_lr_ratio=r, decay_type=kind
+    )
     for t in range(w + stable + d + 10):
         want = lr * kf("wsd", t, w, d, r, stable=stable, kind=kind)
         assert s.lr_at(t) == pytest.approx(want, rel=1e-12, abs=1e-15)
@@ -89,16 +120,28 @@ def test_wsd_against_kempnerforge(lr: float, w: int, stable: int, d: int, r: flo
 
 def test_wsd_lengths_from_total_steps() -> None:
     # stable from total - W - D
-    a = decay.WarmupStableDecay(1.0, total_steps=100, warmup_steps=10, decay_steps=20, min_lr_ratio=0.0)
-    b = decay.WarmupStableDecay(1.0, warmup_steps=10, stable_steps=70, decay_steps=20, min_lr_ratio=0.0)
-    c = decay.WarmupStableDecay(1.0, total_steps=100, warmup_steps=10, stable_steps=70, min_lr_ratio=0.0)
-    assert [a.lr_at(t) for t in range(110)] == [b.lr_at(t) for t in range(110)] == [c.lr_at(t) for t in range(110)]
+    a = decay.WarmupStableDecay(
+        1.0, total_steps=100, warmup_steps=10, decay_steps=20, min_lr_ratio=0.0
+    )
+    b = decay.WarmupStableDecay(
+        1.0, warmup_steps=10, stable_steps=70, decay_steps=20, min_lr_ratio=0.0
+    )
+    c = decay.WarmupStableDecay(
+        1.0, total_steps=100, warmup_steps=10, stable_steps=70, min_lr_ratio=0.0
+    )
+    assert (
+        [a.lr_at(t) for t in range(110)]
+        == [b.lr_at(t) for t in range(110)]
+        == [c.lr_at(t) for t in range(110)]
+    )
     assert a.lr_at(79) == 1.0 and a.lr_at(80) == 1.0 and a.lr_at(81) < 1.0
     assert a.lr_at(100) == 0.0
 
 
 def test_sqrt_is_kempnerforge_shape_not_hf() -> None:
-    s = decay.WarmupStableDecay(1.0, warmup_steps=0, stable_steps=0, decay_steps=4, min_lr_ratio=0.0, decay_type="sqrt")
+    s = decay.WarmupStableDecay(
+        1.0, warmup_steps=0, stable_steps=0, decay_steps=4, min_lr_ratio=0.0, decay_type="sqrt"
+    )
     assert s.lr_at(1) == math.sqrt(0.75)  # KF: sqrt(1 - p); HF's 1 - sqrt(p) would be 0.5
 
 
@@ -143,17 +186,30 @@ def test_no_decay() -> None:
 
 
 def test_modern_errors() -> None:
-    with pytest.raises(ValueError, match=r"WarmupCosine: decay_steps is required: set decay_steps, or total_steps"):
+    with pytest.raises(
+        ValueError, match=r"WarmupCosine: decay_steps is required: set decay_steps, or total_steps"
+    ):
         decay.WarmupCosine(1.0)
-    with pytest.raises(ValueError, match=r"WarmupCosine: total_steps=100 is invalid: expected an integer > warmup_steps = 2000"):
+    with pytest.raises(
+        ValueError,
+        match=r"WarmupCosine: total_steps=100 is invalid: expected an integer > warmup_steps = 2000",
+    ):
         decay.WarmupCosine(1.0, total_steps=100)
     with pytest.raises(ValueError, match=r"Rex: rex_alpha=0.0 is invalid: expected a number > 0"):
         decay.Rex(1.0, decay_steps=5, rex_alpha=0.0)
-    with pytest.raises(ValueError, match=r"WarmupLinear: min_lr_ratio=1.5 is invalid: expected a number in \[0, 1\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"WarmupLinear: min_lr_ratio=1.5 is invalid: expected a number in \[0, 1\]",
+    ):
         decay.WarmupLinear(1.0, decay_steps=5, min_lr_ratio=1.5)
-    with pytest.raises(ValueError, match=r"WarmupStableDecay: decay_type='exp' is invalid: expected one of cosine, linear, sqrt"):
+    with pytest.raises(
+        ValueError,
+        match=r"WarmupStableDecay: decay_type='exp' is invalid: expected one of cosine, linear, sqrt",
+    ):
         decay.WarmupStableDecay(1.0, stable_steps=1, decay_steps=1, decay_type="exp")
     with pytest.raises(ValueError, match=r"WarmupStableDecay: stable_steps is required"):
         decay.WarmupStableDecay(1.0, decay_steps=5)
-    with pytest.raises(ValueError, match=r"WarmupConstant: warmup_steps=-1 is invalid: expected an integer >= 0"):
+    with pytest.raises(
+        ValueError, match=r"WarmupConstant: warmup_steps=-1 is invalid: expected an integer >= 0"
+    ):
         decay.WarmupConstant(1.0, warmup_steps=-1)

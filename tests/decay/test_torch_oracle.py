@@ -76,9 +76,7 @@ def test_polynomial_lr(lr: float, t: int, p: float, n: int) -> None:
 @FAST
 @given(lr=lrs, t=st.integers(1, 150), eta=st.floats(0.0, 1e-3), n=st.integers(1, 700))
 def test_cosine_annealing_lr_periodic(lr: float, t: int, eta: float, n: int) -> None:
-    _check(
-        decay.CosineAnnealingLR(lr, t, eta), lambda o: S.CosineAnnealingLR(o, t, eta), n, lr
-    )
+    _check(decay.CosineAnnealingLR(lr, t, eta), lambda o: S.CosineAnnealingLR(o, t, eta), n, lr)
 
 
 @FAST
@@ -108,13 +106,17 @@ def test_cyclic_lr_and_momentum(
 ) -> None:
     top = base + span
     want, want_m = torch_lrs(
-        lambda o: S.CyclicLR(o, base, top, up, down, mode, gamma, base_momentum=0.8, max_momentum=0.9),
+        lambda o: S.CyclicLR(
+            o, base, top, up, down, mode, gamma, base_momentum=0.8, max_momentum=0.9
+        ),
         n,
         base,
         optimizer="adam" if adam else "sgd",
         momentum=True,
     )
-    s = decay.CyclicLR(0.123, top, base_lr=base, step_size_up=up, step_size_down=down, mode=mode, gamma=gamma)
+    s = decay.CyclicLR(
+        0.123, top, base_lr=base, step_size_up=up, step_size_down=down, mode=mode, gamma=gamma
+    )
     assert_close(ours(s, n), want, top)
     assert want_m is not None
     assert_close(np.array([s.momentum_at(k) for k in range(n)]), want_m, 1.0)
@@ -135,16 +137,28 @@ def test_one_cycle_lr_and_momentum(
 ) -> None:
     try:
         s = decay.OneCycleLR(
-            0.5, total, max_lr=top, pct_start=pct, anneal_strategy=strategy,
-            div_factor=div, final_div_factor=fdiv, three_phase=three,
+            0.5,
+            total,
+            max_lr=top,
+            pct_start=pct,
+            anneal_strategy=strategy,
+            div_factor=div,
+            final_div_factor=fdiv,
+            three_phase=three,
         )
     except decay.ParamError:
         assert float(pct * total) - 1 == 0.0  # the only rejected case: a zero-length phase
         return
     want, want_m = torch_lrs(
         lambda o: S.OneCycleLR(
-            o, top, total_steps=total, pct_start=pct, anneal_strategy=strategy,
-            div_factor=div, final_div_factor=fdiv, three_phase=three,
+            o,
+            top,
+            total_steps=total,
+            pct_start=pct,
+            anneal_strategy=strategy,
+            div_factor=div,
+            final_div_factor=fdiv,
+            three_phase=three,
         ),
         total,
         top,
@@ -169,18 +183,34 @@ def test_one_cycle_lr_and_momentum(
     metrics=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=60),
 )
 def test_reduce_on_plateau(
-    lr: float, mode: str, tmode: str, factor: float, patience: int, cooldown: int,
-    min_lr: float, metrics: list[float],
+    lr: float,
+    mode: str,
+    tmode: str,
+    factor: float,
+    patience: int,
+    cooldown: int,
+    min_lr: float,
+    metrics: list[float],
 ) -> None:
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=lr)
     ts = S.ReduceLROnPlateau(
-        opt, mode=mode, factor=factor, patience=patience, threshold_mode=tmode,
-        cooldown=cooldown, min_lr=min_lr,
+        opt,
+        mode=mode,
+        factor=factor,
+        patience=patience,
+        threshold_mode=tmode,
+        cooldown=cooldown,
+        min_lr=min_lr,
     )
     s = decay.ReduceLROnPlateau(
-        lr, mode=mode, factor=factor, patience=patience, threshold_mode=tmode,
-        cooldown=cooldown, min_lr=min_lr,
+        lr,
+        mode=mode,
+        factor=factor,
+        patience=patience,
+        threshold_mode=tmode,
+        cooldown=cooldown,
+        min_lr=min_lr,
     )
     seen = []
     for i, m in enumerate(metrics):
@@ -192,8 +222,13 @@ def test_reduce_on_plateau(
         if i == len(metrics) // 2:  # resume mid-way from JSON
             state = json.loads(json.dumps(s.state_dict()))
             s = decay.ReduceLROnPlateau(
-                lr, mode=mode, factor=factor, patience=patience, threshold_mode=tmode,
-                cooldown=cooldown, min_lr=min_lr,
+                lr,
+                mode=mode,
+                factor=factor,
+                patience=patience,
+                threshold_mode=tmode,
+                cooldown=cooldown,
+                min_lr=min_lr,
             )
             s.load_state_dict(state)
     # lr_at(k) replays the history: update k used the lr in effect after k metrics.
@@ -226,8 +261,13 @@ def test_torch_suite_tables() -> None:
     assert ours(cyc, 11).tolist() == [1, 2, 3, 4, 5, 4, 3, 2, 1, 2, 3]
     assert [cyc.momentum_at(k) for k in range(11)] == [5, 4, 3, 2, 1, 2, 3, 4, 5, 4, 3]
     one = decay.OneCycleLR(
-        0.5, 10, max_lr=25, final_div_factor=2, anneal_strategy="linear",
-        base_momentum=1, max_momentum=22,
+        0.5,
+        10,
+        max_lr=25,
+        final_div_factor=2,
+        anneal_strategy="linear",
+        base_momentum=1,
+        max_momentum=22,
     )
     assert_close(ours(one, 10), [1, 13, 25, 21.5, 18, 14.5, 11, 7.5, 4, 0.5], 25)
     assert_close(
@@ -236,7 +276,12 @@ def test_torch_suite_tables() -> None:
         22,
     )
     three = decay.OneCycleLR(
-        0.5, 10, max_lr=25, pct_start=0.4, final_div_factor=4, anneal_strategy="linear",
+        0.5,
+        10,
+        max_lr=25,
+        pct_start=0.4,
+        final_div_factor=4,
+        anneal_strategy="linear",
         three_phase=True,
     )
     assert_close(ours(three, 10), [1, 9, 17, 25, 17, 9, 1, 0.75, 0.5, 0.25], 25)
@@ -246,12 +291,38 @@ def test_torch_suite_tables() -> None:
 
 LONG = [
     ("StepLR", lambda b: decay.StepLR(b, 7, 0.999), lambda o: S.StepLR(o, 7, 0.999)),
-    ("ExponentialLR", lambda b: decay.ExponentialLR(b, 0.99999), lambda o: S.ExponentialLR(o, 0.99999)),
-    ("CosineAnnealingLR", lambda b: decay.CosineAnnealingLR(b, 997, 1e-4), lambda o: S.CosineAnnealingLR(o, 997, 1e-4)),
-    ("CosineAnnealingWarmRestarts", lambda b: decay.CosineAnnealingWarmRestarts(b, 10, 2, 1e-5), lambda o: S.CosineAnnealingWarmRestarts(o, 10, 2, 1e-5)),
-    ("CyclicLR", lambda b: decay.CyclicLR(b, 3 * b, step_size_up=333, step_size_down=111, mode="triangular2"), lambda o: S.CyclicLR(o, 0.1, 0.3, 333, 111, "triangular2")),
-    ("LinearLR", lambda b: decay.LinearLR(b, 0.25, 0.5, 50_000), lambda o: S.LinearLR(o, 0.25, 0.5, 50_000)),
-    ("PolynomialLR", lambda b: decay.PolynomialLR(b, 60_000, 2.0), lambda o: S.PolynomialLR(o, 60_000, 2.0)),
+    (
+        "ExponentialLR",
+        lambda b: decay.ExponentialLR(b, 0.99999),
+        lambda o: S.ExponentialLR(o, 0.99999),
+    ),
+    (
+        "CosineAnnealingLR",
+        lambda b: decay.CosineAnnealingLR(b, 997, 1e-4),
+        lambda o: S.CosineAnnealingLR(o, 997, 1e-4),
+    ),
+    (
+        "CosineAnnealingWarmRestarts",
+        lambda b: decay.CosineAnnealingWarmRestarts(b, 10, 2, 1e-5),
+        lambda o: S.CosineAnnealingWarmRestarts(o, 10, 2, 1e-5),
+    ),
+    (
+        "CyclicLR",
+        lambda b: decay.CyclicLR(
+            b, 3 * b, step_size_up=333, step_size_down=111, mode="triangular2"
+        ),
+        lambda o: S.CyclicLR(o, 0.1, 0.3, 333, 111, "triangular2"),
+    ),
+    (
+        "LinearLR",
+        lambda b: decay.LinearLR(b, 0.25, 0.5, 50_000),
+        lambda o: S.LinearLR(o, 0.25, 0.5, 50_000),
+    ),
+    (
+        "PolynomialLR",
+        lambda b: decay.PolynomialLR(b, 60_000, 2.0),
+        lambda o: S.PolynomialLR(o, 60_000, 2.0),
+    ),
 ]
 
 
@@ -272,12 +343,27 @@ def test_constant_lr_factor_zero_is_rejected_where_torch_divides_by_zero() -> No
     opt.step()
     with pytest.raises(ZeroDivisionError):
         t.step()
-    with pytest.raises(decay.ParamError, match=r"factor=0.0 is invalid: expected a number in \(0, 1\]"):
+    with pytest.raises(
+        decay.ParamError, match=r"factor=0.0 is invalid: expected a number in \(0, 1\]"
+    ):
         decay.ConstantLR(1.0, factor=0.0, total_iters=2)
 
 
 def test_cosine_past_t_max_is_periodic_like_torch() -> None:
     s = decay.CosineAnnealingLR(1.0, 5)
-    want = [1.0, 0.904508, 0.654508, 0.345492, 0.095492, 0.0, 0.095492, 0.345492, 0.654508, 0.904508, 1.0, 0.904508]
+    want = [
+        1.0,
+        0.904508,
+        0.654508,
+        0.345492,
+        0.095492,
+        0.0,
+        0.095492,
+        0.345492,
+        0.654508,
+        0.904508,
+        1.0,
+        0.904508,
+    ]
     assert [round(v, 6) for v in ours(s, 12)] == want
     assert math.isclose(s.lr_at(15), 0.0, abs_tol=1e-15)
