@@ -654,20 +654,18 @@ class _Reader:
 
     def _parse(self, file: str, lines: pa.Array, line_no: np.ndarray, offset: int) -> Batch:
         fmt = self.fmt
+        # Problems by line (0-based in the file), reported in line order once all checks ran.
+        problems: dict[int, str] = {}
         good = pc.match_substring_regex(lines, fmt.line_rx).to_numpy(zero_copy_only=False)
         if not good.all():
-            rows = np.flatnonzero(~good)
-            self._reject(
-                [f"{file}:{int(line_no[r]) + 1}" for r in rows],
-                [
-                    f"expected {fmt.expected}, got '{_shorten(_decode(lines[int(r)].as_py()))}'"
-                    for r in rows
-                ],
-            )
+            for r in np.flatnonzero(~good):
+                got = _shorten(_decode(lines[int(r)].as_py()))
+                problems[int(line_no[r])] = f"expected {fmt.expected}, got '{got}'"
             keep = np.flatnonzero(good)
             lines = lines.take(pa.array(keep))
             line_no = line_no[keep]
         if len(lines) == 0:
+            self._report(file, problems)
             return Batch.empty()
         # Good lines are ASCII (the regular expression admits nothing else), so valid UTF-8.
         if fmt.sep_bytes is not None:
@@ -689,6 +687,7 @@ class _Reader:
             counts = counts[~blank]
             line_no = line_no[~blank]
             if counts.size == 0:
+                self._report(file, problems)
                 return Batch.empty()
             lines = lines.filter(pa.array(~blank))
         n = len(lines)
@@ -724,11 +723,12 @@ class _Reader:
             else:
                 values = np.ones(ids.shape[0], np.float64)
         row_of = np.repeat(np.arange(n), nfeat)
-        problems: dict[int, str] = {}
+        flagged = np.zeros(n, bool)
 
         def flag(mask_rows: np.ndarray, reason: Any) -> None:
-            for r in np.flatnonzero(mask_rows):
-                problems.setdefault(int(r), reason(int(r)) if callable(reason) else reason)
+            for r in np.flatnonzero(mask_rows & ~flagged):
+                problems[int(line_no[r])] = reason(int(r)) if callable(reason) else reason
+            flagged[mask_rows] = True
 
         if fmt.has_label:
             flag(
@@ -742,9 +742,8 @@ class _Reader:
             rows_vbad = np.zeros(n, bool)
             rows_vbad[row_of[vbad]] = True
             flag(rows_vbad, "a feature value is not a finite float32 number")
-            values = np.where(
-                vbad, 0.0, values
-            )  # the row is dropped or raised; avoid the cast overflow
+            # The row is dropped (or the read stops): zeros avoid an overflow in the cast.
+            values = np.where(vbad, 0.0, values)
         if fmt.kind != "dense":
             base = 1 if fmt.kind == "libsvm" else 0
             if too_long.any():
@@ -795,15 +794,14 @@ class _Reader:
             values=values.astype(np.float32),
             row_index=line_no + offset,
         )
+        self._report(file, problems)
+        return batch.take(~flagged) if flagged.any() else batch
+
+    def _report(self, file: str, problems: Mapping[int, str]) -> None:
+        """Raise for the first bad line of a chunk, or count them all when skipping."""
         if problems:
-            bad_rows = sorted(problems)
-            self._reject(
-                [f"{file}:{int(line_no[r]) + 1}" for r in bad_rows], [problems[r] for r in bad_rows]
-            )
-            ok = np.ones(n, bool)
-            ok[bad_rows] = False
-            batch = batch.take(ok)
-        return batch
+            lines = sorted(problems)
+            self._reject([f"{file}:{i + 1}" for i in lines], [problems[i] for i in lines])
 
     # -- parquet --------------------------------------------------------------------------------
 

@@ -215,6 +215,17 @@ def test_skip_counts_many_bad_lines_in_order(tmp_path: Path) -> None:
     assert b.row_index.tolist() == [i for i in range(30) if i % 3]
 
 
+def test_first_bad_line_is_reported_whatever_the_check(tmp_path: Path) -> None:
+    # Line 2 fails a check after parsing, line 3 the line pattern: line 2 comes first.
+    p = write(tmp_path, "1 1:1\n1 0:1\n1 x\n1 2:1e39\n")
+    with pytest.raises(D.DataError, match=r"f\.txt:2: feature id 0: libsvm ids start at 1"):
+        read_all(p, C())
+    stats = D.ReadStats()
+    b = read_all(p, C(**{"ml.data.skip.bad.lines": True}), stats=stats)
+    assert [e.split(": ", 1)[0].rsplit(":", 1)[1] for e in stats.bad_examples] == ["2", "3", "4"]
+    assert b.row_index.tolist() == [0]
+
+
 def test_missing_input() -> None:
     with pytest.raises(D.DataError, match="no such input file or directory"):
         list(D.read_file("does/not/exist.libsvm", C()))
