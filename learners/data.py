@@ -207,7 +207,7 @@ class DataError(ValueError):
 # --- the CSR batch -----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # numpy fields: compare with np.array_equal, not ==
 class Batch:
     """A mini-batch in CSR form (numpy only).
 

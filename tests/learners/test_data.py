@@ -308,9 +308,9 @@ def test_chunks_never_exceed_chunk_rows() -> None:
     cfg = C()
     for w in range(3):
         sizes = [
-            len(b) for b in D.read_file(str(A9A), cfg, worker_id=w, num_workers=3, chunk_rows=7)
+            len(b) for b in D.read_file(str(DNA), cfg, worker_id=w, num_workers=3, chunk_rows=7)
         ]
-        assert max(sizes) == 7 and sum(sizes) > 10000
+        assert max(sizes) == 7 and sum(sizes) > 600
 
 
 def test_validation_split_is_angels_rule_and_independent_of_workers(tmp_path: Path) -> None:
