@@ -15,6 +15,7 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayTaskError
 
+from angelps import checkpoint
 from angelps.config import Key
 from angelps.consistency import KEYS as CONSISTENCY_KEYS
 from angelps.consistency import READER
@@ -508,6 +510,45 @@ class PSClient:
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
         return self._get([h.stats.remote() for h in self.handles])
+
+    def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
+        """Checkpoint every shard's rows and optimizer state under directory ``path``, with
+        ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest.
+        Atomic: written to a temporary directory, then renamed (see angelps.checkpoint)."""
+        # Build the manifest once before writing anything, so a non-JSON extra fails early.
+        checkpoint.build_manifest([], 0, "", [], extra)
+        self.flush()
+        tmp = checkpoint.new_tmp_dir(path)
+        try:
+            infos = self._get([h.save.remote(tmp) for h in self.handles])
+            manifest = checkpoint.build_manifest(
+                list(self.specs.values()),
+                self.num_shards,
+                self.partitioner,
+                infos,
+                extra,
+                staleness=int(self.options.get("staleness", 0)),
+                num_workers=self.num_workers,
+            )
+            checkpoint.write_manifest(tmp, manifest)
+            checkpoint.commit_dir(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer
+        state, whatever the number of shards that saved it) and return its ``extra``.
+
+        Clocks restart at 0 on every shard and in this client: create worker clients with
+        :meth:`for_worker` after loading."""
+        manifest = checkpoint.read_manifest(path)
+        checkpoint.check_layout(manifest, list(self.specs.values()))
+        self.flush()
+        root = manifest["root"]
+        self._get([h.load.remote(root, manifest) for h in self.handles])
+        self._clock = 0
+        return dict(manifest.get("extra", {}))
 
     @property
     def step_count(self) -> int:

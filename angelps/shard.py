@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from angelps.checkpoint import CheckpointError, read_table_file, table_file, write_table_file
 from angelps.consistency import READER, ClockTable
 from angelps.optim import apply, slot_widths
-from angelps.partition import Partitioner, dedup
+from angelps.partition import PARTITIONERS, Partitioner, dedup
 from angelps.table import TableSpec, init_rows
 
 __all__ = ["NAN_POLICIES", "ParameterShard", "ShardServer", "check_lr", "segment_sum"]
@@ -273,13 +274,24 @@ class ParameterShard:
             raise ValueError(f"table names must be unique, got {names}")
         self.shard_id = shard_id
         self.num_shards = num_shards
-        self.partitioner = partitioner
+        self.partitioner = str(partitioner).lower()
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(
+                f"angel.ps.partitioner={partitioner!r} is not one of {', '.join(PARTITIONERS)}"
+            )
         self.nan_policy = policy
         self.specs = {t.name: t for t in tables}
+        self.reset(ClockTable(num_workers, staleness))
+
+    def reset(self, clocks: ClockTable | None = None) -> None:
+        """Back to freshly initialised tables and zero clocks (before a restore)."""
+        if clocks is None:
+            clocks = ClockTable(self.clocks.num_workers, self.clocks.staleness)
         self.tables = {
-            t.name: _Table(t, Partitioner(t, num_shards, partitioner), shard_id) for t in tables
+            t.name: _Table(t, Partitioner(t, self.num_shards, self.partitioner), self.shard_id)
+            for t in self.specs.values()
         }
-        self.clocks = ClockTable(num_workers, staleness)
+        self.clocks = clocks
         # BSP with several workers: clock -> table -> list of (keys, grads); clock -> lr.
         self._pending: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._pending_lr: dict[int, float] = {}
@@ -416,6 +428,47 @@ class ParameterShard:
         t.check_owned(k)
         t.assign(k, w, state)
 
+    def save(self, root: str) -> dict[str, Any]:
+        """Write this shard's rows and optimizer state of every table under ``root``."""
+        rows = {}
+        for name, t in self.tables.items():
+            keys, w, state = t.export()
+            rows[name] = write_table_file(table_file(root, name, self.shard_id), keys, w, state)
+        return {"shard": self.shard_id, "rows": rows, "clocks": self.clocks.to_dict()}
+
+    def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Replace this shard's content with the rows that the current layout routes here
+        from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
+        Returns the rows restored per table."""
+        saved_shards = int(manifest["num_shards"])
+        same_layout = (
+            saved_shards == self.num_shards and manifest["partitioner"] == self.partitioner
+        )
+        self.reset()
+        self._pending.clear()
+        self._pending_lr.clear()
+        restored = {}
+        for name, t in self.tables.items():
+            n = 0
+            sources = [self.shard_id] if same_layout else range(saved_shards)
+            for j in sources:
+                keys, w, state = read_table_file(table_file(root, name, j))
+                if not same_layout:
+                    mine = t.part.owns(self.shard_id, keys)
+                    keys, w = keys[mine], w[mine]
+                    state = {k: v[mine] for k, v in state.items()}
+                missing = set(t.state) - set(state)
+                if missing or w.shape[1:] != (t.spec.cols,):
+                    raise CheckpointError(
+                        f"checkpoint {root}: table {name!r} file of shard {j} does not match "
+                        f"the table (state slots {sorted(state)}, width {w.shape[1:]})"
+                    )
+                if len(keys):
+                    t.assign(keys, w.astype(t.dtype, copy=False), state)
+                n += len(keys)
+            restored[name] = n
+        return restored
+
     def stats(self) -> dict[str, Any]:
         """Rows held, updates applied, skipped (non-finite) pushes, clocks."""
         return {
@@ -510,6 +563,14 @@ class ShardServer:
 
     async def stats(self) -> dict[str, Any]:
         return self.shard.stats()
+
+    async def save(self, root: str) -> dict[str, Any]:
+        return self.shard.save(root)
+
+    async def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        restored = self.shard.load(root, manifest)
+        await self._notify()
+        return restored
 
     async def ping(self) -> int:
         return self.shard.shard_id

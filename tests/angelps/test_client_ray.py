@@ -139,3 +139,21 @@ def test_two_workers_bsp_sum_then_one_update(ray_local):
             c.for_worker(2)
     finally:
         c.shutdown()
+
+
+def test_save_then_load_into_two_shards(client, tmp_path):
+    client.push("emb", np.array([1, 2, 3]), np.ones((3, 4), dtype=np.float32), 0.1)
+    keys = np.arange(-1000, 1000)
+    want = client.pull_many({"emb": keys, "lin": np.arange(50)})
+    client.save(str(tmp_path / "ck"), extra={"scheduler": {"count": 7}})
+    other = PSClient.launch([EMB, LIN], {"angel.job.name": "tload", "angel.ps.number": 2})
+    try:
+        assert other.load(str(tmp_path / "ck")) == {"scheduler": {"count": 7}}
+        got = other.pull_many({"emb": keys, "lin": np.arange(50)})
+        np.testing.assert_array_equal(got["emb"], want["emb"])
+        np.testing.assert_array_equal(got["lin"], want["lin"])
+        bad = TableSpec("lin", rows=51, cols=1)
+        with pytest.raises(ValueError, match=r"table 'lin' has rows=50 in the checkpoint but 51"):
+            PSClient.load(PSClient([EMB, bad], other.handles), str(tmp_path / "ck"))
+    finally:
+        other.shutdown()
