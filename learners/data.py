@@ -457,7 +457,10 @@ def split_period(conf: Mapping[str, Any]) -> int:
 
 
 def input_files(path: str) -> list[str]:
-    """The files of an input path: the file itself, or a directory's visible files in name order."""
+    """The files of an input path: the file itself, or a directory's visible files in name order.
+
+    Text files may be compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``: detected by suffix).
+    """
     if os.path.isdir(path):
         names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
         files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
@@ -613,11 +616,14 @@ class _Reader:
         """(binary array of whole lines, index of the first line within the file), block by block."""
         first = 0
         carry = b""
-        with open(file, "rb") as f:
+        # compression="detect" reads .gz, .bz2, .zst, .lz4 by the file's suffix.
+        with pa.input_stream(file, compression="detect") as f:
             while True:
                 buf = f.read(self.block_bytes)
                 if not buf:
                     break
+                if first == 0 and not carry and buf.startswith(b"\xef\xbb\xbf"):
+                    buf = buf[3:]  # a UTF-8 byte order mark is not part of the first line
                 data = carry + buf if carry else buf
                 ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
                 if ends.size == 0:

@@ -119,6 +119,19 @@ def test_last_line_without_newline_and_tiny_blocks(tmp_path: Path) -> None:
         assert got.row_index.tolist() == whole.row_index.tolist()
 
 
+def test_compressed_input_and_byte_order_mark(tmp_path: Path) -> None:
+    import gzip
+
+    text = "".join(f"{i % 2} {i + 1}:{i}.25\n" for i in range(100))
+    gz = tmp_path / "f.libsvm.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    plain = read_all(write(tmp_path, text), C())
+    packed = read_all(str(gz), C(), chunk_rows=30)
+    assert rows(packed) == rows(plain) and len(plain) == 100
+    bom = read_all(write(tmp_path, "\ufeff1 2:1\n0 3:1\n", "bom.txt"), C())
+    assert rows(bom) == [(1.0, [1], [1.0]), (0.0, [2], [1.0])]
+
+
 def test_real_files_agree_across_formats() -> None:
     lib = D.load_file(str(A9A), C())
     dum = D.load_file(str(A9A_DUMMY), C(**{"ml.data.type": "dummy"}))
