@@ -504,7 +504,7 @@ class _TextFormat:
             literal = re.sub(r"\\(.)", r"\1", splitor)
             # A one-character separator that cannot be part of a number tokenizes by bytes.
             if len(literal) == 1 and literal not in "0123456789+-.eE:" and " " < literal < "\x7f":
-                sep_bytes += literal.encode()
+                sep_bytes = (sep_bytes or b"") + literal.encode()
             else:
                 sep_bytes = None
         has_label = bool(conf.get("ml.data.has.label", True))

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from angelps.config import ConfigError, load_config
 from learners import data as D
@@ -478,6 +480,32 @@ def test_take_concat_and_dense() -> None:
     assert dense[2].tolist() == [2, 0, 3, 4, 0, 0, 0, 0] and dense[1].sum() == 0
     with pytest.raises(ValueError, match="feature id 7 does not fit a dense row of 5 features"):
         b.to_dense(5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 50), max_size=5), max_size=12),
+    st.data(),
+)
+def test_take_and_concat_match_row_lists(row_ids: list[list[int]], data: st.DataObject) -> None:
+    n = len(row_ids)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum([len(r) for r in row_ids], out=indptr[1:])
+    flat = np.array([i for r in row_ids for i in r], np.int64)
+    b = D.Batch(
+        labels=np.arange(n, dtype=np.float32),
+        indptr=indptr,
+        ids=flat,
+        values=flat.astype(np.float32) / 2,
+        row_index=np.arange(n, dtype=np.int64) * 3,
+    )
+    pick = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=20)) if n else []
+    t = b.take(np.array(pick, np.int64))
+    assert rows(t) == [(float(r), row_ids[r], [i / 2 for i in row_ids[r]]) for r in pick]
+    assert t.row_index.tolist() == [3 * r for r in pick]
+    cut = data.draw(st.integers(0, n))
+    c = D.concat([b.take(np.arange(cut)), b.take(np.arange(cut, n))])
+    assert rows(c) == rows(b) and c.indptr.tolist() == b.indptr.tolist()
 
 
 def test_field_ids() -> None:
