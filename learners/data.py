@@ -1267,3 +1267,37 @@ def to_parquet(
         if count:
             write(writer, concat(pending))
     return stats
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m learners.data SRC DST [--set key=value ...]``: convert text input to Parquet."""
+    import argparse
+
+    from angelps.config import load_config
+
+    parser = argparse.ArgumentParser(
+        prog="python -m learners.data",
+        description="Convert a libsvm, dummy or dense input (a file or a directory) to Parquet.",
+    )
+    parser.add_argument("src", help="text input")
+    parser.add_argument("dst", help="Parquet file to write")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a data key, e.g. ml.data.type=dummy (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        conf = load_config(None, args.set, KEYS)
+        stats = to_parquet(args.src, args.dst, conf)
+    except ValueError as e:  # DataError and ConfigError included
+        print(f"error: {e}")
+        return 2
+    print(f"{args.dst}: {stats.summary()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -148,3 +148,22 @@ def test_parquet_schema_errors(tmp_path: Path) -> None:
         read_all(str(bad), C(**{"ml.data.type": "parquet"}))
     with pytest.raises(ValueError, match="already Parquet"):
         D.to_parquet(str(bad), str(tmp_path / "x.parquet"), C(**{"ml.data.type": "parquet"}))
+
+
+def test_converter_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.dummy"
+    src.write_text("1 0 3\nbad line\n0 2\n")
+    dst = tmp_path / "out.parquet"
+    assert D.main([str(src), str(dst), "--set", "ml.data.type=dummy"]) == 2
+    assert f"error: {src}:2: expected '<label> <id> ...' (dummy)" in capsys.readouterr().out
+    args = [
+        str(src),
+        str(dst),
+        "--set",
+        "ml.data.type=dummy",
+        "--set",
+        "ml.data.skip.bad.lines=true",
+    ]
+    assert D.main(args) == 0
+    assert "2 rows from 3 lines, 1 malformed skipped" in capsys.readouterr().out
+    assert pq.read_table(dst).column("ids").to_pylist() == [[0, 3], [2]]
