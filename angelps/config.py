@@ -47,12 +47,18 @@ class ConfigError(ValueError):
 class KeyLike(Protocol):
     """What the loader needs of a declaration; ``decay`` declares its keys with its own class."""
 
-    name: str
-    type: str
-    default: Any
-    doc: str
-    check: Callable[[Any], str | None] | None
-    choices: tuple[str, ...] | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def default(self) -> Any: ...
+    @property
+    def doc(self) -> str: ...
+    @property
+    def check(self) -> Callable[[Any], str | None] | None: ...
+    @property
+    def choices(self) -> tuple[str, ...] | None: ...
 
 
 @dataclass(frozen=True)
