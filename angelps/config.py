@@ -12,6 +12,7 @@ message names the file and line or the key, the value and what would be valid.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -435,7 +436,7 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def _read_file(path: str | Path) -> str:
+def _read_file(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"configuration file {path} does not exist")
@@ -463,7 +464,7 @@ def _parse_set(item: str) -> tuple[str, str]:
 
 
 def load_config(
-    path: str | Path | None,
+    path: str | os.PathLike[str] | None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     keys: Iterable[KeyLike] = (),
 ) -> Config:
