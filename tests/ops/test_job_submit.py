@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,3 +171,44 @@ def test_failing_job_is_reported_failed(head: Head) -> None:
     status = head.run("status", job_id, timeout=60)
     assert f"Job '{job_id}' failed" in status.stdout + status.stderr
     assert "exit code 3" in status.stdout + status.stderr
+
+
+@pytest.mark.slow
+def test_ray_job_stop_interrupts_training_cleanly(head: Head) -> None:
+    pytest.importorskip("learners.cli_train")
+    out = Path(tempfile.mkdtemp(prefix="angelps-job-"))
+    try:
+        job_id = f"angelps_stop_{os.getpid()}"
+        submitted = head.run(
+            "submit",
+            "--no-wait",
+            "--submission-id",
+            job_id,
+            "--",
+            "python",
+            "-m",
+            "angelps",
+            "train",
+            "--conf",
+            "conf/lr_a9a.properties",
+            "--set",
+            "ml.epoch.num=1000",
+            "--set",
+            f"angel.log.path={out / 'log'}",
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        metrics = out / "log" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if metrics.exists() and '"kind": "epoch"' in metrics.read_text():
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("no epoch finished within 180 s")
+        stopped = head.run("stop-job", job_id, timeout=120)
+        assert f"Job '{job_id}' was stopped" in stopped.stdout + stopped.stderr
+        logs = head.run("logs", job_id, timeout=60).stdout
+        # SIGINT reached the driver: the CLI's clean-stop path ran (not a SIGKILL).
+        assert "angelps: interrupted; stopped cleanly" in logs
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
