@@ -44,9 +44,11 @@ __all__ = [
     "check_layout",
     "commit_dir",
     "new_tmp_dir",
+    "read_backup",
     "read_manifest",
     "read_table_file",
     "resolve",
+    "write_backup",
     "write_manifest",
     "write_table_file",
 ]
@@ -227,3 +229,41 @@ def check_layout(manifest: Mapping[str, Any], tables: Sequence[TableSpec]) -> No
                 f"has optimizer {opt!r} in the checkpoint but {spec.optimizer.name!r} here "
                 f"(its state slots differ)"
             )
+
+
+# --- shard backups (recovery) ------------------------------------------------------------------
+
+_LATEST = "LATEST"
+
+
+def write_backup(backup_dir: str, shard: Any, meta: Mapping[str, Any]) -> str:
+    """Write ``shard`` (a ParameterShard) into a new version directory under ``backup_dir``,
+    then point ``LATEST`` at it with an atomic ``os.replace``; older versions are removed."""
+    os.makedirs(backup_dir, exist_ok=True)
+    version = f"b-{time.time_ns()}"
+    tmp = os.path.join(backup_dir, f"tmp-{uuid.uuid4().hex[:12]}")
+    shard.save(tmp)
+    write_manifest(tmp, dict(meta))
+    os.rename(tmp, os.path.join(backup_dir, version))
+    pointer = os.path.join(backup_dir, f"{_LATEST}.tmp")
+    with open(pointer, "w", encoding="utf-8") as f:
+        f.write(version)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer, os.path.join(backup_dir, _LATEST))
+    for name in os.listdir(backup_dir):
+        if name != version and (name.startswith("b-") or name.startswith("tmp-")):
+            shutil.rmtree(os.path.join(backup_dir, name), ignore_errors=True)
+    return version
+
+
+def read_backup(backup_dir: str) -> tuple[str, dict[str, Any]] | None:
+    """(directory, meta) of the latest backup under ``backup_dir``, or None if there is none."""
+    try:
+        with open(os.path.join(backup_dir, _LATEST), encoding="utf-8") as f:
+            version = f.read().strip()
+    except FileNotFoundError:
+        return None
+    root = os.path.join(backup_dir, version)
+    with open(os.path.join(root, MANIFEST), encoding="utf-8") as f:
+        return root, json.load(f)

@@ -15,13 +15,18 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
+import collections
+import os
 import shutil
+import tempfile
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from angelps import checkpoint
 from angelps.config import Key
@@ -30,6 +35,7 @@ from angelps.consistency import READER
 from angelps.partition import PARTITIONERS, Partitioner, dedup
 from angelps.shard import (
     NAN_POLICIES,
+    ShardRestarted,
     ShardServer,
     check_grads,
     check_keys,
@@ -90,6 +96,29 @@ KEYS = [
         check=_non_negative,
     ),
     Key(
+        "angel.ps.backup.interval",
+        "int",
+        0,
+        "Updates applied by a shard between two backups of its partition, optimizer state and "
+        "clocks (for recovery). 0 turns backups off: a shard that dies then fails the job.",
+        check=_non_negative,
+    ),
+    Key(
+        "angel.ps.backup.path",
+        "str",
+        "",
+        "Directory for shard backups, reachable from every shard's node (empty: the system "
+        "temporary directory). Each launch uses its own subdirectory, removed at shutdown.",
+    ),
+    Key(
+        "angel.ps.max-attempts",
+        "int",
+        4,
+        "Times a shard actor may be started (Ray restarts it up to this minus one times); "
+        "used only when backups are on.",
+        check=_positive_int,
+    ),
+    Key(
         "angel.ps.nan.policy",
         "str",
         "error",
@@ -125,21 +154,53 @@ class PSFuture:
     def __init__(
         self,
         client: PSClient,
-        refs: list[Any],
+        calls: list[_Call],
         finish: Callable[[list[Any]], Any],
     ) -> None:
         self._client = client
-        self._refs = refs
+        self._calls = calls
         self._finish = finish
         self._done = False
         self._value: Any = None
 
     def result(self) -> Any:
         if not self._done:
-            self._value = self._finish(self._client._get(self._refs))
+            self._value = self._finish(self._client._wait(self._calls))
             self._done = True
-            self._refs = []
+            self._calls = []
         return self._value
+
+
+class _Call:
+    """One ``step`` call to one shard, with what is needed to redo its pull after a restart."""
+
+    __slots__ = ("clock", "pulls", "ref", "shard")
+
+    def __init__(self, shard: int, ref: Any, clock: int, pulls: dict[str, Any] | None) -> None:
+        self.shard = shard
+        self.ref = ref
+        self.clock = clock  # the clock its pull is served at
+        self.pulls = pulls
+
+
+class _LogEntry:
+    __slots__ = ("clock", "lr", "pushes")
+
+    def __init__(self, clock: int, pushes: dict[str, Any], lr: float) -> None:
+        self.clock = clock
+        self.pushes = pushes
+        self.lr = lr
+
+
+_FAILED = object()
+
+
+def _translate(e: RayTaskError) -> BaseException:
+    """The user-facing error of a failed remote call: the remote ValueError/TimeoutError itself."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, (ValueError, TimeoutError, KeyError)):
+        return cause
+    return e
 
 
 class _Routed:
@@ -190,7 +251,14 @@ class PSClient:
         self.skipped: dict[str, int] = {name: 0 for name in self.specs}
         self._owner = owner
         self._clock = 0
-        self._inflight: list[Any] = []
+        self._inflight: list[_Call] = []
+        # Recovery: pushes since the last backup each shard reported, replayed after a restart.
+        self._recoverable = int(self.options.get("backup_interval", 0)) > 0
+        self._log: list[collections.deque[_LogEntry]] | None = (
+            [collections.deque() for _ in self.handles]
+            if self._recoverable and worker_id != READER
+            else None
+        )
 
     # --- construction --------------------------------------------------------------------------
 
@@ -230,10 +298,24 @@ class PSClient:
             "timeout_ms": int(_conf(conf, "angel.matrixtransfer.request.timeout.ms")),
             "job": job,
         }
+        backup_interval = int(_conf(conf, "angel.ps.backup.interval"))
+        if backup_interval > 0:
+            base = str(_conf(conf, "angel.ps.backup.path")) or os.path.join(
+                tempfile.gettempdir(), "angelps-backup"
+            )
+            # A directory per launch: a fresh job never restores an older job's backup.
+            options["backup_dir"] = os.path.abspath(
+                os.path.join(base, f"{job}-{uuid.uuid4().hex[:12]}")
+            )
+            options["backup_interval"] = backup_interval
         actor_opts: dict[str, Any] = {
             "namespace": NAMESPACE,
             "num_cpus": float(_conf(conf, "angel.ps.cpus")),
             "max_concurrency": 1000,
+            # Ray restarts a dead shard only when it can restore a backup.
+            "max_restarts": int(_conf(conf, "angel.ps.max-attempts")) - 1
+            if backup_interval > 0
+            else 0,
         }
         mem = int(_conf(conf, "angel.ps.memory"))
         if mem > 0:
@@ -306,18 +388,115 @@ class PSClient:
             ) from None
 
     def _get(self, refs: list[Any]) -> list[Any]:
-        """``ray.get`` of ``refs`` plus every push still in flight; remote ValueErrors and
-        TimeoutErrors are re-raised as themselves."""
+        """``ray.get`` of control calls (stats, save, load) after the pushes in flight."""
+        self._wait([])
+        try:
+            return ray.get(list(refs))  # type: ignore[no-any-return]
+        except RayTaskError as e:
+            raise _translate(e) from None
+
+    def _wait(self, calls: list[_Call]) -> list[Any]:
+        """Results (rows or None) of ``calls``, after every push still in flight; a shard that
+        died and was restarted is recovered (see :meth:`_recover`)."""
         pending = self._inflight
         self._inflight = []
+        every = list(calls) + pending
         try:
-            values = ray.get(list(refs) + pending)
+            results = ray.get([c.ref for c in every])
         except RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, (ValueError, TimeoutError, KeyError)):
-                raise cause from None
-            raise
-        return values[: len(refs)]
+            if not isinstance(getattr(e, "cause", None), ShardRestarted):
+                raise _translate(e) from None
+            results = self._recover(every)
+        except RayActorError:
+            results = self._recover(every)
+        for c, (_, backed_up) in zip(every, results, strict=True):
+            self._trim(c.shard, backed_up)
+        return [rows for rows, _ in results[: len(calls)]]
+
+    def _trim(self, shard: int, backed_up: int) -> None:
+        if self._log is None:
+            return
+        log = self._log[shard]
+        while log and log[0].clock < backed_up:
+            log.popleft()
+
+    def _recover(self, calls: list[_Call]) -> list[Any]:
+        """Some shard died. Wait for Ray to restart it (it restores its latest backup), replay
+        this worker's logged pushes from the clock the shard came back at, then redo the
+        pulls of the failed calls."""
+        results: list[Any] = [_FAILED] * len(calls)
+        failed: set[int] = set()
+        for i, c in enumerate(calls):
+            try:
+                results[i] = ray.get(c.ref)
+            except RayActorError:
+                failed.add(c.shard)
+            except RayTaskError as e:
+                if not isinstance(getattr(e, "cause", None), ShardRestarted):
+                    raise _translate(e) from None
+                failed.add(c.shard)
+        if not self._recoverable:
+            raise RuntimeError(
+                f"parameter shard(s) {sorted(failed)} died and shard backups are off "
+                f"(angel.ps.backup.interval=0): their rows are lost; set "
+                f"angel.ps.backup.interval > 0 to let shards restart and recover"
+            )
+        for s in sorted(failed):
+            self._replay(s)
+        for i, c in enumerate(calls):
+            if results[i] is _FAILED:
+                if c.pulls:
+                    ref = self.handles[c.shard].step.remote(
+                        self.worker_id, c.clock, None, 0.0, c.pulls, True
+                    )
+                    results[i] = self._retry_get(c.shard, ref)
+                else:
+                    results[i] = (None, 0)
+        return results
+
+    def _retry_get(self, shard: int, ref: Any) -> Any:
+        try:
+            return ray.get(ref)
+        except RayTaskError as e:
+            if isinstance(getattr(e, "cause", None), ShardRestarted):
+                raise RuntimeError(
+                    f"parameter shard {shard} failed again during recovery; giving up"
+                ) from e
+            raise _translate(e) from None
+        except RayActorError as e:
+            raise RuntimeError(
+                f"parameter shard {shard} failed again during recovery; giving up"
+            ) from e
+
+    def _replay(self, shard: int) -> None:
+        h = self.handles[shard]
+        timeout = float(self.options.get("timeout_ms", 120000)) / 1000.0
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                start = int(ray.get(h.clock_of.remote(max(self.worker_id, 0))))
+                break
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"parameter shard {shard} did not come back within {timeout:g} s "
+                        f"(angel.matrixtransfer.request.timeout.ms)"
+                    ) from None
+                time.sleep(0.2)
+        if self.worker_id == READER or self._log is None:
+            return
+        entries = [e for e in self._log[shard] if e.clock >= start]
+        first = entries[0].clock if entries else self._clock
+        if first != start:
+            raise RuntimeError(
+                f"parameter shard {shard} restarted at clock {start} of worker {self.worker_id} "
+                f"but this client's log starts at clock {first}: updates would be lost"
+            )
+        refs = [h.step.remote(self.worker_id, e.clock, e.pushes, e.lr, None, True) for e in entries]
+        try:
+            ray.get(refs)
+        except RayTaskError as e:
+            raise _translate(e) from None
 
     def _route(self, table: str, keys: Any) -> _Routed:
         spec = self._spec(table)
@@ -356,12 +535,14 @@ class PSClient:
         lr: float,
         pull: list[_Routed],
         pull_dense: Sequence[str] = (),
-    ) -> list[tuple[int, Any]]:
-        """One ``step`` call per shard that has something to do; returns (shard, ref) pairs."""
+    ) -> list[_Call]:
+        """One ``step`` call per shard that has something to do (every shard for a push: it is
+        this worker's clock tick)."""
         if push is not None and self.worker_id == READER:
             raise ValueError("a reader client cannot push")
         clock = self._clock
-        calls: list[tuple[int, Any]] = []
+        pull_clock = clock + 1 if push is not None else clock
+        calls: list[_Call] = []
         for s, h in enumerate(self.handles):
             pushes = None
             if push is not None:
@@ -370,6 +551,8 @@ class PSClient:
                     if r.count(s):
                         idx = r.index(s)
                         pushes[r.spec.name] = (r.uniq[idx], g[idx])
+                if self._log is not None:
+                    self._log[s].append(_LogEntry(clock, pushes, lr))
             pulls: dict[str, Any] = {}
             for r in pull:
                 if r.count(s):
@@ -378,36 +561,37 @@ class PSClient:
                 pulls[name] = None
             if pushes is None and not pulls:
                 continue
-            calls.append((s, h.step.remote(self.worker_id, clock, pushes, lr, pulls or None)))
+            ref = h.step.remote(self.worker_id, clock, pushes, lr, pulls or None)
+            calls.append(_Call(s, ref, pull_clock, pulls or None))
         if push is not None:
             self._clock += 1
         return calls
 
     @staticmethod
-    def _assemble(routed: Sequence[_Routed], calls: list[tuple[int, Any]], values: list[Any]):
+    def _assemble(
+        routed: Sequence[_Routed], calls: list[_Call], values: list[Any]
+    ) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for r in routed:
             name, spec = r.spec.name, r.spec
             rows = np.empty((len(r.uniq), spec.cols), dtype=spec.dtype)
-            for (s, _), v in zip(calls, values, strict=True):
+            for c, v in zip(calls, values, strict=True):
                 if v is not None and name in v:
-                    rows[r.index(s)] = v[name]
+                    rows[r.index(c.shard)] = v[name]
             out[name] = rows[r.inv]
         return out
 
-    def _track(self, calls: list[tuple[int, Any]]) -> None:
+    def _track(self, calls: list[_Call]) -> None:
         """Remember pushes not waited for; apply back-pressure when too many are in flight."""
-        self._inflight.extend(ref for _, ref in calls)
+        self._inflight.extend(calls)
         limit = 4 * self.num_shards
         if len(self._inflight) > limit:
-            old, self._inflight = self._inflight[:-limit], self._inflight[-limit:]
+            newest = self._inflight[-limit:]
+            self._inflight = self._inflight[:-limit]
             try:
-                ray.get(old)
-            except RayTaskError as e:
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, (ValueError, TimeoutError)):
-                    raise cause from None
-                raise
+                self._wait([])  # the older ones
+            finally:
+                self._inflight = newest + self._inflight
 
     # --- public API ----------------------------------------------------------------------------
 
@@ -415,9 +599,7 @@ class PSClient:
         """Future of :meth:`pull_many`."""
         routed = [self._route(t, k) for t, k in requests.items()]
         calls = self._submit(None, 0.0, routed)
-        return PSFuture(
-            self, [ref for _, ref in calls], lambda vals: self._assemble(routed, calls, vals)
-        )
+        return PSFuture(self, calls, lambda vals: self._assemble(routed, calls, vals))
 
     def pull_many(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``."""
@@ -441,7 +623,7 @@ class PSClient:
         if spec.sparse:
             raise ValueError(f"table {table!r} is sparse: pull_dense needs a dense table")
         calls = self._submit(None, 0.0, [], pull_dense=[table])
-        values = self._get([ref for _, ref in calls])
+        values = self._wait(calls)
         return np.concatenate([v[table] for v in values], axis=0)
 
     def push_many_async(self, updates: Mapping[str, tuple[Any, Any]], lr: float) -> PSFuture:
@@ -451,7 +633,7 @@ class PSClient:
         for t, c in skipped.items():
             self.skipped[t] += c
         calls = self._submit(routed, lr, [])
-        return PSFuture(self, [ref for _, ref in calls], lambda vals: None)
+        return PSFuture(self, calls, lambda vals: None)
 
     def push_many(self, updates: Mapping[str, tuple[Any, Any]], lr: float) -> None:
         """Push gradients of several tables as one step of this worker, without waiting."""
@@ -483,11 +665,7 @@ class PSClient:
         for t, c in skipped.items():
             self.skipped[t] += c
         calls = self._submit(routed_push, lr, routed_pull)
-        return PSFuture(
-            self,
-            [ref for _, ref in calls],
-            lambda vals: self._assemble(routed_pull, calls, vals),
-        )
+        return PSFuture(self, calls, lambda vals: self._assemble(routed_pull, calls, vals))
 
     def push_pull(
         self,
@@ -505,7 +683,11 @@ class PSClient:
 
     def flush(self) -> None:
         """Wait until every push of this client has been applied (raises its errors)."""
-        self._get([])
+        self._wait([])
+
+    def backup(self) -> None:
+        """Make every shard write its recovery backup now (e.g. at the end of an epoch)."""
+        self._get([h.run_backup.remote() for h in self.handles])
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
@@ -565,3 +747,5 @@ class PSClient:
                     ray.kill(h, no_restart=True)
                 self.handles = []
                 self._owner = False
+                if self.options.get("backup_dir"):
+                    shutil.rmtree(self.options["backup_dir"], ignore_errors=True)

@@ -18,18 +18,33 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from angelps.checkpoint import CheckpointError, read_table_file, table_file, write_table_file
+from angelps.checkpoint import (
+    CheckpointError,
+    read_backup,
+    read_table_file,
+    table_file,
+    write_backup,
+    write_table_file,
+)
 from angelps.consistency import READER, ClockTable
 from angelps.optim import apply, slot_widths
 from angelps.partition import PARTITIONERS, Partitioner, dedup
 from angelps.table import TableSpec, init_rows
 
-__all__ = ["NAN_POLICIES", "ParameterShard", "ShardServer", "check_lr", "segment_sum"]
+__all__ = [
+    "NAN_POLICIES",
+    "ParameterShard",
+    "ShardRestarted",
+    "ShardServer",
+    "check_lr",
+    "segment_sum",
+]
 
 NAN_POLICIES = ("error", "skip")
 
@@ -469,6 +484,28 @@ class ParameterShard:
             restored[name] = n
         return restored
 
+    def backup_meta(self) -> dict[str, Any]:
+        """Clocks and counters for a backup. Under BSP, pushes buffered for an incomplete clock
+        are not in the rows, so the backup records each worker at the last applied clock: the
+        clients replay those pushes after a restart."""
+        pushed = list(self.clocks.pushed)
+        if self.clocks.bsp:
+            pushed = [min(p, self.clocks.applied) for p in pushed]
+        return {
+            "num_shards": self.num_shards,
+            "partitioner": self.partitioner,
+            "clocks": {"pushed": pushed, "applied": self.clocks.applied},
+            "updates": self.updates,
+            "skipped": dict(self.skipped),
+        }
+
+    def restore_state(self, meta: Mapping[str, Any]) -> None:
+        """Clocks and counters from :meth:`backup_meta` (after :meth:`load`)."""
+        self.clocks.pushed = [int(p) for p in meta["clocks"]["pushed"]]
+        self.clocks.applied = int(meta["clocks"]["applied"])
+        self.updates = int(meta.get("updates", 0))
+        self.skipped.update({k: int(v) for k, v in meta.get("skipped", {}).items()})
+
     def stats(self) -> dict[str, Any]:
         """Rows held, updates applied, skipped (non-finite) pushes, clocks."""
         return {
@@ -480,6 +517,23 @@ class ParameterShard:
         }
 
 
+class ShardRestarted(Exception):
+    """Raised to a worker whose calls run ahead of a restarted shard: the shard restored its
+    backup at ``clock`` for this worker, so the worker must replay its pushes from there."""
+
+    def __init__(self, shard: int, worker: int, clock: int) -> None:
+        super().__init__(
+            f"shard {shard} was restarted and restored its backup at clock {clock} of worker "
+            f"{worker}; the client replays its pushes from that clock"
+        )
+        self.shard = shard
+        self.worker = worker
+        self.clock = clock
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ShardRestarted, (self.shard, self.worker, self.clock))
+
+
 class ShardServer:
     """Body of the Ray actor around a :class:`ParameterShard`.
 
@@ -487,6 +541,14 @@ class ShardServer:
     locks around the arrays), while calls that must wait for other workers' clocks park on a
     condition variable without blocking the actor. ``step`` is the one call per shard per step:
     apply a push (if any), then serve a pull (if any).
+
+    Backups (``angel.ps.backup.interval`` > 0): every ``interval`` applied updates the shard
+    writes its partition, optimizer state and clocks under its backup directory (Parquet, a new
+    version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
+    constructor restores the latest backup, and every worker whose calls are ahead of the
+    restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
+    logged since that backup (the client learns the backup clock from each reply and trims its
+    log). Updates are thus redone, never silently dropped.
     """
 
     def __init__(
@@ -507,7 +569,50 @@ class ShardServer:
             nan_policy=options.get("nan_policy", "error"),
         )
         self.timeout_s = float(options.get("timeout_ms", 120000)) / 1000.0
+        self.backup_interval = int(options.get("backup_interval", 0))
+        root = options.get("backup_dir") or ""
+        self.backup_dir = os.path.join(root, f"shard-{shard_id}") if root else ""
+        self._since_backup = 0
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self.restarted = False
+        self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
+        if self.backup_dir and _was_restarted():
+            self._restore_backup()
+
+    # --- backups -------------------------------------------------------------------------------
+
+    def _restore_backup(self) -> None:
+        self.restarted = True
+        self._awaiting_replay = set(range(self.shard.clocks.num_workers))
+        info = read_backup(self.backup_dir)
+        if info is None:
+            return  # died before its first backup: clients replay from clock 0
+        root, meta = info
+        self.shard.load(root, meta)
+        self.shard.restore_state(meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+
+    def backup(self) -> list[int]:
+        """Write a backup now; returns the per-worker clocks it holds."""
+        if not self.backup_dir:
+            raise ValueError(
+                "shard backups are off: set angel.ps.backup.interval > 0 (and "
+                "angel.ps.backup.path) to enable them"
+            )
+        meta = self.shard.backup_meta()
+        write_backup(self.backup_dir, self.shard, meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+        self._since_backup = 0
+        return self.backup_clocks
+
+    def _after_push(self) -> None:
+        if self.backup_interval > 0:
+            self._since_backup += 1
+            if self._since_backup >= self.backup_interval:
+                self.backup()
+
+    # --- waiting -------------------------------------------------------------------------------
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -534,6 +639,8 @@ class ShardServer:
         async with cond:
             cond.notify_all()
 
+    # --- remote methods ------------------------------------------------------------------------
+
     async def step(
         self,
         worker: int,
@@ -541,36 +648,77 @@ class ShardServer:
         pushes: Mapping[str, tuple[Any, Any]] | None,
         lr: float,
         pulls: Mapping[str, Any] | None,
-    ) -> dict[str, np.ndarray] | None:
-        """Push (worker's gradients for ``clock``), then pull at the clock after it."""
-        clocks = self.shard.clocks
-        clocks.check_worker(worker)
+        recovering: bool = False,
+    ) -> tuple[dict[str, np.ndarray] | None, int]:
+        """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
+        (rows or None, the clock of this worker held by the latest backup).
+
+        After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
+        arrives that its client sent knowing of the restart (``recovering``: a replayed push
+        or a redone pull; Ray may deliver those out of order, so they wait for their clock
+        instead) or that is not ahead of the restored clock."""
+        shard = self.shard
+        shard.clocks.check_worker(worker)
+        if worker in self._awaiting_replay:
+            if not recovering and clock > shard.clocks.pushed[worker]:
+                raise ShardRestarted(shard.shard_id, worker, shard.clocks.pushed[worker])
+            self._awaiting_replay.discard(worker)
         if pushes is not None:
             await self._wait(
-                lambda: clocks.pushed[worker] >= clock, f"worker {worker}'s push for clock {clock}"
+                lambda: shard.clocks.pushed[worker] >= clock,
+                f"worker {worker}'s push for clock {clock}",
             )
-            if clocks.can_push(worker, clock):
-                self.shard.push(worker, clock, pushes, lr)
+            if shard.clocks.can_push(worker, clock):
+                before = shard.clocks.applied if shard.clocks.bsp else -1
+                shard.push(worker, clock, pushes, lr)
+                if shard.clocks.applied != before:
+                    self._after_push()
                 await self._notify()
             # else: a duplicate of a push already applied (a retried call): ignore it.
             clock += 1
+        backed_up = self.backup_clocks[worker] if worker >= 0 else 0
         if not pulls:
-            return None
+            return None, backed_up
         await self._wait(
-            lambda: clocks.can_pull(worker, clock), f"worker {worker}'s pull at clock {clock}"
+            lambda: shard.clocks.can_pull(worker, clock),
+            f"worker {worker}'s pull at clock {clock}",
         )
-        return self.shard.pull(pulls)
+        return shard.pull(pulls), backed_up
+
+    async def clock_of(self, worker: int) -> int:
+        """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
+        return self.shard.clocks.pushed[worker]
+
+    async def run_backup(self) -> list[int]:
+        return self.backup()
 
     async def stats(self) -> dict[str, Any]:
-        return self.shard.stats()
+        st = self.shard.stats()
+        st["restarted"] = self.restarted
+        st["backup_clocks"] = list(self.backup_clocks)
+        return st
 
     async def save(self, root: str) -> dict[str, Any]:
         return self.shard.save(root)
 
     async def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         restored = self.shard.load(root, manifest)
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self._awaiting_replay.clear()
+        if self.backup_dir:
+            self.backup()  # a restart must come back to the loaded model, not an older backup
         await self._notify()
         return restored
 
     async def ping(self) -> int:
         return self.shard.shard_id
+
+
+def _was_restarted() -> bool:
+    """True inside a Ray actor that Ray has restarted after a failure."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # outside Ray (plain use): never a restart
+        return False
