@@ -1,0 +1,171 @@
+"""Synthetic power-law click data with labels from a known teacher model.
+
+Each row has one id in each of ``fields`` fields (Criteo-like: 26). Field ``f`` owns the id range
+``[f·V, (f+1)·V)`` with ``V = num_ids // fields``; inside a field, the id of popularity rank
+``r`` (1 = most frequent) is drawn with probability ∝ ``r^-zipf`` (Zipf exponent about 1.1, as
+click logs show) and mapped to a scattered id by ``(r·A) mod V`` with ``A`` coprime to ``V``, so
+popular ids are not neighbours in memory.
+
+Labels come from a teacher FM, ``p = σ(b + Σ_f w(id_f) + Σ_{f<g} <v(id_f), v(id_g)>)``, whose
+parameters are a pure function of (seed, field, rank) (hashed, nothing stored): only the
+``signal_ranks`` most popular ids of each field carry signal, the rest have zero weights, as a
+model could never learn a weight from a handful of sightings. The best reachable AUC on a sample
+is the AUC of the teacher's own probabilities on it (the Bayes-optimal ranking): it is computed
+and returned with the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Synthetic", "SyntheticSpec", "auc", "generate", "write_parquet"]
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Shape of the data and of its teacher."""
+
+    num_ids: int = 100_000
+    fields: int = 26
+    zipf: float = 1.1
+    signal_ranks: int = 2_000
+    teacher_rank: int = 4
+    weight_std: float = 0.35
+    factor_std: float = 0.22
+    bias: float = -1.0
+    seed: int = 7
+
+    @property
+    def ids_per_field(self) -> int:
+        return self.num_ids // self.fields
+
+
+@dataclass
+class Synthetic:
+    """Rows (``ids`` [n, fields] int64, 0-based), labels in {0, 1} and the teacher's P(y=1)."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    teacher_p: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def best_auc(self) -> float:
+        """AUC of the teacher's probabilities: the most any model can reach on these rows."""
+        return auc(self.labels, self.teacher_p)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a well-spread 64-bit hash of each element."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _hash_normal(keys: np.ndarray, stream: int, seed: int) -> np.ndarray:
+    """A standard normal per key, a pure function of (seed, stream, key) (Box-Muller)."""
+    base = keys.astype(np.uint64) * np.uint64(0x100000001B3) + np.uint64(
+        seed * 7919 + stream * 104729
+    )
+    h1 = _mix64(base)
+    h2 = _mix64(base ^ np.uint64(0xD6E8FEB86659FD93))
+    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+
+
+def _multiplier(v: int) -> int:
+    """An odd multiplier near v·0.618 that is coprime to v: rank -> id is then a bijection."""
+    a = max(1, int(v * 0.6180339887)) | 1
+    while math.gcd(a, v) != 1:
+        a += 2
+    return a
+
+
+def _zipf_ranks(rng: np.random.Generator, n: int, v: int, s: float) -> np.ndarray:
+    """n ranks in [1, v] with P(r) ∝ r^-s, by inverting the exact CDF over the finite range."""
+    cdf = np.cumsum(np.arange(1, v + 1, dtype=np.float64) ** -s)
+    cdf /= cdf[-1]
+    return np.searchsorted(cdf, rng.random(n), side="right").astype(np.int64) + 1
+
+
+def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0) -> Synthetic:
+    """``rows`` Zipf rows; before them, ``cover_rows`` rows that walk every id of every field in
+    turn (so that training touches the whole table: the table-size benchmark needs that).
+    """
+    v = spec.ids_per_field
+    if v < 1:
+        raise ValueError(f"num_ids={spec.num_ids} gives no id per field for {spec.fields} fields")
+    rng = np.random.default_rng([spec.seed, seed])
+    a = _multiplier(v)
+    ranks = np.empty((cover_rows + rows, spec.fields), dtype=np.int64)
+    for f in range(spec.fields):
+        if cover_rows:
+            # Each field starts its walk at a different place so rows mix ranks across fields.
+            start = int(rng.integers(v))
+            ranks[:cover_rows, f] = (start + np.arange(cover_rows, dtype=np.int64)) % v + 1
+        ranks[cover_rows:, f] = _zipf_ranks(rng, rows, v, spec.zipf)
+    offsets = np.arange(spec.fields, dtype=np.int64) * v
+    ids = (ranks * a) % v + offsets
+
+    # Teacher: keys are (field, rank); ranks beyond signal_ranks carry nothing.
+    keys = np.arange(spec.fields, dtype=np.int64)[None, :] * (1 << 40) + ranks
+    active = ranks <= spec.signal_ranks
+    logit = np.full(ranks.shape[0], spec.bias)
+    logit += (spec.weight_std * _hash_normal(keys, 0, spec.seed) * active).sum(axis=1)
+    emb_sum = np.zeros((ranks.shape[0], spec.teacher_rank))
+    emb_sq = np.zeros(ranks.shape[0])
+    for j in range(spec.teacher_rank):
+        vj = spec.factor_std * _hash_normal(keys, 1 + j, spec.seed) * active
+        emb_sum[:, j] = vj.sum(axis=1)
+        emb_sq += (vj * vj).sum(axis=1)
+    logit += 0.5 * ((emb_sum * emb_sum).sum(axis=1) - emb_sq)
+    p = 1.0 / (1.0 + np.exp(-logit))
+    labels = (rng.random(p.shape[0]) < p).astype(np.float32)
+    return Synthetic(ids=ids, labels=labels, teacher_p=p.astype(np.float32))
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC by the rank-sum formula, ties sharing their average rank."""
+    y = np.asarray(labels, dtype=np.float64).ravel() > 0.5
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    pos = int(y.sum())
+    neg = y.size - pos
+    if pos == 0 or neg == 0:
+        return math.nan
+    order = np.argsort(s, kind="mergesort")
+    sorted_s = s[order]
+    # Average rank of each run of equal scores.
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_s)) + 1]
+    ends = np.r_[starts[1:], s.size]
+    avg = (starts + ends + 1) / 2.0
+    ranks = np.empty(s.size)
+    ranks[order] = np.repeat(avg, ends - starts)
+    return float((ranks[y].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def write_parquet(path: str | Path, data: Synthetic, row_group: int = 65_536) -> Path:
+    """Write rows as Parquet: ``label`` (float32) and ``ids`` (list<int64>), for angelps's
+    ``ml.data.type=parquet`` reader."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, f = data.ids.shape
+    offsets = np.arange(0, n * f + 1, f, dtype=np.int32 if n * f < 2**31 else np.int64)
+    ids = data.ids.reshape(-1)
+    list_type = pa.list_ if offsets.dtype == np.int32 else pa.large_list
+    ids_col = (pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray).from_arrays(
+        pa.array(offsets), pa.array(ids, type=pa.int64())
+    )
+    assert ids_col.type == list_type(pa.int64())
+    table = pa.table({"label": pa.array(data.labels, type=pa.float32()), "ids": ids_col})
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out, row_group_size=row_group)
+    return out

@@ -1,0 +1,524 @@
+"""End-to-end training benchmark: angelps against what its users would otherwise pick.
+
+    python bench/train_throughput.py --quick          # a few minutes
+    python bench/train_throughput.py                  # the full matrix (tens of minutes)
+    python bench/train_throughput.py --suite census --systems torch,angelps-bsp-w1s1 --batches 2048
+
+Three suites:
+
+- ``census``: data/census (13 fields, 148 ids, every 10th row validates), FM rank 8 and DeepFM
+  (FM + MLP 104-400-400-1), SGD momentum 0.9, lr 0.1, constant.
+- ``synthetic``: power-law click data (bench/synthetic.py: 26 fields, 10^5..10^7 ids, Zipf 1.1,
+  labels from a teacher FM whose AUC on the validation rows is the best reachable), FM.
+- ``table``: angelps FM while the sparse table grows from 64 MB to 1 GB (weights and momentum
+  state, 72 bytes an id): every id is touched in each epoch, samples/s of the later epochs.
+
+Systems: ``torch`` (plain PyTorch, one process, nn.Embedding), ``torch_sparse`` (one process, the
+PS math without Ray), ``ray_train`` (TorchTrainer, 2 workers, DDP/gloo), ``ray_ps`` (Ray's docs
+parameter-server example), and angelps as ``angelps-{bsp|ssp}-w{workers}s{shards}``. Each run is
+a fresh subprocess. Reported per run: steady-state samples/s (median over the epochs after the
+first), validation AUC per epoch, training seconds to reach 0.99 of the best AUC (best: the
+teacher's for synthetic data, the best any run reached for census), and start-up seconds.
+
+Prints a table and writes JSON (bench/results/train_throughput[_quick].json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+CENSUS = REPO / "data" / "census" / "census_148d_train.dummy"
+CACHE = REPO / "runs" / "bench-data"
+ROW_BYTES = 72  # FM rank 8: (1 weight + 8 factors) x 4 bytes x (value + momentum)
+MB = 2**20
+
+ANGELPS = {
+    "angelps-bsp-w1s1": (0, 1, 1),
+    "angelps-bsp-w1s2": (0, 1, 2),
+    "angelps-bsp-w2s1": (0, 2, 1),
+    "angelps-bsp-w2s2": (0, 2, 2),
+    "angelps-ssp-w2s1": (2, 2, 1),
+    "angelps-ssp-w2s2": (2, 2, 2),
+}
+BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def synthetic_paths(num_ids: int, rows: int, valid_rows: int, cover: bool) -> dict[str, Any]:
+    """Generate (once, cached under runs/bench-data) the synthetic train/valid sets."""
+    from synthetic import SyntheticSpec, generate, write_parquet
+
+    spec = SyntheticSpec(num_ids=num_ids)
+    cover_rows = spec.ids_per_field if cover else 0
+    key = f"syn_{num_ids}_{rows}_{valid_rows}_{cover_rows}_s{spec.seed}"
+    d = CACHE / key
+    meta = d / "meta.json"
+    if meta.exists():
+        return json.loads(meta.read_text())
+    d.mkdir(parents=True, exist_ok=True)
+    train = generate(spec, rows, seed=1, cover_rows=cover_rows)
+    valid = generate(spec, valid_rows, seed=2)
+    write_parquet(d / "train.parquet", train)
+    write_parquet(d / "valid.parquet", valid)
+    import numpy as np
+
+    np.savez(
+        d / "arrays.npz",
+        train_ids=train.ids,
+        train_y=train.labels,
+        valid_ids=valid.ids,
+        valid_y=valid.labels,
+    )
+    info = {
+        "dir": str(d),
+        "num_ids": num_ids,
+        "fields": spec.fields,
+        "train_rows": len(train),
+        "valid_rows": len(valid),
+        "cover_rows": cover_rows,
+        "best_auc": valid.best_auc(),
+        "distinct_train_ids": len(np.unique(train.ids)),
+        "spec": spec.__dict__,
+    }
+    meta.write_text(json.dumps(info, indent=1))
+    return info
+
+
+def load_data(case: dict[str, Any]) -> Any:
+    from baselines import Data, load_dummy
+
+    if case["suite"] == "census":
+        return load_dummy(CENSUS, ratio=0.1)
+    import numpy as np
+
+    z = np.load(Path(case["data"]["dir"]) / "arrays.npz")
+    return Data(z["train_ids"], z["train_y"], z["valid_ids"], z["valid_y"], case["data"]["num_ids"])
+
+
+# --- one run (in a subprocess) -----------------------------------------------------------------
+
+
+def _hidden(model: str) -> list[int]:
+    return [400, 400] if model == "DeepFM" else []
+
+
+def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
+    from angelps.config import load_config
+    from learners.keys import all_keys
+    from learners.learner import GraphLearner
+
+    staleness, workers, shards = ANGELPS[case["system"]]
+    threads = case["threads"] if workers == 1 else 1
+    log_dir = tempfile.mkdtemp(prefix="bench-angelps-")
+    sets = [
+        f"ml.model.class.name={ {'FM': 'FactorizationMachines'}.get(case['model'], case['model']) }",
+        "ml.fm.rank=8",
+        f"ml.minibatch.size={case['batch'] // workers}",
+        f"angel.workergroup.number={workers}",
+        f"angel.ps.number={shards}",
+        f"angel.staleness={staleness}",
+        f"angel.worker.torch.threads={threads}",
+        f"ml.epoch.num={case['epochs']}",
+        f"ml.learn.rate={case['lr']}",
+        "ml.opt.decay.class.name=StandardDecay",
+        "ml.opt.decay.alpha=0",  # a constant step size, as the baselines
+        "ml.inputlayer.optimizer=Momentum",
+        "ml.embedding.optimizer=Momentum",
+        "ml.fclayer.optimizer=Momentum",
+        "ml.opt.momentum.momentum=0.9",
+        "ml.embedding.init.std=0.01",
+        "ml.inputlayer.init.std=0",
+        "ml.data.use.shuffle=false",
+        f"angel.log.path={log_dir}",
+        "angel.log.every.steps=100000",
+        f"angel.job.name=bench{os.getpid()}",
+    ]
+    if case["model"] == "DeepFM":
+        sets.append("ml.model.hidden.layers=400,400")
+    if case["suite"] == "census":
+        sets += [
+            f"angel.train.data.path={CENSUS}",
+            "ml.data.type=dummy",
+            "ml.data.validate.ratio=0.1",
+            "ml.feature.index.range=148",
+            "ml.fm.field.num=13",
+        ]
+    else:
+        d = case["data"]
+        sets += [
+            f"angel.train.data.path={Path(d['dir']) / 'train.parquet'}",
+            f"angel.validate.data.path={Path(d['dir']) / 'valid.parquet'}",
+            "ml.data.type=parquet",
+            f"ml.feature.index.range={d['num_ids']}",
+            f"ml.fm.field.num={d['fields']}",
+        ]
+    sets += case.get("extra_sets", [])
+    t0 = time.time()
+    learner = GraphLearner(load_config(None, sets, all_keys()))
+    try:
+        t_train = time.time()
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    s = result.summary
+    # Rows trained per epoch (angelps also trains the last, partial batch).
+    if case["suite"] == "census":
+        total = sum(1 for line in CENSUS.read_text().splitlines() if line.strip())
+        per_epoch = total - int(s["valid_rows"])
+    else:
+        per_epoch = int(case["data"]["train_rows"])
+    epochs = []
+    for i, row in enumerate(result.history):
+        sps = float(row["train_samples_per_s"])
+        epochs.append(
+            {
+                "epoch": i,
+                "train_s": per_epoch / sps,
+                "samples": per_epoch,
+                "valid_auc": row.get("valid_auc"),
+                "wall_s": (t_train - t0) + float(row["elapsed_s"]),
+            }
+        )
+    startup = epochs[0]["wall_s"] - epochs[0]["train_s"] if epochs else math.nan
+    return {"epochs": epochs, "startup_s": startup, "summary": s}
+
+
+def run_case(case: dict[str, Any]) -> dict[str, Any]:
+    if case["system"].startswith("angelps"):
+        return run_angelps(case)
+    from baselines import run_baseline
+
+    data = load_data(case)
+    cfg = {
+        "rank": 8,
+        "hidden": _hidden(case["model"]),
+        "lr": case["lr"],
+        "batch": case["batch"],
+        "epochs": case["epochs"],
+        "threads": case["threads"] if case["system"] in ("torch", "torch_sparse") else 1,
+        "seed": 0,
+    }
+    return run_baseline(case["system"], data, cfg)
+
+
+def run_in_subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH), str(REPO), env.get("PYTHONPATH", "")])
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    # The benchmark's own Ray instances never join a cluster named by the environment.
+    env.pop("RAY_ADDRESS", None)
+    t = time.time()
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--case", json.dumps(case)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=REPO,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s", "elapsed_s": time.time() - t}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            out = json.loads(line[len("RESULT ") :])
+            out["elapsed_s"] = time.time() - t
+            return out
+    tail = (proc.stdout + proc.stderr)[-1500:]
+    return {"error": f"exit code {proc.returncode}: {tail}", "elapsed_s": time.time() - t}
+
+
+# --- the matrix --------------------------------------------------------------------------------
+
+
+def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    quick = args.quick
+    systems = args.systems.split(",") if args.systems else None
+    suites = args.suite.split(",")
+    cases: list[dict[str, Any]] = []
+
+    def want(system: str, default: bool) -> bool:
+        return system in systems if systems else default
+
+    if "census" in suites:
+        batches = (
+            [int(b) for b in args.batches.split(",")]
+            if args.batches
+            else ([2048] if quick else [256, 2048, 4096])
+        )
+        epochs = args.epochs or (5 if quick else 10)
+        for model in ("FM", "DeepFM"):
+            for b in batches:
+                for system in (*BASELINE_SYSTEMS, *ANGELPS):
+                    default = (
+                        system
+                        in (
+                            "torch",
+                            "torch_sparse",
+                            "ray_train",
+                            "ray_ps",
+                            "angelps-bsp-w1s1",
+                            "angelps-ssp-w2s1",
+                        )
+                        if quick
+                        else system != "angelps-ssp-w2s2"
+                    )
+                    if quick and model == "DeepFM" and system in ("ray_train", "ray_ps"):
+                        default = False
+                    if want(system, default):
+                        cases.append(
+                            {
+                                "suite": "census",
+                                "model": model,
+                                "batch": b,
+                                "system": system,
+                                "epochs": epochs,
+                                "lr": 0.1,
+                                "threads": 2 if model == "DeepFM" else 1,
+                            }
+                        )
+    if "synthetic" in suites:
+        sizes = [10**5] if quick else [10**5, 10**6, 10**7]
+        rows = 200_000 if quick else 1_000_000
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else [2048]
+        for n in sizes:
+            data = synthetic_paths(n, rows, rows // 10, cover=False)
+            for b in batches:
+                for system in (*BASELINE_SYSTEMS, *ANGELPS):
+                    default = system in ("torch_sparse", "angelps-bsp-w1s1", "angelps-ssp-w2s2")
+                    if n == 10**5:
+                        default = default or (
+                            system in ("torch", "ray_train", "ray_ps") and not quick
+                        )
+                    if want(system, default):
+                        cases.append(
+                            {
+                                "suite": "synthetic",
+                                "model": "FM",
+                                "batch": b,
+                                "system": system,
+                                "epochs": args.epochs or (2 if quick else 3),
+                                "lr": 0.1,
+                                "threads": 1,
+                                "data": data,
+                                "num_ids": n,
+                            }
+                        )
+    if "table" in suites:
+        mbs = [64, 128] if quick else [64, 256, 1024]
+        zipf_rows = 100_000 if quick else 300_000
+        for mb in mbs:
+            n = mb * MB // ROW_BYTES
+            data = synthetic_paths(n, zipf_rows, 20_000, cover=True)
+            for system in ("angelps-bsp-w1s1", "torch_sparse"):
+                if want(system, True):
+                    cases.append(
+                        {
+                            "suite": "table",
+                            "model": "FM",
+                            "batch": 2048,
+                            "system": system,
+                            "epochs": args.epochs or 3,
+                            "lr": 0.1,
+                            "threads": 1,
+                            "data": data,
+                            "num_ids": n,
+                            "table_mb": mb,
+                        }
+                    )
+    return cases
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def steady_sps(epochs: list[dict[str, Any]]) -> float:
+    """Samples/s over the epochs after the first (warm-up, table growth): their samples over
+    their training seconds (census epochs are ~10 steps, too short to take a median of)."""
+    rows = epochs[1:] if len(epochs) > 1 else epochs
+    secs = sum(e["train_s"] for e in rows)
+    return sum(e["samples"] for e in rows) / secs if secs > 0 else math.nan
+
+
+def time_to(epochs: list[dict[str, Any]], target: float) -> float | None:
+    spent = 0.0
+    for e in epochs:
+        spent += e["train_s"]
+        if e.get("valid_auc") is not None and e["valid_auc"] >= target:
+            return spent
+    return None
+
+
+def summarise(results: list[dict[str, Any]]) -> None:
+    """Fill steady samples/s, best AUC, target and time-to-target into each result."""
+    best: dict[tuple[str, str, int], float] = {}
+    for r in results:
+        if "error" in r:
+            continue
+        key = (r["case"]["suite"], r["case"]["model"], r["case"].get("num_ids", 0))
+        aucs = [e["valid_auc"] for e in r["epochs"] if e.get("valid_auc") is not None]
+        if r["case"]["suite"] != "census":
+            best[key] = r["case"]["data"]["best_auc"]
+        elif aucs:
+            best[key] = max(best.get(key, 0.0), max(aucs))
+    for r in results:
+        if "error" in r:
+            continue
+        key = (r["case"]["suite"], r["case"]["model"], r["case"].get("num_ids", 0))
+        r["steady_samples_per_s"] = steady_sps(r["epochs"])
+        r["best_auc"] = best.get(key)
+        r["final_auc"] = r["epochs"][-1].get("valid_auc") if r["epochs"] else None
+        if r["best_auc"]:
+            r["target_auc"] = 0.99 * r["best_auc"]
+            r["train_s_to_target"] = time_to(r["epochs"], r["target_auc"])
+
+
+def print_table(results: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'suite':<9} {'model':<6} {'ids':>9} {'batch':>5} {'system':<18} {'samples/s':>10} "
+        f"{'AUC':>6} {'best':>6} {'t->0.99':>8} {'startup':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        c = r["case"]
+        ids = c.get("num_ids", 148)
+        label = f"{c['suite']:<9} {c['model']:<6} {ids:>9} {c['batch']:>5} {c['system']:<18}"
+        if c["suite"] == "table":
+            label = f"{'table':<9} {c['model']:<6} {str(c['table_mb']) + 'MB':>9} {c['batch']:>5} {c['system']:<18}"
+        if "error" in r:
+            lines.append(f"{label} ERROR {r['error'].splitlines()[-1][:60] if r['error'] else ''}")
+            continue
+        ttt = r.get("train_s_to_target")
+        lines.append(
+            f"{label} {r['steady_samples_per_s']:>10,.0f} {r['final_auc'] or math.nan:>6.4f} "
+            f"{r.get('best_auc') or math.nan:>6.4f} {f'{ttt:.2f}s' if ttt is not None else '-':>8} "
+            f"{r.get('startup_s', math.nan):>6.1f}s"
+        )
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def machine() -> dict[str, Any]:
+    import numpy
+    import ray
+    import torch
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "mem_mib": mem,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "numpy": numpy.__version__,
+        "gpu": torch.cuda.is_available(),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="a few minutes: fewer cases, epochs, rows")
+    p.add_argument("--suite", default="census,synthetic,table", help="census,synthetic,table")
+    p.add_argument("--systems", default=None, help="comma-separated systems (default: per suite)")
+    p.add_argument("--batches", default=None, help="comma-separated global batch sizes")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=None, help="seconds per run")
+    p.add_argument("--out", default=None, help="JSON output (default bench/results/...)")
+    p.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.case:
+        case = json.loads(args.case)
+        out = run_case(case)
+        print("RESULT " + json.dumps(out))
+        return 0
+
+    out_path = (
+        Path(args.out)
+        if args.out
+        else BENCH
+        / "results"
+        / ("train_throughput_quick.json" if args.quick else "train_throughput.json")
+    )
+    cases = build_cases(args)
+    timeout = args.timeout or (300 if args.quick else 900)
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_before": os.getloadavg(),
+        "argv": sys.argv[1:],
+        "results": [],
+    }
+    print(
+        f"{len(cases)} runs; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    for i, case in enumerate(cases, 1):
+        load = os.getloadavg()[0]
+        r = run_in_subprocess(case, timeout)
+        r["case"] = {k: v for k, v in case.items() if k != "data"} | (
+            {"data": {k: v for k, v in case["data"].items() if k != "spec"}}
+            if "data" in case
+            else {}
+        )
+        r["load_at_start"] = load
+        report["results"].append(r)
+        status = (
+            r.get("error", "").splitlines()[-1][:80]
+            if "error" in r
+            else (
+                f"{steady_sps(r['epochs']):,.0f} samples/s, AUC {r['epochs'][-1].get('valid_auc') or math.nan:.4f}"
+            )
+        )
+        print(
+            f"[{i}/{len(cases)}] {case['suite']} {case['model']} b{case['batch']} "
+            f"{case.get('num_ids', '')} {case['system']}: {status} ({r['elapsed_s']:.0f} s)",
+            flush=True,
+        )
+        summarise(report["results"])
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(report, indent=1, default=str))
+    report["load_after"] = os.getloadavg()
+    summarise(report["results"])
+    report["table"] = print_table(report["results"])
+    out_path.write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
