@@ -12,6 +12,7 @@ micro-batch and never for a skipped update. Metrics go to ``<angel.log.path>/met
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -388,6 +389,8 @@ class GraphLearner:
         conf = self.conf
         t_start = time.perf_counter()
         self._check_conf(conf, resume)
+        if resume:
+            _read_extra(Path(conf["angel.save.model.path"]))  # fail before any actor starts
         self._start_ray()
         log = _Log(self._log_dir(conf), self.quiet)
         try:
@@ -625,32 +628,37 @@ class GraphLearner:
                 "data_position": {"epoch": epoch + 1, "row": 0},
             }
         }
-        self._ps.save(path, extra)
+        # The worker-side layers travel inside the manifest (an .npz, base64), so the PS
+        # checkpoint's atomic rename covers them too: no window with mismatched halves.
         blob = ray.get(self._workers[0].dense_state.remote())
-        tmp = Path(path) / "dense.npz.tmp"
-        tmp.write_bytes(blob)
-        os.replace(tmp, Path(path) / "dense.npz")
+        extra["learner"]["dense_npz_b64"] = base64.b64encode(blob).decode("ascii")
+        self._ps.save(path, extra)
 
     def _restore(self, path: str) -> tuple[int, list[dict[str, Any]], float | None, int]:
         import ray
 
-        if not (Path(path) / "dense.npz").exists():
-            raise ConfigError(f"--resume: no checkpoint in angel.save.model.path={path}")
+        _read_extra(Path(path))  # a clear error before the shards are touched
         extra = self._ps.load(path)
         info = extra["learner"]
         self.sched.load_state_dict(info["scheduler"])
-        blob = (Path(path) / "dense.npz").read_bytes()
-        ray.get([a.load_dense_state.remote(blob) for a in self._workers])
+        self._load_dense(info)
+        # Clocks restart at 0 after a load: hand the workers fresh clients.
+        ray.get([a.set_ps.remote(self._ps.for_worker(i)) for i, a in enumerate(self._workers)])
         return int(info["next_epoch"]), list(info["history"]), info["best"], int(info["since_best"])
+
+    def _load_dense(self, info: Mapping[str, Any]) -> None:
+        import ray
+
+        blob = base64.b64decode(info["dense_npz_b64"])
+        ray.get([a.load_dense_state.remote(blob) for a in self._workers])
 
     def _load_weights(self, path: str) -> None:
         import ray
 
-        self._ps.load(path)
-        dense = Path(path) / "dense.npz"
-        if dense.exists():
-            blob = dense.read_bytes()
-            ray.get([a.load_dense_state.remote(blob) for a in self._workers])
+        _read_extra(Path(path))
+        info = self._ps.load(path)["learner"]
+        self._load_dense(info)
+        ray.get([a.set_ps.remote(self._ps.for_worker(i)) for i, a in enumerate(self._workers)])
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""
@@ -705,8 +713,7 @@ class GraphLearner:
         self._ps = PSClient.launch(self._tables, conf, num_workers=1)
         self._ps.load(str(p))
         ray.get(self._workers[0].set_ps.remote(self._ps.for_worker(0)))
-        blob = (p / "dense.npz").read_bytes()
-        ray.get(self._workers[0].load_dense_state.remote(blob))
+        self._load_dense(info)
         return self
 
     def evaluate(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -790,17 +797,17 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
 
 
 def _read_extra(path: Path) -> dict[str, Any]:
-    from angelps.client import PSClient
+    """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none."""
+    from angelps import checkpoint
 
-    reader = getattr(PSClient, "read_extra", None)
-    if reader is not None:
-        return dict(reader(str(path)))
-    for name in ("manifest.json", "checkpoint.json"):
-        f = path / name
-        if f.exists():
-            data = json.loads(f.read_text())
-            return dict(data.get("extra", data))
-    raise ConfigError(f"{path} is not a saved angelps model (no manifest.json)")
+    try:
+        manifest = checkpoint.read_manifest(str(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not a saved angelps model: {e}") from None
+    extra = dict(manifest.get("extra", {}))
+    if "learner" not in extra:
+        raise ConfigError(f"{path} is a PS checkpoint without a model (no learner section)")
+    return extra
 
 
 def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,258 @@
+"""GraphLearner end to end on a real local Ray: LR on a9a, every model on a small slice, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from learners import cli_train
+from learners.learner import GraphLearner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), namespace="angelps")
+    yield
+    ray.shutdown()
+
+
+def _learner(conf: str, tmp_path: Path, **overrides) -> GraphLearner:
+    sets = {
+        "angel.log.path": str(tmp_path / "log"),
+        "angel.job.name": f"t{abs(hash((conf, str(tmp_path)))) % 10**8}",
+        **overrides,
+    }
+    return GraphLearner.from_properties(ROOT / "conf" / conf, sets, quiet=True)
+
+
+def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    learner = _learner("lr_a9a.properties", tmp_path, **{"ml.epoch.num": 3})
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    s = result.summary
+    assert s["epochs"] == 3 and len(result.history) == 3
+    assert s["valid_auc"] >= 0.899
+    assert 0.3 < s["valid_logloss"] < 0.36
+    assert s["valid_accuracy"] > 0.83
+    assert s["train_samples_per_s"] > 0 and s["elapsed_s"] > 0
+    # StandardDecay per epoch: epoch k trains at 0.02 / sqrt(1 + 0.5 (k + 1)).
+    lrs = [h["lr"] for h in result.history]
+    assert lrs == pytest.approx([0.02 / math.sqrt(1 + 0.5 * (k + 1)) for k in range(3)])
+    lines = [json.loads(x) for x in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["kind"] == "step"]
+    epochs = [x for x in lines if x["kind"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    for key in (
+        "epoch",
+        "step",
+        "lr",
+        "loss",
+        "samples_per_s",
+        "pull_s",
+        "compute_s",
+        "push_s",
+        "wait_s",
+    ):
+        assert key in steps[0]
+    # 29,304 training rows (every 10th of 32,561 validates) / 256 = 115 updates per epoch, logged every 50 updates.
+    assert [x["step"] for x in steps if x["epoch"] == 0] == [50, 100, 115]
+    assert steps[-1]["step"] == 345
+    assert "valid_auc" in epochs[-1] and "train_loss" in epochs[-1]
+
+
+def _slice(src: str, dst: Path, n: int) -> str:
+    with open(ROOT / src) as f, open(dst, "w") as g:
+        for _ in range(n):
+            g.write(f.readline())
+    return str(dst)
+
+
+# (conf, data file, rows, metric, floor): every model learns something real on a small slice.
+CASES = [
+    ("svm_a9a.properties", "data/a9a/a9a_123d_train.libsvm", 4000, "valid_auc", 0.85),
+    ("mlr_census.properties", "data/census/census_148d_train.dummy", 4000, "valid_auc", 0.85),
+    ("fm_census.properties", "data/census/census_148d_train.dummy", 4000, "valid_auc", 0.85),
+    ("deepfm_census.properties", "data/census/census_148d_train.dummy", 4000, "valid_auc", 0.85),
+    (
+        "wideanddeep_census.properties",
+        "data/census/census_148d_train.dummy",
+        4000,
+        "valid_auc",
+        0.85,
+    ),
+    ("nfm_census.properties", "data/census/census_148d_train.dummy", 4000, "valid_auc", 0.85),
+    ("pnn_census.properties", "data/census/census_148d_train.dummy", 4000, "valid_auc", 0.85),
+    ("dnn_w6a.properties", "data/w6a/w6a_300d_train.libsvm", 6000, "valid_auc", 0.9),
+    ("linreg_abalone.properties", "data/abalone/abalone_8d_train.libsvm", 4177, "valid_r2", 0.3),
+    ("robustreg_abalone.properties", "data/abalone/abalone_8d_train.libsvm", 4177, "valid_r2", 0.3),
+    ("softmax_dna.properties", "data/dna/dna.scale", 2000, "valid_accuracy", 0.85),
+]
+
+
+# The quickest two run by default; every model runs with -m slow.
+FAST = {"fm_census.properties", "softmax_dna.properties"}
+
+
+@pytest.mark.parametrize(
+    ("conf", "src", "rows", "metric", "floor"),
+    [c if c[0] in FAST else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+)
+def test_model_learns_on_a_slice(tmp_path, conf, src, rows, metric, floor):
+    path = _slice(src, tmp_path / Path(src).name, rows)
+    learner = _learner(conf, tmp_path, **{"angel.train.data.path": path, "ml.epoch.num": 3})
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    value = result.summary[metric]
+    assert value is not None and value >= floor, result.history
+    assert all(np.isfinite(h["train_loss"]) for h in result.history)
+
+
+def test_cli_train_writes_summary(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "s" / "summary.json"
+    args = argparse.Namespace(
+        conf="conf/lr_a9a.properties",
+        set=[
+            "ml.epoch.num=1",
+            f"angel.log.path={tmp_path / 'log'}",
+            "angel.job.name=t_cli",
+        ],
+        address=None,
+        summary_json=str(out),
+        resume=False,
+    )
+    assert cli_train._train(args) == 0
+    s = json.loads(out.read_text())
+    for key in (
+        "epochs",
+        "valid_auc",
+        "valid_logloss",
+        "valid_accuracy",
+        "train_samples_per_s",
+        "elapsed_s",
+    ):
+        assert key in s
+    assert s["epochs"] == 1
+    assert "done: 1 epochs" in capsys.readouterr().out
+
+
+def _train_and_predict(learner: GraphLearner, resume: bool, data: str):
+    try:
+        result = learner.train(resume=resume)
+        pred = learner.predict(data)["pred"]
+    finally:
+        learner.shutdown()
+    return result, pred
+
+
+@pytest.mark.slow
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    """BSP + fixed seed: stop after epoch 1, resume, and end where a 3-epoch run ends."""
+    data = _slice("data/census/census_148d_train.dummy", tmp_path / "c.dummy", 1500)
+    common = {"angel.train.data.path": data, "ml.data.use.shuffle": True, "ml.seed": 5}
+    full, pred_full = _train_and_predict(
+        _learner(
+            "deepfm_census.properties",
+            tmp_path / "a",
+            **common,
+            **{"ml.epoch.num": 3, "angel.save.model.path": str(tmp_path / "ckpt_a")},
+        ),
+        False,
+        data,
+    )
+    _train_and_predict(
+        _learner(
+            "deepfm_census.properties",
+            tmp_path / "b",
+            **common,
+            **{"ml.epoch.num": 1, "angel.save.model.path": str(tmp_path / "ckpt_b")},
+        ),
+        False,
+        data,
+    )
+    resumed, pred_resumed = _train_and_predict(
+        _learner(
+            "deepfm_census.properties",
+            tmp_path / "c",
+            **common,
+            **{"ml.epoch.num": 3, "angel.save.model.path": str(tmp_path / "ckpt_b")},
+        ),
+        True,
+        data,
+    )
+    assert [h["epoch"] for h in resumed.history] == [0, 1, 2]
+    for a, b in zip(full.history, resumed.history, strict=True):
+        assert a["lr"] == b["lr"]
+        assert a["valid_logloss"] == pytest.approx(b["valid_logloss"], rel=1e-6)
+        assert a["valid_auc"] == pytest.approx(b["valid_auc"], rel=1e-6)
+    np.testing.assert_allclose(pred_resumed, pred_full, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
+    data = _slice("data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 3000)
+    model = tmp_path / "model"
+    learner = _learner(
+        "lr_a9a.properties",
+        tmp_path,
+        **{"angel.train.data.path": data, "ml.epoch.num": 2, "angel.save.model.path": str(model)},
+    )
+    try:
+        result = learner.train()
+        direct = learner.predict(data)
+    finally:
+        learner.shutdown()
+    assert (model / "manifest.json").exists()
+    ns = argparse.Namespace(conf=str(ROOT / "conf" / "lr_a9a.properties"), set=[], address=None)
+    out = tmp_path / "pred.csv"
+    assert (
+        cli_train._predict(
+            argparse.Namespace(**vars(ns), model=str(model), input=data, out=str(out))
+        )
+        == 0
+    )
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(out)
+    assert table.column_names == ["pred", "label"]
+    assert table.num_rows == 3000
+    np.testing.assert_allclose(table["pred"].to_numpy(), direct["pred"], rtol=1e-6)
+    # Labels in input order (a9a's first line is -1: label 0).
+    assert table["label"].to_numpy()[0] == 0.0
+    capsys.readouterr()
+    assert (
+        cli_train._evaluate(argparse.Namespace(**vars(ns), model=str(model), input=data, json=True))
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["valid_rows"] == 3000
+    assert 0.85 < metrics["valid_auc"] < 1.0
+    # The model saved after the last epoch: its validation rows are part of the input.
+    assert result.summary["epochs"] == 2
+
+
+def test_resume_without_checkpoint_is_a_config_error(tmp_path):
+    from angelps.config import ConfigError
+
+    learner = _learner(
+        "lr_a9a.properties", tmp_path, **{"angel.save.model.path": str(tmp_path / "none")}
+    )
+    try:
+        with pytest.raises(ConfigError, match="is not a saved angelps model"):
+            learner.train(resume=True)
+    finally:
+        learner.shutdown()
