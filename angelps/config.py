@@ -296,8 +296,7 @@ def _validate(key: KeyLike, value: Any, where: str, name: str | None = None) -> 
     if key.choices and key.type == "str":
         match = {c.lower(): c for c in key.choices}.get(typed.lower())
         if match is None:
-            close = difflib.get_close_matches(typed, key.choices, n=3, cutoff=0.4)
-            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            hint = _did_you_mean(difflib.get_close_matches(typed, key.choices, n=3, cutoff=0.4))
             raise ConfigError(
                 f"{where}: {name}={shown} is not valid: expected one of "
                 f"{', '.join(key.choices)}{hint}"
@@ -355,9 +354,16 @@ class _KeyIndex:
         return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
 
 
+def _did_you_mean(close: Sequence[str]) -> str:
+    """ " (did you mean X? also close: Y, Z)", closest first; empty when nothing is close."""
+    if not close:
+        return ""
+    more = f" also close: {', '.join(close[1:])}" if len(close) > 1 else ""
+    return f" (did you mean {close[0]}?{more})"
+
+
 def _unknown(name: str, where: str, index: _KeyIndex) -> ConfigError:
-    close = index.suggest(name)
-    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    hint = _did_you_mean(index.suggest(name))
     return ConfigError(f"{where}: unknown key {name}{hint}; `angelps conf --keys` lists every key")
 
 

@@ -31,7 +31,9 @@ def test_no_verb_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_conf_shows_values_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "job.properties"
-    f.write_text("# job\nml.learn.rate = 0.25\nangel.train.data.path = data/a9a/a9a_123d_train.libsvm\n")
+    f.write_text(
+        "# job\nml.learn.rate = 0.25\nangel.train.data.path = data/a9a/a9a_123d_train.libsvm\n"
+    )
     assert main(["conf", "--conf", str(f), "--set", "ml.epoch.num=3"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()}
@@ -40,7 +42,10 @@ def test_conf_shows_values_and_sources(tmp_path: Path, capsys: pytest.CaptureFix
     assert "angel.ps.number" not in lines  # defaults are hidden without --all
     assert main(["conf", "--conf", str(f), "--all"]) == 0
     out = capsys.readouterr().out
-    assert any(line.startswith("angel.ps.number") and line.endswith("# default") for line in out.splitlines())
+    assert any(
+        line.startswith("angel.ps.number") and line.endswith("# default")
+        for line in out.splitlines()
+    )
 
 
 def test_conf_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,9 +61,18 @@ def test_conf_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["conf", "--conf", "no/such.properties"], "configuration file no/such.properties does not exist"),
-        (["conf", "--set", "ml.lern.rate=1"], "unknown key ml.lern.rate (did you mean ml.learn.rate?)"),
-        (["conf", "--set", "ml.learn.rate=fast"], "ml.learn.rate=fast is not valid: expected a number"),
+        (
+            ["conf", "--conf", "no/such.properties"],
+            "configuration file no/such.properties does not exist",
+        ),
+        (
+            ["conf", "--set", "ml.lern.rate=1"],
+            "unknown key ml.lern.rate (did you mean ml.learn.rate?",
+        ),
+        (
+            ["conf", "--set", "ml.learn.rate=fast"],
+            "ml.learn.rate=fast is not valid: expected a number",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -71,7 +85,9 @@ def test_bad_input_exits_2_with_one_line(
     assert err.startswith("angelps: error: ")
 
 
-def test_bad_line_in_file_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_line_in_file_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "job.properties"
     f.write_text("ml.learn.rate=0.1\nml.epoch.num = many\n")
     assert main(["conf", "--conf", str(f)]) == 2
@@ -89,7 +105,9 @@ def test_generated_config_reference_is_current() -> None:
 
 
 def test_python_dash_m_and_console_script_agree() -> None:
-    a = subprocess.run([sys.executable, "-m", "angelps", "--version"], capture_output=True, text=True)
+    a = subprocess.run(
+        [sys.executable, "-m", "angelps", "--version"], capture_output=True, text=True
+    )
     script = Path(sys.executable).with_name("angelps")
     b = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert a.returncode == b.returncode == 0
