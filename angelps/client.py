@@ -37,6 +37,7 @@ from angelps.shard import (
     NAN_POLICIES,
     ShardRestarted,
     ShardServer,
+    all_finite,
     check_grads,
     check_keys,
     check_lr,
@@ -322,7 +323,9 @@ class PSClient:
             actor_opts["memory"] = mem * 2**20
         gpus = float(_conf(conf, "angel.ps.gpus"))
         if gpus > 0:
+            # Ray sets CUDA_VISIBLE_DEVICES for the actor: its device is always "cuda".
             actor_opts["num_gpus"] = gpus
+            options["device"] = "cuda"
         spec_dicts = [t.to_dict() for t in tables]
         handles = []
         try:
@@ -512,7 +515,7 @@ class PSClient:
             spec = self._spec(table)
             k = check_keys(spec, keys)
             g = check_grads(spec, len(k), grads)
-            if not np.isfinite(g).all():
+            if not all_finite(g):
                 if self.nan_policy == "error":
                     raise ValueError(
                         f"table {table!r}: gradient contains NaN or inf "
@@ -571,13 +574,31 @@ class PSClient:
     def _assemble(
         routed: Sequence[_Routed], calls: list[_Call], values: list[Any]
     ) -> dict[str, np.ndarray]:
+        """Rows in the order of the requested keys. Large fresh buffers cost page faults here,
+        so each path writes every byte once: a gather from the reply when one shard answered,
+        a scatter into the output when there were no duplicate keys."""
         out: dict[str, np.ndarray] = {}
         for r in routed:
             name, spec = r.spec.name, r.spec
+            parts = [
+                (c.shard, v[name])
+                for c, v in zip(calls, values, strict=True)
+                if v is not None and name in v
+            ]
+            if r.order is None and len(parts) == 1:
+                out[name] = parts[0][1][r.inv]
+                continue
+            if len(r.uniq) == len(r.inv):
+                pos = np.empty(len(r.inv), dtype=np.int64)
+                pos[r.inv] = np.arange(len(r.inv), dtype=np.int64)
+                res = np.empty((len(r.inv), spec.cols), dtype=spec.dtype)
+                for s, v in parts:
+                    res[pos[r.index(s)]] = v
+                out[name] = res
+                continue
             rows = np.empty((len(r.uniq), spec.cols), dtype=spec.dtype)
-            for c, v in zip(calls, values, strict=True):
-                if v is not None and name in v:
-                    rows[r.index(c.shard)] = v[name]
+            for s, v in parts:
+                rows[r.index(s)] = v
             out[name] = rows[r.inv]
         return out
 

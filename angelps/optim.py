@@ -30,10 +30,11 @@ Momentum and Adam apply no L1 (as Angel).
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from angelps.table import OptimizerSpec
 
-__all__ = ["apply", "slot_widths"]
+__all__ = ["apply", "apply_torch", "slot_widths"]
 
 # Slot name -> width (None = the table's cols).
 _SLOTS: dict[str, dict[str, int | None]] = {
@@ -122,3 +123,63 @@ def apply(
     w -= lr_ * gp / denom
     if spec.l1:
         _soft_threshold(w, lr_ * l1 / denom)
+
+
+def apply_torch(
+    spec: OptimizerSpec,
+    w: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    g: torch.Tensor,
+    lr: float,
+) -> None:
+    """:func:`apply` on torch tensors (any device: shards with ``angel.ps.gpus > 0`` keep their
+    rows on CUDA). Same formulas, same order of operations."""
+    name = spec.name
+    l1, l2 = spec.l1, spec.l2
+    if name == "sgd":
+        eta = lr / (1.0 + l2 * lr)
+        if l2:
+            w.mul_(1.0 - eta * l2)
+        w.sub_(eta * g)
+        if l1:
+            w.copy_(torch.sign(w) * torch.clamp(w.abs() - eta * l1, min=0.0))
+        return
+    if name == "ftrl":
+        alpha, beta = spec.ftrl_alpha, spec.ftrl_beta
+        z, n = state["z"], state["n"]
+        n_new = n + g * g
+        sigma = (torch.sqrt(n_new) - torch.sqrt(n)) / alpha
+        z.add_(g - sigma * w)
+        n.copy_(n_new)
+        denom = l2 + (beta + torch.sqrt(n)) / alpha
+        w.copy_(torch.where(z.abs() <= l1, torch.zeros_like(w), -(z - torch.sign(z) * l1) / denom))
+        return
+    gp = g + l2 * w if l2 else g
+    if name == "momentum":
+        v = state["v"]
+        v.mul_(spec.momentum).add_(gp)
+        w.sub_(lr * v)
+        return
+    if name == "adam":
+        m, v, t = state["m"], state["v"], state["t"]
+        m.mul_(spec.beta1).add_((1.0 - spec.beta1) * gp)
+        v.mul_(spec.beta2).add_((1.0 - spec.beta2) * gp * gp)
+        t.add_(1.0)
+        tt = t.double()
+        step_size = (lr / (1.0 - torch.pow(spec.beta1, tt))).to(w.dtype)
+        bc2_sqrt = torch.sqrt(1.0 - torch.pow(spec.beta2, tt)).to(w.dtype)
+        denom = torch.sqrt(v) / bc2_sqrt + spec.eps
+        w.sub_(step_size * (m / denom))
+        return
+    n = state["n"]
+    if name == "adagrad":
+        n.add_(gp * gp)
+    elif name == "rmsprop":
+        n.mul_(spec.rho).add_((1.0 - spec.rho) * gp * gp)
+    else:  # pragma: no cover - OptimizerSpec validates names
+        raise ValueError(f"unknown optimizer {name!r}")
+    denom = torch.sqrt(n) + spec.eps
+    w.sub_(lr * gp / denom)
+    if l1:
+        thr = lr * l1 / denom
+        w.copy_(torch.sign(w) * torch.clamp(w.abs() - thr, min=0.0))

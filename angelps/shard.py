@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from angelps.checkpoint import (
     CheckpointError,
@@ -33,7 +34,7 @@ from angelps.checkpoint import (
     write_table_file,
 )
 from angelps.consistency import READER, ClockTable
-from angelps.optim import apply, slot_widths
+from angelps.optim import apply, apply_torch, slot_widths
 from angelps.partition import PARTITIONERS, Partitioner, dedup
 from angelps.table import TableSpec, init_rows
 
@@ -42,6 +43,7 @@ __all__ = [
     "ParameterShard",
     "ShardRestarted",
     "ShardServer",
+    "all_finite",
     "check_lr",
     "segment_sum",
 ]
@@ -65,6 +67,17 @@ def segment_sum(inv: np.ndarray, values: np.ndarray, n: int, dtype: np.dtype) ->
     idx = (inv[:, None] * cols + np.arange(cols, dtype=np.int64)).ravel()
     out = np.bincount(idx, weights=values.ravel(), minlength=n * cols)
     return out.astype(dtype).reshape(n, cols)
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """No NaN or inf in ``a``. A finite sum proves it without a boolean temporary (NaN and inf
+    propagate through a sum); only a non-finite sum, which may be an overflow, is checked
+    element by element."""
+    if a.size == 0:
+        return True
+    if np.isfinite(a.sum(dtype=np.float64)):
+        return True
+    return bool(np.isfinite(a).all())
 
 
 def check_lr(lr: Any) -> float:
@@ -171,6 +184,13 @@ class _Table:
             s[: self.n] = self.state[k][: self.n]
             self.state[k] = s
 
+    def _write_new(self, start: int, values: np.ndarray) -> None:
+        """Initial values (and zero optimizer state) of newly created rows from ``start``."""
+        end = start + len(values)
+        self.w[start:end] = values
+        for k in self.state:
+            self.state[k][start:end] = 0
+
     def locate(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Storage slots of unique ``keys``; sparse rows missing are created (initialised)."""
         if not self.spec.sparse:
@@ -194,9 +214,7 @@ class _Table:
         m = len(new_keys)
         self._grow(self.n + m)
         new_slots = np.arange(self.n, self.n + m, dtype=np.int64)
-        self.w[self.n : self.n + m] = init_rows(self.spec, new_sorted)
-        for k in self.state:
-            self.state[k][self.n : self.n + m] = 0
+        self._write_new(self.n, init_rows(self.spec, new_sorted))
         self.n += m
         ins = np.searchsorted(self.skeys, new_sorted)
         self.skeys = np.insert(self.skeys, ins, new_sorted)
@@ -220,6 +238,13 @@ class _Table:
         return self.w[slots]
 
     def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        if not self.spec.sparse and len(keys) and _is_range(keys):
+            # A contiguous block of a dense table: update views in place, no gather/scatter.
+            a = int(keys[0]) - self.lo
+            b = a + len(keys)
+            view = {k: v[a:b] for k, v in self.state.items()}
+            apply(self.spec.optimizer, self.w[a:b], view, grads, lr)
+            return
         slots = self.locate(keys)
         w = self.w[slots]
         state = {k: v[slots] for k, v in self.state.items()}
@@ -251,6 +276,94 @@ class _Table:
         return self.n
 
 
+class _TorchTable(_Table):
+    """A table whose rows and optimizer state are torch tensors on ``device`` (a CUDA device for
+    shards with ``angel.ps.gpus > 0``): the sparse key index stays in host numpy, gathers,
+    scatters and optimizer updates run on the device, and rows cross to the host only when
+    pulled."""
+
+    def __init__(self, spec: TableSpec, part: Partitioner, shard_id: int, device: str) -> None:
+        super().__init__(spec, part, shard_id)
+        self.device = torch.device(device)
+        self.w = torch.from_numpy(self.w).to(self.device)  # type: ignore[assignment]
+        self.state = {
+            k: torch.from_numpy(v).to(self.device)  # type: ignore[misc]
+            for k, v in self.state.items()
+        }
+
+    def _index(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(slots)).to(self.device)
+
+    def _grow(self, need: int) -> None:
+        cap = self.w.shape[0]
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap, 1024)
+        w = torch.empty((new_cap, self.spec.cols), dtype=self.w.dtype, device=self.device)
+        w[: self.n] = self.w[: self.n]
+        self.w = w  # type: ignore[assignment]
+        for k, width in self.widths.items():
+            st = torch.zeros((new_cap, width), dtype=self.w.dtype, device=self.device)
+            st[: self.n] = self.state[k][: self.n]
+            self.state[k] = st  # type: ignore[assignment]
+
+    def _write_new(self, start: int, values: np.ndarray) -> None:
+        end = start + len(values)
+        self.w[start:end] = torch.from_numpy(values).to(self.device)
+        for k in self.state:
+            self.state[k][start:end] = 0
+
+    def read(self, keys: np.ndarray | None) -> np.ndarray:
+        if keys is None:
+            if self.spec.sparse:
+                raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
+            return _host(self.w)
+        if not self.spec.sparse and len(keys) and _is_range(keys):
+            a = int(keys[0]) - self.lo
+            return _host(self.w[a : a + len(keys)])
+        idx = self._index(self.locate(keys))
+        return _host(self.w.index_select(0, idx))
+
+    def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        g = torch.from_numpy(np.ascontiguousarray(grads)).to(self.device)
+        if not self.spec.sparse and len(keys) and _is_range(keys):
+            a = int(keys[0]) - self.lo
+            b = a + len(keys)
+            view = {k: v[a:b] for k, v in self.state.items()}
+            apply_torch(self.spec.optimizer, self.w[a:b], view, g, lr)
+            return
+        idx = self._index(self.locate(keys))
+        w = self.w.index_select(0, idx)
+        state = {k: v.index_select(0, idx) for k, v in self.state.items()}
+        apply_torch(self.spec.optimizer, w, state, g, lr)
+        self.w.index_copy_(0, idx, w)
+        for k, v in state.items():
+            self.state[k].index_copy_(0, idx, v)
+
+    def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        if self.spec.sparse:
+            idx = self._index(self.sslot)
+            return (
+                self.skeys.copy(),
+                _host(self.w.index_select(0, idx)),
+                {k: _host(v.index_select(0, idx)) for k, v in self.state.items()},
+            )
+        keys = np.arange(self.lo, self.hi, dtype=np.int64)
+        return keys, _host(self.w), {k: _host(v) for k, v in self.state.items()}
+
+    def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
+        idx = self._index(self.locate(keys))
+        self.w.index_copy_(0, idx, torch.from_numpy(np.ascontiguousarray(w)).to(self.device))
+        for k in self.state:
+            src = torch.from_numpy(np.ascontiguousarray(state[k])).to(self.device)
+            self.state[k].index_copy_(0, idx, src)
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A host numpy copy (never a view of the table, also for tensors already on the CPU)."""
+    return t.to("cpu", copy=True).numpy()  # type: ignore[no-any-return]
+
+
 def _is_range(keys: np.ndarray) -> bool:
     return int(keys[-1]) - int(keys[0]) == len(keys) - 1 and bool(np.all(np.diff(keys) == 1))
 
@@ -276,6 +389,7 @@ class ParameterShard:
         num_workers: int = 1,
         staleness: int = 0,
         nan_policy: str = "error",
+        device: str | None = None,
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard id {shard_id} is out of range for {num_shards} shards")
@@ -296,22 +410,35 @@ class ParameterShard:
             )
         self.nan_policy = policy
         self.specs = {t.name: t for t in tables}
+        # None: rows in host numpy arrays; a torch device ("cuda", "cuda:1", "cpu"): rows and
+        # optimizer state as torch tensors there.
+        if device is not None:
+            dev = torch.device(device)
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(
+                    f"shard {shard_id}: device {device!r} requested (angel.ps.gpus > 0) but "
+                    f"CUDA is not available on this node"
+                )
+        self.device = device
         self.reset(ClockTable(num_workers, staleness))
 
     def reset(self, clocks: ClockTable | None = None) -> None:
         """Back to freshly initialised tables and zero clocks (before a restore)."""
         if clocks is None:
             clocks = ClockTable(self.clocks.num_workers, self.clocks.staleness)
-        self.tables = {
-            t.name: _Table(t, Partitioner(t, self.num_shards, self.partitioner), self.shard_id)
-            for t in self.specs.values()
-        }
+        self.tables = {t.name: self._new_table(t) for t in self.specs.values()}
         self.clocks = clocks
         # BSP with several workers: clock -> table -> list of (keys, grads); clock -> lr.
         self._pending: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._pending_lr: dict[int, float] = {}
         self.skipped: dict[str, int] = {name: 0 for name in self.specs}
         self.updates = 0  # optimizer updates applied (per table push)
+
+    def _new_table(self, spec: TableSpec) -> _Table:
+        part = Partitioner(spec, self.num_shards, self.partitioner)
+        if self.device is None:
+            return _Table(spec, part, self.shard_id)
+        return _TorchTable(spec, part, self.shard_id, self.device)
 
     # --- validation ----------------------------------------------------------------------------
 
@@ -334,7 +461,7 @@ class ParameterShard:
             k = check_keys(t.spec, keys)
             t.check_owned(k)
             g = check_grads(t.spec, len(k), grads)
-            if not np.isfinite(g).all():
+            if not all_finite(g):
                 if self.nan_policy == "error":
                     raise ValueError(
                         f"table {name!r}: gradient contains NaN or inf "
@@ -567,6 +694,7 @@ class ShardServer:
             num_workers=int(options.get("num_workers", 1)),
             staleness=int(options.get("staleness", 0)),
             nan_policy=options.get("nan_policy", "error"),
+            device=options.get("device"),
         )
         self.timeout_s = float(options.get("timeout_ms", 120000)) / 1000.0
         self.backup_interval = int(options.get("backup_interval", 0))

@@ -195,3 +195,13 @@ def test_segment_sum():
     np.testing.assert_array_equal(
         segment_sum(inv, vals, 3, np.dtype("float32")), [[2, 3], [6, 7], [4, 6]]
     )
+
+
+def test_all_finite_is_exact_even_when_the_sum_overflows():
+    from angelps.shard import all_finite
+
+    big = np.full((4, 2), 1e308)
+    assert all_finite(big)  # the float64 sum overflows to inf, the elements are finite
+    assert not all_finite(np.array([[1.0, np.nan]]))
+    assert not all_finite(np.array([np.inf, -np.inf]))
+    assert all_finite(np.zeros((0, 3)))

@@ -1,0 +1,263 @@
+"""Parameter-server throughput: sparse pull/push in keys/s and dense pull/push in GB/s, through
+Ray shard actors and in-process (the same shards, routing and assembly with no Ray: the
+ceiling), with the ratio of the two.
+
+Usage:
+    python bench/ps_throughput.py                     # the full grid (a few minutes)
+    python bench/ps_throughput.py --quick             # a small grid
+    python bench/ps_throughput.py --keys 65536 --widths 8 --shards 1 2 --out results.json
+
+Sparse: every call moves ``k`` unique int64 keys drawn from a hashed id space, rows of width
+``w`` (float32, SGD). A pull returns ``[k, w]`` rows; a push sends ``[k, w]`` gradients, and is
+timed until the shards have applied it. Dense: ``pull_dense`` of a whole table and a push of
+every row. Each point is the median of ``--reps`` timed calls after two warm-up calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from angelps.client import PSClient, _Routed  # noqa: E402
+from angelps.partition import Partitioner  # noqa: E402
+from angelps.shard import ParameterShard, segment_sum  # noqa: E402
+from angelps.table import OptimizerSpec, TableSpec  # noqa: E402
+
+
+class InProcessPS:
+    """The client's work (validation, dedup, routing, assembly) and the shards' work, in one
+    process with no Ray: the ceiling a Ray deployment is compared with."""
+
+    def __init__(self, tables: list[TableSpec], num_shards: int) -> None:
+        self.specs = {t.name: t for t in tables}
+        self.shards = [ParameterShard(i, num_shards, tables) for i in range(num_shards)]
+        self.parts = {t.name: Partitioner(t, num_shards) for t in tables}
+        self.clock = 0
+
+    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
+        r = _Routed(self.specs[table], self.parts[table], keys)
+        calls, values = [], []
+        for s, shard in enumerate(self.shards):
+            if r.count(s):
+                values.append(shard.pull({table: r.uniq[r.index(s)]}))
+                calls.append(_FakeCall(s))
+        return PSClient._assemble([r], calls, values)[table]  # type: ignore[arg-type]
+
+    def pull_dense(self, table: str) -> np.ndarray:
+        return np.concatenate([s.pull({table: None})[table] for s in self.shards])
+
+    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        spec = self.specs[table]
+        g = grads.astype(spec.dtype, copy=False)
+        if not np.isfinite(g).all():
+            raise ValueError("non-finite gradient")
+        r = _Routed(spec, self.parts[table], keys)
+        if len(r.uniq) == len(keys):
+            summed = np.empty_like(g)
+            summed[r.inv] = g
+        else:
+            summed = segment_sum(r.inv, g, len(r.uniq), np.dtype(spec.dtype))
+        for s, shard in enumerate(self.shards):
+            idx = r.index(s)
+            shard.push(0, self.clock, {table: (r.uniq[idx], summed[idx])}, lr)
+        self.clock += 1
+
+
+class _FakeCall:
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+
+def _time(fn: Callable[[], Any], reps: int) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_sparse(
+    keys_list: list[int], widths: list[int], shards_list: list[int], reps: int
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    rng = np.random.default_rng(0)
+    for n_shards in shards_list:
+        for width in widths:
+            spec = TableSpec(
+                f"s{width}",
+                rows=-1,
+                cols=width,
+                sparse=True,
+                init="normal",
+                optimizer=OptimizerSpec("sgd"),
+            )
+            client = PSClient.launch(
+                [spec], {"angel.job.name": f"bench-{n_shards}-{width}", "angel.ps.number": n_shards}
+            )
+            local = InProcessPS([spec], n_shards)
+            try:
+                for k in keys_list:
+                    # Unique hashed-looking ids: a fixed pool, so rows exist after warm-up.
+                    keys = np.unique(rng.integers(-(2**62), 2**62, int(k * 1.05)))[:k]
+                    rng.shuffle(keys)
+                    grads = rng.standard_normal((k, width)).astype(np.float32) * 1e-3
+
+                    def ray_push() -> None:
+                        client.push(spec.name, keys, grads, 0.01)
+                        client.flush()
+
+                    t_pull = _time(lambda: client.pull(spec.name, keys), reps)
+                    t_push = _time(ray_push, reps)
+                    l_pull = _time(lambda: local.pull(spec.name, keys), reps)
+                    l_push = _time(lambda: local.push(spec.name, keys, grads, 0.01), reps)
+                    row = {
+                        "kind": "sparse",
+                        "shards": n_shards,
+                        "width": width,
+                        "keys": k,
+                        "ray_pull_keys_per_s": k / t_pull,
+                        "ray_push_keys_per_s": k / t_push,
+                        "inproc_pull_keys_per_s": k / l_pull,
+                        "inproc_push_keys_per_s": k / l_push,
+                        "pull_ratio": l_pull / t_pull,
+                        "push_ratio": l_push / t_push,
+                    }
+                    rows.append(row)
+                    print(
+                        f"sparse shards={n_shards} width={width:3d} keys={k:7d}  "
+                        f"pull {k / t_pull / 1e6:7.2f} Mkeys/s ({row['pull_ratio']:5.0%} of "
+                        f"{k / l_pull / 1e6:6.2f})  push {k / t_push / 1e6:7.2f} Mkeys/s "
+                        f"({row['push_ratio']:5.0%} of {k / l_push / 1e6:6.2f})",
+                        flush=True,
+                    )
+            finally:
+                client.shutdown()
+    return rows
+
+
+def bench_dense(rows_list: list[int], shards_list: list[int], reps: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    rng = np.random.default_rng(1)
+    width = 16
+    for n_shards in shards_list:
+        for n_rows in rows_list:
+            spec = TableSpec("d", rows=n_rows, cols=width, optimizer=OptimizerSpec("sgd"))
+            client = PSClient.launch(
+                [spec],
+                {"angel.job.name": f"benchd-{n_shards}-{n_rows}", "angel.ps.number": n_shards},
+            )
+            local = InProcessPS([spec], n_shards)
+            keys = np.arange(n_rows)
+            grads = rng.standard_normal((n_rows, width)).astype(np.float32) * 1e-3
+            nbytes = n_rows * width * 4
+            try:
+
+                def ray_push() -> None:
+                    client.push("d", keys, grads, 0.01)
+                    client.flush()
+
+                t_pull = _time(lambda: client.pull_dense("d"), reps)
+                t_push = _time(ray_push, reps)
+                l_pull = _time(lambda: local.pull_dense("d"), reps)
+                l_push = _time(lambda: local.push("d", keys, grads, 0.01), reps)
+                # The raw memory ceiling: a plain copy of the same bytes.
+                src = np.zeros((n_rows, width), np.float32)
+                t_copy = _time(lambda: src.copy(), reps)
+            finally:
+                client.shutdown()
+            row = {
+                "kind": "dense",
+                "shards": n_shards,
+                "width": width,
+                "rows": n_rows,
+                "bytes": nbytes,
+                "ray_pull_GBps": nbytes / t_pull / 1e9,
+                "ray_push_GBps": nbytes / t_push / 1e9,
+                "inproc_pull_GBps": nbytes / l_pull / 1e9,
+                "inproc_push_GBps": nbytes / l_push / 1e9,
+                "memcpy_GBps": nbytes / t_copy / 1e9,
+                "pull_ratio": l_pull / t_pull,
+                "push_ratio": l_push / t_push,
+            }
+            out.append(row)
+            print(
+                f"dense  shards={n_shards} rows={n_rows:8d} ({nbytes / 2**20:6.1f} MiB)  "
+                f"pull {row['ray_pull_GBps']:5.2f} GB/s ({row['pull_ratio']:5.0%} of "
+                f"{row['inproc_pull_GBps']:5.2f})  push {row['ray_push_GBps']:5.2f} GB/s "
+                f"({row['push_ratio']:5.0%} of {row['inproc_push_GBps']:5.2f})  "
+                f"memcpy {row['memcpy_GBps']:5.2f} GB/s",
+                flush=True,
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--keys", type=int, nargs="+", default=[1024, 8192, 65536, 262144])
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--dense-rows", type=int, nargs="+", default=[65536, 1048576])
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="keys 8192 65536, widths 8, shards 1 2")
+    p.add_argument("--out", default="bench/results/ps_throughput.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.keys, args.widths, args.shards, args.dense_rows = [8192, 65536], [8], [1, 2], [65536]
+
+    import ray
+
+    ray.init(
+        num_cpus=os.cpu_count() or 2,
+        include_dashboard=False,
+        namespace="angelps",
+        _temp_dir=tempfile.mkdtemp(prefix="ray-bench-"),
+        log_to_driver=False,
+    )
+    try:
+        sparse = bench_sparse(args.keys, args.widths, args.shards, args.reps)
+        dense = bench_dense(args.dense_rows, args.shards, args.reps)
+    finally:
+        ray.shutdown()
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "numpy": np.__version__,
+            "ray": ray.__version__,
+        },
+        "reps": args.reps,
+        "sparse": sparse,
+        "dense": dense,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    big = [r for r in sparse if r["keys"] >= 65536]
+    if big:
+        worst = min(min(r["pull_ratio"], r["push_ratio"]) for r in big)
+        med = statistics.median([r["pull_ratio"] for r in big] + [r["push_ratio"] for r in big])
+        print(
+            f"calls of >= 64k keys: median {med:.0%} of the in-process ceiling, worst {worst:.0%}"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
