@@ -389,6 +389,7 @@ class GraphLearner:
         conf = self.conf
         t_start = time.perf_counter()
         self._check_conf(conf, resume)
+        self._check_plateau(conf)
         if resume:
             _read_extra(Path(conf["angel.save.model.path"]))  # fail before any actor starts
         self._start_ray()
@@ -480,8 +481,8 @@ class GraphLearner:
                 watched = metrics.get(metric_name)
                 if not on_batch:
                     self._advance_epoch_schedule(watched)
-                elif getattr(self.sched, "composable", True) is False and watched is not None:
-                    self.sched.step(watched)
+                elif _is_plateau(self.sched):
+                    self._plateau_step(watched)
                 improved = False
                 if watched is not None and math.isfinite(watched):
                     sign = -1.0 if metric_name.endswith(_LOWER_IS_BETTER) else 1.0
@@ -553,16 +554,32 @@ class GraphLearner:
         return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
 
     def _advance_epoch_schedule(self, metric: float | None) -> None:
-        if getattr(self.sched, "composable", True) is False and hasattr(self.sched, "step"):
+        if _is_plateau(self.sched):
             # ReduceLROnPlateau: fed the global validation metric, decided once, here.
-            if metric is None:
-                raise ConfigError(
-                    "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
-                    "or angel.validate.data.path"
-                )
-            self.sched.step(metric)
-        else:
-            self.sched.advance()
+            self._plateau_step(metric)
+        self.sched.advance()
+
+    def _plateau_step(self, metric: float | None) -> None:
+        if metric is None:
+            raise ConfigError(
+                "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
+                "or angel.validate.data.path"
+            )
+        self.sched.step(metric)
+
+    def _check_plateau(self, conf: Config) -> None:
+        """The plateau's mode must match the direction of the metric it is fed."""
+        if str(conf["ml.opt.decay.class.name"]).lower() != "reducelronplateau":
+            return
+        metric_name = self._watch_metric(conf)
+        want = "min" if metric_name.endswith(_LOWER_IS_BETTER) else "max"
+        mode = str(conf["ml.opt.decay.mode"] or "min").lower()
+        if mode != want:
+            raise ConfigError(
+                f"ReduceLROnPlateau is fed {metric_name} (ml.early.stop.metric), where "
+                f"{'lower' if want == 'min' else 'higher'} is better, but "
+                f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
+            )
 
     def _bar(self, epoch: int, epochs: int, updates: int) -> Any:
         if self.quiet or not sys.stdout.isatty():
@@ -765,6 +782,10 @@ class GraphLearner:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _is_plateau(sched: Any) -> bool:
+    return getattr(sched, "composable", True) is False and hasattr(sched, "step")
 
 
 def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:

@@ -171,6 +171,14 @@ class TrainWorker:
         out["skipped_lines"] = int(self.read_stats.bad_lines)
         return out
 
+    def dense_digest(self) -> list[float]:
+        """Sum and sum of squares of every worker-side parameter (replicas must agree)."""
+        assert self.model is not None
+        return [
+            float(sum(float(p.double().sum()) for p in self.model.parameters())),
+            float(sum(float(p.double().pow(2).sum()) for p in self.model.parameters())),
+        ]
+
     def dense_param_count(self) -> int:
         """Number of worker-side (dense) parameters of the model."""
         assert self.model is not None
@@ -331,7 +339,8 @@ class TrainWorker:
                 loss = self.model.loss(scores, y)
                 # The loss is divided by the accumulation steps so k micro-batches of b equal one
                 # batch of k·b (seed 002: otherwise the step is k times too large).
-                (loss / self.accum).backward()
+                if loss.requires_grad:  # everything frozen: nothing to differentiate
+                    (loss / self.accum).backward()
                 for t in self.push_tables:
                     g = x.rows[t.name].grad
                     if g is not None:

@@ -256,3 +256,74 @@ def test_resume_without_checkpoint_is_a_config_error(tmp_path):
             learner.train(resume=True)
     finally:
         learner.shutdown()
+
+
+@pytest.mark.slow
+def test_two_workers_keep_identical_dense_replicas(tmp_path):
+    data = _slice("data/census/census_148d_train.dummy", tmp_path / "c.dummy", 4000)
+    learner = _learner(
+        "deepfm_census.properties",
+        tmp_path,
+        **{"angel.train.data.path": data, "ml.epoch.num": 2, "angel.workergroup.number": 2},
+    )
+    try:
+        result = learner.train()
+        digests = ray.get([w.dense_digest.remote() for w in learner._workers])
+    finally:
+        learner.shutdown()
+    assert result.summary["workers"] == 2
+    assert result.summary["global_batch"] == 512
+    # The MLP's gradients are all-reduced at every update: both replicas are the same model.
+    assert digests[0] == digests[1]
+    assert result.summary["valid_auc"] > 0.85
+
+
+def test_plateau_and_early_stopping_on_a_frozen_model(tmp_path):
+    """Nothing trains (every table frozen), so the metric never improves: ReduceLROnPlateau
+    halves the lr after each bad epoch and early stopping ends the run after 2 of them."""
+    data = _slice("data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 600)
+    learner = _learner(
+        "lr_a9a.properties",
+        tmp_path,
+        **{
+            "angel.train.data.path": data,
+            "ml.epoch.num": 10,
+            "ml.freeze.layers": "weight,bias",
+            "ml.learn.rate": 0.1,
+            "ml.opt.decay.class.name": "ReduceLROnPlateau",
+            "ml.opt.decay.patience": 0,
+            "ml.opt.decay.factor": 0.5,
+            "ml.opt.decay.mode": "min",
+            "ml.early.stop.metric": "valid_logloss",
+            "ml.early.stop.patience": 2,
+        },
+    )
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    assert [h["lr"] for h in result.history] == [0.1, 0.1, 0.05]
+    assert result.summary["stopped_early"] is True
+    assert result.summary["epochs"] == 3
+    # All-zero weights: every prediction is 0.5.
+    assert result.summary["valid_logloss"] == pytest.approx(np.log(2), rel=1e-6)
+
+
+def test_plateau_mode_must_match_the_metric(tmp_path):
+    from angelps.config import ConfigError
+
+    data = _slice("data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 300)
+    learner = _learner(
+        "lr_a9a.properties",
+        tmp_path,
+        **{
+            "angel.train.data.path": data,
+            "ml.opt.decay.class.name": "ReduceLROnPlateau",
+            "ml.opt.decay.mode": "min",
+        },
+    )
+    try:
+        with pytest.raises(ConfigError, match="set ml.opt.decay.mode=max"):
+            learner.train()
+    finally:
+        learner.shutdown()
