@@ -323,7 +323,7 @@ def test_plateau_mode_must_match_the_metric(tmp_path):
         },
     )
     try:
-        with pytest.raises(ConfigError, match="set ml.opt.decay.mode=max"):
+        with pytest.raises(ConfigError, match=r"set ml\.opt\.decay\.mode=max"):
             learner.train()
     finally:
         learner.shutdown()
