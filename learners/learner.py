@@ -312,6 +312,7 @@ class GraphLearner:
             "frozen": frozen,
             "dense_optimizer": fc.to_dict(),
             "amp": bool(conf["ml.amp"]),
+            "dense_placement": str(conf["angel.dense.placement"]),
             "device": device,
             "train_rows": train_rows,
             "valid_rows": [s["valid"]["rows"] for s in summaries],
@@ -351,11 +352,13 @@ class GraphLearner:
         for t in self._tables:
             kind = "sparse" if t.sparse else "dense"
             lines.append(
-                f"    {t.name:<16} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
+                f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
                 f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
             )
         dense = setup.get("dense_params", 0)
-        if dense:
+        if dense and setup.get("dense_placement") == "ps":
+            lines.append(f"  dense    {dense} parameters in dense.* tables on the PS")
+        elif dense:
             lines.append(
                 f"  dense    {dense} parameters on the workers ({setup['dense_optimizer']['name']}"
                 + (", all-reduced over gloo)" if w > 1 else ")")
@@ -540,9 +543,6 @@ class GraphLearner:
             )
         if resume and not conf["angel.save.model.path"]:
             raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
-        if conf["angel.dense.placement"] == "ps":
-            # Kept for configuration compatibility; see docs/models.md.
-            pass
 
     def _watch_metric(self, conf: Config) -> str:
         name = str(conf["ml.early.stop.metric"]).lower()
@@ -793,14 +793,15 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
 
     Sparse tables take their role's optimizer (``ml.inputlayer.optimizer`` or
     ``ml.embedding.optimizer``) with ``ml.reg.*``; bias tables the same optimizer without
-    regularisation (Angel never regularises biases).
+    regularisation (Angel never regularises biases). With ``angel.dense.placement=ps`` the MLP's
+    parameters are dense tables with ``ml.fclayer.optimizer``.
     """
     from angelps.table import OptimizerSpec, TableSpec
 
     specs = []
     for d in decls:
         opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
-        if not d.sparse:
+        if not d.sparse and d.name.endswith("bias"):
             opt = OptimizerSpec(**{**opt.to_dict(), "l1": 0.0, "l2": 0.0})
         specs.append(
             TableSpec(
@@ -808,7 +809,7 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
                 rows=int(d.rows),
                 cols=int(d.dim),
                 sparse=bool(d.sparse),
-                init="normal" if d.init_std > 0 else "zeros",
+                init=d.init if d.init_std > 0 else "zeros",
                 init_std=float(d.init_std),
                 seed=int(conf["ml.seed"]) * 1000 + len(specs),
                 optimizer=opt,

@@ -163,6 +163,8 @@ class TableDecl:
     sparse: bool
     role: str
     init_std: float = 0.0
+    #: "normal" (std ``init_std``; zeros when it is 0) or "uniform" (``[-init_std, init_std)``).
+    init: str = "normal"
 
 
 @dataclass

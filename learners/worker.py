@@ -204,6 +204,32 @@ class TrainWorker:
                 for p in module.parameters():
                     p.requires_grad_(False)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # angel.dense.placement=ps: every MLP parameter is a dense PS table (as Angel), pulled
+        # whole before each forward and pushed after each backward; no all-reduce, no
+        # worker-side optimizer. Init U(±1/√fan_in), the scale of torch's nn.Linear default.
+        self.ps_dense: list[tuple[str, nn.Parameter]] = []
+        if setup.get("dense_placement", "worker") == "ps":
+            params = dict(self.model.named_parameters())
+            for pname, p in params.items():
+                # A bias takes the fan-in of its layer's weight (as nn.Linear).
+                w = params.get(pname[: -len("bias")] + "weight") if pname.endswith("bias") else p
+                fan_in = w.shape[1] if w is not None and w.dim() > 1 else p.shape[0]
+                name = "dense." + pname
+                self.tables.append(
+                    TableDecl(
+                        name,
+                        int(p.shape[0]),
+                        int(p[0].numel()) if p.dim() > 1 else 1,
+                        False,
+                        "fclayer",
+                        1.0 / math.sqrt(max(fan_in, 1)),
+                        "uniform",
+                    )
+                )
+                self.ps_dense.append((name, p))
+                if not p.requires_grad:
+                    self.frozen.add(name.lower())
+            trainable = []
         self.opt = dense_optimizer(trainable, setup.get("dense_optimizer", {}))
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
         self.task = self.model.task
@@ -250,6 +276,10 @@ class TrainWorker:
         pulled = self.ps.pull_many(req)
         pull_s = time.perf_counter() - t0
         rows = {}
+        if self.ps_dense:
+            with torch.no_grad():
+                for name, p in self.ps_dense:
+                    p.copy_(torch.from_numpy(np.asarray(pulled[name], dtype=np.float32)).view_as(p))
         for t in self.tables:
             r = torch.from_numpy(np.array(pulled[t.name], dtype=np.float32, copy=True))
             rows[t.name] = r.requires_grad_(
@@ -345,6 +375,11 @@ class TrainWorker:
                     g = x.rows[t.name].grad
                     if g is not None:
                         parts[t.name].append((req[t.name], g.numpy()))
+                for name, p in self.ps_dense:
+                    if p.grad is not None and name in parts:
+                        g = p.grad.detach().reshape(p.shape[0], -1).numpy().copy()
+                        parts[name].append((req[name], g))
+                        p.grad = None
                 stats.compute_s += time.perf_counter() - t0
                 stats.loss_sum += float(loss.detach()) * batch_rows(batch)
                 stats.samples += batch_rows(batch)

@@ -327,3 +327,21 @@ def test_plateau_mode_must_match_the_metric(tmp_path):
             learner.train()
     finally:
         learner.shutdown()
+
+
+@pytest.mark.slow
+def test_dense_layers_on_the_ps(tmp_path):
+    """angel.dense.placement=ps: the MLP lives in dense PS tables and still learns."""
+    data = _slice("data/census/census_148d_train.dummy", tmp_path / "c.dummy", 4000)
+    learner = _learner(
+        "nfm_census.properties",
+        tmp_path,
+        **{"angel.train.data.path": data, "ml.epoch.num": 2, "angel.dense.placement": "ps"},
+    )
+    try:
+        result = learner.train()
+        names = sorted(t.name for t in learner._tables)
+    finally:
+        learner.shutdown()
+    assert "dense.mlp.0.weight" in names and "dense.mlp.0.bias" in names
+    assert result.summary["valid_auc"] > 0.85
