@@ -24,6 +24,7 @@ class LocalPS:
         self.w: dict[str, np.ndarray] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
         self.pushes: list[dict[str, Any]] = []
+        self.clocks = 0
         for s in specs:
             rows = s.rows
             self.w[s.name] = init_rows(s, np.arange(rows, dtype=np.int64))
@@ -34,6 +35,10 @@ class LocalPS:
 
     def pull_many(self, req: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: self.w[name][np.asarray(ids)].copy() for name, ids in req.items()}
+
+    def clock(self) -> None:
+        """End a step without gradients (a skipped update)."""
+        self.clocks += 1
 
     def push_many(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float) -> None:
         self.pushes.append(

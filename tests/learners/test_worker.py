@@ -139,6 +139,7 @@ def test_skipped_update_does_not_advance_the_schedule(tmp_path, local_ps_class):
     assert out["skipped"] == 1 and out["updates"] == 3
     assert sched.count == 3
     assert len(ps.pushes) == 3
+    assert ps.clocks == 1  # the skipped step still ended at the PS (BSP peers do not wait)
     # The three applied updates used lr_at(0), lr_at(1), lr_at(2): nothing was consumed by the skip.
     assert [p["lr"] for p in ps.pushes] == pytest.approx(
         [1 / np.sqrt(2), 1 / np.sqrt(3), 1 / np.sqrt(4)]
