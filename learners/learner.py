@@ -268,6 +268,13 @@ class GraphLearner:
         w = int(conf["angel.workergroup.number"])
         device = conf["angel.worker.device"]
         gpus = 1 if device == "cuda" else 0
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if gpus and have < w:
+            # A worker asking for a GPU the cluster lacks would wait forever: say so now.
+            raise ConfigError(
+                f"angel.worker.device=cuda needs {w} GPU(s) (one per worker) but the Ray cluster "
+                f"has {have:g}; set angel.worker.device=cpu"
+            )
         cls = remote_worker_class(float(conf["angel.worker.cpus"]), gpus)
         base = {"torch_threads": int(conf["angel.worker.torch.threads"])}
         plain = dict(conf.items())
@@ -363,6 +370,12 @@ class GraphLearner:
                 f"  dense    {dense} parameters on the workers ({setup['dense_optimizer']['name']}"
                 + (", all-reduced over gloo)" if w > 1 else ")")
             )
+        if setup.get("amp") and setup.get("device") != "cuda":
+            lines.append(
+                "  amp      ml.amp=true ignored: mixed precision needs angel.worker.device=cuda"
+            )
+        elif setup.get("amp"):
+            lines.append("  amp      fp16 autocast with a dynamic loss scale (starts at 65536)")
         lines += [
             f"  workers  {w}; effective batch = {b} x {w} workers x {k} accum = {b * w * k}",
             f"  updates  {setup['updates_per_epoch']} per epoch x {conf['ml.epoch.num']} epochs "

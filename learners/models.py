@@ -197,11 +197,12 @@ class SparseInput:
         b = int(indptr_t.numel() - 1)
         counts = indptr_t[1:] - indptr_t[:-1]
         sample = torch.repeat_interleave(torch.arange(b, dtype=torch.int64), counts)
+        dev = next(iter(rows.values())).device if rows else torch.device("cpu")
         return SparseInput(
             batch_size=b,
-            sample=sample,
-            slot=torch.as_tensor(slots, dtype=torch.int64),
-            value=torch.as_tensor(values, dtype=torch.float32),
+            sample=sample.to(dev),
+            slot=torch.as_tensor(slots, dtype=torch.int64).to(dev),
+            value=torch.as_tensor(values, dtype=torch.float32).to(dev),
             rows=rows,
             num_fields=num_fields,
         )

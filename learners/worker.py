@@ -195,7 +195,21 @@ class TrainWorker:
         self.clip = float(setup["clip_norm"])
         self.on_batch = bool(setup["decay_on_batch"])
         self.frozen = {s.lower() for s in setup.get("frozen", [])}
+        self.device = torch.device("cpu")
+        if setup.get("device", "cpu") == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    "angel.worker.device=cuda but this worker sees no CUDA device "
+                    "(set angel.worker.device=cpu)"
+                )
+            self.device = torch.device("cuda")
+        # Mixed precision on CUDA only: fp16 autocast with a dynamic loss scale (GradScaler's
+        # rule: halve on a non-finite gradient and skip the update, double after 2000 good ones).
+        self.amp = bool(setup.get("amp", False)) and self.device.type == "cuda"
+        self.loss_scale = 2.0**16 if self.amp else 1.0
+        self.good_steps = 0
         self.model = build_model(self.conf, self.num_features, self.num_fields, seed=self.seed)
+        self.model.to(self.device)
         self.tables = self.model.tables()
         self.dedup = _Dedup(self.num_features)
         # Frozen dense layers keep requires_grad=False: no gradient, no optimizer state.
@@ -279,9 +293,11 @@ class TrainWorker:
         if self.ps_dense:
             with torch.no_grad():
                 for name, p in self.ps_dense:
-                    p.copy_(torch.from_numpy(np.asarray(pulled[name], dtype=np.float32)).view_as(p))
+                    v = torch.from_numpy(np.asarray(pulled[name], dtype=np.float32))
+                    p.copy_(v.view_as(p))
         for t in self.tables:
             r = torch.from_numpy(np.array(pulled[t.name], dtype=np.float32, copy=True))
+            r = r.to(self.device)
             rows[t.name] = r.requires_grad_(
                 t.name.lower() not in self.frozen and torch.is_grad_enabled()
             )
@@ -315,7 +331,7 @@ class TrainWorker:
         if self.task == "binary":
             y = np.asarray(self.data_mod.binary_labels01(y), dtype=np.float32)
         assert self.model is not None
-        return self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y)))
+        return self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y))).to(self.device)
 
     def begin_epoch(self, epoch: int, sched: Any) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
@@ -365,19 +381,20 @@ class TrainWorker:
                 stats.pull_s += pull_s
                 t0 = time.perf_counter()
                 y = self._labels(batch)
-                scores = self.model(x)
-                loss = self.model.loss(scores, y)
+                with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+                    scores = self.model(x)
+                loss = self.model.loss(scores.float(), y)
                 # The loss is divided by the accumulation steps so k micro-batches of b equal one
                 # batch of k·b (seed 002: otherwise the step is k times too large).
                 if loss.requires_grad:  # everything frozen: nothing to differentiate
-                    (loss / self.accum).backward()
+                    (loss * (self.loss_scale / self.accum)).backward()
                 for t in self.push_tables:
                     g = x.rows[t.name].grad
                     if g is not None:
-                        parts[t.name].append((req[t.name], g.numpy()))
+                        parts[t.name].append((req[t.name], self._unscaled(g)))
                 for name, p in self.ps_dense:
                     if p.grad is not None and name in parts:
-                        g = p.grad.detach().reshape(p.shape[0], -1).numpy().copy()
+                        g = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
                         parts[name].append((req[name], g))
                         p.grad = None
                 stats.compute_s += time.perf_counter() - t0
@@ -391,6 +408,9 @@ class TrainWorker:
                 # A non-finite gradient anywhere: no worker pushes, the dense optimizer does not
                 # step and the schedule does not advance (a skipped update is not an update).
                 stats.skipped += 1
+                if self.amp:
+                    self.loss_scale /= 2.0
+                    self.good_steps = 0
                 if self.opt is not None:
                     self.opt.zero_grad(set_to_none=True)
                 # Still end this worker's step at the PS, so BSP peers are not kept waiting.
@@ -407,12 +427,23 @@ class TrainWorker:
                 self.opt.zero_grad(set_to_none=True)
             stats.updates += 1
             stats.last_lr = lr
+            if self.amp:
+                self.good_steps += 1
+                if self.good_steps % 2000 == 0:
+                    self.loss_scale *= 2.0
             if self.on_batch:
                 self.sched.advance()
         stats.elapsed_s = time.perf_counter() - t_start
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
+
+    def _unscaled(self, g: Tensor) -> np.ndarray:
+        """A row gradient as float32 numpy on the host, the loss scale divided out."""
+        g = g.detach().float()
+        if self.loss_scale != 1.0:
+            g = g / self.loss_scale
+        return g.cpu().numpy().copy() if g.is_cuda else g.numpy().copy()
 
     def _push(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float) -> None:
         self.ps.push_many(dict(grads), lr=lr)
@@ -421,10 +452,13 @@ class TrainWorker:
         """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient."""
         assert self.model is not None
         dense = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        if self.loss_scale != 1.0:
+            for p in dense:
+                p.grad.div_(self.loss_scale)
         w = self.num_workers
         if w > 1 and dense:
             flat = torch.cat([p.grad.reshape(-1) for p in dense])
-            dist.all_reduce(flat)
+            flat = _all_reduce(flat)
             flat /= w
             off = 0
             for p in dense:
@@ -471,11 +505,12 @@ class TrainWorker:
             for lo in range(0, n, chunk):
                 b = data.take(np.arange(lo, min(n, lo + chunk)))
                 x, _req, _ = self._input(b)
-                scores = self.model(x)
-                preds.append(self.model.predict(scores).numpy())
+                with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+                    scores = self.model(x).float()
+                preds.append(self.model.predict(scores).cpu().numpy())
                 if self.task == "multiclass":
                     # multiclass metrics need the class probabilities
-                    scores_out.append(torch.softmax(scores, dim=1).numpy())
+                    scores_out.append(torch.softmax(scores, dim=1).cpu().numpy())
                 if has_labels:
                     loss_sum += float(self.model.loss(scores, self._labels(b))) * batch_rows(b)
         self.model.train()
@@ -522,6 +557,8 @@ class TrainWorker:
                         meta.setdefault("scalars", {})[f"{idx}/{name}"] = val
                         keys.append([name, "scalar"])
                 meta["state_keys"][str(idx)] = keys
+        meta["loss_scale"] = self.loss_scale
+        meta["good_steps"] = self.good_steps
         arrays["rng/torch"] = torch.get_rng_state().numpy()
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         buf = io.BytesIO()
@@ -559,10 +596,22 @@ class TrainWorker:
             ]
             self.opt.load_state_dict({"state": state, "param_groups": groups})
         torch.set_rng_state(torch.from_numpy(arrays["rng/torch"].copy()))
+        self.loss_scale = float(meta.get("loss_scale", self.loss_scale))
+        self.good_steps = int(meta.get("good_steps", 0))
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _all_reduce(t: Tensor) -> Tensor:
+    """Sum over workers (gloo works on host tensors; a CUDA tensor makes the round trip)."""
+    if t.is_cuda:
+        host = t.cpu()
+        dist.all_reduce(host)
+        return host.to(t.device)
+    dist.all_reduce(t)
+    return t
 
 
 def batch_rows(batch: Any) -> int:

@@ -219,3 +219,37 @@ def test_merge_rows_sums_duplicates():
     )
     np.testing.assert_array_equal(ids, [1, 3, 7])
     np.testing.assert_array_equal(g[:, 0], [12.0, 1.0, 5.0])
+
+
+def test_loss_scale_is_divided_out(census_256, local_ps_class):
+    """A loss scale (as under AMP) changes nothing but the size of the raw gradients."""
+    plain, ps_plain = _worker(census_256, DEEPFM, {}, local_ps_class, 13)
+    scaled, ps_scaled = _worker(census_256, DEEPFM, {}, local_ps_class, 13)
+    scaled.loss_scale = 1024.0
+    plain.begin_epoch(0, StandardDecay(0.05))
+    scaled.begin_epoch(0, StandardDecay(0.05))
+    plain.run_steps(3, None)
+    scaled.run_steps(3, None)
+    for name in ps_plain.w:
+        np.testing.assert_allclose(ps_scaled.w[name], ps_plain.w[name], rtol=1e-5, atol=1e-7)
+    for p, q in zip(plain.model.parameters(), scaled.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_amp_halves_the_loss_scale_on_a_skipped_update(tmp_path, local_ps_class):
+    path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 128)
+    w, ps = _worker(
+        path,
+        {"ml.inputlayer.optimizer": "SGD"},
+        {"batch_size": 32, "num_features": 123},
+        _PoisonOnce(local_ps_class),
+    )
+    # The dynamic loss-scale rule runs on CPU too (autocast itself is CUDA-only, and off here).
+    w.amp, w.loss_scale = True, 2.0**16
+    w.begin_epoch(0, StandardDecay(1.0, alpha=1.0))
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        out = w.run_steps(4, None)
+    assert out["skipped"] == 1
+    assert w.loss_scale == 2.0**15
+    assert w.good_steps == 2  # reset by the skip, then two good updates
+    assert np.isfinite(ps.w["weight"]).all()
