@@ -70,6 +70,13 @@ KEYS = [
         choices=("cpu", "cuda"),
     ),
     Key(
+        "angel.worker.fused.push.pull",
+        "bool",
+        True,
+        "Send each update's push together with the next batch's pull (one call per shard per "
+        "step); false: a push, then a pull.",
+    ),
+    Key(
         "angel.dense.placement",
         "str",
         "worker",
@@ -320,6 +327,7 @@ class GraphLearner:
             "dense_optimizer": fc.to_dict(),
             "amp": bool(conf["ml.amp"]),
             "dense_placement": str(conf["angel.dense.placement"]),
+            "fused": bool(conf["angel.worker.fused.push.pull"]),
             "device": device,
             "train_rows": train_rows,
             "valid_rows": [s["valid"]["rows"] for s in summaries],

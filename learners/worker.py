@@ -247,6 +247,8 @@ class TrainWorker:
         self.opt = dense_optimizer(trainable, setup.get("dense_optimizer", {}))
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
         self.task = self.model.task
+        # Fused push_pull needs the PS client's push_pull_async (test doubles may lack it).
+        self.fused = bool(setup.get("fused", True))
         torch.manual_seed(self.seed + 7919 * (self.worker_id + 1))
         return self.tables
 
@@ -279,16 +281,17 @@ class TrainWorker:
 
     # --- the step ---------------------------------------------------------------------------
 
-    def _input(self, batch: Any) -> tuple[SparseInput, dict[str, np.ndarray], float]:
-        """Dedup the batch ids, pull their rows, wrap them as leaf tensors."""
+    def _request(self, batch: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Dedup the batch ids: (slot of each id, the rows to pull from every table)."""
         ids = np.asarray(batch.ids, dtype=np.int64)
         uniq, slots = self.dedup(ids)
         req = {
             t.name: (uniq if t.sparse else np.arange(t.rows, dtype=np.int64)) for t in self.tables
         }
-        t0 = time.perf_counter()
-        pulled = self.ps.pull_many(req)
-        pull_s = time.perf_counter() - t0
+        return slots, req
+
+    def _wrap(self, batch: Any, slots: np.ndarray, pulled: Mapping[str, np.ndarray]) -> SparseInput:
+        """The pulled rows as leaf tensors (the worker-side copies of dense PS tables updated)."""
         rows = {}
         if self.ps_dense:
             with torch.no_grad():
@@ -301,14 +304,21 @@ class TrainWorker:
             rows[t.name] = r.requires_grad_(
                 t.name.lower() not in self.frozen and torch.is_grad_enabled()
             )
-        x = SparseInput.from_csr(
+        return SparseInput.from_csr(
             batch.indptr,
             slots,
             np.asarray(batch.values, dtype=np.float32),
             rows,
             self._fields_of(batch),
         )
-        return x, req, pull_s
+
+    def _input(self, batch: Any) -> tuple[SparseInput, dict[str, np.ndarray], float]:
+        """Dedup the batch ids, pull their rows, wrap them as leaf tensors."""
+        slots, req = self._request(batch)
+        t0 = time.perf_counter()
+        pulled = self.ps.pull_many(req)
+        pull_s = time.perf_counter() - t0
+        return self._wrap(batch, slots, pulled), req, pull_s
 
     def _fields_of(self, batch: Any) -> int | None:
         f = self.num_fields
@@ -357,28 +367,26 @@ class TrainWorker:
         stats = StepStats()
         t_start = time.perf_counter()
         self.model.train()
-        for _ in range(n_updates):
+        # The next update's first micro-batch, prepared while this update's push is in
+        # flight: one fused push_pull call per shard per step instead of a push and a pull.
+        pending: tuple[Any, np.ndarray, dict[str, np.ndarray], Any] | None = None
+        for u in range(n_updates):
             lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
             parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
                 t.name: [] for t in self.push_tables
             }
             for _m in range(self.accum):
-                batch = next(self._iter, None)
-                if batch is None:
-                    # This worker's part ran short of the common step count; start it over so
-                    # that every worker pushes once per step (BSP).
-                    self._iter = iter(
-                        self.data_mod.iter_minibatches(
-                            self.train,
-                            self.batch_size,
-                            shuffle=True,
-                            seed=self.seed,
-                            epoch=self._epoch + 100_000,
-                        )
-                    )
-                    batch = next(self._iter)
-                x, req, pull_s = self._input(batch)
-                stats.pull_s += pull_s
+                t0 = time.perf_counter()
+                if pending is not None:
+                    batch, slots, req, fut = pending
+                    pending = None
+                    pulled = fut.result()
+                    stats.wait_s += time.perf_counter() - t0
+                    x = self._wrap(batch, slots, pulled)
+                else:
+                    batch = self._next_batch()
+                    x, req, pull_s = self._input(batch)
+                    stats.pull_s += pull_s
                 t0 = time.perf_counter()
                 y = self._labels(batch)
                 with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
@@ -418,7 +426,16 @@ class TrainWorker:
                 continue
             scale = coef / self.num_workers
             t0 = time.perf_counter()
-            self._push({k: (ids, g * scale) for k, (ids, g) in grads.items()}, lr)
+            update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
+            if u + 1 < n_updates and self.fused:
+                # Ray runs one caller's calls to an actor in order, so the rows returned are
+                # those after this push (and, under BSP, after every worker's push).
+                nb = self._next_batch()
+                n_slots, n_req = self._request(nb)
+                fut = self.ps.push_pull_async(update, lr, n_req)
+                pending = (nb, n_slots, n_req, fut)
+            else:
+                self._push(update, lr)
             stats.push_s += time.perf_counter() - t0
             if self.opt is not None:
                 for group in self.opt.param_groups:
@@ -437,6 +454,23 @@ class TrainWorker:
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
+
+    def _next_batch(self) -> Any:
+        batch = next(self._iter, None)
+        if batch is None:
+            # This worker's part ran short of the common step count; start it over so that
+            # every worker pushes once per step (BSP).
+            self._iter = iter(
+                self.data_mod.iter_minibatches(
+                    self.train,
+                    self.batch_size,
+                    shuffle=True,
+                    seed=self.seed,
+                    epoch=self._epoch + 100_000,
+                )
+            )
+            batch = next(self._iter)
+        return batch
 
     def _unscaled(self, g: Tensor) -> np.ndarray:
         """A row gradient as float32 numpy on the host, the loss scale divided out."""

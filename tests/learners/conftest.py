@@ -55,6 +55,23 @@ class LocalPS:
                 self.state[name][k][ids] = v
 
 
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def _push_pull_async(self: LocalPS, updates: Any, lr: float, requests: Any) -> _Done:
+    """Fused step: apply the push, then return the rows the next step needs."""
+    self.push_many(updates, lr)
+    return _Done(self.pull_many(requests))
+
+
+LocalPS.push_pull_async = _push_pull_async  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def local_ps_class() -> type[LocalPS]:
     return LocalPS
