@@ -654,7 +654,8 @@ class GraphLearner:
             "learner": {
                 "epoch": epoch,
                 "next_epoch": epoch + 1,
-                "scheduler": self.sched.state_dict(),
+                "scheduler": self.sched.state_dict() if self.sched is not None else None,
+                "dense_placement": self._setup.get("dense_placement", "worker"),
                 "history": _jsonable(history),
                 "best": best,
                 "since_best": since_best,
@@ -744,6 +745,8 @@ class GraphLearner:
             "decay_on_batch": False,
             "frozen": [],
             "model": info["model"],
+            "dense_placement": info.get("dense_placement", "worker"),
+            "fused": False,
         }
         self._setup = setup
         self._decls = ray.get(self._workers[0].setup_model.remote(setup))

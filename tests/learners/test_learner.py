@@ -28,6 +28,7 @@ def local_ray(tmp_path_factory):
 def _learner(conf: str, tmp_path: Path, **overrides) -> GraphLearner:
     sets = {
         "angel.log.path": str(tmp_path / "log"),
+        "angel.save.model.path": str(tmp_path / "model"),
         "angel.job.name": f"t{abs(hash((conf, str(tmp_path)))) % 10**8}",
         **overrides,
     }
