@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["ParamError", "StepSizeScheduler"]
@@ -63,10 +63,14 @@ class StepSizeScheduler:
     #: they take ``step(metric)`` and cannot be children of a sequence or chain.
     composable: bool = True
 
+    #: Values computed ahead by ``next()`` (``lr_at`` is pure, so a block of future values is a
+    #: cache, not state); 1 disables it (LambdaLR: the user's function is called lazily).
+    _block_size: int = 256
+
     def __init__(self, lr: float) -> None:
         _check_float(self, "lr", lr, lr >= 0 if _is_real(lr) else False, "a finite number >= 0")
         self.lr = float(lr)
-        self._count = 0
+        self._restart(0)
 
     # --- the pure function ---------------------------------------------------------------------
 
@@ -81,6 +85,11 @@ class StepSizeScheduler:
     def _lr(self, k: int) -> float:
         raise NotImplementedError
 
+    def _block(self, k0: int, n: int) -> list[float]:
+        """``[_lr(k) for k in range(k0, k0 + n)]``; subclasses compute it faster, bit-identical."""
+        lr = self._lr
+        return [lr(k) for k in range(k0, k0 + n)]
+
     def _momentum(self, k: int) -> float | None:
         return None
 
@@ -93,14 +102,66 @@ class StepSizeScheduler:
     @property
     def count(self) -> int:
         """Number of updates already made (= calls of ``next()``/``advance()``)."""
-        return self._count
+        return self._b0 + self._blen - self._it.__length_hint__()
+
+    # The count is kept by the value generator behind next(): the start of the current block
+    # plus how much of it has been consumed. Setting it restarts the generator there.
+    @property
+    def _count(self) -> int:
+        return self._b0 + self._blen - self._it.__length_hint__()
+
+    @_count.setter
+    def _count(self, k: int) -> None:
+        self._restart(k)
+
+    def _restart(self, k: int) -> None:
+        self._b0, self._blen = k, 0
+        self._it: Iterator[float] = iter(())
+        # next() is the C-level __next__ of a generator over blocks of precomputed values: the
+        # cheapest call Python has (the per-update overhead is what bench/decay_overhead.py
+        # measures against torch's scheduler.step()).
+        self.next = self._values(k).__next__  # type: ignore[method-assign]
+
+    def _values(self, k: int) -> Iterator[float]:
+        # Blocks are computed by the same expressions as _lr, so next() == lr_at(count) exactly
+        # (tests check it). Where computing ahead fails (a growing schedule overflows further
+        # on), one value at a time, which raises at the right update.
+        while True:
+            buf: list[float] | None = None
+            if self._block_size > 1:
+                try:
+                    buf = self._block(k, self._block_size)
+                except (ValueError, ArithmeticError):
+                    buf = None
+                if buf is not None and not (buf and all(map(math.isfinite, buf))):
+                    buf = None
+            if buf is None:
+                try:
+                    buf = [self._lr(k)]
+                except BaseException:
+                    self._restart(k)  # this generator ends; the count stays at k
+                    raise
+            it = iter(buf)
+            self._b0, self._blen, self._it = k, len(buf), it
+            yield from it
+            k += len(buf)
 
     def next(self) -> float:
-        """Return the step size of the next update and advance the count (Angel's ``next()``)."""
+        """Return the step size of the next update and advance the count (Angel's ``next()``).
+
+        (Replaced per instance by a generator's ``__next__``; this body is never used.)"""
         k = self._count
-        value = self._lr(k)
         self._count = k + 1
-        return value
+        return self._lr(k)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("next", "_it")}
+        state["_b0"], state["_blen"] = self._count, 0
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._restart(state["_b0"])
 
     def peek(self) -> float:
         """The step size of the next update, without advancing."""

@@ -57,6 +57,12 @@ class StepLR(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         return self.lr * _pow(self, k, self.gamma, k // self.step_size)
 
+    def _block(self, k0: int, n: int) -> list[float]:
+        if self.gamma > 1:  # may overflow: one value at a time, with its error
+            return super()._block(k0, n)
+        lr, g, s = self.lr, self.gamma, self.step_size
+        return [lr * g ** (k // s) for k in range(k0, k0 + n)]
+
 
 def _milestones(owner: Any, param: str, value: Any, low: int) -> list[int]:
     valid = f"a strictly increasing list of integers >= {low}"
@@ -84,6 +90,12 @@ class MultiStepLR(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         return self.lr * _pow(self, k, self.gamma, bisect_right(self.milestones, k))
 
+    def _block(self, k0: int, n: int) -> list[float]:
+        if self.gamma > 1:
+            return super()._block(k0, n)
+        lr, g, m = self.lr, self.gamma, self.milestones
+        return [lr * g ** bisect_right(m, k) for k in range(k0, k0 + n)]
+
 
 class ConstantLR(StepSizeScheduler):
     """``lr_at(k) = b · factor`` for k < total_iters, then ``b`` (torch ``ConstantLR``).
@@ -101,6 +113,10 @@ class ConstantLR(StepSizeScheduler):
 
     def _lr(self, k: int) -> float:
         return self.lr * (self.factor + (k >= self.total_iters) * (1 - self.factor))
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        lr, f, t = self.lr, self.factor, self.total_iters
+        return [lr * (f + (k >= t) * (1 - f)) for k in range(k0, k0 + n)]
 
 
 class LinearLR(StepSizeScheduler):
@@ -135,6 +151,13 @@ class LinearLR(StepSizeScheduler):
         s, e, t = self.start_factor, self.end_factor, self.total_iters
         return self.lr * (s + (e - s) * min(t, k) / t)
 
+    def _block(self, k0: int, n: int) -> list[float]:
+        lr, s, e, t, end = self.lr, self.start_factor, self.end_factor, self.total_iters, k0 + n
+        mid = min(end, max(k0, t))
+        return [lr * (s + (e - s) * k / t) for k in range(k0, mid)] + [
+            lr * (s + (e - s) * t / t)
+        ] * (end - mid)
+
 
 class ExponentialLR(StepSizeScheduler):
     """``lr_at(k) = b · gamma^k`` (torch ``ExponentialLR``; gamma is required)."""
@@ -147,6 +170,12 @@ class ExponentialLR(StepSizeScheduler):
 
     def _lr(self, k: int) -> float:
         return self.lr * _pow(self, k, self.gamma, k)
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        if self.gamma > 1:
+            return super()._block(k0, n)
+        lr, g = self.lr, self.gamma
+        return [lr * g**k for k in range(k0, k0 + n)]
 
 
 class PolynomialLR(StepSizeScheduler):
@@ -163,6 +192,13 @@ class PolynomialLR(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         t = self.total_iters
         return self.lr * (1.0 - min(t, k) / t) ** self.power
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        lr, t, p, end = self.lr, self.total_iters, self.power, k0 + n
+        mid = min(end, max(k0, t))  # min(t, k) is k before t, t from there on
+        return [lr * (1.0 - k / t) ** p for k in range(k0, mid)] + [lr * (1.0 - t / t) ** p] * (
+            end - mid
+        )
 
 
 class CosineAnnealingLR(StepSizeScheduler):
@@ -181,6 +217,11 @@ class CosineAnnealingLR(StepSizeScheduler):
         return (
             self.eta_min + (self.lr - self.eta_min) * (1 + math.cos(math.pi * k / self.t_max)) / 2
         )
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        lo, lr, t, cos, pi = self.eta_min, self.lr, self.t_max, math.cos, math.pi
+        span = lr - lo  # hoisted: the same value every time
+        return [lo + span * (1 + cos(pi * k / t)) / 2 for k in range(k0, k0 + n)]
 
 
 class CosineAnnealingWarmRestarts(StepSizeScheduler):
@@ -213,6 +254,19 @@ class CosineAnnealingWarmRestarts(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         t_cur, t_i = self._position(k)
         return self.eta_min + (self.lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        out: list[float] = []
+        lo, lr, cos, pi = self.eta_min, self.lr, math.cos, math.pi
+        k, end = k0, k0 + n
+        while k < end:
+            t_cur, t_i = self._position(k)
+            stop = min(end, k + t_i - t_cur)
+            c0 = t_cur
+            span = lr - lo
+            out += [lo + span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
+            k = stop
+        return out
 
 
 class CyclicLR(StepSizeScheduler):
@@ -314,6 +368,26 @@ class CyclicLR(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         sf, scale = self._factor(k)
         return _finite(self, k, self.base_lr + (self.max_lr - self.base_lr) * sf * scale)
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        if self.scale_fn is not None or (self.mode == "exp_range" and self.gamma > 1):
+            return super()._block(k0, n)
+        # _lr inlined (same expressions): no method calls per value.
+        total, ratio, base, top = self._total, self._ratio, self.base_lr, self.max_lr
+        mode, gamma, floor = self.mode, self.gamma, math.floor
+        out = []
+        for k in range(k0, k0 + n):
+            cycle = floor(1 + k / total)
+            x = 1.0 + k / total - cycle
+            sf = x / ratio if x <= ratio else (x - 1) / (ratio - 1)
+            if mode == "triangular":
+                scale = 1.0
+            elif mode == "triangular2":
+                scale = 1 / 2.0 ** (cycle - 1)
+            else:
+                scale = gamma**k
+            out.append(base + (top - base) * sf * scale)
+        return out
 
     def _momentum(self, k: int) -> float | None:
         if not self.cycle_momentum:
@@ -433,6 +507,33 @@ class OneCycleLR(StepSizeScheduler):
         ph = self._phases[i]
         return self._anneal(ph[1], ph[2], pct)
 
+    def _block(self, k0: int, n: int) -> list[float]:
+        # _lr inlined phase by phase (same expressions): no method calls per value.
+        last_step = self.total_steps - 1
+        end = k0 + n
+        mid = min(end, max(k0, last_step))  # steps are clamped to total_steps - 1
+        out: list[float] = []
+        cos, pi = math.cos, math.pi
+        cosine = self.anneal_strategy == "cos"
+        k = k0
+        while k < mid:
+            _, i = self._phase(k)
+            ph = self._phases[i]
+            start = 0.0 if i == 0 else self._phases[i - 1][0]
+            stop = mid if i == len(self._phases) - 1 else min(mid, math.floor(ph[0]) + 1)
+            e, a, b = ph[0], ph[1], ph[2]
+            if cosine:
+                out += [
+                    b + (a - b) / 2.0 * (cos(pi * ((s - start) / (e - start))) + 1)
+                    for s in range(k, stop)
+                ]
+            else:
+                out += [(b - a) * ((s - start) / (e - start)) + a for s in range(k, stop)]
+            k = stop
+        if end > mid:
+            out += [self._lr(last_step)] * (end - mid)
+        return out
+
     def _momentum(self, k: int) -> float | None:
         if not self.cycle_momentum:
             return None
@@ -443,6 +544,8 @@ class OneCycleLR(StepSizeScheduler):
 
 class LambdaLR(StepSizeScheduler):
     """``lr_at(k) = b · fn(k)`` (torch ``LambdaLR``; Python API only, ``fn`` is not saved)."""
+
+    _block_size = 1  # call the user's function lazily, once per update
 
     def __init__(self, lr: float, fn: Callable[[int], float]) -> None:
         super().__init__(lr)
@@ -457,6 +560,8 @@ class LambdaLR(StepSizeScheduler):
 class MultiplicativeLR(StepSizeScheduler):
     """``lr_at(0) = b``, ``lr_at(k) = lr_at(k−1) · fn(k)`` (torch ``MultiplicativeLR``; Python API
     only). Computed as the same running product as torch, cached for sequential access."""
+
+    _block_size = 1
 
     def __init__(self, lr: float, fn: Callable[[int], float]) -> None:
         super().__init__(lr)
@@ -569,11 +674,13 @@ class ReduceLROnPlateau(StepSizeScheduler):
             old = self._lrs[-1]
             new = max(old * self.factor, self.min_lr)
             if old - new > self.eps:
-                if self._at[-1] == self._count:
+                count = self._count
+                if self._at[-1] == count:
                     self._lrs[-1] = new
                 else:
-                    self._at.append(self._count)
+                    self._at.append(count)
                     self._lrs.append(new)
+                self._restart(count)  # drop the values next() computed ahead with the old lr
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
         return self._lrs[-1]
@@ -582,6 +689,11 @@ class ReduceLROnPlateau(StepSizeScheduler):
         if k >= self._at[-1]:
             return self._lrs[-1]
         return self._lrs[bisect_right(self._at, k) - 1]
+
+    def _block(self, k0: int, n: int) -> list[float]:
+        if k0 >= self._at[-1]:
+            return [self._lrs[-1]] * n  # until the next reduction, which restarts next()
+        return super()._block(k0, n)
 
     def state_dict(self) -> dict[str, Any]:
         """The count, the plateau counters and the reductions ([update, lr] pairs)."""

@@ -236,3 +236,94 @@ def test_schedule_counts_optimizer_updates_not_micro_batches() -> None:
         if micro % 4 == 0:
             s.next()
     assert s.count == per_epoch and s.peek() == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CONFS if n != "ReduceLROnPlateau"))
+def test_next_equals_lr_at_bit_for_bit(name: str) -> None:
+    # next() computes blocks of values ahead; they must be lr_at's numbers exactly, from any start.
+    for start in (0, 3, 97, 1000):
+        s = build(name)
+        s.load_state_dict({"count": start})
+        got = [s.next() for _ in range(700)]
+        fresh = build(name)
+        assert got == [fresh.lr_at(k) for k in range(start, start + 700)], start
+
+
+BLOCKY = st.one_of(
+    st.builds(
+        lambda t, p, c, th, d: decay.OneCycleLR(
+            1.0, t, pct_start=p, anneal_strategy=c, three_phase=th, div_factor=d
+        ),
+        st.integers(2, 400),
+        st.floats(0.05, 0.95),
+        st.sampled_from(["cos", "linear"]),
+        st.booleans(),
+        st.floats(1, 50),
+    ),
+    st.builds(lambda t, p: decay.PolynomialLR(0.3, t, p), st.integers(1, 600), st.floats(0.0, 3.0)),
+    st.builds(
+        lambda s, e, t: decay.LinearLR(0.3, s, e, t),
+        st.floats(0.01, 1),
+        st.floats(0, 1),
+        st.integers(1, 600),
+    ),
+    st.builds(
+        lambda w, s, d, r, kind: decay.WarmupStableDecay(
+            2.0, warmup_steps=w, stable_steps=s, decay_steps=d, min_lr_ratio=r, decay_type=kind
+        ),
+        st.integers(0, 300),
+        st.integers(0, 300),
+        st.integers(1, 300),
+        st.floats(0, 1),
+        st.sampled_from(["cosine", "linear", "sqrt"]),
+    ),
+    st.builds(
+        lambda w, d, r: decay.WarmupCosine(2.0, warmup_steps=w, decay_steps=d, min_lr_ratio=r),
+        st.integers(0, 300),
+        st.integers(1, 300),
+        st.floats(0, 1),
+    ),
+    st.builds(
+        lambda w, d, r: decay.WarmupLinear(2.0, warmup_steps=w, decay_steps=d, min_lr_ratio=r),
+        st.integers(0, 300),
+        st.integers(1, 300),
+        st.floats(0, 1),
+    ),
+    st.builds(
+        lambda w, d, a, r: decay.Rex(
+            2.0, warmup_steps=w, decay_steps=d, rex_alpha=a, min_lr_ratio=r
+        ),
+        st.integers(0, 300),
+        st.integers(1, 300),
+        st.floats(0.2, 3),
+        st.sampled_from([0.0, 0.1, 0.7]),
+    ),
+    st.builds(
+        lambda w, t, r: decay.InverseSqrt(2.0, warmup_steps=w, timescale=t, min_lr_ratio=r),
+        st.integers(0, 300),
+        st.floats(1, 1e4),
+        st.sampled_from([0.0, 0.3]),
+    ),
+    st.builds(
+        lambda t0, m: decay.CosineAnnealingWarmRestarts(1.0, t0, m),
+        st.integers(1, 100),
+        st.integers(1, 3),
+    ),
+    st.builds(lambda i, a: decay.WarmRestarts(1.0, a, i), st.integers(1, 100), st.floats(0, 1)),
+    st.builds(
+        lambda up, down, mode: decay.CyclicLR(
+            0.1, 1.0, step_size_up=up, step_size_down=down, mode=mode, gamma=0.999
+        ),
+        st.integers(1, 200),
+        st.integers(1, 200),
+        st.sampled_from(["triangular", "triangular2", "exp_range"]),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(s=BLOCKY, start=st.integers(0, 700))
+def test_blocks_equal_lr_at_for_drawn_parameters(s: decay.StepSizeScheduler, start: int) -> None:
+    s.advance(start)
+    got = [s.next() for _ in range(600)]
+    assert got == [s.lr_at(k) for k in range(start, start + 600)]
