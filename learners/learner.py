@@ -562,6 +562,14 @@ class GraphLearner:
                 f"angel.train.data.path={conf['angel.train.data.path']} "
                 f"({conf.source('angel.train.data.path')}) does not exist"
             )
+        from learners.models import model_class
+
+        cls = model_class(str(conf["ml.model.class.name"]))  # unknown names fail here, first
+        if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
+            raise ConfigError(
+                f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
+                "in every sample; census: 13)"
+            )
         if resume and not conf["angel.save.model.path"]:
             raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
 

@@ -346,3 +346,22 @@ def test_dense_layers_on_the_ps(tmp_path):
         learner.shutdown()
     assert "dense.mlp.0.weight" in names and "dense.mlp.0.bias" in names
     assert result.summary["valid_auc"] > 0.85
+
+
+def test_bad_model_name_fails_before_any_actor(tmp_path, capsys):
+    """The CLI maps it to exit code 2 with the valid names, closest first."""
+    from angelps.cli import main
+
+    code = main(
+        [
+            "train",
+            "--conf",
+            str(ROOT / "conf" / "lr_a9a.properties"),
+            "--set",
+            "ml.model.class.name=DeepFMM",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "ml.model.class.name=DeepFMM is not a known model" in err
+    assert "closest first): DeepFM," in err
