@@ -378,6 +378,8 @@ class PSClient:
         state = self.__dict__.copy()
         state["_inflight"] = []
         state["_owner"] = False
+        if self._log is not None:  # the log belongs to this process's pushes
+            state["_log"] = [collections.deque() for _ in self.handles]
         return state
 
     # --- plumbing ------------------------------------------------------------------------------

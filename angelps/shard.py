@@ -75,7 +75,9 @@ def all_finite(a: np.ndarray) -> bool:
     element by element."""
     if a.size == 0:
         return True
-    if np.isfinite(a.sum(dtype=np.float64)):
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = a.sum(dtype=np.float64)
+    if np.isfinite(total):
         return True
     return bool(np.isfinite(a).all())
 

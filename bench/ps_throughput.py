@@ -30,10 +30,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from angelps.client import PSClient, _Routed  # noqa: E402
-from angelps.partition import Partitioner  # noqa: E402
-from angelps.shard import ParameterShard, segment_sum  # noqa: E402
-from angelps.table import OptimizerSpec, TableSpec  # noqa: E402
+from angelps.client import PSClient, _Routed
+from angelps.partition import Partitioner
+from angelps.shard import ParameterShard, segment_sum
+from angelps.table import OptimizerSpec, TableSpec
 
 
 class InProcessPS:
@@ -80,15 +80,23 @@ class _FakeCall:
         self.shard = shard
 
 
-def _time(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    fn()
-    times = []
+def _paired(
+    ray_fn: Callable[[], Any], local_fn: Callable[[], Any], reps: int
+) -> tuple[float, float]:
+    """Median seconds of ``ray_fn`` and ``local_fn``, timed alternately so that both see the
+    same background load (this machine's 2 cores are shared); two warm-up calls each."""
+    for _ in range(2):
+        ray_fn()
+        local_fn()
+    t_ray, t_local = [], []
     for _ in range(reps):
         t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        ray_fn()
+        t_ray.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        local_fn()
+        t_local.append(time.perf_counter() - t)
+    return statistics.median(t_ray), statistics.median(t_local)
 
 
 def bench_sparse(
@@ -117,14 +125,20 @@ def bench_sparse(
                     rng.shuffle(keys)
                     grads = rng.standard_normal((k, width)).astype(np.float32) * 1e-3
 
-                    def ray_push() -> None:
+                    def ray_push(client=client, spec=spec, keys=keys, grads=grads) -> None:
                         client.push(spec.name, keys, grads, 0.01)
                         client.flush()
 
-                    t_pull = _time(lambda: client.pull(spec.name, keys), reps)
-                    t_push = _time(ray_push, reps)
-                    l_pull = _time(lambda: local.pull(spec.name, keys), reps)
-                    l_push = _time(lambda: local.push(spec.name, keys, grads, 0.01), reps)
+                    t_pull, l_pull = _paired(
+                        lambda c=client, n=spec.name, k=keys: c.pull(n, k),
+                        lambda c=local, n=spec.name, k=keys: c.pull(n, k),
+                        reps,
+                    )
+                    t_push, l_push = _paired(
+                        ray_push,
+                        lambda c=local, n=spec.name, k=keys, g=grads: c.push(n, k, g, 0.01),
+                        reps,
+                    )
                     row = {
                         "kind": "sparse",
                         "shards": n_shards,
@@ -167,17 +181,19 @@ def bench_dense(rows_list: list[int], shards_list: list[int], reps: int) -> list
             nbytes = n_rows * width * 4
             try:
 
-                def ray_push() -> None:
+                def ray_push(client=client, keys=keys, grads=grads) -> None:
                     client.push("d", keys, grads, 0.01)
                     client.flush()
 
-                t_pull = _time(lambda: client.pull_dense("d"), reps)
-                t_push = _time(ray_push, reps)
-                l_pull = _time(lambda: local.pull_dense("d"), reps)
-                l_push = _time(lambda: local.push("d", keys, grads, 0.01), reps)
+                t_pull, l_pull = _paired(
+                    lambda c=client: c.pull_dense("d"), lambda c=local: c.pull_dense("d"), reps
+                )
+                t_push, l_push = _paired(
+                    ray_push, lambda c=local, k=keys, g=grads: c.push("d", k, g, 0.01), reps
+                )
                 # The raw memory ceiling: a plain copy of the same bytes.
                 src = np.zeros((n_rows, width), np.float32)
-                t_copy = _time(lambda: src.copy(), reps)
+                _, t_copy = _paired(lambda: None, lambda s=src: s.copy(), reps)
             finally:
                 client.shutdown()
             row = {
@@ -206,6 +222,37 @@ def bench_dense(rows_list: list[int], shards_list: list[int], reps: int) -> list
     return out
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The tables of docs/benchmarks-ps.md from a result JSON."""
+    lines = [
+        "| shards | width | keys/call | pull Mkeys/s (Ray) | in-process | ratio "
+        "| push Mkeys/s (Ray) | in-process | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["sparse"]:
+        lines.append(
+            f"| {r['shards']} | {r['width']} | {r['keys']:,} "
+            f"| {r['ray_pull_keys_per_s'] / 1e6:.2f} | {r['inproc_pull_keys_per_s'] / 1e6:.2f} "
+            f"| {r['pull_ratio']:.0%} "
+            f"| {r['ray_push_keys_per_s'] / 1e6:.2f} | {r['inproc_push_keys_per_s'] / 1e6:.2f} "
+            f"| {r['push_ratio']:.0%} |"
+        )
+    lines += [
+        "",
+        "| shards | rows x 16 | MiB | pull GB/s (Ray) | in-process | ratio | push GB/s (Ray) "
+        "| in-process | ratio | memcpy GB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["dense"]:
+        lines.append(
+            f"| {r['shards']} | {r['rows']:,} | {r['bytes'] / 2**20:.0f} "
+            f"| {r['ray_pull_GBps']:.2f} | {r['inproc_pull_GBps']:.2f} | {r['pull_ratio']:.0%} "
+            f"| {r['ray_push_GBps']:.2f} | {r['inproc_push_GBps']:.2f} | {r['push_ratio']:.0%} "
+            f"| {r['memcpy_GBps']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--keys", type=int, nargs="+", default=[1024, 8192, 65536, 262144])
@@ -215,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="keys 8192 65536, widths 8, shards 1 2")
     p.add_argument("--out", default="bench/results/ps_throughput.json")
+    p.add_argument("--markdown", metavar="JSON", help="print the tables of a result file and exit")
     args = p.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown, encoding="utf-8") as f:
+            sys.stdout.write(markdown(json.load(f)))
+        return 0
     if args.quick:
         args.keys, args.widths, args.shards, args.dense_rows = [8192, 65536], [8], [1, 2], [65536]
 
