@@ -133,7 +133,9 @@ class StepSizeScheduler:
                     buf = self._block(k, self._block_size)
                 except (ValueError, ArithmeticError):
                     buf = None
-                if buf is not None and not (buf and all(map(math.isfinite, buf))):
+                # One C-level sum catches any inf or NaN (an overflowing sum of finite values
+                # only sends this block down the slow, exact path).
+                if buf is not None and not (buf and math.isfinite(sum(buf))):
                     buf = None
             if buf is None:
                 try:

@@ -221,6 +221,8 @@ class CosineAnnealingLR(StepSizeScheduler):
     def _block(self, k0: int, n: int) -> list[float]:
         lo, lr, t, cos, pi = self.eta_min, self.lr, self.t_max, math.cos, math.pi
         span = lr - lo  # hoisted: the same value every time
+        if lo == 0.0:  # 0.0 + x is x for the x >= 0 here
+            return [span * (1 + cos(pi * k / t)) / 2 for k in range(k0, k0 + n)]
         return [lo + span * (1 + cos(pi * k / t)) / 2 for k in range(k0, k0 + n)]
 
 
@@ -264,7 +266,10 @@ class CosineAnnealingWarmRestarts(StepSizeScheduler):
             stop = min(end, k + t_i - t_cur)
             c0 = t_cur
             span = lr - lo
-            out += [lo + span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
+            if lo == 0.0:  # 0.0 + x is x for the x >= 0 here
+                out += [span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
+            else:
+                out += [lo + span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
             k = stop
         return out
 

@@ -288,6 +288,18 @@ class Rex(_Warmed):
         tail_values = [lr * max(r, (1 - 1.0) ** a)] * tail
         if r == 0.0:  # max(0.0, x) is x for the x >= 0 here
             return [lr * (1 - s / d) ** a for s in steps] + tail_values
+        if a == 1.0:
+            # x ** 1.0 is x, and 1 - s/d falls monotonically: split where it drops below r.
+            lo, hi = steps.start, steps.stop  # the first s with 1 - s/d < r lies in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if 1 - mid / d < r:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            cut = lo
+            head = [lr * (1 - s / d) for s in range(steps.start, cut)]
+            return head + [lr * r] * (steps.stop - cut) + tail_values
         return [lr * max(r, (1 - s / d) ** a) for s in steps] + tail_values
 
 
