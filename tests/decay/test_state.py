@@ -295,7 +295,7 @@ BLOCKY = st.one_of(
         ),
         st.integers(0, 300),
         st.integers(1, 300),
-        st.floats(0.2, 3),
+        st.one_of(st.just(1.0), st.floats(0.2, 3)),
         st.sampled_from([0.0, 0.1, 0.7]),
     ),
     st.builds(
