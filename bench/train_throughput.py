@@ -424,6 +424,118 @@ def print_table(results: list[dict[str, Any]]) -> str:
     return text
 
 
+def _ok(r: dict[str, Any]) -> bool:
+    return "error" not in r and not math.isnan(r.get("steady_samples_per_s", math.nan))
+
+
+def _fmt_sps(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x / 1000:,.0f}k"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results as the Markdown tables of docs/benchmarks-train.md."""
+    results = [r for r in report["results"] if _ok(r)]
+    failed = [r for r in report["results"] if not _ok(r)]
+    out: list[str] = []
+    m = report["machine"]
+    out.append(
+        f"Machine: {m['cpus']} CPUs ({m['cpu']}), {m['mem_mib'] / 1024:.0f} GiB, "
+        f"{'GPU' if m['gpu'] else 'no GPU'}; Python {m['python']}, torch {m['torch']}, "
+        f"Ray {m['ray']}. Started {report['started']}; load average "
+        f"{report['load_before'][0]:.1f} before, {report.get('load_after', [math.nan])[0]:.1f} after "
+        f"(per run: {min(r['load_at_start'] for r in report['results']):.1f} to "
+        f"{max(r['load_at_start'] for r in report['results']):.1f})."
+    )
+
+    def find(**kw: Any) -> dict[str, Any] | None:
+        for r in results:
+            if all(r["case"].get(k) == v for k, v in kw.items()):
+                return r
+        return None
+
+    systems = [*BASELINE_SYSTEMS, *ANGELPS]
+    for model in ("FM", "DeepFM"):
+        rows = [
+            r for r in results if r["case"]["suite"] == "census" and r["case"]["model"] == model
+        ]
+        if not rows:
+            continue
+        batches = sorted({r["case"]["batch"] for r in rows})
+        out.append(f"\n### census, {model}: steady-state samples/s (ratio to plain PyTorch)\n")
+        out.append("| system | " + " | ".join(f"B={b}" for b in batches) + " |")
+        out.append("|---|" + "---:|" * len(batches))
+        for sysname in systems:
+            cells = []
+            for b in batches:
+                r = find(suite="census", model=model, batch=b, system=sysname)
+                base = find(suite="census", model=model, batch=b, system="torch")
+                if r is None:
+                    cells.append("")
+                    continue
+                ratio = (
+                    f" ({r['steady_samples_per_s'] / base['steady_samples_per_s']:.2f})"
+                    if base
+                    else ""
+                )
+                cells.append(_fmt_sps(r["steady_samples_per_s"]) + ratio)
+            if any(cells):
+                out.append(f"| {sysname} | " + " | ".join(cells) + " |")
+        out.append(
+            f"\n### census, {model}: validation AUC after the last epoch; training seconds "
+            "to 0.99 of the best AUC; start-up seconds\n"
+        )
+        out.append("| system | batch | epochs | AUC | best | s to 0.99·best | start-up s |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            ttt = r.get("train_s_to_target")
+            out.append(
+                f"| {r['case']['system']} | {r['case']['batch']} | {len(r['epochs'])} | "
+                f"{r['final_auc']:.4f} | {r['best_auc']:.4f} | "
+                f"{'-' if ttt is None else format(ttt, '.2f')} | {r.get('startup_s', math.nan):.1f} |"
+            )
+    syn = [r for r in results if r["case"]["suite"] == "synthetic"]
+    if syn:
+        out.append("\n### synthetic power-law data, FM: samples/s, AUC against the teacher's\n")
+        out.append(
+            "| ids | batch | system | samples/s | AUC | teacher AUC | s to 0.99·teacher | "
+            "start-up s |"
+        )
+        out.append("|---:|---:|---|---:|---:|---:|---:|---:|")
+        for r in syn:
+            c = r["case"]
+            ttt = r.get("train_s_to_target")
+            out.append(
+                f"| {c['num_ids']:,} | {c['batch']} | {c['system']} | "
+                f"{_fmt_sps(r['steady_samples_per_s'])} | {r['final_auc']:.4f} | "
+                f"{r['best_auc']:.4f} | {'-' if ttt is None else format(ttt, '.1f')} | "
+                f"{r.get('startup_s', math.nan):.1f} |"
+            )
+    tab = [r for r in results if r["case"]["suite"] == "table"]
+    if tab:
+        out.append("\n### table growth, FM, B=2048: samples/s after the first epoch\n")
+        out.append("| table (weights + momentum) | ids | system | samples/s | vs 64 MB |")
+        out.append("|---:|---:|---|---:|---:|")
+        for r in sorted(tab, key=lambda r: (r["case"]["system"], r["case"]["table_mb"])):
+            c = r["case"]
+            first = find(suite="table", system=c["system"], table_mb=64)
+            rel = (
+                f"{r['steady_samples_per_s'] / first['steady_samples_per_s'] - 1:+.0%}"
+                if first
+                else "-"
+            )
+            out.append(
+                f"| {c['table_mb']} MB | {c['num_ids']:,} | {c['system']} | "
+                f"{_fmt_sps(r['steady_samples_per_s'])} | {rel} |"
+            )
+    if failed:
+        out.append("\n### runs that failed\n")
+        for r in failed:
+            c = r["case"]
+            why = (r.get("error") or "no epochs").strip().splitlines()[-1][:160]
+            out.append(f"- {c['suite']} {c['model']} B={c['batch']} {c['system']}: {why}")
+    return "\n".join(out) + "\n"
+
+
 def machine() -> dict[str, Any]:
     import numpy
     import ray
@@ -475,7 +587,19 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=None, help="seconds per run")
     p.add_argument("--out", default=None, help="JSON output (default bench/results/...)")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--markdown",
+        metavar="JSON",
+        default=None,
+        help="print the tables of a results file as Markdown and exit",
+    )
     args = p.parse_args()
+
+    if args.markdown:
+        report = json.loads(Path(args.markdown).read_text())
+        summarise(report["results"])
+        sys.stdout.write(markdown(report))
+        return 0
 
     if args.case:
         case = json.loads(args.case)
