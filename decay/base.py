@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator, Mapping
+from operator import length_hint
 from typing import Any
 
 __all__ = ["ParamError", "StepSizeScheduler"]
@@ -102,13 +103,13 @@ class StepSizeScheduler:
     @property
     def count(self) -> int:
         """Number of updates already made (= calls of ``next()``/``advance()``)."""
-        return self._b0 + self._blen - self._it.__length_hint__()
+        return self._b0 + self._blen - length_hint(self._it)
 
     # The count is kept by the value generator behind next(): the start of the current block
     # plus how much of it has been consumed. Setting it restarts the generator there.
     @property
     def _count(self) -> int:
-        return self._b0 + self._blen - self._it.__length_hint__()
+        return self._b0 + self._blen - length_hint(self._it)
 
     @_count.setter
     def _count(self, k: int) -> None:
