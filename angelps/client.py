@@ -42,6 +42,7 @@ from angelps.shard import (
     check_keys,
     check_lr,
     segment_sum,
+    strictly_increasing,
 )
 from angelps.table import TableSpec
 
@@ -211,8 +212,24 @@ class _Routed:
 
     def __init__(self, spec: TableSpec, part: Partitioner, keys: np.ndarray) -> None:
         self.spec = spec
-        self.uniq, self.inv = dedup(keys)
+        # Keys already sorted and unique (a dense table's rows, a learner's own deduplicated ids)
+        # skip the dedup and the permutations: inv None means the identity.
+        self.inv: np.ndarray | None
+        if strictly_increasing(keys):
+            self.uniq, self.inv = keys, None
+        else:
+            self.uniq, self.inv = dedup(keys)
         self.order, self.offsets = part.split(self.uniq)
+
+    def sum_grads(self, g: np.ndarray) -> np.ndarray:
+        """Gradients aligned with ``uniq``: duplicates summed, else just reordered."""
+        if self.inv is None:
+            return g
+        if len(self.uniq) == len(self.inv):
+            out = np.empty_like(g)
+            out[self.inv] = g
+            return out
+        return segment_sum(self.inv, g, len(self.uniq), g.dtype)
 
     def index(self, shard: int) -> slice | np.ndarray:
         a, b = int(self.offsets[shard]), int(self.offsets[shard + 1])
@@ -526,12 +543,7 @@ class PSClient:
                 skipped[table] = skipped.get(table, 0) + 1
                 continue
             r = _Routed(spec, self.parts[table], k)
-            if len(r.uniq) == len(k):
-                summed = np.empty_like(g)
-                summed[r.inv] = g
-            else:
-                summed = segment_sum(r.inv, g, len(r.uniq), np.dtype(spec.dtype))
-            routed.append((r, summed))
+            routed.append((r, r.sum_grads(g)))
         return routed, skipped
 
     def _submit(
@@ -588,14 +600,20 @@ class PSClient:
                 if v is not None and name in v
             ]
             if r.order is None and len(parts) == 1:
-                out[name] = parts[0][1][r.inv]
+                v = parts[0][1]
+                # A copy either way: replies from the object store are read-only.
+                out[name] = np.array(v) if r.inv is None else v[r.inv]
                 continue
-            if len(r.uniq) == len(r.inv):
-                pos = np.empty(len(r.inv), dtype=np.int64)
-                pos[r.inv] = np.arange(len(r.inv), dtype=np.int64)
-                res = np.empty((len(r.inv), spec.cols), dtype=spec.dtype)
-                for s, v in parts:
-                    res[pos[r.index(s)]] = v
+            if r.inv is None or len(r.uniq) == len(r.inv):
+                res = np.empty((len(r.uniq), spec.cols), dtype=spec.dtype)
+                if r.inv is None:
+                    for s, v in parts:
+                        res[r.index(s)] = v
+                else:
+                    pos = np.empty(len(r.inv), dtype=np.int64)
+                    pos[r.inv] = np.arange(len(r.inv), dtype=np.int64)
+                    for s, v in parts:
+                        res[pos[r.index(s)]] = v
                 out[name] = res
                 continue
             rows = np.empty((len(r.uniq), spec.cols), dtype=spec.dtype)

@@ -46,6 +46,7 @@ __all__ = [
     "all_finite",
     "check_lr",
     "segment_sum",
+    "strictly_increasing",
 ]
 
 NAN_POLICIES = ("error", "skip")
@@ -367,10 +368,12 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 def _is_range(keys: np.ndarray) -> bool:
-    return int(keys[-1]) - int(keys[0]) == len(keys) - 1 and bool(np.all(np.diff(keys) == 1))
+    """Strictly increasing ``keys`` (every caller guarantees it) that form one block."""
+    return int(keys[-1]) - int(keys[0]) == len(keys) - 1
 
 
-def _strictly_increasing(keys: np.ndarray) -> bool:
+def strictly_increasing(keys: np.ndarray) -> bool:
+    """Sorted and unique (the client sends shards keys in this form)."""
     return len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1]))
 
 
@@ -471,7 +474,7 @@ class ParameterShard:
                     )
                 self.skipped[name] += 1
                 continue
-            if not _strictly_increasing(k):
+            if not strictly_increasing(k):
                 uniq, inv = dedup(k)
                 g = segment_sum(inv, g, len(uniq), t.dtype)
                 k = uniq
@@ -552,7 +555,7 @@ class ParameterShard:
         out: dict[str, np.ndarray] = {}
         for name, k in checked.items():
             t = self.tables[name]
-            if k is None or _strictly_increasing(k):
+            if k is None or strictly_increasing(k):
                 out[name] = t.read(k)
             else:
                 uniq, inv = dedup(k)

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from angelps.client import PSClient, _Routed
 from angelps.partition import Partitioner
-from angelps.shard import ParameterShard, segment_sum
+from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 
@@ -64,11 +64,7 @@ class InProcessPS:
         if not np.isfinite(g).all():
             raise ValueError("non-finite gradient")
         r = _Routed(spec, self.parts[table], keys)
-        if len(r.uniq) == len(keys):
-            summed = np.empty_like(g)
-            summed[r.inv] = g
-        else:
-            summed = segment_sum(r.inv, g, len(r.uniq), np.dtype(spec.dtype))
+        summed = r.sum_grads(g)
         for s, shard in enumerate(self.shards):
             idx = r.index(s)
             shard.push(0, self.clock, {table: (r.uniq[idx], summed[idx])}, lr)
