@@ -668,7 +668,16 @@ def _param_error(e: ParamError, prefix: str, r: _Reader) -> ValueError:
     key = LR_KEY if e.param == "lr" else prefix + _suffix(e.param)
     if e.param.startswith("schedulers["):
         key = PREFIX + "schedulers"
-    return ValueError(e.render(key, properties=True) + r.where(key))
+    # The valid-range text names other parameters in Python; name them as keys here.
+    e.valid = re.sub(
+        r"\b[a-z]+(?:_[a-z0-9]+)+\b",
+        lambda m: prefix + _suffix(m.group(0)) if _suffix(m.group(0)) in _SUFFIXES else m.group(0),
+        e.valid,
+    )
+    hint = r.where(key)
+    if e.param in _FROM_TOTAL and not r.is_set(key):
+        hint = " (not set: the total number of updates, epochs × updates per epoch, was used)"
+    return ValueError(e.render(key, properties=True) + hint)
 
 
 def _build_one(

@@ -252,7 +252,7 @@ def test_python_only_schedules_are_explained() -> None:
                 "ml.opt.decay.total.steps=10",
                 "ml.opt.decay.pct.start=0.1",
             ],
-            r"OneCycleLR: ml.opt.decay.pct.start=0.1 is invalid: expected a value with pct_start·total_steps != 1",
+            r"OneCycleLR: ml.opt.decay.pct.start=0.1 is invalid: expected a value with ml.opt.decay.pct.start·ml.opt.decay.total.steps != 1 \(ml.opt.decay.total.steps=10: the warm-up phase would have length 0\) \(set in command line\)",
         ),
         (["ml.opt.decay.class.name=CyclicLR"], r"CyclicLR: ml.opt.decay.max.lr is required"),
         (
@@ -281,7 +281,7 @@ def test_python_only_schedules_are_explained() -> None:
         ),
         (
             ["ml.opt.decay.class.name=WarmupCosine"],
-            r"WarmupCosine: ml.opt.decay.decay.steps is required: set decay_steps, or total_steps",
+            r"WarmupCosine: ml.opt.decay.decay.steps is required: set ml.opt.decay.decay.steps, or ml.opt.decay.total.steps \(the learner fills",
         ),
         (
             ["ml.opt.decay.class.name=SequentialLR"],
@@ -440,3 +440,14 @@ def test_python_api_lambda_and_multiplicative() -> None:
     m = decay.MultiplicativeLR(1.0, lambda k: 0.5)
     assert [m.next() for _ in range(4)] == [1.0, 0.5, 0.25, 0.125]
     assert m.lr_at(1) == 0.5 and m.lr_at(10) == 0.5**10
+
+
+def test_learner_supplied_total_is_named_in_errors() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"WarmupCosine: ml.opt.decay.total.steps=300 is invalid: expected an integer > "
+        r"ml.opt.decay.warmup.steps = 2000, so that the decay has at least one step \(or set "
+        r"ml.opt.decay.decay.steps\) "
+        r"\(not set: the total number of updates, epochs × updates per epoch, was used\)",
+    ):
+        decay.from_conf(conf("ml.opt.decay.class.name=WarmupCosine"), total_steps=300)
