@@ -185,9 +185,16 @@ def _key_table(cls: type[StepSizeScheduler]) -> list[str]:
     for suffix, p in registry.schedule_keys(cls):
         key = by[registry.PREFIX + suffix]
         rows.append(f"| `{key.name}` | {key.type} | {_default(cls, p)} | {key.doc} |")
-    if cls not in registry._COMPOSITE and not any(
-        p.name == "warmup_steps" for _, p in registry.schedule_keys(cls)
-    ):
+    if cls in registry._COMPOSITE:
+        rows.append(
+            f"| `{registry.PREFIX}schedulers` | str_list | **required** | "
+            f"{by[registry.PREFIX + 'schedulers'].doc} |"
+        )
+        rows.append(
+            f"| `{registry.PREFIX}<i>.class.name`, `{registry.PREFIX}<i>.*` | | | Child i's name "
+            "(instead of listing it in schedulers) and its keys. |"
+        )
+    if not any(p.name == "warmup_steps" for _, p in registry.schedule_keys(cls)):
         rows.append(
             f"| `{registry.PREFIX}warmup.steps` | int | `0` | A linear warmup from 0 in front of the schedule. |"
         )
