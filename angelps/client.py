@@ -147,7 +147,7 @@ def actor_name(job: str, shard: int) -> str:
     return f"{job}-ps-{shard}"
 
 
-_ShardActor = ray.remote(ShardServer)
+_ShardActor: Any = ray.remote(ShardServer)
 
 
 class PSFuture:
@@ -258,7 +258,7 @@ class PSClient:
         owner: bool = False,
     ) -> None:
         self.specs = {t.name: t for t in tables}
-        self.handles = list(handles)
+        self.handles: list[Any] = list(handles)
         self.num_shards = len(self.handles)
         self.partitioner = partitioner
         self.parts = {t.name: Partitioner(t, self.num_shards, partitioner) for t in tables}
@@ -344,7 +344,7 @@ class PSClient:
             actor_opts["num_gpus"] = gpus
             options["device"] = "cuda"
         spec_dicts = [t.to_dict() for t in tables]
-        handles = []
+        handles: list[Any] = []
         try:
             for i in range(n):
                 name = actor_name(job, i)

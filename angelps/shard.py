@@ -142,6 +142,9 @@ class _Table:
         self.part = part
         self.dtype = np.dtype(spec.dtype)
         self.widths = slot_widths(spec.optimizer, spec.cols)
+        # numpy arrays here; torch tensors in _TorchTable.
+        self.w: Any
+        self.state: dict[str, Any]
         if spec.sparse:
             self.lo = self.hi = 0
             self.n = 0
@@ -425,7 +428,8 @@ class ParameterShard:
                     f"CUDA is not available on this node"
                 )
         self.device = device
-        self.reset(ClockTable(num_workers, staleness))
+        self.clocks: ClockTable = ClockTable(num_workers, staleness)
+        self.reset(self.clocks)
 
     def reset(self, clocks: ClockTable | None = None) -> None:
         """Back to freshly initialised tables and zero clocks (before a restore)."""
@@ -544,7 +548,7 @@ class ParameterShard:
         """Rows of the requested keys, per table, in the order of the keys. ``None`` as the
         keys of a dense table means this shard's whole block."""
         checked: dict[str, np.ndarray | None] = {}
-        for name, keys in requests.items():
+        for name, keys in requests.items():  # validate every table before reading any
             t = self._table(name)
             if keys is None:
                 checked[name] = None
@@ -553,12 +557,12 @@ class ParameterShard:
             t.check_owned(k)
             checked[name] = k
         out: dict[str, np.ndarray] = {}
-        for name, k in checked.items():
+        for name, req in checked.items():
             t = self.tables[name]
-            if k is None or strictly_increasing(k):
-                out[name] = t.read(k)
+            if req is None or strictly_increasing(req):
+                out[name] = t.read(req)
             else:
-                uniq, inv = dedup(k)
+                uniq, inv = dedup(req)
                 out[name] = t.read(uniq)[inv]
         return out
 
