@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelps import checkpoint
 from angelps.config import Key
@@ -360,7 +360,17 @@ class PSClient:
                     ) from None
                 handles.append(h)
             client = cls(tables, handles, partitioner, num_workers, 0, options, owner=True)
-            client._get([h.ping.remote() for h in handles])
+            timeout = float(_conf(conf, "angel.matrixtransfer.request.timeout.ms")) / 1000.0
+            try:
+                ray.get([h.ping.remote() for h in handles], timeout=timeout)
+            except GetTimeoutError:
+                raise RuntimeError(
+                    f"the {n} shard actor(s) did not start within {timeout:g} s: can the Ray "
+                    f"cluster place them? Each asks for angel.ps.cpus={actor_opts['num_cpus']:g}, "
+                    f"angel.ps.gpus={gpus:g}, angel.ps.memory={mem} MiB"
+                ) from None
+            except RayTaskError as e:
+                raise _translate(e) from None
         except BaseException:
             for h in handles:
                 ray.kill(h)

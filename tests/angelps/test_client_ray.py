@@ -157,3 +157,16 @@ def test_save_then_load_into_two_shards(client, tmp_path):
             PSClient.load(PSClient([EMB, bad], other.handles), str(tmp_path / "ck"))
     finally:
         other.shutdown()
+
+
+def test_shards_that_cannot_be_placed_fail_clearly(ray_local):
+    # The local Ray of this module has no GPU: the shard actors can never start.
+    conf = {
+        "angel.job.name": "nogpu",
+        "angel.ps.gpus": 1.0,
+        "angel.matrixtransfer.request.timeout.ms": 1500,
+    }
+    with pytest.raises(RuntimeError, match=r"did not start within 1.5 s: .*angel\.ps\.gpus=1"):
+        PSClient.launch([EMB], conf)
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert "nogpu-ps-0" not in names
