@@ -781,6 +781,9 @@ class PSClient:
         root = manifest["root"]
         self._get([h.load.remote(root, manifest) for h in self.handles])
         self._clock = 0
+        if self._log is not None:  # the shards backed up the loaded model at clock 0
+            for log in self._log:
+                log.clear()
         return dict(manifest.get("extra", {}))
 
     @property
