@@ -1,8 +1,9 @@
 """One parameter shard: a plain class (:class:`ParameterShard`, testable without Ray) and its Ray
-actor (:class:`ShardServer`, an asyncio actor that adds the BSP/SSP/ASP waiting).
+actor (:class:`ShardServer`, an asyncio actor that adds the BSP/SSP/ASP waiting, backups and
+restart recovery).
 
 A shard holds, for every table, the rows the partitioner assigns to it plus their optimizer
-state, in numpy arrays:
+state, in numpy arrays (or torch tensors on a device, ``_TorchTable``, for GPU shards):
 
 * dense: one contiguous block ``[lo, hi)`` (local row = key - lo);
 * sparse: rows stored in insertion order, found through a sorted key index (``searchsorted``;
