@@ -451,6 +451,7 @@ class GraphLearner:
                 bar = self._bar(epoch, epochs, updates)
                 done = 0
                 loss_sum, samples, skipped = 0.0, 0, 0
+                last_lr = float(self.sched.peek())
                 t_epoch = time.perf_counter()
                 while done < updates:
                     n = min(log_every, updates - done)
@@ -462,6 +463,8 @@ class GraphLearner:
                     loss_sum += chunk_loss
                     samples += chunk_samples
                     skipped += o0["skipped"]
+                    if o0["updates"]:
+                        last_lr = o0["last_lr"]
                     step_line = {
                         "kind": "step",
                         "epoch": epoch,
@@ -496,7 +499,8 @@ class GraphLearner:
                 row: dict[str, Any] = {
                     "kind": "epoch",
                     "epoch": epoch,
-                    "lr": epoch_lr if epoch_lr is not None else float(self.sched.peek()),
+                    # per-update decay: the step size of the epoch's last update
+                    "lr": epoch_lr if epoch_lr is not None else last_lr,
                     "train_loss": loss_sum / max(samples, 1),
                     "train_samples_per_s": samples / max(train_s, 1e-9),
                     "skipped_updates": skipped,
