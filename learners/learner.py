@@ -834,7 +834,7 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
     """
     from angelps.table import OptimizerSpec, TableSpec
 
-    specs = []
+    specs: list[Any] = []
     for d in decls:
         opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
         if not d.sparse and d.name.endswith("bias"):

@@ -547,6 +547,8 @@ class ProductNeuralNetwork(_WideEmbedding):
 
     angel_name = "ProductNeuralNetwork"
     needs_fields = True
+    pair_i: Tensor
+    pair_j: Tensor
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)

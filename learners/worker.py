@@ -397,13 +397,13 @@ class TrainWorker:
                 if loss.requires_grad:  # everything frozen: nothing to differentiate
                     (loss * (self.loss_scale / self.accum)).backward()
                 for t in self.push_tables:
-                    g = x.rows[t.name].grad
-                    if g is not None:
-                        parts[t.name].append((req[t.name], self._unscaled(g)))
+                    rg = x.rows[t.name].grad
+                    if rg is not None:
+                        parts[t.name].append((req[t.name], self._unscaled(rg)))
                 for name, p in self.ps_dense:
                     if p.grad is not None and name in parts:
-                        g = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
-                        parts[name].append((req[name], g))
+                        pg = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
+                        parts[name].append((req[name], pg))
                         p.grad = None
                 stats.compute_s += time.perf_counter() - t0
                 stats.loss_sum += float(loss.detach()) * batch_rows(batch)
@@ -485,24 +485,24 @@ class TrainWorker:
     def _finish_grads(self, grads: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[bool, float]:
         """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient."""
         assert self.model is not None
-        dense = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        dense = [p.grad for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         if self.loss_scale != 1.0:
-            for p in dense:
-                p.grad.div_(self.loss_scale)
+            for g in dense:
+                g.div_(self.loss_scale)
         w = self.num_workers
         if w > 1 and dense:
-            flat = torch.cat([p.grad.reshape(-1) for p in dense])
+            flat = torch.cat([g.reshape(-1) for g in dense])
             flat = _all_reduce(flat)
             flat /= w
             off = 0
-            for p in dense:
-                n = p.grad.numel()
-                p.grad.copy_(flat[off : off + n].view_as(p.grad))
+            for g in dense:
+                n = g.numel()
+                g.copy_(flat[off : off + n].view_as(g))
                 off += n
         sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
             w * w
         )
-        dense_sq = sum(float(p.grad.double().pow(2).sum()) for p in dense)
+        dense_sq = sum(float(g.double().pow(2).sum()) for g in dense)
         finite = math.isfinite(sparse_sq) and math.isfinite(dense_sq)
         coef = 1.0
         if finite and self.clip > 0:
@@ -515,8 +515,8 @@ class TrainWorker:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             finite, coef = bool(t[0] == 0), float(-t[1])
         if finite and coef < 1.0:
-            for p in dense:
-                p.grad.mul_(coef)
+            for g in dense:
+                g.mul_(coef)
         return finite, coef
 
     # --- evaluation -------------------------------------------------------------------------
@@ -596,7 +596,7 @@ class TrainWorker:
         arrays["rng/torch"] = torch.get_rng_state().numpy()
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, **arrays)  # type: ignore[arg-type]
         return buf.getvalue()
 
     def load_dense_state(self, blob: bytes) -> None:
@@ -656,7 +656,8 @@ def remote_worker_class(num_cpus: float = 1, num_gpus: float = 0) -> Any:
     """``TrainWorker`` as a Ray actor class (imported lazily so the plain class needs no Ray)."""
     import ray
 
-    env = {"OMP_NUM_THREADS": "1"} if not os.environ.get("OMP_NUM_THREADS") else {}
-    return ray.remote(
-        num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": env} if env else None
-    )(TrainWorker)
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    if not os.environ.get("OMP_NUM_THREADS"):
+        # One OpenMP thread: spinning extra threads costs throughput on few cores.
+        opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    return ray.remote(**opts)(TrainWorker)
