@@ -281,6 +281,7 @@ def test_two_workers_keep_identical_dense_replicas(tmp_path):
     assert result.summary["valid_auc"] > 0.85
 
 
+@pytest.mark.filterwarnings("ignore:ml.opt.decay.alpha. set but not used")
 def test_plateau_and_early_stopping_on_a_frozen_model(tmp_path):
     """Nothing trains (every table frozen), so the metric never improves: ReduceLROnPlateau
     halves the lr after each bad epoch and early stopping ends the run after 2 of them."""
