@@ -99,3 +99,16 @@ def test_summary_and_markdown() -> None:
     assert "| angelps-bsp-w1s1 | 2k (0.60) |" in md
     assert "- census FM B=2048 ray_ps: timed out after 5 s" in md
     assert not math.isnan(results[1]["final_auc"])
+
+
+def test_repeats_report_the_median() -> None:
+    runs = [
+        _result("torch", 256, [1, 1000, 1000], [0.8, 0.8, 0.8]),
+        _result("torch", 256, [1, 3000, 3000], [0.8, 0.8, 0.8]),
+        _result("torch", 256, [1, 2500, 2500], [0.8, 0.8, 0.8]),
+    ]
+    for i, r in enumerate(runs):
+        r["case"]["repeat"] = i
+    tt.summarise(runs)
+    assert [r["median_samples_per_s"] for r in runs] == [pytest.approx(2500)] * 3
+    assert {r["repeats"] for r in runs} == {3}
