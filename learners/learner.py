@@ -668,6 +668,7 @@ class GraphLearner:
                 "next_epoch": epoch + 1,
                 "scheduler": self.sched.state_dict() if self.sched is not None else None,
                 "dense_placement": self._setup.get("dense_placement", "worker"),
+                "conf": {k: v for k, v in self.conf.to_properties().items() if self.conf.is_set(k)},
                 "history": _jsonable(history),
                 "best": best,
                 "since_best": since_best,
@@ -728,8 +729,15 @@ class GraphLearner:
         p = Path(path)
         manifest = _read_extra(p)
         info = manifest["learner"]
+        # The model's own settings (ml.*: data format, label transform, model shape) apply
+        # unless this configuration sets them, so `predict --model DIR` needs no --conf.
+        saved = {
+            k: v
+            for k, v in dict(info.get("conf", {})).items()
+            if k.startswith("ml.") and not self.conf.is_set(k) and k in self.conf
+        }
         conf = self.conf.with_overrides(
-            {"angel.workergroup.number": 1, "ml.model.class.name": info["model"]}
+            {**saved, "angel.workergroup.number": 1, "ml.model.class.name": info["model"]}
         )
         self.conf = conf
         self._start_ray()

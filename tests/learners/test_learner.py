@@ -236,6 +236,18 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     np.testing.assert_allclose(table["pred"].to_numpy(), direct["pred"], rtol=1e-6)
     # Labels in input order (a9a's first line is -1: label 0).
     assert table["label"].to_numpy()[0] == 0.0
+    # Without --conf the saved model's own data settings apply; Parquet by the suffix.
+    bare = argparse.Namespace(conf=None, set=[], address=None)
+    outp = tmp_path / "pred.parquet"
+    assert (
+        cli_train._predict(
+            argparse.Namespace(**vars(bare), model=str(model), input=data, out=str(outp))
+        )
+        == 0
+    )
+    import pyarrow.parquet as pq
+
+    np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct["pred"], rtol=1e-6)
     capsys.readouterr()
     assert (
         cli_train._evaluate(argparse.Namespace(**vars(ns), model=str(model), input=data, json=True))
