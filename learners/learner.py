@@ -362,7 +362,9 @@ class GraphLearner:
             f"{sum(setup['valid_rows'])} validation rows, {setup['num_features']} features"
             + (f", {setup['num_fields']} fields" if setup["num_fields"] else "")
             + (f", {setup['skipped_lines']} bad lines skipped" if setup["skipped_lines"] else ""),
-            f"  tables   on {int(conf.get('angel.ps.number', 1) or 1)} shard(s):",
+            f"  tables   on {int(conf.get('angel.ps.number', 1) or 1)} shard(s), sparse keys "
+            f"{conf.get('angel.ps.partitioner', 'hash')}-partitioned, "
+            f"staleness {conf.get('angel.staleness', 0)}:",
         ]
         for t in self._tables:
             kind = "sparse" if t.sparse else "dense"
@@ -507,6 +509,16 @@ class GraphLearner:
                     **metrics,
                 }
                 watched = metrics.get(metric_name)
+                if (
+                    metrics
+                    and metric_name not in metrics
+                    and (int(conf["ml.early.stop.patience"]) > 0 or _is_plateau(self.sched))
+                ):
+                    names = ", ".join(sorted(k for k in metrics if k.startswith("valid_")))
+                    raise ConfigError(
+                        f"ml.early.stop.metric={conf['ml.early.stop.metric']}: this model reports "
+                        f"no {metric_name}; valid names: {names}"
+                    )
                 if not on_batch:
                     self._advance_epoch_schedule(watched)
                 elif _is_plateau(self.sched):

@@ -380,3 +380,18 @@ def test_bad_model_name_fails_before_any_actor(tmp_path, capsys):
     assert code == 2
     assert "ml.model.class.name=DeepFMM is not a known model" in err
     assert "closest first): DeepFM," in err
+
+
+def test_unknown_early_stop_metric_names_the_valid_ones(tmp_path):
+    from angelps.config import ConfigError
+
+    learner = _learner(
+        "softmax_dna.properties",
+        tmp_path,
+        **{"ml.epoch.num": 2, "ml.early.stop.patience": 1, "ml.early.stop.metric": "auc"},
+    )
+    try:
+        with pytest.raises(ConfigError, match="reports no valid_auc; valid names: valid_accuracy"):
+            learner.train()
+    finally:
+        learner.shutdown()
