@@ -648,12 +648,24 @@ class PSClient:
 
     def pull_many_async(self, requests: Mapping[str, Any]) -> PSFuture:
         """Future of :meth:`pull_many`."""
-        routed = [self._route(t, k) for t, k in requests.items()]
-        calls = self._submit(None, 0.0, routed)
-        return PSFuture(self, calls, lambda vals: self._assemble(routed, calls, vals))
+        whole = [t for t, k in requests.items() if k is None]
+        for t in whole:
+            if self._spec(t).sparse:
+                raise ValueError(f"table {t!r} is sparse: pulling all rows needs a dense table")
+        routed = [self._route(t, k) for t, k in requests.items() if k is not None]
+        calls = self._submit(None, 0.0, routed, pull_dense=whole)
+
+        def finish(vals: list[Any]) -> dict[str, np.ndarray]:
+            out = self._assemble(routed, calls, vals)
+            for t in whole:  # every shard sent its block; calls are in shard order
+                out[t] = np.concatenate([v[t] for v in vals], axis=0)
+            return {t: out[t] for t in requests}
+
+        return PSFuture(self, calls, finish)
 
     def pull_many(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``."""
+        """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``.
+        ``None`` as the keys of a dense table pulls all its rows."""
         return self.pull_many_async(requests).result()  # type: ignore[no-any-return]
 
     def pull_async(self, table: str, keys: Any) -> PSFuture:
@@ -673,9 +685,7 @@ class PSClient:
         spec = self._spec(table)
         if spec.sparse:
             raise ValueError(f"table {table!r} is sparse: pull_dense needs a dense table")
-        calls = self._submit(None, 0.0, [], pull_dense=[table])
-        values = self._wait(calls)
-        return np.concatenate([v[table] for v in values], axis=0)
+        return self.pull_many({table: None})[table]
 
     def push_many_async(self, updates: Mapping[str, tuple[Any, Any]], lr: float) -> PSFuture:
         """Future of :meth:`push_many` (``result()`` waits until every shard applied it)."""

@@ -92,6 +92,11 @@ def test_same_results_as_one_in_process_shard(client):
         np.testing.assert_array_equal(got["emb"], want["emb"])
         np.testing.assert_array_equal(got["lin"], want["lin"])
     np.testing.assert_array_equal(client.pull_dense("lin"), ref.pull({"lin": None})["lin"])
+    both = client.pull_many({"lin": None, "emb": np.array([5, -5, 5])})
+    np.testing.assert_array_equal(both["lin"], ref.pull({"lin": None})["lin"])
+    np.testing.assert_array_equal(both["emb"], ref.pull({"emb": np.array([5, -5, 5])})["emb"])
+    with pytest.raises(ValueError, match=r"table 'emb' is sparse: pulling all rows needs a dense"):
+        client.pull_many({"emb": None})
     assert client.step_count == start + 8
     stats = client.stats()
     assert [s["clocks"]["pushed"] for s in stats] == [[start + 8]] * 3
