@@ -696,6 +696,8 @@ class GraphLearner:
         # checkpoint's atomic rename covers them too: no window with mismatched halves.
         blob = ray.get(self._workers[0].dense_state.remote())
         extra["learner"]["dense_npz_b64"] = base64.b64encode(blob).decode("ascii")
+        rngs = ray.get([a.rng_state.remote() for a in self._workers])
+        extra["learner"]["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
         self._ps.save(path, extra)
 
     def _restore(self, path: str) -> tuple[int, list[dict[str, Any]], float | None, int]:
@@ -715,6 +717,15 @@ class GraphLearner:
 
         blob = base64.b64decode(info["dense_npz_b64"])
         ray.get([a.load_dense_state.remote(blob) for a in self._workers])
+        rngs = info.get("worker_rng_b64") or []
+        if len(rngs) == len(self._workers):
+            # Every worker continues its own dropout stream (resuming with the same W).
+            ray.get(
+                [
+                    a.set_rng_state.remote(base64.b64decode(r))
+                    for a, r in zip(self._workers, rngs, strict=True)
+                ]
+            )
 
     def _load_weights(self, path: str) -> None:
         import ray

@@ -599,6 +599,13 @@ class TrainWorker:
         np.savez(buf, **arrays)  # type: ignore[arg-type]
         return buf.getvalue()
 
+    def rng_state(self) -> bytes:
+        """This worker's torch RNG state (dropout): each worker has its own stream."""
+        return bytes(torch.get_rng_state().numpy().tobytes())
+
+    def set_rng_state(self, state: bytes) -> None:
+        torch.set_rng_state(torch.from_numpy(np.frombuffer(state, dtype=np.uint8).copy()))
+
     def load_dense_state(self, blob: bytes) -> None:
         """Restore what :meth:`dense_state` wrote."""
         assert self.model is not None

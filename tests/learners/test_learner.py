@@ -163,10 +163,16 @@ def _train_and_predict(learner: GraphLearner, resume: bool, data: str):
 
 
 @pytest.mark.slow
-def test_resume_matches_an_uninterrupted_run(tmp_path):
-    """BSP + fixed seed: stop after epoch 1, resume, and end where a 3-epoch run ends."""
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"angel.workergroup.number": 2, "ml.model.dropout": 0.2}],
+    ids=["one-worker", "two-workers-dropout"],
+)
+def test_resume_matches_an_uninterrupted_run(tmp_path, extra):
+    """BSP + fixed seed: stop after epoch 1, resume, and end where a 3-epoch run ends (with
+    two workers, each continues its own dropout stream)."""
     data = _slice("data/census/census_148d_train.dummy", tmp_path / "c.dummy", 1500)
-    common = {"angel.train.data.path": data, "ml.data.use.shuffle": True, "ml.seed": 5}
+    common = {"angel.train.data.path": data, "ml.data.use.shuffle": True, "ml.seed": 5, **extra}
     full, pred_full = _train_and_predict(
         _learner(
             "deepfm_census.properties",
