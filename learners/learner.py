@@ -479,9 +479,9 @@ class GraphLearner:
                         "pull_s": o0["pull_s"],
                         "compute_s": o0["compute_s"],
                         "push_s": o0["push_s"],
-                        "wait_s": max(
-                            0.0, o0["elapsed_s"] - o0["pull_s"] - o0["compute_s"] - o0["push_s"]
-                        ),
+                        # waiting for the rows of a fused push_pull already in flight
+                        "wait_s": o0["wait_s"],
+                        "elapsed_s": o0["elapsed_s"],
                         "skipped": o0["skipped"],
                     }
                     log.record(step_line)
