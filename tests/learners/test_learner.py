@@ -401,3 +401,18 @@ def test_unknown_early_stop_metric_names_the_valid_ones(tmp_path):
             learner.train()
     finally:
         learner.shutdown()
+
+
+def test_angel_updates_per_epoch_sizes_the_batch(tmp_path):
+    """ml.num.update.per.epoch (Angel's way): batch = ceil(rows / updates); 1800 rows / 5."""
+    learner = _learner(
+        "softmax_dna.properties",
+        tmp_path,
+        **{"ml.epoch.num": 1, "ml.num.update.per.epoch": 5},
+    )
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    assert result.summary["updates_per_epoch"] == 5
+    assert result.summary["global_batch"] == 360
