@@ -49,6 +49,13 @@ KEYS = [
     ),
     Key("angel.workergroup.number", "int", 1, "Number of training workers.", check=positive),
     Key(
+        "ml.data.stream",
+        "bool",
+        False,
+        "Read the training rows from disk during every epoch, one ml.data.chunk.rows chunk at "
+        "a time (inputs larger than memory; shuffling within a chunk); false: hold them in memory.",
+    ),
+    Key(
         "angel.worker.cpus",
         "float",
         1.0,

@@ -139,9 +139,16 @@ class TrainWorker:
         torch.set_num_threads(int(setup.get("torch_threads", 1)))
         self.data_mod = data_mod
         self.read_stats = data_mod.ReadStats()
+        self.stream = bool(conf.get("ml.data.stream", False)) and not setup.get("no_data")
+        self._train_summary: dict[str, int] | None = None
         if setup.get("no_data"):
             # A worker for prediction/evaluation of a saved model: data comes per call.
             self.train = self.valid = data_mod.Batch.empty()
+        elif self.stream:
+            # Inputs larger than memory: one counting pass now (rows, id range; the small
+            # validation split is kept), then every epoch reads its batches from disk.
+            self.train = data_mod.Batch.empty()
+            self.valid, self._train_summary = self._scan(conf)
         else:
             self.train, self.valid = data_mod.load_train_valid(
                 conf, worker_id=worker_id, num_workers=num_workers, stats=self.read_stats
@@ -155,10 +162,78 @@ class TrainWorker:
 
     # --- set-up -----------------------------------------------------------------------------
 
+    def _scan(self, conf: Mapping[str, Any]) -> tuple[Any, dict[str, int]]:
+        """Stream this worker's part once: the validation rows and the training rows' counts."""
+        d = self.data_mod
+        valid_path = conf.get("angel.validate.data.path")
+        split = not valid_path and float(conf.get("ml.data.validate.ratio", 0.05) or 0.0) > 0
+        period = d.split_period(conf)
+        rows = nnz = 0
+        max_id, min_nnz, max_nnz = -1, 1 << 62, 0
+        valid_parts = []
+        for chunk in d.read_file(
+            str(conf["angel.train.data.path"]),
+            conf,
+            worker_id=self.worker_id,
+            num_workers=self.num_workers,
+            chunk_rows=int(conf.get("ml.data.chunk.rows", 65536)),
+            stats=self.read_stats,
+        ):
+            if split:
+                mask = chunk.row_index % period == 0
+                valid_parts.append(chunk.take(mask))
+                chunk = chunk.take(~mask)
+            counts = np.diff(chunk.indptr)
+            if counts.size:
+                rows += int(counts.size)
+                nnz += int(chunk.ids.size)
+                max_id = max(max_id, int(chunk.ids.max()) if chunk.ids.size else -1)
+                min_nnz, max_nnz = min(min_nnz, int(counts.min())), max(max_nnz, int(counts.max()))
+        if valid_path:
+            valid = d.load_file(
+                str(valid_path),
+                conf,
+                worker_id=self.worker_id,
+                num_workers=self.num_workers,
+                stats=self.read_stats,
+            )
+        else:
+            valid = d.concat(valid_parts) if valid_parts else d.Batch.empty()
+        summary = {
+            "rows": rows,
+            "nnz": nnz,
+            "max_id": max_id,
+            "min_nnz": min_nnz if rows else 0,
+            "max_nnz": max_nnz,
+        }
+        return valid, summary
+
+    def _minibatches(self, epoch: int, shuffle: bool) -> Any:
+        if self.stream:
+            return iter(
+                self.data_mod.iter_stream_minibatches(
+                    self.conf,
+                    self.batch_size,
+                    shuffle=shuffle,
+                    seed=self.seed,
+                    epoch=epoch,
+                    worker_id=self.worker_id,
+                    num_workers=self.num_workers,
+                )
+            )
+        return iter(
+            self.data_mod.iter_minibatches(
+                self.train, self.batch_size, shuffle=shuffle, seed=self.seed, epoch=epoch
+            )
+        )
+
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
         out: dict[str, Any] = {}
         for name, part in (("train", self.train), ("valid", self.valid)):
+            if name == "train" and self._train_summary is not None:
+                out[name] = dict(self._train_summary)
+                continue
             counts = np.diff(np.asarray(part.indptr))
             ids = np.asarray(part.ids)
             out[name] = {
@@ -351,15 +426,16 @@ class TrainWorker:
         Returns the number of batches of this worker's part.
         """
         self._epoch = epoch
-        self._iter = iter(
-            self.data_mod.iter_minibatches(
-                self.train, self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch
-            )
-        )
+        self._iter = self._minibatches(epoch, self.shuffle)
         self.sched = sched
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
-        return math.ceil(int(np.asarray(self.train.indptr).size - 1) / self.batch_size)
+        rows = (
+            self._train_summary["rows"]
+            if self._train_summary is not None
+            else int(np.asarray(self.train.indptr).size - 1)
+        )
+        return math.ceil(rows / self.batch_size)
 
     def run_steps(self, n_updates: int, epoch_lr: float | None) -> dict[str, Any]:
         """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches)."""
@@ -460,15 +536,7 @@ class TrainWorker:
         if batch is None:
             # This worker's part ran short of the common step count; start it over so that
             # every worker pushes once per step (BSP).
-            self._iter = iter(
-                self.data_mod.iter_minibatches(
-                    self.train,
-                    self.batch_size,
-                    shuffle=True,
-                    seed=self.seed,
-                    epoch=self._epoch + 100_000,
-                )
-            )
+            self._iter = self._minibatches(self._epoch + 100_000, True)
             batch = next(self._iter)
         return batch
 

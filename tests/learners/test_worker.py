@@ -253,3 +253,27 @@ def test_amp_halves_the_loss_scale_on_a_skipped_update(tmp_path, local_ps_class)
     assert w.loss_scale == 2.0**15
     assert w.good_steps == 2  # reset by the skip, then two good updates
     assert np.isfinite(ps.w["weight"]).all()
+
+
+def test_streaming_trains_like_in_memory(tmp_path, local_ps_class):
+    """ml.data.stream reads batches from disk chunk by chunk: without shuffling, the same
+    batches (and validation rows) as in memory, so the same weights."""
+    path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 700)
+    sets = {"ml.data.validate.ratio": 0.1, "ml.data.chunk.rows": 100}
+    mem, ps_mem = _worker(path, sets, {"batch_size": 64, "num_features": 123}, local_ps_class)
+    st, ps_st = _worker(
+        path,
+        {**sets, "ml.data.stream": True},
+        {"batch_size": 64, "num_features": 123},
+        local_ps_class,
+    )
+    assert len(st.train) == 0  # nothing held in memory
+    assert st.data_summary()["train"] == mem.data_summary()["train"]
+    np.testing.assert_array_equal(st.valid.row_index, mem.valid.row_index)
+    n_mem = mem.begin_epoch(0, StandardDecay(0.1))
+    n_st = st.begin_epoch(0, StandardDecay(0.1))
+    assert n_mem == n_st == 10  # 630 training rows / 64
+    mem.run_steps(n_mem, None)
+    st.run_steps(n_st, None)
+    np.testing.assert_array_equal(ps_st.w["weight"], ps_mem.w["weight"])
+    np.testing.assert_array_equal(ps_st.w["bias"], ps_mem.w["bias"])
