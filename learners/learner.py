@@ -815,8 +815,8 @@ class GraphLearner:
             raise RuntimeError("evaluate(): train() or load() first")
         outs = ray.get([a.predict_file.remote(str(path)) for a in self._workers])
         if any(o["labels"] is None for o in outs):
-            raise ValueError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
-        return _metrics(self._setup_task(), outs)
+            raise ConfigError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
+        return {k.removeprefix("valid_"): v for k, v in _metrics(self._setup_task(), outs).items()}
 
     def predict(self, path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present)."""

@@ -223,9 +223,12 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     try:
         result = learner.train()
         direct = learner.predict(data)
+        learner.save(tmp_path / "copy")
     finally:
         learner.shutdown()
     assert (model / "manifest.json").exists()
+    copy = json.loads((tmp_path / "copy" / "manifest.json").read_text())["extra"]["learner"]
+    assert copy["model"] == "LogisticRegression" and copy["num_features"] == 123
     ns = argparse.Namespace(conf=str(ROOT / "conf" / "lr_a9a.properties"), set=[], address=None)
     out = tmp_path / "pred.csv"
     assert (
@@ -260,8 +263,8 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
         == 0
     )
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert metrics["valid_rows"] == 3000
-    assert 0.85 < metrics["valid_auc"] < 1.0
+    assert metrics["rows"] == 3000
+    assert 0.85 < metrics["auc"] < 1.0
     # The model saved after the last epoch: its validation rows are part of the input.
     assert result.summary["epochs"] == 2
 
