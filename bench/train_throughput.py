@@ -61,12 +61,13 @@ BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 # --- data --------------------------------------------------------------------------------------
 
 
-def synthetic_paths(num_ids: int, rows: int, valid_rows: int, cover: bool) -> dict[str, Any]:
+def synthetic_paths(
+    num_ids: int, rows: int, valid_rows: int, cover_rows: int = 0
+) -> dict[str, Any]:
     """Generate (once, cached under runs/bench-data) the synthetic train/valid sets."""
     from synthetic import SyntheticSpec, generate, write_parquet
 
     spec = SyntheticSpec(num_ids=num_ids)
-    cover_rows = spec.ids_per_field if cover else 0
     key = f"syn_{num_ids}_{rows}_{valid_rows}_{cover_rows}_s{spec.seed}"
     d = CACHE / key
     meta = d / "meta.json"
@@ -303,7 +304,7 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = 100_000 if quick else 1_000_000
         batches = [int(b) for b in args.batches.split(",")] if args.batches else [2048]
         for n in sizes:
-            data = synthetic_paths(n, rows, rows // 10, cover=False)
+            data = synthetic_paths(n, rows, rows // 10)
             for b in batches:
                 for system in (*BASELINE_SYSTEMS, *ANGELPS):
                     default = system in ("torch_sparse", "angelps-bsp-w1s1") or (
@@ -332,7 +333,11 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         zipf_rows = 100_000 if quick else 300_000
         for mb in mbs:
             n = mb * MB // ROW_BYTES
-            data = synthetic_paths(n, zipf_rows, 20_000, cover=True)
+            # The same number of cover rows at every size (enough to walk the largest table's
+            # fields once; smaller tables are walked several times): every size then sees the
+            # same rows per batch with the same count of distinct ids, only the table differs.
+            cover_rows = max(mbs) * MB // ROW_BYTES // 26
+            data = synthetic_paths(n, zipf_rows, 20_000, cover_rows=cover_rows)
             for system in ("angelps-bsp-w1s1", "torch_sparse"):
                 if want(system, True):
                     cases.append(
