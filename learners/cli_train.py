@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Load a saved model and print its metrics on a labelled input.",
         epilog="examples:\n"
         "  angelps evaluate --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm\n"
-        "  angelps evaluate --conf conf/census_fm.properties --model runs/fm/model "
+        "  angelps evaluate --conf conf/fm_census.properties --model runs/fm/model "
         "--input data/census/census_148d_train.dummy\n",
         formatter_class=_FMT,
     )
