@@ -112,3 +112,25 @@ def test_python_dash_m_and_console_script_agree() -> None:
     b = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert a.returncode == b.returncode == 0
     assert a.stdout == b.stdout and a.stdout.startswith("angelps ")
+
+
+def test_every_job_file_named_in_docs_and_help_exists() -> None:
+    import re
+
+    texts = [
+        p.read_text()
+        for p in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("learners/*.py")]
+    ]
+    named = {m for t in texts for m in re.findall(r"conf/[A-Za-z0-9_]+\.properties", t)}
+    assert named, "no job file named anywhere"
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing, f"named but missing: {missing}"
+
+
+@pytest.mark.parametrize("job", sorted(p.name for p in (ROOT / "conf").glob("*.properties")))
+def test_every_example_job_loads(job: str) -> None:
+    from angelps.config import load_config
+    from learners.keys import all_keys
+
+    conf = load_config(ROOT / "conf" / job, [], all_keys())
+    assert (ROOT / conf["angel.train.data.path"]).exists()
