@@ -98,6 +98,13 @@ KEYS = [
         "Directory of metrics.jsonl (per-step and per-epoch metrics); empty: runs/<job name>.",
     ),
     Key(
+        "angel.log.tensorboard",
+        "bool",
+        False,
+        "Also write TensorBoard event files (step and epoch scalars) next to metrics.jsonl; "
+        "needs the tensorboard package (pip install 'angelps[tensorboard]').",
+    ),
+    Key(
         "angel.log.every.steps",
         "int",
         50,
@@ -184,10 +191,20 @@ def _all_keys() -> Sequence[Any]:
 class _Log:
     """Progress on a terminal (tqdm), plain lines otherwise, and the metrics.jsonl file."""
 
-    def __init__(self, path: Path | None, quiet: bool = False) -> None:
+    def __init__(self, path: Path | None, quiet: bool = False, tensorboard: bool = False) -> None:
         self.tty = sys.stdout.isatty() and not quiet
         self.quiet = quiet
         self.file = None
+        self.tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError(
+                    "angel.log.tensorboard=true needs the tensorboard package: "
+                    "pip install 'angelps[tensorboard]'"
+                ) from None
+            self.tb = SummaryWriter(log_dir=str(path if path is not None else "runs"))
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
             self.file = open(path / "metrics.jsonl", "a", buffering=1)
@@ -199,11 +216,25 @@ class _Log:
     def record(self, obj: Mapping[str, Any]) -> None:
         if self.file is not None:
             self.file.write(json.dumps(_jsonable(obj)) + "\n")
+        if self.tb is not None and obj.get("kind") in ("step", "epoch"):
+            # Step scalars on the update axis, epoch scalars on the epoch axis, as the plot verb.
+            kind = str(obj["kind"])
+            at = int(obj.get("step", 0) if kind == "step" else obj.get("epoch", 0))
+            for name, value in obj.items():
+                if name in ("kind", "step", "epoch") or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(
+                    value
+                ):
+                    self.tb.add_scalar(f"{kind}/{name}", float(value), at)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -426,7 +457,7 @@ class GraphLearner:
         if resume:
             _read_extra(Path(conf["angel.save.model.path"]))  # fail before any actor starts
         self._start_ray()
-        log = _Log(self._log_dir(conf), self.quiet)
+        log = _Log(self._log_dir(conf), self.quiet, bool(conf["angel.log.tensorboard"]))
         try:
             setup = self._start_workers(conf)
             self._setup = setup
