@@ -13,6 +13,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from angelps.config import add_config_arguments
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -32,17 +34,6 @@ examples:
 """
 
 
-def _add_conf_args(p: argparse.ArgumentParser, conf_required: bool = False) -> None:
-    p.add_argument("--conf", metavar="FILE", required=conf_required, help="a .properties job file")
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override one key (repeatable; wins over the file)",
-    )
-
-
 def _register_conf(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "conf",
@@ -55,7 +46,7 @@ def _register_conf(sub: argparse._SubParsersAction) -> None:
         "  angelps conf --markdown > docs/config.md\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_conf_args(p)
+    add_config_arguments(p)
     p.add_argument("--keys", action="store_true", help="list every key with type, default and doc")
     p.add_argument("--markdown", action="store_true", help="print docs/config.md")
     p.add_argument("--all", action="store_true", help="also show keys left at their default")

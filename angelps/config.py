@@ -11,6 +11,7 @@ message names the file and line or the key, the value and what would be valid.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import re
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigError",
     "Key",
     "KeyLike",
+    "add_config_arguments",
     "at_least",
     "between",
     "in_range",
@@ -514,6 +516,28 @@ def load_config(
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "--set" else "program"
     return Config(values, sources, key_list)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, *, conf_required: bool = False, conf_help: str = ""
+) -> None:
+    """The ``--conf FILE`` and repeated ``--set KEY=VALUE`` options every verb shares."""
+    parser.add_argument(
+        "--conf",
+        metavar="FILE",
+        required=conf_required,
+        help=conf_help or "a .properties job file",
+    )
+    parser.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one key (repeatable; wins over the file)",
+    )
 
 
 # --- docs --------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import decay
+from angelps.config import add_config_arguments
 from decay.base import StepSizeScheduler
 
 _EXAMPLES = """\
@@ -41,14 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--conf", metavar="FILE", help="a .properties job file (optional)")
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override one key (repeatable; wins over the file)",
-    )
+    add_config_arguments(p, conf_help="a .properties job file (optional)")
     p.add_argument(
         "--steps",
         type=int,

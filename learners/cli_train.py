@@ -9,20 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from angelps.config import add_config_arguments
+
 __all__ = ["register"]
 
 _FMT = argparse.RawDescriptionHelpFormatter
 
 
 def _conf_args(p: argparse.ArgumentParser, required: bool) -> None:
-    p.add_argument("--conf", metavar="FILE", required=required, help="a .properties job file")
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override one key (repeatable; wins over the file)",
-    )
+    add_config_arguments(p, conf_required=required)
     p.add_argument(
         "--address",
         metavar="ADDR",
