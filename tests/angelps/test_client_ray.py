@@ -23,19 +23,6 @@ EMB = TableSpec(
 LIN = TableSpec("lin", rows=50, cols=1, init="zeros", optimizer=OptimizerSpec("momentum"))
 
 
-@pytest.fixture(scope="module")
-def ray_local(tmp_path_factory):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="angelps",
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
-
-
 JOB = "tclient"
 
 

@@ -77,17 +77,8 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="angelps",
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        log_to_driver=False,
-    )
-    ws = [Worker.remote(), Worker.remote()]
-    yield ws
-    ray.shutdown()
+def workers(ray_local):
+    return [Worker.remote(), Worker.remote()]
 
 
 def _run(workers, staleness, shards=1, slow=0.08):

@@ -19,19 +19,6 @@ B = TableSpec("b", rows=1, cols=1, init="zeros", optimizer=OptimizerSpec("moment
 STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def ray_local(tmp_path_factory):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="angelps",
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
-
-
 def _data(seed=0, n=4000, feats=300, nnz=8):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, feats, (n, nnz)) * 7919 + 13  # sparse hashed-looking ids
