@@ -88,7 +88,7 @@ def synthetic_paths(
         valid_y=valid.labels,
     )
     info = {
-        "dir": str(d),
+        "dir": str(d.relative_to(REPO)),  # relative: results files name no machine paths
         "num_ids": num_ids,
         "fields": spec.fields,
         "train_rows": len(train),
@@ -109,7 +109,7 @@ def load_data(case: dict[str, Any]) -> Any:
         return load_dummy(CENSUS, ratio=0.1)
     import numpy as np
 
-    z = np.load(Path(case["data"]["dir"]) / "arrays.npz")
+    z = np.load(REPO / case["data"]["dir"] / "arrays.npz")
     return Data(z["train_ids"], z["train_y"], z["valid_ids"], z["valid_y"], case["data"]["num_ids"])
 
 
@@ -164,8 +164,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
     else:
         d = case["data"]
         sets += [
-            f"angel.train.data.path={Path(d['dir']) / 'train.parquet'}",
-            f"angel.validate.data.path={Path(d['dir']) / 'valid.parquet'}",
+            f"angel.train.data.path={(REPO / d['dir']) / 'train.parquet'}",
+            f"angel.validate.data.path={(REPO / d['dir']) / 'valid.parquet'}",
             "ml.data.type=parquet",
             f"ml.feature.index.range={d['num_ids']}",
             f"ml.fm.field.num={d['fields']}",
