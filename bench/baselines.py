@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -296,6 +297,7 @@ def train_ray_train(data: Data, cfg: dict[str, Any]) -> dict[str, Any]:
         res = json.loads(Path(out).read_text())
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     start = res["first_step"]
     epochs = []
     for r in res["epochs"]:

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -172,12 +173,15 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         ]
     sets += case.get("extra_sets", [])
     t0 = time.time()
-    learner = GraphLearner(load_config(None, sets, all_keys()))
     try:
-        t_train = time.time()
-        result = learner.train()
+        learner = GraphLearner(load_config(None, sets, all_keys()))
+        try:
+            t_train = time.time()
+            result = learner.train()
+        finally:
+            learner.shutdown()
     finally:
-        learner.shutdown()
+        shutil.rmtree(log_dir, ignore_errors=True)
     s = result.summary
     # Rows trained per epoch (angelps also trains the last, partial batch).
     if case["suite"] == "census":
