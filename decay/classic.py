@@ -240,6 +240,9 @@ class CosineAnnealingWarmRestarts(StepSizeScheduler):
         )
         self._start = 0  # cache of the cycle found last: derived, not state
         self._len = self.t_0
+        # Whole cycles of values by cycle length (derived, not state): a cycle's values depend
+        # only on its length, so blocks slice them instead of recomputing the cosine.
+        self._cycles: dict[int, list[float]] = {}
 
     def _position(self, k: int) -> tuple[int, int]:
         if self.t_mult == 1:
@@ -266,12 +269,30 @@ class CosineAnnealingWarmRestarts(StepSizeScheduler):
             stop = min(end, k + t_i - t_cur)
             c0 = t_cur
             span = lr - lo
+            if t_i <= _CYCLE_CACHE_MAX:
+                cycle = self._cycles.get(t_i)
+                if cycle is None:
+                    cycle = self._cycles[t_i] = self._cycle(t_i)
+                out += cycle[c0 : c0 + stop - k]
+                k = stop
+                continue
             if lo == 0.0:  # 0.0 + x is x for the x >= 0 here
                 out += [span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
             else:
                 out += [lo + span * (1 + cos(pi * c / t_i)) / 2 for c in range(c0, c0 + stop - k)]
             k = stop
         return out
+
+    def _cycle(self, t_i: int) -> list[float]:
+        """All values of a cycle of length ``t_i``, by the same expressions as ``_lr``."""
+        lo, lr, cos, pi = self.eta_min, self.lr, math.cos, math.pi
+        span = lr - lo
+        if lo == 0.0:
+            return [span * (1 + cos(pi * c / t_i)) / 2 for c in range(t_i)]
+        return [lo + span * (1 + cos(pi * c / t_i)) / 2 for c in range(t_i)]
+
+
+_CYCLE_CACHE_MAX = 4096  # longer cycles are computed block by block
 
 
 class CyclicLR(StepSizeScheduler):

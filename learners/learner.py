@@ -77,6 +77,14 @@ KEYS = [
         choices=("cpu", "cuda"),
     ),
     Key(
+        "angel.worker.gpus",
+        "float",
+        0.0,
+        "GPUs Ray reserves for each worker actor (fractions share a device with other workers "
+        "or shards); > 0 makes the workers compute on CUDA, as angel.worker.device=cuda does.",
+        check=non_negative,
+    ),
+    Key(
         "angel.worker.fused.push.pull",
         "bool",
         True,
@@ -311,14 +319,16 @@ class GraphLearner:
         from learners.worker import remote_worker_class
 
         w = int(conf["angel.workergroup.number"])
-        device = conf["angel.worker.device"]
-        gpus = 1 if device == "cuda" else 0
+        gpus = float(conf["angel.worker.gpus"])
+        if gpus == 0 and conf["angel.worker.device"] == "cuda":
+            gpus = 1.0
+        device = "cuda" if gpus > 0 else "cpu"
         have = float(ray.cluster_resources().get("GPU", 0))
-        if gpus and have < w:
+        if gpus and have < w * gpus:
             # A worker asking for a GPU the cluster lacks would wait forever: say so now.
             raise ConfigError(
-                f"angel.worker.device=cuda needs {w} GPU(s) (one per worker) but the Ray cluster "
-                f"has {have:g}; set angel.worker.device=cpu"
+                f"angel.worker.gpus={gpus:g} with {w} worker(s) needs {w * gpus:g} GPU(s) but the "
+                f"Ray cluster has {have:g}; set angel.worker.gpus=0 (and angel.worker.device=cpu)"
             )
         cls = remote_worker_class(float(conf["angel.worker.cpus"]), gpus)
         base = {"torch_threads": int(conf["angel.worker.torch.threads"])}
