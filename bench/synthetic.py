@@ -22,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+# One AUC for every system compared: the one angelps reports (ties share their mean rank).
+from learners.metrics import auc
+
 __all__ = ["Synthetic", "SyntheticSpec", "auc", "generate", "write_parquet"]
 
 
@@ -129,25 +132,6 @@ def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0)
     p = 1.0 / (1.0 + np.exp(-logit))
     labels = (rng.random(p.shape[0]) < p).astype(np.float32)
     return Synthetic(ids=ids, labels=labels, teacher_p=p.astype(np.float32))
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the rank-sum formula, ties sharing their average rank."""
-    y = np.asarray(labels, dtype=np.float64).ravel() > 0.5
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    pos = int(y.sum())
-    neg = y.size - pos
-    if pos == 0 or neg == 0:
-        return math.nan
-    order = np.argsort(s, kind="mergesort")
-    sorted_s = s[order]
-    # Average rank of each run of equal scores.
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_s)) + 1]
-    ends = np.r_[starts[1:], s.size]
-    avg = (starts + ends + 1) / 2.0
-    ranks = np.empty(s.size)
-    ranks[order] = np.repeat(avg, ends - starts)
-    return float((ranks[y].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
 def write_parquet(path: str | Path, data: Synthetic, row_group: int = 65_536) -> Path:
