@@ -489,24 +489,6 @@ class FactorizationMachines(_WideEmbedding):
         return self.wide(x) + _fm_interaction(e, x.sample, x.batch_size).sum(dim=1)
 
 
-class DeepFM(_WideEmbedding):
-    """DeepFM: wide + FM interaction + an MLP over the concatenated field embeddings."""
-
-    angel_name = "DeepFM"
-    needs_fields = True
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
-        hidden, acts = self._hidden([100, 100])
-        self.mlp = _mlp(_fields(cfg) * cfg.fm_rank, hidden, acts, cfg.dropout, 1)
-
-    def forward(self, x: SparseInput) -> Tensor:
-        e = x.field_embeddings("embedding")
-        fm = _fm_interaction(e, None, x.batch_size).sum(dim=1)
-        deep = self.mlp(e.flatten(1)).squeeze(1)
-        return self.wide(x) + fm + deep
-
-
 class WideAndDeep(_WideEmbedding):
     """Wide & Deep: wide linear part + an MLP over the concatenated field embeddings."""
 
@@ -521,6 +503,19 @@ class WideAndDeep(_WideEmbedding):
     def forward(self, x: SparseInput) -> Tensor:
         e = x.field_embeddings("embedding")
         return self.wide(x) + self.mlp(e.flatten(1)).squeeze(1)
+
+
+class DeepFM(WideAndDeep):
+    """DeepFM: wide + FM interaction + an MLP over the concatenated field embeddings
+    (Wide & Deep with the FM term added)."""
+
+    angel_name = "DeepFM"
+
+    def forward(self, x: SparseInput) -> Tensor:
+        e = x.field_embeddings("embedding")
+        fm = _fm_interaction(e, None, x.batch_size).sum(dim=1)
+        deep = self.mlp(e.flatten(1)).squeeze(1)
+        return self.wide(x) + fm + deep
 
 
 class NeuralFactorizationMachines(_WideEmbedding):
