@@ -305,13 +305,8 @@ def _validate(key: KeyLike, value: Any, where: str, name: str | None = None) -> 
             )
         typed = match
     if key.check is not None:
-        items = typed if isinstance(typed, list) and key.type != "str_list" else [typed]
-        problem = key.check(typed) if key.type.endswith("_list") else None
-        if problem is None and not key.type.endswith("_list"):
-            for item in items:
-                problem = key.check(item)
-                if problem:
-                    break
+        # A list key's check sees the whole list (e.g. "strictly increasing").
+        problem = key.check(typed)
         if problem:
             raise ConfigError(f"{where}: {name}={shown} is not valid: expected {problem}")
     return typed
