@@ -53,27 +53,51 @@ class StepStats:
 
 
 class _Dedup:
-    """Ids → (unique ids, slot of each id) in O(n) over a bounded id space (a presence mask).
+    """Ids → (unique ids sorted, slot of each id) without ``np.unique``'s argsort.
 
-    ``np.unique`` sorts (11-14 ms for 100k ids); a mask + remap table over the feature range
-    costs ~0.3 ms (reference: a Ray PS step's costs). Unbounded ids fall back to ``np.unique``.
+    ``np.unique(return_inverse=True)`` argsorts (3.4 ms for 53k ids). Two cheaper ways:
+
+    * a presence mask over the feature range: mark, ``flatnonzero``, remap (0.3 ms for 26k ids
+      over 148 features) - but the scan is O(range) (7.8 ms over 15M features);
+    * sort the ids (a plain sort, 0.45 ms for 53k), drop repeats, then map every id to its slot
+      through a remap table over the range, touched only at the batch's ids (O(n)).
+
+    The mask is used while the range is at most 8x the ids of the batch, the sort otherwise; with
+    no bounded range (hashed ids), each id finds its slot by binary search in the sorted ids.
     """
 
+    _MASK_FACTOR = 8
+
     def __init__(self, num_features: int) -> None:
-        self.bounded = 0 < num_features <= 50_000_000
-        if self.bounded:
-            self.mask = np.zeros(num_features, dtype=bool)
-            self.remap = np.zeros(num_features, dtype=np.int64)
+        self.num_features = num_features
+        self.bounded = 0 < num_features <= 1 << 31
+        self.mask: np.ndarray | None = None
+        self.remap: np.ndarray | None = None
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not self.bounded or ids.size == 0:
-            uniq, inv = np.unique(ids, return_inverse=True)
-            return uniq.astype(np.int64), inv.astype(np.int64)
-        self.mask[ids] = True
-        uniq = np.flatnonzero(self.mask)
-        self.mask[uniq] = False
+        n = ids.size
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if not self.bounded:
+            uniq = np.unique(ids)
+            return uniq.astype(np.int64, copy=False), np.searchsorted(uniq, ids).astype(np.int64)
+        if self.remap is None:
+            # np.zeros is calloc: pages of the remap table are materialised only where touched.
+            self.remap = np.zeros(self.num_features, dtype=np.int64)
+        if self.num_features <= self._MASK_FACTOR * n:
+            if self.mask is None:
+                self.mask = np.zeros(self.num_features, dtype=bool)
+            self.mask[ids] = True
+            uniq = np.flatnonzero(self.mask)
+            self.mask[uniq] = False
+        else:
+            srt = np.sort(ids)
+            keep = np.empty(n, dtype=bool)
+            keep[0] = True
+            np.not_equal(srt[1:], srt[:-1], out=keep[1:])
+            uniq = srt[keep]
         self.remap[uniq] = np.arange(uniq.size, dtype=np.int64)
-        return uniq.astype(np.int64), self.remap[ids]
+        return uniq.astype(np.int64, copy=False), self.remap[ids]
 
 
 def _merge_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -298,3 +298,44 @@ def test_dnn_first_layer_is_a_sparse_table():
     torch.testing.assert_close(m(x), m.mlp(h).squeeze(1), rtol=1e-4, atol=1e-5)
     m.loss(m(x), torch.ones(4)).backward()
     assert x.rows["input"].grad.shape == (uniq.size, 6)
+
+
+@pytest.mark.parametrize("unit_values", [True, False], ids=["one-hot", "valued"])
+@pytest.mark.parametrize("fields", [None, 4], ids=["samples", "fields"])
+@pytest.mark.parametrize("repeats", [1, 40], ids=["few-repeats", "many-repeats"])
+def test_sparse_input_fast_paths_match_index_add(unit_values, fields, repeats):
+    """The CSR backward of the row gather and the per-sample sums give index_add's gradients.
+
+    ``repeats`` picks the path: with many repeats per pulled row the backward is a CSR product,
+    with few it is index_add; without fields the per-sample sum is a CSR product too.
+    """
+    rng = np.random.default_rng(repeats)
+    b, dim = 96, 3
+    u = max(2, (b * 4) // repeats)
+    counts = np.full(b, fields) if fields else rng.integers(1, 8, size=b)
+    nnz = int(counts.sum())
+    slots = rng.integers(0, u, size=nnz)
+    slots[:u] = np.arange(u)  # every pulled row is used: max slot + 1 == u
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    values = (
+        np.ones(nnz, dtype=np.float32)
+        if unit_values
+        else rng.uniform(0.5, 1.5, size=nnz).astype(np.float32)
+    )
+    base = torch.randn(u, dim, dtype=torch.float64).float()
+    rows = base.clone().requires_grad_(True)
+    x = SparseInput.from_csr(indptr, slots, values, {"t": rows}, fields)
+    assert (x.rows_t is not None) == (nnz >= 4 * u)
+    assert (x.value is None) == unit_values
+    assert (x.samples_s is not None) == (fields is None)
+    out = x.linear("t")
+    weights = torch.arange(b * dim, dtype=torch.float32).view(b, dim) / (b * dim)
+    (out * weights).sum().backward()
+
+    ref_rows = base.clone().requires_grad_(True)
+    sample = torch.from_numpy(np.repeat(np.arange(b), counts))
+    e = ref_rows[torch.from_numpy(slots)] * torch.from_numpy(values).unsqueeze(1)
+    ref = torch.zeros(b, dim).index_add(0, sample, e)
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rows.grad, ref_rows.grad, rtol=1e-5, atol=1e-6)

@@ -196,15 +196,21 @@ def test_dense_state_round_trip(census_256, local_ps_class):
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(s2["state"][k][name]))
 
 
-def test_dedup_matches_numpy_unique():
+@pytest.mark.parametrize(
+    ("num_features", "n"),
+    [(1000, 5000), (1000, 100), (10**7, 5000)],
+    ids=["mask", "sort-small-batch", "sort-large-range"],
+)
+def test_dedup_matches_numpy_unique(num_features, n):
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, 1000, size=5000)
-    d = _Dedup(1000)
-    for _ in range(2):  # the mask must be clean for the next call
+    d = _Dedup(num_features)
+    for _ in range(3):  # the mask and the remap table must be clean for the next call
+        ids = rng.integers(0, num_features, size=n)
         uniq, inv = d(ids)
         u2, i2 = np.unique(ids, return_inverse=True)
         np.testing.assert_array_equal(uniq, u2)
         np.testing.assert_array_equal(inv, i2)
+        assert uniq.dtype == inv.dtype == np.int64
     uniq, inv = _Dedup(-1)(np.array([10**12, 5, 10**12]))
     np.testing.assert_array_equal(uniq, [5, 10**12])
     np.testing.assert_array_equal(inv, [1, 0, 1])
