@@ -224,18 +224,17 @@ _CSR_MAX_ROWS = 1 << 16
 _CSR_MIN_REPEAT = 4
 
 
-# torch flags CSR tensors as beta once per process; the two operations used here (build, CSR
-# times dense) are covered by tests/learners/test_models.py against index_add.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-
-
 def _csr(
     crow: np.ndarray, col: np.ndarray, val: np.ndarray | None, shape: tuple[int, int]
 ) -> Tensor:
     v = torch.ones(len(col)) if val is None else torch.from_numpy(np.ascontiguousarray(val))
-    return torch.sparse_csr_tensor(
-        torch.from_numpy(crow), torch.from_numpy(col), v, shape, check_invariants=False
-    )
+    with warnings.catch_warnings():
+        # torch flags CSR tensors as beta; the two operations used here (build, CSR times
+        # dense) are checked against index_add in tests/learners/test_models.py.
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(crow), torch.from_numpy(col), v, shape, check_invariants=False
+        )
 
 
 @dataclass
