@@ -10,7 +10,8 @@ Usage:
 Sparse: every call moves ``k`` unique int64 keys drawn from a hashed id space, rows of width
 ``w`` (float32, SGD). A pull returns ``[k, w]`` rows; a push sends ``[k, w]`` gradients, and is
 timed until the shards have applied it. Dense: ``pull_dense`` of a whole table and a push of
-every row. Each point is the median of ``--reps`` timed calls after two warm-up calls.
+every row (``--dense-rows 0`` skips the dense measurements). Each point is the median of
+``--reps`` timed calls after two warm-up calls.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| push Mkeys/s (Ray) | in-process | ratio |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["sparse"]:
+    for r in result.get("sparse", []):
         lines.append(
             f"| {r['shards']} | {r['width']} | {r['keys']:,} "
             f"| {r['ray_pull_keys_per_s'] / 1e6:.2f} | {r['inproc_pull_keys_per_s'] / 1e6:.2f} "
@@ -233,13 +234,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['ray_push_keys_per_s'] / 1e6:.2f} | {r['inproc_push_keys_per_s'] / 1e6:.2f} "
             f"| {r['push_ratio']:.0%} |"
         )
+    dense = result.get("dense", [])
+    if not dense:  # a run with --dense-rows 0
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "| shards | rows x 16 | MiB | pull GB/s (Ray) | in-process | ratio | push GB/s (Ray) "
         "| in-process | ratio | memcpy GB/s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["dense"]:
+    for r in dense:
         lines.append(
             f"| {r['shards']} | {r['rows']:,} | {r['bytes'] / 2**20:.0f} "
             f"| {r['ray_pull_GBps']:.2f} | {r['inproc_pull_GBps']:.2f} | {r['pull_ratio']:.0%} "
@@ -254,7 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, nargs="+", default=[1024, 8192, 65536, 262144])
     p.add_argument("--widths", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--dense-rows", type=int, nargs="+", default=[65536, 1048576])
+    p.add_argument(
+        "--dense-rows",
+        type=int,
+        nargs="+",
+        default=[65536, 1048576],
+        help="rows of the dense table (width 16) per point; 0 skips the dense measurements",
+    )
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="keys 8192 65536, widths 8, shards 1 2")
     p.add_argument("--out", default="bench/results/ps_throughput.json")
@@ -266,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.keys, args.widths, args.shards, args.dense_rows = [8192, 65536], [8], [1, 2], [65536]
+    if any(r < 0 for r in args.dense_rows):
+        p.error(f"--dense-rows must be >= 0 (0 skips the dense part), got {args.dense_rows}")
+    args.dense_rows = [r for r in args.dense_rows if r > 0]
 
     import ray
 
