@@ -174,8 +174,9 @@ class _Table:
                 self.base = span[0]  # index[key - base] = slot + 1, 0 = row absent
                 # np.zeros is calloc: the pages of the index are only materialised when a key
                 # lands in them, so an index over a large but sparsely touched range costs
-                # little real memory.
-                self.index = np.zeros(span[1] - span[0], dtype=np.int64)
+                # little real memory. int32 (a shard holds < _DIRECT_MAX rows of a table) halves
+                # it: under hash partitioning every shard's index spans all of [0, rows).
+                self.index = np.zeros(span[1] - span[0], dtype=np.int32)
             else:
                 self.index_kind = "sorted"
                 self.skeys = np.zeros(0, dtype=np.int64)  # sorted keys
@@ -251,7 +252,9 @@ class _Table:
         if not self.spec.sparse:
             return keys - self.lo
         if self.index_kind == "direct":
-            slots = self.index[keys - self.base] if self.base else self.index[keys]
+            slots = (self.index[keys - self.base] if self.base else self.index[keys]).astype(
+                np.int64
+            )
             found = slots > 0
             slots -= 1
         else:
