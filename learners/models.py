@@ -266,8 +266,14 @@ class SparseInput:
         values: Any,
         rows: dict[str, Tensor],
         num_fields: int | None = None,
+        device: torch.device | str | None = None,
     ) -> SparseInput:
-        """Build from CSR arrays (numpy or torch) whose ids were already mapped to slots."""
+        """Build from CSR arrays (numpy or torch) whose ids were already mapped to slots.
+
+        ``rows`` may be empty and filled in later (the worker builds the next batch's input
+        while that batch's rows are still on their way); ``device`` is then where they go
+        (default: the rows' device, else the CPU).
+        """
         indptr_n = np.asarray(indptr, dtype=np.int64)
         slots_n = np.asarray(slots, dtype=np.int64)
         values_n = np.asarray(values, dtype=np.float32)
@@ -275,14 +281,18 @@ class SparseInput:
         nnz = int(slots_n.size)
         counts = np.diff(indptr_n)
         sample = torch.from_numpy(np.repeat(np.arange(b, dtype=np.int64), counts))
-        dev = next(iter(rows.values())).device if rows else torch.device("cpu")
+        if device is not None:
+            dev = torch.device(device)
+        else:
+            dev = next(iter(rows.values())).device if rows else torch.device("cpu")
         unit = bool(values_n.size == 0 or (values_n == 1.0).all())
         value = None if unit else torch.from_numpy(np.ascontiguousarray(values_n))
         rows_t = samples_s = None
         if dev.type == "cpu" and nnz:
             # The pulled block of a sparse table has one row per distinct id: max slot + 1.
             u = int(slots_n.max()) + 1
-            if u <= _CSR_MAX_ROWS and nnz >= _CSR_MIN_REPEAT * u:
+            # (no backward under inference mode: no matrix for it)
+            if torch.is_grad_enabled() and u <= _CSR_MAX_ROWS and nnz >= _CSR_MIN_REPEAT * u:
                 order = np.argsort(slots_n.astype(np.uint16), kind="stable")
                 crow = np.zeros(u + 1, dtype=np.int64)
                 np.cumsum(np.bincount(slots_n, minlength=u), out=crow[1:])

@@ -389,35 +389,47 @@ class TrainWorker:
         }
         return slots, req
 
-    def _wrap(self, batch: Any, slots: np.ndarray, pulled: Mapping[str, np.ndarray]) -> SparseInput:
+    def _prepare(
+        self, batch: Any, slots: np.ndarray, labels: bool = True
+    ) -> tuple[SparseInput, Tensor | None]:
+        """Everything of a batch's input that does not need its rows: the CSR structure (and
+        the matrices of the fast backward) and the labels. Built while the rows are in flight."""
+        x = SparseInput.from_csr(
+            batch.indptr,
+            slots,
+            np.asarray(batch.values, dtype=np.float32),
+            {},
+            self._fields_of(batch),
+            device=self.device,
+        )
+        return x, (self._labels(batch) if labels else None)
+
+    def _attach(self, x: SparseInput, pulled: Mapping[str, np.ndarray]) -> SparseInput:
         """The pulled rows as leaf tensors (the worker-side copies of dense PS tables updated)."""
-        rows = {}
         if self.ps_dense:
             with torch.no_grad():
                 for name, p in self.ps_dense:
                     v = torch.from_numpy(np.asarray(pulled[name], dtype=np.float32))
                     p.copy_(v.view_as(p))
         for t in self.tables:
+            # A copy: rows that came through the object store are read-only.
             r = torch.from_numpy(np.array(pulled[t.name], dtype=np.float32, copy=True))
             r = r.to(self.device)
-            rows[t.name] = r.requires_grad_(
+            x.rows[t.name] = r.requires_grad_(
                 t.name.lower() not in self.frozen and torch.is_grad_enabled()
             )
-        return SparseInput.from_csr(
-            batch.indptr,
-            slots,
-            np.asarray(batch.values, dtype=np.float32),
-            rows,
-            self._fields_of(batch),
-        )
+        return x
 
-    def _input(self, batch: Any) -> tuple[SparseInput, dict[str, np.ndarray], float]:
+    def _input(
+        self, batch: Any, labels: bool = True
+    ) -> tuple[SparseInput, Tensor | None, dict[str, np.ndarray], float]:
         """Dedup the batch ids, pull their rows, wrap them as leaf tensors."""
         slots, req = self._request(batch)
         t0 = time.perf_counter()
         pulled = self.ps.pull_many(req)
         pull_s = time.perf_counter() - t0
-        return self._wrap(batch, slots, pulled), req, pull_s
+        x, y = self._prepare(batch, slots, labels)
+        return self._attach(x, pulled), y, req, pull_s
 
     def _fields_of(self, batch: Any) -> int | None:
         f = self.num_fields
@@ -469,7 +481,7 @@ class TrainWorker:
         self.model.train()
         # The next update's first micro-batch, prepared while this update's push is in
         # flight: one fused push_pull call per shard per step instead of a push and a pull.
-        pending: tuple[Any, np.ndarray, dict[str, np.ndarray], Any] | None = None
+        pending: tuple[Any, SparseInput, Tensor | None, dict[str, np.ndarray], Any] | None = None
         for u in range(n_updates):
             lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
             parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
@@ -478,17 +490,17 @@ class TrainWorker:
             for _m in range(self.accum):
                 t0 = time.perf_counter()
                 if pending is not None:
-                    batch, slots, req, fut = pending
+                    batch, x, y, req, fut = pending
                     pending = None
                     pulled = fut.result()
                     stats.wait_s += time.perf_counter() - t0
-                    x = self._wrap(batch, slots, pulled)
+                    x = self._attach(x, pulled)
                 else:
                     batch = self._next_batch()
-                    x, req, pull_s = self._input(batch)
+                    x, y, req, pull_s = self._input(batch)
                     stats.pull_s += pull_s
                 t0 = time.perf_counter()
-                y = self._labels(batch)
+                assert y is not None
                 with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
                     scores = self.model(x)
                 loss = self.model.loss(scores.float(), y)
@@ -533,7 +545,9 @@ class TrainWorker:
                 nb = self._next_batch()
                 n_slots, n_req = self._request(nb)
                 fut = self.ps.push_pull_async(update, lr, n_req)
-                pending = (nb, n_slots, n_req, fut)
+                # While the call is in flight: the next batch's input minus its rows.
+                nx, ny = self._prepare(nb, n_slots)
+                pending = (nb, nx, ny, n_req, fut)
             else:
                 self._push(update, lr)
             stats.push_s += time.perf_counter() - t0
@@ -630,7 +644,7 @@ class TrainWorker:
         with torch.inference_mode():
             for lo in range(0, n, chunk):
                 b = data.take(np.arange(lo, min(n, lo + chunk)))
-                x, _req, _ = self._input(b)
+                x, y, _req, _ = self._input(b, labels=has_labels)
                 with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
                     scores = self.model(x).float()
                 preds.append(self.model.predict(scores).cpu().numpy())
@@ -638,7 +652,8 @@ class TrainWorker:
                     # multiclass metrics need the class probabilities
                     scores_out.append(torch.softmax(scores, dim=1).cpu().numpy())
                 if has_labels:
-                    loss_sum += float(self.model.loss(scores, self._labels(b))) * batch_rows(b)
+                    assert y is not None
+                    loss_sum += float(self.model.loss(scores, y)) * batch_rows(b)
         self.model.train()
         labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
         if labels is not None and self.task == "binary":
