@@ -270,6 +270,17 @@ class Batch:
             row_index=self.row_index[rows],
         )
 
+    def slice(self, start: int, stop: int) -> Batch:
+        """Rows ``start .. stop-1`` as views (no copy; what ``take`` of a range returns)."""
+        a, b = int(self.indptr[start]), int(self.indptr[stop])
+        return Batch(
+            labels=self.labels[start:stop],
+            indptr=self.indptr[start : stop + 1] - a,
+            ids=self.ids[a:b],
+            values=self.values[a:b],
+            row_index=self.row_index[start:stop],
+        )
+
     def field_ids(self, num_fields: int) -> np.ndarray:
         """Ids as an ``[n, F]`` array when every row has exactly ``F`` features (FM-style models)."""
         lengths = self.row_lengths()
@@ -1207,8 +1218,13 @@ def iter_minibatches(
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is not valid: expected an integer >= 1")
     n = len(data)
-    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     stop = n - n % batch_size if drop_last else n
+    if not shuffle:
+        # In file order: views of the rows, no gather.
+        for start in range(0, stop, batch_size):
+            yield data.slice(start, min(start + batch_size, n))
+        return
+    order = np.random.default_rng([seed, epoch]).permutation(n)
     for start in range(0, stop, batch_size):
         yield data.take(order[start : start + batch_size])
 

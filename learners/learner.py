@@ -505,7 +505,14 @@ class GraphLearner:
                 t_epoch = time.perf_counter()
                 while done < updates:
                     n = min(log_every, updates - done)
-                    outs = ray.get([a.run_steps.remote(n, epoch_lr) for a in self._workers])
+                    # Another chunk follows (of this epoch or the next): the workers fetch its
+                    # first batch's rows with this chunk's last push (one round trip, not two).
+                    end = done + n >= updates
+                    more = not end or epoch + 1 < epochs
+                    nxt = epoch + 1 if end else None
+                    outs = ray.get(
+                        [a.run_steps.remote(n, epoch_lr, more, nxt) for a in self._workers]
+                    )
                     done += n
                     chunk_samples = sum(o["samples"] for o in outs)
                     chunk_loss = sum(o["loss_sum"] for o in outs)

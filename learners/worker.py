@@ -100,6 +100,16 @@ class _Dedup:
         return uniq.astype(np.int64, copy=False), self.remap[ids]
 
 
+class _Resolved:
+    """A future whose value is already here (rows prefetched by the previous ``run_steps``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
 def _merge_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Sum row gradients of the same id across micro-batches."""
     if len(parts) == 1:
@@ -182,6 +192,12 @@ class TrainWorker:
         self.opt: torch.optim.Optimizer | None = None
         self.sched: Any = None
         self._iter: Any = None
+        # The first batch of the next run_steps, with its rows already pulled (by the fused call
+        # of the previous run_steps's last update), and the epoch whose iterator it came from.
+        self._ready: tuple[Any, SparseInput, Tensor | None, dict[str, np.ndarray], Any] | None = (
+            None
+        )
+        self._ready_epoch = -1
         self._epoch = -1
 
     # --- set-up -----------------------------------------------------------------------------
@@ -461,8 +477,11 @@ class TrainWorker:
         decay this copy advances once per applied update and ``run_steps`` returns its state.
         Returns the number of batches of this worker's part.
         """
+        if self._ready is None or self._ready_epoch != epoch:
+            # (a batch prefetched for another epoch is dropped: its iterator is not this one)
+            self._ready = None
+            self._iter = self._minibatches(epoch, self.shuffle)
         self._epoch = epoch
-        self._iter = self._minibatches(epoch, self.shuffle)
         self.sched = sched
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
@@ -473,8 +492,22 @@ class TrainWorker:
         )
         return math.ceil(rows / self.batch_size)
 
-    def run_steps(self, n_updates: int, epoch_lr: float | None) -> dict[str, Any]:
-        """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches)."""
+    def run_steps(
+        self,
+        n_updates: int,
+        epoch_lr: float | None,
+        prefetch: bool = False,
+        next_epoch: int | None = None,
+    ) -> dict[str, Any]:
+        """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches).
+
+        ``prefetch``: another ``run_steps`` follows (of this epoch, or of ``next_epoch`` when
+        given), so the last update's push also pulls the rows of that call's first batch, in
+        one fused call per shard, instead of a push now and a pull then. The call is waited
+        for before returning: every push is applied when ``run_steps`` returns (the driver may
+        validate or save next), and the rows are those after the last update, which is what
+        the next step would pull anyway.
+        """
         assert self.model is not None and self._iter is not None
         stats = StepStats()
         t_start = time.perf_counter()
@@ -482,6 +515,8 @@ class TrainWorker:
         # The next update's first micro-batch, prepared while this update's push is in
         # flight: one fused push_pull call per shard per step instead of a push and a pull.
         pending: tuple[Any, SparseInput, Tensor | None, dict[str, np.ndarray], Any] | None = None
+        if self._ready is not None:
+            pending, self._ready = self._ready, None
         for u in range(n_updates):
             lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
             parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
@@ -539,9 +574,15 @@ class TrainWorker:
             scale = coef / self.num_workers
             t0 = time.perf_counter()
             update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
-            if u + 1 < n_updates and self.fused:
+            last = u + 1 == n_updates
+            if self.fused and (not last or prefetch):
                 # Ray runs one caller's calls to an actor in order, so the rows returned are
                 # those after this push (and, under BSP, after every worker's push).
+                if last and next_epoch is not None:
+                    self._iter = self._minibatches(next_epoch, self.shuffle)
+                    self._epoch = self._ready_epoch = next_epoch
+                elif last:
+                    self._ready_epoch = self._epoch
                 nb = self._next_batch()
                 n_slots, n_req = self._request(nb)
                 fut = self.ps.push_pull_async(update, lr, n_req)
@@ -564,6 +605,12 @@ class TrainWorker:
                     self.loss_scale *= 2.0
             if self.on_batch:
                 self.sched.advance()
+        if pending is not None:
+            # The last update's fused call (prefetch): wait for it here, after the dense step.
+            t0 = time.perf_counter()
+            nb, nx, ny, n_req, fut = pending
+            self._ready = (nb, nx, ny, n_req, _Resolved(fut.result()))
+            stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()

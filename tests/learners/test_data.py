@@ -559,6 +559,20 @@ def test_iter_minibatches_order_is_a_function_of_seed_and_epoch() -> None:
         next(D.iter_minibatches(data, 0, shuffle=False, seed=0, epoch=0))
 
 
+def test_unshuffled_minibatches_are_the_rows_take_would_give() -> None:
+    """In file order batches are views (Batch.slice), equal to take() of the same rows."""
+    data = D.load_file(str(DNA), C())
+    for drop_last, sizes in ((False, [300] * 6 + [200]), (True, [300] * 6)):
+        got = list(
+            D.iter_minibatches(data, 300, shuffle=False, seed=0, epoch=0, drop_last=drop_last)
+        )
+        assert [len(mb) for mb in got] == sizes
+        for i, mb in enumerate(got):
+            ref = data.take(np.arange(i * 300, i * 300 + len(mb)))
+            for f in ("labels", "indptr", "ids", "values", "row_index"):
+                np.testing.assert_array_equal(getattr(mb, f), getattr(ref, f))
+
+
 # --- keys ----------------------------------------------------------------------------------------
 
 

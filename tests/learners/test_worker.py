@@ -283,3 +283,63 @@ def test_streaming_trains_like_in_memory(tmp_path, local_ps_class):
     st.run_steps(n_st, None)
     np.testing.assert_array_equal(ps_st.w["weight"], ps_mem.w["weight"])
     np.testing.assert_array_equal(ps_st.w["bias"], ps_mem.w["bias"])
+
+
+class _CountingPS:
+    """A LocalPS class that counts pull_many calls and fused push_pull calls."""
+
+    def __init__(self, base):
+        self.base = base
+        self.pulls = 0
+        self.fused = 0
+
+    def __call__(self, specs):
+        ps = self.base(specs)
+        pull_many, fused = ps.pull_many, ps.push_pull_async
+
+        def counted_pull(req):
+            self.pulls += 1
+            return pull_many(req)
+
+        def counted_fused(updates, lr, req):
+            self.fused += 1
+            return fused(updates, lr, req)
+
+        ps.pull_many, ps.push_pull_async = counted_pull, counted_fused
+        return ps
+
+
+def test_prefetch_across_chunks_and_epochs_changes_nothing_but_round_trips(
+    census_256, local_ps_class
+):
+    """A chunk's last push fetching the next chunk's first rows (also across an epoch, with
+    shuffling) trains exactly as separate push and pull calls: same pushes, same weights."""
+    sets = {**DEEPFM, "ml.fm.rank": 4}
+    runs = {}
+    for mode in ("plain", "prefetch"):
+        counter = _CountingPS(local_ps_class)
+        w, ps = _worker(census_256, sets, {"shuffle": True}, counter, 13)
+        sched = StandardDecay(0.05, alpha=0.5)
+        for epoch in range(3):
+            n = w.begin_epoch(epoch, sched)  # 256 rows / 64 = 4 updates
+            assert n == 4
+            if mode == "plain":
+                w.run_steps(4, None)
+            else:
+                w.run_steps(1, None, True, None)
+                w.run_steps(3, None, epoch < 2, epoch + 1 if epoch < 2 else None)
+        runs[mode] = (ps, w, counter)
+    (ps_a, w_a, c_a), (ps_b, w_b, c_b) = runs["plain"], runs["prefetch"]
+    assert [p["lr"] for p in ps_a.pushes] == [p["lr"] for p in ps_b.pushes]
+    for pa, pb in zip(ps_a.pushes, ps_b.pushes, strict=True):
+        for name, (ids, g) in pa["grads"].items():
+            np.testing.assert_array_equal(pb["grads"][name][0], ids)
+            np.testing.assert_array_equal(pb["grads"][name][1], g)
+    for name in ps_a.w:
+        np.testing.assert_array_equal(ps_a.w[name], ps_b.w[name])
+    for p, q in zip(w_a.model.parameters(), w_b.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    # plain: a pull to start each epoch; prefetch: only the very first one (every pull_many
+    # is counted, those inside a fused push_pull too).
+    assert (c_a.fused, c_b.fused) == (9, 11)
+    assert (c_a.pulls - c_a.fused, c_b.pulls - c_b.fused) == (3, 1)
