@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import collections
 import os
+import secrets
 import shutil
+import socket
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +31,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from angelps import checkpoint
+from angelps import checkpoint, wire
 from angelps.config import Key
 from angelps.consistency import KEYS as CONSISTENCY_KEYS
 from angelps.consistency import READER
@@ -46,9 +49,10 @@ from angelps.shard import (
 )
 from angelps.table import TableSpec
 
-__all__ = ["KEYS", "NAMESPACE", "PSClient", "PSFuture", "actor_name"]
+__all__ = ["KEYS", "NAMESPACE", "TRANSPORTS", "PSClient", "PSFuture", "actor_name"]
 
 NAMESPACE = "angelps"
+TRANSPORTS = ("socket", "ray")
 
 
 def _non_negative(v: float) -> str | None:
@@ -119,6 +123,15 @@ KEYS = [
         "Times a shard actor may be started (Ray restarts it up to this minus one times); "
         "used only when backups are on.",
         check=_positive_int,
+    ),
+    Key(
+        "angel.ps.transport",
+        "str",
+        "socket",
+        "How workers send their per-step pull/push calls to the shards: socket (a direct TCP "
+        "connection to each shard actor, ~0.1 ms a round trip; see docs/ps.md) or ray (Ray "
+        "actor calls, ~2 ms). Control calls (save, load, recovery) always use Ray.",
+        choices=TRANSPORTS,
     ),
     Key(
         "angel.ps.nan.policy",
@@ -194,7 +207,104 @@ class _LogEntry:
         self.lr = lr
 
 
+class _ChannelDown(Exception):
+    """The TCP connection to a shard broke (the shard died): recovered like RayActorError."""
+
+
+class _Channel:
+    """A client's TCP connection to one shard (angelps.wire): calls are sent at once and their
+    replies read in order, so several calls can be in flight, as with Ray's actor calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sent = 0
+        self.received = 0
+        self.replies: dict[int, tuple[bool, Any]] = {}
+        self.dead = False
+
+    def send(self, frame: list[Any]) -> _SockRef:
+        if self.dead:
+            raise _ChannelDown("connection already broken")
+        try:
+            self.sock.sendall(b"".join(frame))
+        except OSError as e:
+            self.dead = True
+            raise _ChannelDown(str(e)) from None
+        ref = _SockRef(self, self.sent)
+        self.sent += 1
+        return ref
+
+    def result(self, seq: int) -> Any:
+        while self.received <= seq:
+            if self.dead:
+                raise _ChannelDown("connection broken")
+            try:
+                hlen, blen = wire.PREFIX.unpack(wire.recv_exact(self.sock, wire.PREFIX.size))
+                header = wire.recv_exact(self.sock, hlen)
+                body = wire.recv_exact(self.sock, blen) if blen else bytearray()
+            except OSError as e:
+                self.dead = True
+                raise _ChannelDown(str(e)) from None
+            self.replies[self.received] = wire.decode_reply(bytes(header), body)
+            self.received += 1
+        ok, value = self.replies.pop(seq)
+        if ok:
+            return value
+        kind, msg, args = value
+        if kind == "ShardRestarted":
+            raise ShardRestarted(*args)
+        exc = {"ValueError": ValueError, "TimeoutError": TimeoutError, "KeyError": KeyError}
+        raise exc.get(kind, RuntimeError)(msg)
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _SockRef:
+    """The reply of one call sent on a :class:`_Channel` (what an ObjectRef is for Ray)."""
+
+    __slots__ = ("channel", "error", "seq", "settled", "value")
+
+    def __init__(self, channel: _Channel, seq: int) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.settled = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def get(self) -> Any:
+        # Kept: recovery asks again for calls whose replies were already read.
+        if not self.settled:
+            try:
+                self.value = self.channel.result(self.seq)
+            except Exception as e:
+                self.error = e
+            self.settled = True
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _get_refs(refs: list[Any]) -> list[Any]:
+    """Values of Ray ObjectRefs and socket replies (one ``ray.get`` for all the Ray ones)."""
+    ray_refs = [r for r in refs if not isinstance(r, _SockRef)]
+    got = iter(ray.get(ray_refs)) if ray_refs else iter(())
+    return [r.get() if isinstance(r, _SockRef) else next(got) for r in refs]
+
+
 _FAILED = object()
+
+
+def _single_node() -> bool:
+    """True when the Ray cluster is this one machine (shards then listen on loopback)."""
+    try:
+        return sum(1 for n in ray.nodes() if n.get("Alive")) <= 1
+    except Exception:  # no node list (an old or a remote-client Ray): assume a cluster
+        return False
 
 
 def _translate(e: RayTaskError) -> BaseException:
@@ -270,6 +380,9 @@ class PSClient:
         self._owner = owner
         self._clock = 0
         self._inflight: list[_Call] = []
+        # Data-plane connections of this process, opened on first use (angelps.wire); None:
+        # not opened yet; False: this shard is reached through Ray actor calls.
+        self._chans: list[_Channel | bool | None] = [None] * self.num_shards
         # Recovery: pushes since the last backup each shard reported, replayed after a restart.
         self._recoverable = int(self.options.get("backup_interval", 0)) > 0
         self._log: list[collections.deque[_LogEntry]] | None = (
@@ -315,7 +428,17 @@ class PSClient:
             "nan_policy": nan_policy,
             "timeout_ms": int(_conf(conf, "angel.matrixtransfer.request.timeout.ms")),
             "job": job,
+            "transport": str(_conf(conf, "angel.ps.transport")).lower(),
+            # The data plane's password, handed to clients with their options.
+            "token": secrets.token_hex(wire.TOKEN_BYTES // 2),
+            # One node: listen on loopback only (nothing exposed beyond the machine); a
+            # cluster: on the shard's node address, for workers on other nodes.
+            "data_host": "127.0.0.1" if _single_node() else "",
         }
+        if options["transport"] not in TRANSPORTS:
+            raise ValueError(
+                f"angel.ps.transport={options['transport']!r} is not one of {', '.join(TRANSPORTS)}"
+            )
         backup_interval = int(_conf(conf, "angel.ps.backup.interval"))
         if backup_interval > 0:
             base = str(_conf(conf, "angel.ps.backup.path")) or os.path.join(
@@ -405,6 +528,7 @@ class PSClient:
         state = self.__dict__.copy()
         state["_inflight"] = []
         state["_owner"] = False
+        state["_chans"] = [None] * self.num_shards  # sockets belong to this process
         if self._log is not None:  # the log belongs to this process's pushes
             state["_log"] = [collections.deque() for _ in self.handles]
         return state
@@ -434,12 +558,12 @@ class PSClient:
         self._inflight = []
         every = list(calls) + pending
         try:
-            results = ray.get([c.ref for c in every])
+            results = _get_refs([c.ref for c in every])
         except RayTaskError as e:
             if not isinstance(getattr(e, "cause", None), ShardRestarted):
                 raise _translate(e) from None
             results = self._recover(every)
-        except RayActorError:
+        except (RayActorError, ShardRestarted, _ChannelDown):
             results = self._recover(every)
         for c, (_, backed_up) in zip(every, results, strict=True):
             self._trim(c.shard, backed_up)
@@ -460,8 +584,8 @@ class PSClient:
         failed: set[int] = set()
         for i, c in enumerate(calls):
             try:
-                results[i] = ray.get(c.ref)
-            except RayActorError:
+                results[i] = _get_refs([c.ref])[0]
+            except (RayActorError, ShardRestarted, _ChannelDown):
                 failed.add(c.shard)
             except RayTaskError as e:
                 if not isinstance(getattr(e, "cause", None), ShardRestarted):
@@ -474,6 +598,10 @@ class PSClient:
                 f"angel.ps.backup.interval > 0 to let shards restart and recover"
             )
         for s in sorted(failed):
+            ch = self._chans[s]
+            if isinstance(ch, _Channel):
+                ch.close()  # reconnect to the restarted shard at the next call
+                self._chans[s] = None
             self._replay(s)
         for i, c in enumerate(calls):
             if results[i] is _FAILED:
@@ -530,6 +658,56 @@ class PSClient:
         except RayTaskError as e:
             raise _translate(e) from None
 
+    def _channel(self, shard: int) -> _Channel | None:
+        """This process's connection to ``shard`` (opened on first use), or None for Ray calls."""
+        ch = self._chans[shard]
+        if isinstance(ch, _Channel):
+            if not ch.dead:
+                return ch
+            ch = None  # broken (the shard restarted): connect to the new one
+        if ch is False or self.options.get("transport", "ray") != "socket":
+            return None
+        token = str(self.options.get("token", "")).encode()
+        try:
+            host, port = ray.get(
+                self.handles[shard].serve.remote(str(self.options.get("data_host", ""))),
+                timeout=float(self.options.get("timeout_ms", 120000)) / 1000.0,
+            )
+            sock = socket.create_connection((host, port), timeout=10.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(token)
+        except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
+            # Unreachable from here (a firewall, a loopback-only shard on another node): the
+            # shard still answers Ray actor calls, only slower.
+            warnings.warn(
+                f"angelps: no direct connection to parameter shard {shard} ({e}); using Ray "
+                f"actor calls for it (angel.ps.transport=socket)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._chans[shard] = False
+            return None
+        chan = _Channel(sock)
+        self._chans[shard] = chan
+        return chan
+
+    def _call(self, shard: int, *args: Any) -> Any:
+        """Send one ``step`` call: over this process's connection to the shard, else via Ray."""
+        chan = self._channel(shard)
+        if chan is not None:
+            try:
+                return chan.send(wire.encode_request(*args))
+            except _ChannelDown:
+                pass  # the shard died: the Ray call below fails too and recovery takes over
+        return self.handles[shard].step.remote(*args)
+
+    def _close_channels(self) -> None:
+        for ch in self._chans:
+            if isinstance(ch, _Channel):
+                ch.close()
+        self._chans = [None] * self.num_shards
+
     def _route(self, table: str, keys: Any) -> _Routed:
         spec = self._spec(table)
         return _Routed(spec, self.parts[table], check_keys(spec, keys))
@@ -570,7 +748,7 @@ class PSClient:
         clock = self._clock
         pull_clock = clock + 1 if push is not None else clock
         calls: list[_Call] = []
-        for s, h in enumerate(self.handles):
+        for s in range(self.num_shards):
             pushes = None
             if push is not None:
                 pushes = {}
@@ -588,7 +766,7 @@ class PSClient:
                 pulls[name] = None
             if pushes is None and not pulls:
                 continue
-            ref = h.step.remote(self.worker_id, clock, pushes, lr, pulls or None)
+            ref = self._call(s, self.worker_id, clock, pushes, lr, pulls or None)
             calls.append(_Call(s, ref, pull_clock, pulls or None))
         if push is not None:
             self._clock += 1
@@ -806,6 +984,7 @@ class PSClient:
         try:
             self.flush()
         finally:
+            self._close_channels()
             if self._owner:
                 for h in self.handles:
                     ray.kill(h, no_restart=True)

@@ -787,6 +787,9 @@ class ShardServer:
         self.restarted = False
         self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
+        # The data plane (angelps.wire): a TCP server opened by serve(), guarded by the token.
+        self._token = str(options.get("token", "")).encode()
+        self._server: asyncio.Server | None = None
         if self.backup_dir and _was_restarted():
             self._restore_backup()
 
@@ -906,6 +909,7 @@ class ShardServer:
         st = self.shard.stats()
         st["restarted"] = self.restarted
         st["backup_clocks"] = list(self.backup_clocks)
+        st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
         return st
 
     async def save(self, root: str) -> dict[str, Any]:
@@ -922,6 +926,65 @@ class ShardServer:
 
     async def ping(self) -> int:
         return self.shard.shard_id
+
+    # --- the data plane ----------------------------------------------------------------------
+
+    async def serve(self, host: str) -> tuple[str, int]:
+        """Listen for ``step`` calls over TCP on ``host`` (angelps.wire); returns the address.
+
+        Idempotent: every client of the job connects to the same server. The server runs on
+        the actor's event loop, so its calls interleave with actor calls exactly as actor
+        calls interleave with each other (one at a time, waiting only for clocks).
+        """
+        if not self._token:
+            raise ValueError("this shard has no data-plane token (launched without one)")
+        if self._server is None:
+            if not host:  # a cluster: this node's address, reachable from other nodes
+                import ray
+
+                host = ray.util.get_node_ip_address()
+            self._server = await asyncio.start_server(self._serve_connection, host, 0)
+        addr = self._server.sockets[0].getsockname()
+        return str(addr[0]), int(addr[1])
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client's connection: the token, then its calls in order, each answered."""
+        from angelps import wire
+
+        try:
+            token = await reader.readexactly(wire.TOKEN_BYTES)
+            if not self._token or token != self._token[: wire.TOKEN_BYTES]:
+                return
+            while True:
+                try:
+                    prefix = await reader.readexactly(wire.PREFIX.size)
+                except asyncio.IncompleteReadError:
+                    return  # the client went away
+                hlen, blen = wire.PREFIX.unpack(prefix)
+                if hlen > wire.MAX_HEADER:
+                    return  # not a frame of ours: drop the connection
+                header = await reader.readexactly(hlen)
+                body = await reader.readexactly(blen) if blen else b""
+                try:
+                    rows, backed_up = await self.step(**wire.decode_request(header, body))
+                    frame = wire.encode_reply(rows, backed_up)
+                except ShardRestarted as e:
+                    frame = wire.encode_error(
+                        "ShardRestarted", str(e), [e.shard, e.worker, e.clock]
+                    )
+                except (ValueError, TimeoutError, KeyError) as e:
+                    frame = wire.encode_error(type(e).__name__, str(e), [])
+                except Exception as e:  # reported to the caller, not lost in the actor's log
+                    frame = wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+                # No drain(): the client may be sending its next call while this reply waits
+                # to be read; blocking on the reply here would stop reading and deadlock both.
+                writer.writelines(frame)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
 
 
 def _was_restarted() -> bool:

@@ -5,6 +5,7 @@ where an uninterrupted run ends."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -108,13 +109,23 @@ def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
     c = PSClient.launch([W, B], {"angel.job.name": "nobackup", "angel.ps.number": 2})
     try:
         c.push("w", np.array([1, 2, 3]), np.ones(3), 0.1)
+        pid = c.stats()[0]["pid"]
         ray.kill(ray.get_actor(actor_name("nobackup", 0), namespace="angelps"))
+        # ray.kill returns before the process is gone; a direct connection could still
+        # reach it for a while, so wait until it is (Ray's own calls fail at once).
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         with pytest.raises(
             RuntimeError,
             match=r"parameter shard\(s\) \[0\] died and shard "
             r"backups are off",
         ):
-            c.pull("w", np.array([1, 2, 3]))
+            # keys on both shards, so the pull itself calls the dead one
+            c.pull("w", np.arange(64))
     finally:
         c.shutdown()
 

@@ -1,0 +1,178 @@
+"""The data plane (angelps.wire): frames, the token, and both transports on a real local Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from angelps import wire
+from angelps.client import PSClient
+from angelps.shard import ShardServer
+from angelps.table import OptimizerSpec, TableSpec
+
+EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
+LIN = TableSpec("lin", rows=20, cols=1, init="zeros", optimizer=OptimizerSpec("momentum"))
+
+
+def _frame(bufs: list) -> tuple[bytes, bytes]:
+    raw = b"".join(bufs)
+    hlen, blen = wire.PREFIX.unpack(raw[: wire.PREFIX.size])
+    header = raw[wire.PREFIX.size : wire.PREFIX.size + hlen]
+    body = raw[wire.PREFIX.size + hlen :]
+    assert len(body) == blen
+    return header, body
+
+
+def test_request_round_trip():
+    keys = np.array([3, -7, 2**62], dtype=np.int64)
+    grads = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dense = np.arange(5, dtype=np.float64).reshape(5, 1)
+    frame = wire.encode_request(
+        2,
+        41,
+        {"emb": (keys, grads), "lin": (np.arange(5), dense)},
+        0.125,
+        {"emb": keys, "lin": None},
+        True,
+    )
+    got = wire.decode_request(*_frame(frame))
+    assert (got["worker"], got["clock"], got["lr"], got["recovering"]) == (2, 41, 0.125, True)
+    np.testing.assert_array_equal(got["pushes"]["emb"][0], keys)
+    np.testing.assert_array_equal(got["pushes"]["emb"][1], grads)
+    assert got["pushes"]["lin"][1].dtype == np.float64
+    np.testing.assert_array_equal(got["pushes"]["lin"][1], dense)
+    np.testing.assert_array_equal(got["pulls"]["emb"], keys)
+    assert got["pulls"]["lin"] is None
+    bare = wire.decode_request(*_frame(wire.encode_request(0, 0, None, 0.0, None)))
+    assert bare["pushes"] is None and bare["pulls"] is None
+
+
+def test_reply_and_error_round_trip():
+    rows = {"emb": np.arange(8, dtype=np.float32).reshape(2, 4), "lin": np.zeros((0, 1))}
+    header, body = _frame(wire.encode_reply(rows, 17))
+    ok, (got, backed_up) = wire.decode_reply(header, bytearray(body))
+    assert ok and backed_up == 17
+    np.testing.assert_array_equal(got["emb"], rows["emb"])
+    assert got["lin"].shape == (0, 1) and got["lin"].dtype == np.float64
+    ok, (kind, msg, args) = wire.decode_reply(
+        *_frame(wire.encode_error("ShardRestarted", "m", [1, 0, 9]))
+    )
+    assert not ok and (kind, msg, args) == ("ShardRestarted", "m", [1, 0, 9])
+
+
+@pytest.fixture
+def served_shard():
+    """A ShardServer (no Ray) with its TCP server on a background event loop."""
+    srv = ShardServer(0, 1, [EMB.to_dict(), LIN.to_dict()], {"token": "t" * wire.TOKEN_BYTES})
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    host, port = asyncio.run_coroutine_threadsafe(srv.serve("127.0.0.1"), loop).result(10)
+    yield srv, host, port
+
+    async def shutdown() -> None:
+        srv._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    th.join(5)
+
+
+def _send(sock: socket.socket, frame: list) -> tuple[bool, object]:
+    sock.sendall(b"".join(frame))
+    hlen, blen = wire.PREFIX.unpack(wire.recv_exact(sock, wire.PREFIX.size))
+    header = wire.recv_exact(sock, hlen)
+    return wire.decode_reply(bytes(header), wire.recv_exact(sock, blen))
+
+
+def test_calls_in_order_and_errors_as_replies(served_shard):
+    srv, host, port = served_shard
+    with socket.create_connection((host, port)) as s:
+        s.sendall(b"t" * wire.TOKEN_BYTES)
+        keys = np.array([4, 9])
+        ok, (rows, _) = _send(
+            s,
+            wire.encode_request(
+                0, 0, {"lin": (keys, np.ones((2, 1), np.float32))}, 1.0, {"lin": keys}
+            ),
+        )
+        assert ok
+        np.testing.assert_array_equal(rows["lin"], [[-1.0], [-1.0]])  # momentum's first step
+        # A bad call is answered with its error; the connection stays usable.
+        ok, (kind, msg, _) = _send(s, wire.encode_request(0, 1, None, 0.0, {"nope": keys}))
+        assert not ok and kind == "ValueError" and "unknown table 'nope'" in msg
+        ok, (rows, _) = _send(s, wire.encode_request(0, 1, None, 0.0, {"lin": None}))
+        assert ok and rows["lin"].shape == (20, 1)
+    assert srv.shard.clocks.pushed[0] == 1
+
+
+def test_a_wrong_token_is_disconnected_unanswered(served_shard):
+    srv, host, port = served_shard
+    with socket.create_connection((host, port)) as s:
+        s.sendall(b"x" * wire.TOKEN_BYTES)
+        s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
+        s.settimeout(10)
+        assert s.recv(1) == b""  # closed by the shard
+    assert srv.shard.clocks.pushed[0] == 0
+
+
+def _steps(seed: int = 0, n: int = 5):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        ek = rng.integers(-500, 500, 30)
+        lk = rng.integers(0, 20, 10)
+        yield ek, rng.standard_normal((30, 4)).astype(np.float32), lk, rng.standard_normal((10, 1))
+
+
+def test_socket_and_ray_transports_agree(ray_local):
+    """The same pushes and pulls through each transport give bit-identical rows."""
+    got = {}
+    for transport in ("socket", "ray"):
+        c = PSClient.launch(
+            [EMB, LIN],
+            {
+                "angel.job.name": f"wire-{transport}",
+                "angel.ps.number": 2,
+                "angel.ps.transport": transport,
+            },
+        )
+        try:
+            out = []
+            for i, (ek, eg, lk, lg) in enumerate(_steps()):
+                rows = c.push_pull(
+                    {"emb": (ek, eg), "lin": (lk, lg)}, 0.1 / (i + 1), {"emb": ek, "lin": lk}
+                )
+                c.push("lin", lk, lg, 0.05)
+                out.append((rows["emb"], rows["lin"], c.pull_dense("lin")))
+            used = [type(ch).__name__ for ch in c._chans]
+            got[transport] = out
+        finally:
+            c.shutdown()
+        assert used == ["_Channel" if transport == "socket" else "NoneType"] * 2
+    for a, b in zip(got["socket"], got["ray"], strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_unreachable_data_plane_falls_back_to_ray_calls(ray_local):
+    c = PSClient.launch([EMB, LIN], {"angel.job.name": "wire-fallback", "angel.ps.number": 1})
+    try:
+        # An address no shard can listen on (TEST-NET-1): serve() fails in the actor.
+        c.options["data_host"] = "192.0.2.1"
+        with pytest.warns(RuntimeWarning, match="no direct connection to parameter shard 0"):
+            rows = c.push_pull(
+                {"lin": (np.array([1]), np.ones((1, 1)))}, 1.0, {"lin": np.array([1])}
+            )
+        np.testing.assert_array_equal(rows["lin"], [[-1.0]])
+        assert c._chans == [False]
+        np.testing.assert_array_equal(c.pull("lin", np.array([1])), [[-1.0]])
+    finally:
+        c.shutdown()
