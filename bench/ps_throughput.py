@@ -97,7 +97,11 @@ def _paired(
 
 
 def bench_sparse(
-    keys_list: list[int], widths: list[int], shards_list: list[int], reps: int
+    keys_list: list[int],
+    widths: list[int],
+    shards_list: list[int],
+    reps: int,
+    transport: str = "socket",
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
@@ -112,7 +116,12 @@ def bench_sparse(
                 optimizer=OptimizerSpec("sgd"),
             )
             client = PSClient.launch(
-                [spec], {"angel.job.name": f"bench-{n_shards}-{width}", "angel.ps.number": n_shards}
+                [spec],
+                {
+                    "angel.job.name": f"bench-{n_shards}-{width}",
+                    "angel.ps.number": n_shards,
+                    "angel.ps.transport": transport,
+                },
             )
             local = InProcessPS([spec], n_shards)
             try:
@@ -161,7 +170,9 @@ def bench_sparse(
     return rows
 
 
-def bench_dense(rows_list: list[int], shards_list: list[int], reps: int) -> list[dict[str, Any]]:
+def bench_dense(
+    rows_list: list[int], shards_list: list[int], reps: int, transport: str = "socket"
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     rng = np.random.default_rng(1)
     width = 16
@@ -170,7 +181,11 @@ def bench_dense(rows_list: list[int], shards_list: list[int], reps: int) -> list
             spec = TableSpec("d", rows=n_rows, cols=width, optimizer=OptimizerSpec("sgd"))
             client = PSClient.launch(
                 [spec],
-                {"angel.job.name": f"benchd-{n_shards}-{n_rows}", "angel.ps.number": n_shards},
+                {
+                    "angel.job.name": f"benchd-{n_shards}-{n_rows}",
+                    "angel.ps.number": n_shards,
+                    "angel.ps.transport": transport,
+                },
             )
             local = InProcessPS([spec], n_shards)
             keys = np.arange(n_rows)
@@ -266,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         help="rows of the dense table (width 16) per point; 0 skips the dense measurements",
     )
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument(
+        "--transport",
+        choices=["socket", "ray"],
+        default="socket",
+        help="angel.ps.transport of the shards (default socket, the data plane)",
+    )
     p.add_argument("--quick", action="store_true", help="keys 8192 65536, widths 8, shards 1 2")
     p.add_argument("--out", default="bench/results/ps_throughput.json")
     p.add_argument("--markdown", metavar="JSON", help="print the tables of a result file and exit")
@@ -290,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         log_to_driver=False,
     )
     try:
-        sparse = bench_sparse(args.keys, args.widths, args.shards, args.reps)
-        dense = bench_dense(args.dense_rows, args.shards, args.reps)
+        sparse = bench_sparse(args.keys, args.widths, args.shards, args.reps, args.transport)
+        dense = bench_dense(args.dense_rows, args.shards, args.reps, args.transport)
     finally:
         ray.shutdown()
     result = {
@@ -303,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray": ray.__version__,
         },
         "reps": args.reps,
+        "transport": args.transport,
         "sparse": sparse,
         "dense": dense,
     }
