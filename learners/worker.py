@@ -636,42 +636,52 @@ class TrainWorker:
         self.ps.push_many(dict(grads), lr=lr)
 
     def _finish_grads(self, grads: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[bool, float]:
-        """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient."""
+        """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient.
+
+        With W > 1 workers this is one collective per update: the dense gradients and a count
+        of workers whose sparse gradients are not finite travel in the same all-reduce (a NaN
+        in a dense gradient reaches every worker through the sum). Clipping adds a second one.
+        """
         assert self.model is not None
         dense = [p.grad for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         if self.loss_scale != 1.0:
             for g in dense:
                 g.div_(self.loss_scale)
         w = self.num_workers
-        if w > 1 and dense:
-            flat = torch.cat([g.reshape(-1) for g in dense])
-            flat = _all_reduce(flat)
+        sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
+            w * w
+        )
+        bad = 0.0 if math.isfinite(sparse_sq) else 1.0
+        if w > 1:
+            like = dense[0] if dense else torch.zeros(1)
+            flag = torch.tensor([bad], dtype=like.dtype, device=like.device)
+            flat = _all_reduce(torch.cat([*(g.reshape(-1) for g in dense), flag]))
+            bad = float(flat[-1])
             flat /= w
             off = 0
             for g in dense:
                 n = g.numel()
                 g.copy_(flat[off : off + n].view_as(g))
                 off += n
-        sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
-            w * w
-        )
         # One fused pass over the dense gradients (as clip_grad_norm_): the per-tensor float64
         # square-and-sum it replaces cost ~15% of a DeepFM step at batch 256. NaN or inf in any
-        # gradient makes its norm non-finite.
+        # gradient makes its norm non-finite. After the all-reduce every worker holds the same
+        # dense gradients, so every worker reaches the same verdict.
         dense_sq = (
             float(torch.stack(torch._foreach_norm(dense)).double().pow(2).sum()) if dense else 0.0
         )
-        finite = math.isfinite(sparse_sq) and math.isfinite(dense_sq)
+        finite = bad == 0 and math.isfinite(dense_sq)
         coef = 1.0
         if finite and self.clip > 0:
             # Sparse: this worker's share of the pushed gradient; under W > 1 the norm of the
-            # summed sparse gradient is not known on any one worker, so the share stands in for it.
+            # summed sparse gradient is not known on any one worker, so the largest share
+            # stands in for it (every worker then applies the same, smallest coefficient).
+            if w > 1:
+                t = torch.tensor([sparse_sq], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                sparse_sq = float(t[0])
             norm = math.sqrt(sparse_sq * w + dense_sq)
             coef = min(1.0, self.clip / (norm + 1e-6))
-        if w > 1:
-            t = torch.tensor([0.0 if finite else 1.0, -coef], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            finite, coef = bool(t[0] == 0), float(-t[1])
         if finite and coef < 1.0:
             for g in dense:
                 g.mul_(coef)
