@@ -176,3 +176,34 @@ def test_unreachable_data_plane_falls_back_to_ray_calls(ray_local):
         np.testing.assert_array_equal(c.pull("lin", np.array([1])), [[-1.0]])
     finally:
         c.shutdown()
+
+
+def test_large_calls_take_ray_and_order_is_kept(ray_local, monkeypatch):
+    """Calls above the size limit go through Ray, small ones through the socket; switching
+    between them waits for the other path, so a caller's calls stay in order."""
+    from angelps import client as client_mod
+    from angelps.shard import ParameterShard
+
+    monkeypatch.setattr(client_mod, "_SOCKET_MAX_BYTES", 600)
+    c = PSClient.launch([EMB, LIN], {"angel.job.name": "wire-mixed", "angel.ps.number": 1})
+    ref = ParameterShard(0, 1, [EMB, LIN])
+    rng = np.random.default_rng(3)
+    try:
+        for i in range(8):
+            n = 4 if i % 2 else 60  # 60 keys x (8 + 16 bytes + 16 grad bytes) > 600
+            keys = rng.integers(-50, 50, n)
+            keys = np.unique(keys)
+            grads = rng.standard_normal((len(keys), 4)).astype(np.float32)
+            c.push("emb", keys, grads, 0.1)  # not waited for
+            ref.push(0, ref.clocks.pushed[0], {"emb": (keys, grads)}, 0.1)
+            if i == 2:
+                assert c._ray_refs[0], "a large push went through Ray"
+            small = np.array([keys[0]])
+            np.testing.assert_array_equal(c.pull("emb", small), ref.pull({"emb": small})["emb"])
+        everything = np.arange(-50, 50)
+        np.testing.assert_array_equal(
+            c.pull("emb", everything), ref.pull({"emb": everything})["emb"]
+        )
+        assert isinstance(c._chans[0], client_mod._Channel) and c._chans[0].sent > 0
+    finally:
+        c.shutdown()
