@@ -66,7 +66,8 @@ KEYS = [
         "angel.worker.torch.threads",
         "int",
         1,
-        "torch intra-op threads per worker (one is fastest for small models on few cores).",
+        "torch intra-op threads per worker: one is fastest for small models (LR, FM); give "
+        "MLP models (DeepFM, DNN) as many as angel.worker.cpus (docs/benchmarks-train.md).",
         check=positive,
     ),
     Key(
