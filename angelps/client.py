@@ -235,7 +235,7 @@ class _Channel:
         return ref
 
     def result(self, seq: int) -> Any:
-        self.result_into_cache(seq)
+        self._read_until(seq)
         ok, value = self.replies.pop(seq)
         if ok:
             return value
@@ -250,11 +250,11 @@ class _Channel:
         shard has served them all."""
         if self.sent:
             try:
-                self.result_into_cache(self.sent - 1)
+                self._read_until(self.sent - 1)
             except _ChannelDown:
                 pass  # their refs raise it; recovery takes over there
 
-    def result_into_cache(self, seq: int) -> None:
+    def _read_until(self, seq: int) -> None:
         while self.received <= seq:
             if self.dead:
                 raise _ChannelDown("connection broken")
@@ -756,7 +756,10 @@ class PSClient:
             ch.drain()
         ref = self.handles[shard].step.remote(*args)
         if ch is not False and self.options.get("transport") == "socket":
-            self._ray_refs[shard].append(ref)
+            pending = self._ray_refs[shard]
+            pending.append(ref)
+            if len(pending) > 8:  # forget the served ones (and do not keep their replies alive)
+                _, self._ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
         return ref
 
     def _close_channels(self) -> None:
