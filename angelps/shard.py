@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from angelps import wire
 from angelps.checkpoint import (
     CheckpointError,
     read_backup,
@@ -951,8 +952,6 @@ class ShardServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One client's connection: the token, then its calls in order, each answered."""
-        from angelps import wire
-
         try:
             token = await reader.readexactly(wire.TOKEN_BYTES)
             if not self._token or token != self._token[: wire.TOKEN_BYTES]:

@@ -70,7 +70,9 @@ class _Dedup:
 
     def __init__(self, num_features: int) -> None:
         self.num_features = num_features
-        self.bounded = 0 < num_features <= 1 << 31
+        # The remap table is 8 bytes per feature of address space (calloc: touched pages only);
+        # beyond 2^28 features (2 GiB of it) the binary search is used instead.
+        self.bounded = 0 < num_features <= 1 << 28
         self.mask: np.ndarray | None = None
         self.remap: np.ndarray | None = None
 
