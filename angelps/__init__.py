@@ -1,3 +1,42 @@
-"""angelps: the parameter server (tables, shards, optimizers, client, checkpoints, config)."""
+"""angelps: the parameter server (tables, shards, optimizers, client, checkpoints, config).
+
+The public face is imported lazily (PEP 562), so that ``import angelps.config`` or
+``import angelps.options`` loads only the standard library: the configuration layer is shared
+with the standard-library-only ``decay`` package and with the CLI's config-only verbs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "PSClient": "angelps.client",
+    "ParameterShard": "angelps.shard",
+    "TableSpec": "angelps.table",
+    "OptimizerSpec": "angelps.table",
+    "load_config": "angelps.config",
+    "Config": "angelps.config",
+    "ConfigError": "angelps.config",
+    "Key": "angelps.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from angelps.client import PSClient
+    from angelps.config import Config, ConfigError, Key, load_config
+    from angelps.shard import ParameterShard
+    from angelps.table import OptimizerSpec, TableSpec
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'angelps' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -88,6 +88,16 @@ class Key:
                 f"key {self.name}: type {self.type!r} is not one of {', '.join(TYPES)}"
             )
 
+    def read(self, conf: Mapping[str, Any]) -> Any:
+        """This key's value in ``conf`` (a :class:`Config` or a plain mapping of typed values),
+        or its declared default when ``conf`` lacks it or holds ``None``.
+
+        The one place a default is applied outside the loader, so option objects built from a
+        partial mapping (tests, the Python API) get the same defaults as a loaded job.
+        """
+        value = conf.get(self.name)
+        return self.default if value is None else value
+
 
 # --- checks ------------------------------------------------------------------------------------
 
