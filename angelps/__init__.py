@@ -18,17 +18,29 @@ _EXPORTS = {
     "ParameterShard": "angelps.shard",
     "TableSpec": "angelps.table",
     "OptimizerSpec": "angelps.table",
+    "PSOptions": "angelps.options",
     "load_config": "angelps.config",
     "Config": "angelps.config",
     "ConfigError": "angelps.config",
     "Key": "angelps.config",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Key",
+    "OptimizerSpec",
+    "PSClient",
+    "PSOptions",
+    "ParameterShard",
+    "TableSpec",
+    "load_config",
+]
 
 if TYPE_CHECKING:
     from angelps.client import PSClient
     from angelps.config import Config, ConfigError, Key, load_config
+    from angelps.options import PSOptions
     from angelps.shard import ParameterShard
     from angelps.table import OptimizerSpec, TableSpec
 

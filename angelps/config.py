@@ -7,34 +7,43 @@ Every key is declared once, next to the code that reads it, as a :class:`Key` in
 overrides, converts types, runs each key's check and returns a read-only :class:`Config` that
 remembers where every value came from. Errors are :class:`ConfigError` (a ``ValueError``) whose
 message names the file and line or the key, the value and what would be valid.
+
+This is the project's one key layer: every package declares its keys as :class:`Key` (``decay``
+included), and :func:`validate` is the one conversion and check of a value, used by the loader
+and by ``decay.from_conf`` on plain mappings, so a bad value reads the same wherever it is
+caught: ``name=value is not valid: expected ...``. Invariant: standard library only, so the
+config-only entry points and the standard-library-only ``decay`` package can import it.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
     "TYPES",
     "Config",
     "ConfigError",
     "Key",
-    "KeyLike",
+    "KeyIndex",
     "add_config_arguments",
     "at_least",
     "between",
     "in_range",
+    "interval",
     "load_config",
     "non_negative",
     "parse_properties",
     "positive",
     "render_markdown",
+    "validate",
 ]
 
 TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
@@ -45,23 +54,6 @@ _FALSE = {"false", "no", "off", "0"}
 
 class ConfigError(ValueError):
     """A configuration problem: unknown key, bad value, unreadable file, missing required key."""
-
-
-class KeyLike(Protocol):
-    """What the loader needs of a declaration; ``decay`` declares its keys with its own class."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def type(self) -> str: ...
-    @property
-    def default(self) -> Any: ...
-    @property
-    def doc(self) -> str: ...
-    @property
-    def check(self) -> Callable[[Any], str | None] | None: ...
-    @property
-    def choices(self) -> tuple[str, ...] | None: ...
 
 
 @dataclass(frozen=True)
@@ -112,31 +104,38 @@ def non_negative(value: float) -> str | None:
     return None if value >= 0 else "a number >= 0"
 
 
-def at_least(low: float) -> Callable[[float], str | None]:
-    """Check: value >= low."""
+def at_least(low: float, what: str = "a number") -> Callable[[float], str | None]:
+    """Check: value >= low; ``what`` names the kind of value ("an integer") in the message."""
 
     def check(value: float) -> str | None:
-        return None if value >= low else f"a number >= {low:g}"
+        return None if value >= low else f"{what} >= {low:g}"
+
+    return check
+
+
+def interval(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[float], str | None]:
+    """Check: value in the interval from low to high, each end closed unless marked open;
+    the message writes it as ``[0, 1)``."""
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(value: float) -> str | None:
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        return None if above and below else f"a number in {shown}"
 
     return check
 
 
 def between(low: float, high: float) -> Callable[[float], str | None]:
-    """Check: low <= value <= high."""
-
-    def check(value: float) -> str | None:
-        return None if low <= value <= high else f"a number in [{low:g}, {high:g}]"
-
-    return check
+    """Check: low <= value <= high (closed interval)."""
+    return interval(low, high)
 
 
 def in_range(low: float, high: float) -> Callable[[float], str | None]:
     """Check: low < value < high (open interval)."""
-
-    def check(value: float) -> str | None:
-        return None if low < value < high else f"a number in ({low:g}, {high:g})"
-
-    return check
+    return interval(low, high, low_open=True, high_open=True)
 
 
 # --- .properties parsing -----------------------------------------------------------------------
@@ -244,7 +243,7 @@ _WHAT = {
 }
 
 
-def _convert(key: KeyLike, value: Any) -> Any:
+def _convert(key: Key, value: Any) -> Any:
     """Convert a raw string (or an already typed Python value) to the key's type."""
     t = key.type
     if value is None:
@@ -291,46 +290,57 @@ def _convert(key: KeyLike, value: Any) -> Any:
     return [str(v) for v in items]
 
 
-def _validate(key: KeyLike, value: Any, where: str, name: str | None = None) -> Any:
-    """Convert and check one value; raise ConfigError naming where, the key, the value and what is valid."""
+def validate(key: Key, value: Any, name: str | None = None) -> Any:
+    """Convert one value (a properties string or a typed value) to ``key``'s type and check it.
+
+    Returns the typed value (``None`` stays ``None``). Raises :class:`ConfigError`
+    ``"{name}={value} is not valid: expected {what is valid}"``; ``name`` defaults to the key's
+    (pass the concrete name of an indexed key, ``ml.opt.decay.1.gamma``).
+    """
     shown = value if isinstance(value, str) else _format(value)
     name = name or key.name
     try:
         typed = _convert(key, value)
     except (ValueError, TypeError, OverflowError):
-        raise ConfigError(
-            f"{where}: {name}={shown!s} is not valid: expected {_WHAT[key.type]}"
-        ) from None
+        raise ConfigError(f"{name}={shown!s} is not valid: expected {_WHAT[key.type]}") from None
     if typed is None:
         return None
-    if key.type == "float" and typed != typed:  # NaN passes every comparison check
-        raise ConfigError(f"{where}: {name}={shown} is not valid: expected a finite number")
+    if key.type == "float" and not math.isfinite(typed):  # NaN passes every comparison check
+        raise ConfigError(f"{name}={shown} is not valid: expected a finite number")
     if key.choices and key.type == "str":
         match = {c.lower(): c for c in key.choices}.get(typed.lower())
         if match is None:
             hint = _did_you_mean(difflib.get_close_matches(typed, key.choices, n=3, cutoff=0.4))
             raise ConfigError(
-                f"{where}: {name}={shown} is not valid: expected one of "
-                f"{', '.join(key.choices)}{hint}"
+                f"{name}={shown} is not valid: expected one of {', '.join(key.choices)}{hint}"
             )
         typed = match
     if key.check is not None:
         # A list key's check sees the whole list (e.g. "strictly increasing").
         problem = key.check(typed)
         if problem:
-            raise ConfigError(f"{where}: {name}={shown} is not valid: expected {problem}")
+            raise ConfigError(f"{name}={shown} is not valid: expected {problem}")
     return typed
+
+
+def _validate(key: Key, value: Any, where: str, name: str | None = None) -> Any:
+    """:func:`validate`, with the message prefixed by where the value came from."""
+    try:
+        return validate(key, value, name)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 # --- key lookup --------------------------------------------------------------------------------
 
 
-class _KeyIndex:
-    """Exact names plus ``<i>`` patterns, and nearest-name suggestions for unknown keys."""
+class KeyIndex:
+    """Declarations by name: exact names plus ``<i>`` patterns, nearest-name suggestions and the
+    error for an unknown key. A name is declared at most once."""
 
-    def __init__(self, keys: Iterable[KeyLike]) -> None:
-        self.exact: dict[str, KeyLike] = {}
-        self.patterns: list[tuple[re.Pattern[str], KeyLike]] = []
+    def __init__(self, keys: Iterable[Key]) -> None:
+        self.exact: dict[str, Key] = {}
+        self.patterns: list[tuple[re.Pattern[str], Key]] = []
         for k in keys:
             if k.name in self.exact or any(k.name == p.name for _, p in self.patterns):
                 raise ValueError(f"key {k.name} is declared twice")
@@ -340,7 +350,8 @@ class _KeyIndex:
             else:
                 self.exact[k.name] = k
 
-    def find(self, name: str) -> KeyLike | None:
+    def find(self, name: str) -> Key | None:
+        """The declaration of ``name`` (``ml.opt.decay.1.gamma`` finds ``ml.opt.decay.<i>.gamma``)."""
         k = self.exact.get(name)
         if k is not None:
             return k
@@ -349,16 +360,27 @@ class _KeyIndex:
                 return pk
         return None
 
-    def all(self) -> list[KeyLike]:
+    def all(self) -> list[Key]:
+        """Every declaration, exact names first."""
         return list(self.exact.values()) + [k for _, k in self.patterns]
 
     def suggest(self, name: str) -> list[str]:
+        """Up to three declared names close to ``name``, closest first."""
         # Indexed names are suggested with the index the user typed, when there is one.
         m = re.search(r"\.(\d+)\.", name)
         names = list(self.exact)
         for _, k in self.patterns:
             names.append(k.name.replace("<i>", m.group(1)) if m else k.name)
         return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+
+    def unknown(
+        self, name: str, where: str = "", listing: str = "`angelps conf --keys` lists every key"
+    ) -> ConfigError:
+        """The error for an undeclared ``name``: where, the closest names, where to look."""
+        prefix = f"{where}: " if where else ""
+        return ConfigError(
+            f"{prefix}unknown key {name}{_did_you_mean(self.suggest(name))}; {listing}"
+        )
 
 
 def _did_you_mean(close: Sequence[str]) -> str:
@@ -367,11 +389,6 @@ def _did_you_mean(close: Sequence[str]) -> str:
         return ""
     more = f" also close: {', '.join(close[1:])}" if len(close) > 1 else ""
     return f" (did you mean {close[0]}?{more})"
-
-
-def _unknown(name: str, where: str, index: _KeyIndex) -> ConfigError:
-    hint = _did_you_mean(index.suggest(name))
-    return ConfigError(f"{where}: unknown key {name}{hint}; `angelps conf --keys` lists every key")
 
 
 # --- the typed configuration -------------------------------------------------------------------
@@ -389,7 +406,7 @@ class Config(Mapping[str, Any]):
         self,
         values: Mapping[str, Any],
         sources: Mapping[str, str],
-        keys: Sequence[KeyLike] = (),
+        keys: Sequence[Key] = (),
     ) -> None:
         self._values = dict(values)
         self._sources = dict(sources)
@@ -415,19 +432,19 @@ class Config(Mapping[str, Any]):
         """True when the file or the command line gave this key a value."""
         return self.source(name) != "default"
 
-    def declaration(self, name: str) -> KeyLike | None:
+    def declaration(self, name: str) -> Key | None:
         """The declaration of a (non-indexed) key, when known."""
         return self._keys.get(name)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
         """A copy with some values replaced (typed and checked), marked as set by the program."""
-        index = _KeyIndex(self._keys.values()) if self._keys else None
+        index = KeyIndex(self._keys.values()) if self._keys else None
         values = dict(self._values)
         sources = dict(self._sources)
         for name, value in overrides.items():
             key = index.find(name) if index else None
             if index is not None and key is None:
-                raise _unknown(name, "override", index)
+                raise index.unknown(name, "override")
             values[name] = _validate(key, value, "override", name) if key is not None else value
             sources[name] = "program"
         return Config(values, sources, list(self._keys.values()))
@@ -479,7 +496,7 @@ def _parse_set(item: str) -> tuple[str, str]:
 def load_config(
     path: str | os.PathLike[str] | None,
     sets: Iterable[str] | Mapping[str, Any] = (),
-    keys: Iterable[KeyLike] = (),
+    keys: Iterable[Key] = (),
 ) -> Config:
     """Merge defaults < file < overrides into a typed, checked :class:`Config`.
 
@@ -487,7 +504,7 @@ def load_config(
     Python API). Unknown keys are rejected with the closest valid names.
     """
     key_list = list(keys)
-    index = _KeyIndex(key_list)
+    index = KeyIndex(key_list)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for k in index.exact.values():
@@ -501,7 +518,7 @@ def load_config(
             where = f"{path}:{e.line}"
             key = index.find(e.key)
             if key is None:
-                raise _unknown(e.key, where, index)
+                raise index.unknown(e.key, where)
             # An empty value in a file means "unset": the default applies.
             if e.value == "":
                 values[e.key] = (
@@ -517,7 +534,7 @@ def load_config(
         where = "--set" if not isinstance(sets, Mapping) else "override"
         key = index.find(name)
         if key is None:
-            raise _unknown(name, where, index)
+            raise index.unknown(name, where)
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "--set" else "program"
     return Config(values, sources, key_list)
@@ -548,13 +565,13 @@ def add_config_arguments(
 # --- docs --------------------------------------------------------------------------------------
 
 
-def _doc_default(k: KeyLike) -> str:
+def _doc_default(k: Key) -> str:
     if k.default is None:
         return "(unset)"
     return f"`{_format(k.default)}`" if _format(k.default) != "" else '`""`'
 
 
-def render_markdown(groups: Sequence[tuple[str, Sequence[KeyLike]]]) -> str:
+def render_markdown(groups: Sequence[tuple[str, Sequence[Key]]]) -> str:
     """The configuration reference (docs/config.md) generated from the declarations."""
     out = [
         "# Configuration reference",
@@ -573,9 +590,8 @@ def render_markdown(groups: Sequence[tuple[str, Sequence[KeyLike]]]) -> str:
             doc = k.doc.replace("|", "\\|")
             if k.choices:
                 doc += f" One of: {', '.join(k.choices)}."
-            dep = getattr(k, "deprecated", None)
-            if dep:
-                doc += f" Deprecated: use `{dep}`."
+            if k.deprecated:
+                doc += f" Deprecated: use `{k.deprecated}`."
             out.append(f"| `{k.name}` | {k.type} | {_doc_default(k)} | {doc} |")
         out.append("")
     return "\n".join(out)

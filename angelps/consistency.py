@@ -1,4 +1,5 @@
-"""Clocks for BSP, SSP and ASP (``angel.staleness``), as a pure class the shard consults.
+"""Clocks for BSP, SSP and ASP (``angel.staleness``, declared in :mod:`angelps.options`), as a
+pure class the shard consults.
 
 A worker's clock ``c`` is the number of pushes it has made (one push = one step; a step with
 nothing to push still calls ``PSClient.clock()``). Every push is tagged with the clock it
@@ -15,36 +16,14 @@ belongs to; a pull is tagged with the worker's current clock.
 
 In every mode a worker reads its own writes: a pull at clock ``c`` waits for that worker's own
 pushes ``0 .. c-1``, and a worker's pushes are applied in clock order even if Ray delivers them
-out of order. A reader with worker id -1 (the driver evaluating a model) never waits.
+out of order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from angelps.config import Key
-
-__all__ = ["KEYS", "READER", "ClockTable", "mode_name"]
-
-READER = -1
-
-KEYS = [
-    Key(
-        "angel.staleness",
-        "int",
-        0,
-        "Consistency: 0 = BSP (one update per step on the sum of all workers' gradients), "
-        "s > 0 = SSP (a pull at clock c sees every update older than c - s), < 0 = ASP.",
-    ),
-    Key(
-        "angel.matrixtransfer.request.timeout.ms",
-        "int",
-        120000,
-        "How long a shard lets a pull or push wait for other workers' clocks (BSP/SSP) before "
-        "failing with an error naming the clocks.",
-        check=lambda v: None if v > 0 else "an integer > 0",
-    ),
-]
+__all__ = ["ClockTable", "mode_name"]
 
 
 def mode_name(staleness: int) -> str:
@@ -74,7 +53,7 @@ class ClockTable:
         return self.staleness == 0
 
     def check_worker(self, worker: int) -> None:
-        if not (worker == READER or 0 <= worker < self.num_workers):
+        if not 0 <= worker < self.num_workers:
             raise ValueError(
                 f"worker id {worker} is out of range: this job has {self.num_workers} worker(s) "
                 f"(ids 0 .. {self.num_workers - 1})"
@@ -90,8 +69,6 @@ class ClockTable:
 
     def can_pull(self, worker: int, clock: int) -> bool:
         """A pull by ``worker`` at ``clock`` may be served now."""
-        if worker == READER:
-            return True
         if self.pushed[worker] < clock:
             return False  # read your own writes
         if self.staleness < 0:

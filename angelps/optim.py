@@ -1,4 +1,4 @@
-"""Vectorized server-side optimizers: ``apply(spec, w, state, g, lr)`` on gathered rows.
+"""The optimizer math, written once: ``apply(spec, w, state, g, lr)`` on rows or parameters.
 
 ``w`` is ``[k, cols]`` (the rows being updated), ``g`` the summed gradient of those rows (the
 global-batch mean when workers pre-scale by 1/W), ``state`` the optimizer slots of the same rows
@@ -25,16 +25,27 @@ ftrl       FTRL-Proximal (McMahan et al. 2013; Angel's ``FTRLUpdateFunc``), per 
 =========  ==================================================================================
 
 Momentum and Adam apply no L1 (as Angel).
+
+Each formula exists once (:func:`_update`), written over a small array namespace, and runs on
+numpy arrays (the shards' host rows), on torch tensors of any device (GPU shards) and, through
+:class:`DenseOptimizer`, on the workers' dense layers. The numpy path computes its scalars in the
+rows' dtype and the torch path in float64 (as torch does with Python scalars); the two agree to
+float rounding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import torch
 
+from angelps.config import ConfigError
 from angelps.table import OptimizerSpec
 
-__all__ = ["apply", "apply_torch", "slot_widths"]
+__all__ = ["DenseOptimizer", "apply", "slot_widths"]
 
 # Slot name -> width (None = the table's cols).
 _SLOTS: dict[str, dict[str, int | None]] = {
@@ -46,140 +57,192 @@ _SLOTS: dict[str, dict[str, int | None]] = {
     "ftrl": {"z": None, "n": None},
 }
 
+Array = Any  # np.ndarray or torch.Tensor: the formulas below use what both support
+
 
 def slot_widths(spec: OptimizerSpec, cols: int) -> dict[str, int]:
     """Optimizer state slots of one row: name -> width. Slots start at zero."""
     return {k: (cols if w is None else w) for k, w in _SLOTS[spec.name].items()}
 
 
-def _soft_threshold(w: np.ndarray, thr: np.ndarray | float) -> None:
-    np.copyto(w, np.sign(w) * np.maximum(np.abs(w) - thr, 0.0).astype(w.dtype, copy=False))
+class _Ops:
+    """The few functions the formulas need that numpy and torch spell differently."""
+
+    def __init__(
+        self,
+        scalar: Callable[[Array], Callable[[float], Any]],
+        sqrt: Callable[[Array], Array],
+        sign: Callable[[Array], Array],
+        where: Callable[[Array, Any, Array], Array],
+        clamp0: Callable[[Array], Array],
+        f64: Callable[[Array], Array],
+        like: Callable[[Array, Array], Array],
+    ) -> None:
+        self.scalar = scalar  # the type a formula's scalars are computed in
+        self.sqrt = sqrt
+        self.sign = sign
+        self.where = where
+        self.clamp0 = clamp0  # max(x, 0)
+        self.f64 = f64
+        self.like = like  # cast to the dtype of the second argument
+
+
+_NUMPY = _Ops(
+    scalar=lambda w: w.dtype.type,
+    sqrt=np.sqrt,
+    sign=np.sign,
+    where=np.where,
+    clamp0=lambda x: np.maximum(x, 0.0),
+    f64=lambda x: x.astype(np.float64),
+    like=lambda x, w: x.astype(w.dtype),
+)
+_TORCH = _Ops(
+    scalar=lambda w: float,
+    sqrt=torch.sqrt,
+    sign=torch.sign,
+    where=torch.where,
+    clamp0=lambda x: torch.clamp(x, min=0.0),
+    f64=lambda x: x.double(),
+    like=lambda x, w: x.to(w.dtype),
+)
 
 
 def apply(
     spec: OptimizerSpec,
-    w: np.ndarray,
-    state: dict[str, np.ndarray],
-    g: np.ndarray,
+    w: Array,
+    state: Mapping[str, Array],
+    g: Array,
     lr: float,
 ) -> None:
-    """One optimizer update of the rows ``w`` (in place) with gradient ``g`` and step size ``lr``."""
+    """One optimizer update of the rows ``w`` (in place, with their ``state`` slots) with
+    gradient ``g`` and step size ``lr``. numpy arrays, or torch tensors on any one device."""
+    _update(_TORCH if isinstance(w, torch.Tensor) else _NUMPY, spec, w, state, g, lr)
+
+
+def _soft_threshold(xp: _Ops, w: Array, thr: Any) -> None:
+    w[...] = xp.sign(w) * xp.clamp0(abs(w) - thr)
+
+
+def _update(
+    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], g: Array, lr: float
+) -> None:
+    """The formulas of the module docstring."""
     name = spec.name
-    dt = w.dtype.type
-    lr_ = dt(lr)
-    l1, l2 = dt(spec.l1), dt(spec.l2)
+    s = xp.scalar(w)
+    lr_ = s(lr)
+    l1, l2 = s(spec.l1), s(spec.l2)
     if name == "sgd":
-        eta = dt(lr / (1.0 + spec.l2 * lr))
+        eta = s(lr / (1.0 + spec.l2 * lr))
         if spec.l2:
-            w *= dt(1.0) - eta * l2
+            w *= s(1.0) - eta * l2
         w -= eta * g
         if spec.l1:
-            _soft_threshold(w, eta * l1)
+            _soft_threshold(xp, w, eta * l1)
         return
     if name == "ftrl":
-        alpha, beta = dt(spec.ftrl_alpha), dt(spec.ftrl_beta)
+        alpha, beta = s(spec.ftrl_alpha), s(spec.ftrl_beta)
         z, n = state["z"], state["n"]
         n_new = n + g * g
-        sigma = (np.sqrt(n_new) - np.sqrt(n)) / alpha
+        sigma = (xp.sqrt(n_new) - xp.sqrt(n)) / alpha
         z += g - sigma * w
-        np.copyto(n, n_new)
-        denom = l2 + (beta + np.sqrt(n)) / alpha
-        w[...] = np.where(np.abs(z) <= l1, dt(0.0), -(z - np.sign(z) * l1) / denom)
+        n[...] = n_new
+        denom = l2 + (beta + xp.sqrt(n)) / alpha
+        w[...] = xp.where(abs(z) <= l1, s(0.0), -(z - xp.sign(z) * l1) / denom)
         return
     gp = g + l2 * w if spec.l2 else g
     if name == "momentum":
         v = state["v"]
-        v *= dt(spec.momentum)
+        v *= s(spec.momentum)
         v += gp
         w -= lr_ * v
         return
     if name == "adam":
         m, v, t = state["m"], state["v"], state["t"]
-        b1, b2 = dt(spec.beta1), dt(spec.beta2)
+        b1, b2 = s(spec.beta1), s(spec.beta2)
         m *= b1
-        m += (dt(1.0) - b1) * gp
+        m += (s(1.0) - b1) * gp
         v *= b2
-        v += (dt(1.0) - b2) * gp * gp
-        t += dt(1.0)
+        v += (s(1.0) - b2) * gp * gp
+        t += s(1.0)
         # Bias corrections in float64: 1 - b^t loses digits in float32 for large t.
         # The same order of operations as torch.optim.Adam:
         # denom = sqrt(v)/sqrt(bc2) + eps; w -= (lr/bc1) * m/denom.
-        tt = t.astype(np.float64)
-        step_size = (lr / (1.0 - spec.beta1**tt)).astype(w.dtype)
-        bc2_sqrt = np.sqrt(1.0 - spec.beta2**tt).astype(w.dtype)
-        denom = np.sqrt(v) / bc2_sqrt + dt(spec.eps)
+        tt = xp.f64(t)
+        step_size = xp.like(lr / (1.0 - spec.beta1**tt), w)
+        bc2_sqrt = xp.like(xp.sqrt(1.0 - spec.beta2**tt), w)
+        denom = xp.sqrt(v) / bc2_sqrt + s(spec.eps)
         w -= step_size * (m / denom)
         return
     n = state["n"]
     if name == "adagrad":
         n += gp * gp
     elif name == "rmsprop":
-        rho = dt(spec.rho)
+        rho = s(spec.rho)
         n *= rho
-        n += (dt(1.0) - rho) * gp * gp
+        n += (s(1.0) - rho) * gp * gp
     else:  # pragma: no cover - OptimizerSpec validates names
         raise ValueError(f"unknown optimizer {name!r}")
-    denom = np.sqrt(n) + dt(spec.eps)
+    denom = xp.sqrt(n) + s(spec.eps)
     w -= lr_ * gp / denom
     if spec.l1:
-        _soft_threshold(w, lr_ * l1 / denom)
+        _soft_threshold(xp, w, lr_ * l1 / denom)
 
 
-def apply_torch(
-    spec: OptimizerSpec,
-    w: torch.Tensor,
-    state: dict[str, torch.Tensor],
-    g: torch.Tensor,
-    lr: float,
-) -> None:
-    """:func:`apply` on torch tensors (any device: shards with ``angel.ps.gpus > 0`` keep their
-    rows on CUDA). Same formulas, same order of operations."""
-    name = spec.name
-    l1, l2 = spec.l1, spec.l2
-    if name == "sgd":
-        eta = lr / (1.0 + l2 * lr)
-        if l2:
-            w.mul_(1.0 - eta * l2)
-        w.sub_(eta * g)
-        if l1:
-            w.copy_(torch.sign(w) * torch.clamp(w.abs() - eta * l1, min=0.0))
-        return
-    if name == "ftrl":
-        alpha, beta = spec.ftrl_alpha, spec.ftrl_beta
-        z, n = state["z"], state["n"]
-        n_new = n + g * g
-        sigma = (torch.sqrt(n_new) - torch.sqrt(n)) / alpha
-        z.add_(g - sigma * w)
-        n.copy_(n_new)
-        denom = l2 + (beta + torch.sqrt(n)) / alpha
-        w.copy_(torch.where(z.abs() <= l1, torch.zeros_like(w), -(z - torch.sign(z) * l1) / denom))
-        return
-    gp = g + l2 * w if l2 else g
-    if name == "momentum":
-        v = state["v"]
-        v.mul_(spec.momentum).add_(gp)
-        w.sub_(lr * v)
-        return
-    if name == "adam":
-        m, v, t = state["m"], state["v"], state["t"]
-        m.mul_(spec.beta1).add_((1.0 - spec.beta1) * gp)
-        v.mul_(spec.beta2).add_((1.0 - spec.beta2) * gp * gp)
-        t.add_(1.0)
-        tt = t.double()
-        step_size = (lr / (1.0 - torch.pow(spec.beta1, tt))).to(w.dtype)
-        bc2_sqrt = torch.sqrt(1.0 - torch.pow(spec.beta2, tt)).to(w.dtype)
-        denom = torch.sqrt(v) / bc2_sqrt + spec.eps
-        w.sub_(step_size * (m / denom))
-        return
-    n = state["n"]
-    if name == "adagrad":
-        n.add_(gp * gp)
-    elif name == "rmsprop":
-        n.mul_(spec.rho).add_((1.0 - spec.rho) * gp * gp)
-    else:  # pragma: no cover - OptimizerSpec validates names
-        raise ValueError(f"unknown optimizer {name!r}")
-    denom = torch.sqrt(n) + spec.eps
-    w.sub_(lr * gp / denom)
-    if l1:
-        thr = lr * l1 / denom
-        w.copy_(torch.sign(w) * torch.clamp(w.abs() - thr, min=0.0))
+class DenseOptimizer:
+    """The workers' optimizer of dense layers: :func:`apply` on each parameter (one row of
+    ``numel`` columns, so Adam's step count is per parameter as in torch.optim).
+
+    Dense layers follow torch.optim's semantics, as they always have: ``ml.reg.l2`` is weight
+    decay and ``ml.reg.l1`` is not applied, so ``sgd`` runs as momentum with factor 0
+    (torch.optim.SGD); FTRL, which ignores the step size, is refused. ``state_dict`` /
+    ``load_state_dict`` mirror torch.optim's shape (``state``: parameter index -> slot ->
+    tensor; ``param_groups``: one group with the last ``lr``) for the worker's checkpoints.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], spec: OptimizerSpec) -> None:
+        if spec.name == "ftrl":
+            raise ConfigError(
+                f"ml.fclayer.optimizer={spec.name} cannot run on the workers (valid for "
+                "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
+            )
+        spec = replace(spec, l1=0.0)
+        if spec.name == "sgd":
+            spec = replace(spec, name="momentum", momentum=0.0)
+        self.spec = spec
+        self.params = list(params)
+        self.param_groups: list[dict[str, Any]] = [{"lr": 0.0}]
+        self.state: list[dict[str, torch.Tensor]] = [
+            {
+                k: torch.zeros((1, width), dtype=p.dtype, device=p.device)
+                for k, width in slot_widths(spec, p.numel()).items()
+            }
+            for p in self.params
+        ]
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        """Update every parameter that has a gradient with step size ``lr``."""
+        self.param_groups[0]["lr"] = lr
+        for p, st in zip(self.params, self.state, strict=True):
+            if p.grad is not None:
+                apply(self.spec, p.view(1, -1), st, p.grad.view(1, -1), lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "state": {i: dict(st) for i, st in enumerate(self.state)},
+            "param_groups": [dict(g) for g in self.param_groups],
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (slots missing from ``sd`` stay at zero)."""
+        for i, st in sd["state"].items():
+            for k, v in st.items():
+                self.state[int(i)][k].copy_(torch.as_tensor(v).reshape(1, -1))
+        self.param_groups = [dict(g) for g in sd["param_groups"]]

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from angelps.options import PARTITIONER, PARTITIONERS, one_of
 from angelps.table import TableSpec, mix64
 
-__all__ = ["PARTITIONERS", "Partitioner", "dedup", "range_bounds"]
-
-PARTITIONERS = ("hash", "range")
+__all__ = ["Partitioner", "range_bounds"]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX_EXCL = 2**63
@@ -49,11 +48,7 @@ class Partitioner:
     def __post_init__(self) -> None:
         if self.num_shards < 1:
             raise ValueError(f"number of shards must be >= 1, got {self.num_shards}")
-        kind = str(self.kind).lower()
-        if kind not in PARTITIONERS:
-            raise ValueError(
-                f"angel.ps.partitioner={self.kind!r} is not one of {', '.join(PARTITIONERS)}"
-            )
+        kind = one_of(PARTITIONER.name, self.kind, PARTITIONERS)
         # Dense tables are always range-partitioned: rows of a block stay contiguous.
         if not self.spec.sparse:
             kind = "range"
@@ -116,31 +111,3 @@ class Partitioner:
 
 def _is_sorted(keys: np.ndarray) -> bool:
     return len(keys) < 2 or bool(np.all(keys[1:] >= keys[:-1]))
-
-
-# A dense presence mask beats a sort when the key span is small relative to the key count.
-_MASK_SPAN_FACTOR = 4
-_MASK_SPAN_MAX = 1 << 24
-
-
-def dedup(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(unique, inverse)`` with ``unique`` sorted and ``unique[inverse] == keys``.
-
-    O(n + span) with a presence mask when the keys span a small range (bounded feature ids:
-    0.4 ms for 106k ids against 2.5 ms for ``np.unique``), otherwise ``np.unique`` (a sort).
-    """
-    n = len(keys)
-    if n == 0:
-        return keys.astype(np.int64), np.zeros(0, dtype=np.int64)
-    lo, hi = int(keys.min()), int(keys.max())
-    span = hi - lo + 1
-    if span <= _MASK_SPAN_MAX and span <= _MASK_SPAN_FACTOR * n:
-        k = keys - lo
-        mask = np.zeros(span, dtype=bool)
-        mask[k] = True
-        uniq = np.flatnonzero(mask)
-        remap = np.empty(span, dtype=np.int64)
-        remap[uniq] = np.arange(len(uniq), dtype=np.int64)
-        return uniq + lo, remap[k]
-    uniq, inv = np.unique(keys, return_inverse=True)
-    return uniq, inv.reshape(-1).astype(np.int64, copy=False)

@@ -9,111 +9,25 @@ many shards there are, or when it was first touched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from angelps.config import Key, non_negative
+from angelps.options import OPTIMIZER_KEYS, OPTIMIZER_NAME_KEYS, OPTIMIZERS
 
 __all__ = [
     "INITIALIZERS",
-    "KEYS",
-    "OPTIMIZERS",
     "OptimizerSpec",
     "TableSpec",
+    "check_unique_names",
     "init_rows",
     "mix64",
 ]
 
-#: Canonical optimizer names (lower case) and the spelling used in Angel-style conf files.
-OPTIMIZERS: dict[str, str] = {
-    "sgd": "SGD",
-    "momentum": "Momentum",
-    "adam": "Adam",
-    "adagrad": "AdaGrad",
-    "rmsprop": "RMSProp",
-    "ftrl": "FTRL",
-}
-
 INITIALIZERS = ("zeros", "normal", "uniform", "constant")
 DTYPES = ("float32", "float64")
-
-
-def _in_open_unit(value: float) -> str | None:
-    return None if 0.0 <= value < 1.0 else "a number in [0, 1)"
-
-
-def _positive(value: float) -> str | None:
-    return None if value > 0 else "a number > 0"
-
-
-_OPT_CHOICES = tuple(OPTIMIZERS.values())
-
-KEYS = [
-    Key(
-        "ml.inputlayer.optimizer",
-        "str",
-        "Momentum",
-        "Server-side optimizer of sparse input layers (linear weights): "
-        "SGD, Momentum, Adam, AdaGrad, RMSProp or FTRL.",
-        choices=_OPT_CHOICES,
-    ),
-    Key(
-        "ml.embedding.optimizer",
-        "str",
-        "Momentum",
-        "Server-side optimizer of embedding tables.",
-        choices=_OPT_CHOICES,
-    ),
-    Key(
-        "ml.fclayer.optimizer",
-        "str",
-        "Momentum",
-        "Optimizer of dense (fully connected) layers.",
-        choices=_OPT_CHOICES,
-    ),
-    Key(
-        "ml.opt.momentum.momentum",
-        "float",
-        0.9,
-        "Momentum factor m: v <- m*v + g; w <- w - lr*v.",
-        check=_in_open_unit,
-    ),
-    Key(
-        "ml.opt.adam.beta",
-        "float",
-        0.9,
-        "Adam beta1 (decay of the first moment).",
-        check=_in_open_unit,
-    ),
-    Key(
-        "ml.opt.adam.gamma",
-        "float",
-        0.99,
-        "Adam beta2 (decay of the second moment).",
-        check=_in_open_unit,
-    ),
-    Key(
-        "ml.opt.adam.epsilon",
-        "float",
-        1e-8,
-        "Adam/AdaGrad/RMSProp epsilon added to the denominator.",
-        check=_positive,
-    ),
-    Key(
-        "ml.opt.adagrad.beta",
-        "float",
-        0.9,
-        "Decay rho of the squared-gradient average of RMSProp (what Angel calls AdaGrad).",
-        check=_in_open_unit,
-    ),
-    Key("ml.reg.l1", "float", 0.0, "L1 regularisation (proximal soft threshold).", non_negative),
-    Key("ml.reg.l2", "float", 0.0, "L2 regularisation.", check=non_negative),
-    Key("ml.opt.ftrl.alpha", "float", 0.1, "FTRL-Proximal alpha (per-coordinate rate).", _positive),
-    Key("ml.opt.ftrl.beta", "float", 1.0, "FTRL-Proximal beta.", check=non_negative),
-]
 
 
 @dataclass(frozen=True)
@@ -164,27 +78,14 @@ class OptimizerSpec:
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], name_key: str) -> OptimizerSpec:
-        """Build from Angel's keys: ``conf[name_key]`` names the optimizer (e.g.
-        ``ml.embedding.optimizer``); hyper-parameters come from ``ml.opt.*`` and ``ml.reg.*``.
-        Keys absent from ``conf`` take Angel's defaults."""
-
-        def get(key: str, default: Any) -> Any:
-            v = conf.get(key, default)
-            return default if v is None else v
-
-        default_name = {k.name: k.default for k in KEYS}.get(name_key, "Momentum")
-        return cls(
-            name=get(name_key, default_name),
-            l1=get("ml.reg.l1", 0.0),
-            l2=get("ml.reg.l2", 0.0),
-            momentum=get("ml.opt.momentum.momentum", 0.9),
-            beta1=get("ml.opt.adam.beta", 0.9),
-            beta2=get("ml.opt.adam.gamma", 0.99),
-            eps=get("ml.opt.adam.epsilon", 1e-8),
-            rho=get("ml.opt.adagrad.beta", 0.9),
-            ftrl_alpha=get("ml.opt.ftrl.alpha", 0.1),
-            ftrl_beta=get("ml.opt.ftrl.beta", 1.0),
-        )
+        """Build from Angel's keys: ``conf[name_key]`` names the optimizer (one of the
+        ``ml.*.optimizer`` keys, e.g. ``ml.embedding.optimizer``); hyper-parameters come from
+        ``ml.opt.*`` and ``ml.reg.*``. Keys absent from ``conf`` take their declared defaults."""
+        names = {k.name: k for k in OPTIMIZER_NAME_KEYS}
+        if name_key not in names:
+            raise ValueError(f"{name_key!r} is not one of {', '.join(names)}")
+        params = {field_name: key.read(conf) for field_name, key in OPTIMIZER_KEYS.items()}
+        return cls(name=names[name_key].read(conf), **params)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (for checkpoint manifests)."""
@@ -307,3 +208,10 @@ def init_rows(spec: TableSpec, keys: np.ndarray) -> np.ndarray:
     u2 = _uniform01(spec.seed, keys, cols, 1)
     z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
     return (z * spec.init_std).astype(dtype)
+
+
+def check_unique_names(tables: Sequence[TableSpec]) -> None:
+    """Table names identify tables on the shards and in checkpoints: no two may be equal."""
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"table names must be unique, got {names}")

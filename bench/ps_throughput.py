@@ -31,8 +31,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from angelps.client import PSClient, _Routed
+from angelps.client import PSClient
+from angelps.options import PSOptions
 from angelps.partition import Partitioner
+from angelps.routing import Routed, assemble
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
@@ -48,13 +50,13 @@ class InProcessPS:
         self.clock = 0
 
     def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
-        r = _Routed(self.specs[table], self.parts[table], keys)
-        calls, values = [], []
+        r = Routed(self.specs[table], self.parts[table], keys)
+        shards, values = [], []
         for s, shard in enumerate(self.shards):
             if r.count(s):
                 values.append(shard.pull({table: r.uniq[r.index(s)]}))
-                calls.append(_FakeCall(s))
-        return PSClient._assemble([r], calls, values)[table]  # type: ignore[arg-type]
+                shards.append(s)
+        return assemble([r], shards, values)[table]
 
     def pull_dense(self, table: str) -> np.ndarray:
         return np.concatenate([s.pull({table: None})[table] for s in self.shards])
@@ -64,17 +66,12 @@ class InProcessPS:
         g = grads.astype(spec.dtype, copy=False)
         if not np.isfinite(g).all():
             raise ValueError("non-finite gradient")
-        r = _Routed(spec, self.parts[table], keys)
+        r = Routed(spec, self.parts[table], keys)
         summed = r.sum_grads(g)
         for s, shard in enumerate(self.shards):
             idx = r.index(s)
             shard.push(0, self.clock, {table: (r.uniq[idx], summed[idx])}, lr)
         self.clock += 1
-
-
-class _FakeCall:
-    def __init__(self, shard: int) -> None:
-        self.shard = shard
 
 
 def _paired(
@@ -117,11 +114,13 @@ def bench_sparse(
             )
             client = PSClient.launch(
                 [spec],
-                {
-                    "angel.job.name": f"bench-{n_shards}-{width}",
-                    "angel.ps.number": n_shards,
-                    "angel.ps.transport": transport,
-                },
+                PSOptions.from_config(
+                    {
+                        "angel.job.name": f"bench-{n_shards}-{width}",
+                        "angel.ps.number": n_shards,
+                        "angel.ps.transport": transport,
+                    }
+                ),
             )
             local = InProcessPS([spec], n_shards)
             try:
@@ -181,11 +180,13 @@ def bench_dense(
             spec = TableSpec("d", rows=n_rows, cols=width, optimizer=OptimizerSpec("sgd"))
             client = PSClient.launch(
                 [spec],
-                {
-                    "angel.job.name": f"benchd-{n_shards}-{n_rows}",
-                    "angel.ps.number": n_shards,
-                    "angel.ps.transport": transport,
-                },
+                PSOptions.from_config(
+                    {
+                        "angel.job.name": f"benchd-{n_shards}-{n_rows}",
+                        "angel.ps.number": n_shards,
+                        "angel.ps.transport": transport,
+                    }
+                ),
             )
             local = InProcessPS([spec], n_shards)
             keys = np.arange(n_rows)

@@ -53,7 +53,7 @@ def sklearn_reference(job: str) -> float:
     from learners.keys import all_keys
 
     conf = load_config(ROOT / "conf" / f"{job}.properties", {}, all_keys())
-    train, valid = data.load_train_valid(conf)
+    train, valid = data.load_train_valid(data.DataOptions.from_config(conf))
     n = int(conf["ml.feature.index.range"])
     xt, xv = train.to_dense(n), valid.to_dense(n)
     if job == "linreg_abalone":

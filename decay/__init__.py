@@ -1,12 +1,23 @@
 """Step-size schedules: pure functions of the update count, exact against Angel and torch.
 
-Imports only the standard library (``decay.torch`` holds the adapter to torch optimizers).
+The public API is :func:`from_conf` (build the schedule a configuration asks for, from a loaded
+``angelps.config.Config`` or a plain mapping of key names to strings or typed values) and
+:class:`StepSizeScheduler` (what it returns: ``lr_at(k)``, ``peek()``/``advance()`` in a training
+loop, ``next()`` Angel style, ``state_dict()``). Every schedule class is exported for the Python
+API, and :data:`KEYS` lists every configuration key decay reads (docs/decay.md documents them).
 
->>> import decay
->>> s = decay.from_conf({"ml.opt.decay.class.name": "StepLR", "ml.opt.decay.step.size": "2",
-...                      "ml.learn.rate": "1.0"})
+>>> from decay import from_conf
+>>> s = from_conf({"ml.opt.decay.class.name": "StepLR", "ml.opt.decay.step.size": "2",
+...                "ml.learn.rate": "1.0"})
 >>> [s.next() for _ in range(5)]
 [1.0, 1.0, 0.1, 0.1, 0.010000000000000002]
+
+Layout: ``base`` (the contract), ``angel``, ``classic``, ``cyclic``, ``plateau``, ``modern``,
+``compose`` (the schedules), ``keys`` (the key declarations), ``registry`` (the catalogue of
+names), ``factory`` (``from_conf``), ``steps`` (updates per epoch), ``render`` (docs/decay.md),
+``torch`` (the adapter to torch optimizers). Invariant: imports only the standard library and
+``angelps.config`` (itself standard library only), except ``decay.torch``, which is not imported
+here.
 """
 
 from __future__ import annotations
@@ -17,19 +28,19 @@ from decay.classic import (
     ConstantLR,
     CosineAnnealingLR,
     CosineAnnealingWarmRestarts,
-    CyclicLR,
     ExponentialLR,
     LambdaLR,
     LinearLR,
     MultiplicativeLR,
     MultiStepLR,
-    OneCycleLR,
     PolynomialLR,
-    ReduceLROnPlateau,
     StepLR,
 )
 from decay.compose import ChainedScheduler, SequentialLR, Warmup
+from decay.cyclic import CyclicLR, OneCycleLR
 from decay.docs import render_markdown
+from decay.factory import DecayDeprecationWarning, from_conf
+from decay.keys import KEYS
 from decay.modern import (
     InverseSqrt,
     NoDecay,
@@ -39,7 +50,8 @@ from decay.modern import (
     WarmupLinear,
     WarmupStableDecay,
 )
-from decay.registry import KEYS, DecayDeprecationWarning, Param, from_conf, names
+from decay.plateau import ReduceLROnPlateau
+from decay.registry import names
 from decay.steps import updates_per_epoch
 
 __all__ = [
@@ -60,7 +72,6 @@ __all__ = [
     "MultiplicativeLR",
     "NoDecay",
     "OneCycleLR",
-    "Param",
     "ParamError",
     "PolynomialLR",
     "ReduceLROnPlateau",

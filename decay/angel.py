@@ -40,9 +40,6 @@ class ConstantLearningRate(_Angel):
     def _lr(self, k: int) -> float:
         return self.lr
 
-    def _block(self, k0: int, n: int) -> list[float]:
-        return [self.lr] * n
-
 
 class StandardDecay(_Angel):
     """Inverse square-root decay: ``lr_at(k) = lr / sqrt(1 + alpha·(k+1))``.
@@ -66,10 +63,6 @@ class StandardDecay(_Angel):
 
     def _lr(self, k: int) -> float:
         return self.lr / math.sqrt(1.0 + self.alpha * (k + 1))
-
-    def _block(self, k0: int, n: int) -> list[float]:
-        lr, a, sqrt = self.lr, self.alpha, math.sqrt
-        return [lr / sqrt(1.0 + a * (k + 1)) for k in range(k0, k0 + n)]
 
 
 class CorrectionDecay(_Angel):
@@ -100,11 +93,6 @@ class CorrectionDecay(_Angel):
     def _lr(self, k: int) -> float:
         t = k + 1
         return self.lr / math.sqrt(1.0 + self.alpha * t) * (1.0 - self.beta) / (1.0 - self.beta**t)
-
-    def _block(self, k0: int, n: int) -> list[float]:
-        lr, a, b, sqrt = self.lr, self.alpha, self.beta, math.sqrt
-        one_b = 1.0 - b  # hoisted: the same value every time
-        return [lr / sqrt(1.0 + a * t) * one_b / (1.0 - b**t) for t in range(k0 + 1, k0 + n + 1)]
 
 
 class WarmRestarts(_Angel):
@@ -166,21 +154,6 @@ class WarmRestarts(_Angel):
         start, length, eta_max = self._cycle(k)
         c = k - start + 1
         return self.eta_min + 0.5 * (eta_max - self.eta_min) * (1 + math.cos(c / length * math.pi))
-
-    def _block(self, k0: int, n: int) -> list[float]:
-        out: list[float] = []
-        k, end = k0, k0 + n
-        lo, cos, pi = self.eta_min, math.cos, math.pi
-        while k < end:
-            start, length, eta_max = self._cycle(k)
-            stop = min(end, start + length)
-            half = 0.5 * (eta_max - lo)  # hoisted: evaluated left to right as in _lr
-            out += [
-                lo + half * (1 + cos(c / length * pi))
-                for c in range(k - start + 1, stop - start + 1)
-            ]
-            k = stop
-        return out
 
     def _boundary(self, count: int) -> bool:
         # Angel resets its position to 0 after the last update of a cycle: count = I·(2^j − 1).

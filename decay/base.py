@@ -3,14 +3,19 @@
 ``lr_at(k)`` is the step size applied to update ``k`` (k = 0, 1, 2, ...; or epoch ``k`` when the
 learner decays once per epoch). The only state is the count of updates already made, so a
 scheduler restored from ``state_dict()`` continues with identical numbers.
+
+Invariants: each schedule writes its formula once, in ``_lr(k)``; ``peek()`` is
+``lr_at(count)``, ``advance(n)`` adds to the count, and ``next()`` is ``lr_at(count)`` then
+``count += 1`` (nothing is computed ahead, so a metric-driven schedule's reduction applies from
+the next call on). Parameter errors are :class:`ParamError`, worded as configuration errors are
+(``name=value is not valid: expected ...``).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Mapping
-from operator import length_hint
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["ParamError", "StepSizeScheduler"]
@@ -36,7 +41,7 @@ class ParamError(ValueError):
         if self.value is None:
             return f"{self.schedule}: {name} is required: {self.valid}"
         shown = _show(self.value) if properties else repr(self.value)
-        return f"{self.schedule}: {name}={shown} is invalid: expected {self.valid}"
+        return f"{self.schedule}: {name}={shown} is not valid: expected {self.valid}"
 
 
 def _show(value: Any) -> str:
@@ -64,14 +69,10 @@ class StepSizeScheduler:
     #: they take ``step(metric)`` and cannot be children of a sequence or chain.
     composable: bool = True
 
-    #: Values computed ahead by ``next()`` (``lr_at`` is pure, so a block of future values is a
-    #: cache, not state); 1 disables it (LambdaLR: the user's function is called lazily).
-    _block_size: int = 256
-
     def __init__(self, lr: float) -> None:
         _check_float(self, "lr", lr, lr >= 0 if _is_real(lr) else False, "a finite number >= 0")
         self.lr = float(lr)
-        self._restart(0)
+        self._count = 0  # updates already made: the only state
 
     # --- the pure function ---------------------------------------------------------------------
 
@@ -86,11 +87,6 @@ class StepSizeScheduler:
     def _lr(self, k: int) -> float:
         raise NotImplementedError
 
-    def _block(self, k0: int, n: int) -> list[float]:
-        """``[_lr(k) for k in range(k0, k0 + n)]``; subclasses compute it faster, bit-identical."""
-        lr = self._lr
-        return [lr(k) for k in range(k0, k0 + n)]
-
     def _momentum(self, k: int) -> float | None:
         return None
 
@@ -103,68 +99,18 @@ class StepSizeScheduler:
     @property
     def count(self) -> int:
         """Number of updates already made (= calls of ``next()``/``advance()``)."""
-        return self._b0 + self._blen - length_hint(self._it)
-
-    # The count is kept by the value generator behind next(): the start of the current block
-    # plus how much of it has been consumed. Setting it restarts the generator there.
-    @property
-    def _count(self) -> int:
-        return self._b0 + self._blen - length_hint(self._it)
-
-    @_count.setter
-    def _count(self, k: int) -> None:
-        self._restart(k)
-
-    def _restart(self, k: int) -> None:
-        self._b0, self._blen = k, 0
-        self._it: Iterator[float] = iter(())
-        # next() is the C-level __next__ of a generator over blocks of precomputed values: the
-        # cheapest call Python has (the per-update overhead is what bench/decay_overhead.py
-        # measures against torch's scheduler.step()).
-        self.next = self._values(k).__next__  # type: ignore[method-assign]
-
-    def _values(self, k: int) -> Iterator[float]:
-        # Blocks are computed by the same expressions as _lr, so next() == lr_at(count) exactly
-        # (tests check it). Where computing ahead fails (a growing schedule overflows further
-        # on), one value at a time, which raises at the right update.
-        while True:
-            buf: list[float] | None = None
-            if self._block_size > 1:
-                try:
-                    buf = self._block(k, self._block_size)
-                except (ValueError, ArithmeticError):
-                    buf = None
-                # One C-level sum catches any inf or NaN (an overflowing sum of finite values
-                # only sends this block down the slow, exact path).
-                if buf is not None and not (buf and math.isfinite(sum(buf))):
-                    buf = None
-            if buf is None:
-                try:
-                    buf = [self._lr(k)]
-                except BaseException:
-                    self._restart(k)  # this generator ends; the count stays at k
-                    raise
-            it = iter(buf)
-            self._b0, self._blen, self._it = k, len(buf), it
-            yield from it
-            k += len(buf)
+        return self._count
 
     def next(self) -> float:
         """Return the step size of the next update and advance the count (Angel's ``next()``).
 
-        (Replaced per instance by a generator's ``__next__``; this body is never used.)"""
+        If the step size cannot be computed (a growing schedule overflows), the error is raised
+        and the count stays where it was.
+        """
         k = self._count
+        lr = self._lr(k)  # _lr, not lr_at: the count is a valid index by construction
         self._count = k + 1
-        return self._lr(k)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("next", "_it")}
-        state["_b0"], state["_blen"] = self._count, 0
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._restart(state["_b0"])
+        return lr
 
     def peek(self) -> float:
         """The step size of the next update, without advancing."""
@@ -173,7 +119,7 @@ class StepSizeScheduler:
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more updates (call after an update was really applied)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"advance(n): n={n!r} is invalid: expected an integer >= 0")
+            raise ValueError(f"advance(n): n={n!r} is not valid: expected an integer >= 0")
         self._count += n
 
     def is_interval_boundary(self) -> bool:
@@ -196,7 +142,7 @@ class StepSizeScheduler:
         count = state["count"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(
-                f"{type(self).__name__}.load_state_dict: count={count!r} is invalid: "
+                f"{type(self).__name__}.load_state_dict: count={count!r} is not valid: "
                 "expected an integer >= 0"
             )
         self._count = count
@@ -244,7 +190,7 @@ def _is_real(x: Any) -> bool:
 
 def _check_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"update index k={k!r} is invalid: expected an integer >= 0")
+        raise ValueError(f"update index k={k!r} is not valid: expected an integer >= 0")
     return k
 
 

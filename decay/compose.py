@@ -58,14 +58,6 @@ class Warmup(StepSizeScheduler):
             return self._peak * (k / w)
         return self.inner._lr(k - w)
 
-    def _block(self, k0: int, n: int) -> list[float]:
-        w, peak, end = self.warmup_steps, self._peak, k0 + n
-        out = [peak * (k / w) for k in range(k0, min(end, w))]
-        if end > w:
-            start = max(k0, w)
-            out += self.inner._block(start - w, end - start)
-        return out
-
     def _momentum(self, k: int) -> float | None:
         return self.inner._momentum(max(0, k - self.warmup_steps))
 
@@ -78,10 +70,8 @@ class Warmup(StepSizeScheduler):
         if self.composable or step is None:
             raise TypeError(f"{self.inner.describe()} is not metric-driven: it has no step(metric)")
         # The inner schedule counts from the end of the warmup.
-        count = self._count
-        self.inner._count = max(0, count - self.warmup_steps)
+        self.inner._count = max(0, self._count - self.warmup_steps)
         step(metric)
-        self._restart(count)  # values computed ahead may predate a reduction
         return self.peek()
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,16 +125,6 @@ class SequentialLR(StepSizeScheduler):
         child, local = self._child(k)
         return child._lr(local)
 
-    def _block(self, k0: int, n: int) -> list[float]:
-        out: list[float] = []
-        k, end = k0, k0 + n
-        while k < end:
-            i = bisect_right(self.milestones, k)
-            stop = min(end, self.milestones[i]) if i < len(self.milestones) else end
-            out += self.schedulers[i]._block(k - self._starts[i], stop - k)
-            k = stop
-        return out
-
     def _momentum(self, k: int) -> float | None:
         child, local = self._child(k)
         return child._momentum(local)
@@ -175,15 +155,6 @@ class ChainedScheduler(StepSizeScheduler):
                 return 0.0
             value *= child._lr(k) / child.lr
         return value
-
-    def _block(self, k0: int, n: int) -> list[float]:
-        values = [self.lr] * n
-        for child in self.schedulers:
-            if child.lr == 0.0:
-                return [0.0] * n
-            cl = child.lr
-            values = [v * (c / cl) for v, c in zip(values, child._block(k0, n), strict=True)]
-        return values
 
     def _momentum(self, k: int) -> float | None:
         for child in self.schedulers:

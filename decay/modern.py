@@ -49,26 +49,6 @@ class _Warmed(StepSizeScheduler):
     def _decay(self, s: int) -> float:
         raise NotImplementedError
 
-    def _block(self, k0: int, n: int) -> list[float]:
-        w, lr, end = self.warmup_steps, self.lr, k0 + n
-        out = [lr * (k / w) for k in range(k0, min(end, w))]
-        if end > w:
-            start = max(k0, w)
-            out += self._scaled(start - w, end - start)
-        return out
-
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        """``[lr·_decay(s) for s in range(s0, s0 + n)]``, inlined by the subclasses."""
-        lr, d = self.lr, self._decay
-        return [lr * d(s) for s in range(s0, s0 + n)]
-
-
-def _until(s0: int, n: int, d: int) -> tuple[range, int]:
-    """Split decay steps s0..s0+n-1 at d: the steps where p = s/d < 1, and how many after
-    (p = min(1, s/d) is then exactly 1.0)."""
-    mid = min(s0 + n, max(s0, d))
-    return range(s0, mid), s0 + n - mid
-
 
 def _ratio(owner: StepSizeScheduler, value: float) -> float:
     return _check_float(
@@ -129,12 +109,6 @@ class WarmupCosine(_Warmed):
         r = self.min_lr_ratio
         return r + 0.5 * (1 - r) * (1 + math.cos(math.pi * p))
 
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        lr, r, d, cos, pi = self.lr, self.min_lr_ratio, self._d, math.cos, math.pi
-        steps, tail = _until(s0, n, d)
-        out = [lr * (r + 0.5 * (1 - r) * (1 + cos(pi * (s / d)))) for s in steps]
-        return out + [lr * (r + 0.5 * (1 - r) * (1 + cos(pi * 1.0)))] * tail
-
 
 class WarmupLinear(_Warmed):
     """Linear warmup, then linear decay ``1 − (1 − r)·p`` to ``r·lr``; flat afterwards."""
@@ -156,11 +130,6 @@ class WarmupLinear(_Warmed):
     def _decay(self, s: int) -> float:
         return 1 - (1 - self.min_lr_ratio) * min(1.0, s / self._d)
 
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        lr, r, d = self.lr, self.min_lr_ratio, self._d
-        steps, tail = _until(s0, n, d)
-        return [lr * (1 - (1 - r) * (s / d)) for s in steps] + [lr * (1 - (1 - r) * 1.0)] * tail
-
 
 class WarmupConstant(_Warmed):
     """Linear warmup, then constant ``lr``."""
@@ -170,9 +139,6 @@ class WarmupConstant(_Warmed):
 
     def _decay(self, s: int) -> float:
         return 1.0
-
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        return [self.lr * 1.0] * n
 
 
 class WarmupStableDecay(_Warmed):
@@ -238,23 +204,6 @@ class WarmupStableDecay(_Warmed):
             return 1 - (1 - r) * p
         return r + (1 - r) * math.sqrt(1 - p)
 
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        lr, r, d, st, end = self.lr, self.min_lr_ratio, self._d, self._s, s0 + n
-        out = [lr * 1.0] * (min(end, st) - s0) if s0 < st else []
-        if end > st:
-            first = max(s0, st)
-            steps, tail = _until(first - st, end - first, d)
-            if self.decay_type == "cosine":
-                cos, pi = math.cos, math.pi
-                out += [lr * (r + 0.5 * (1 - r) * (1 + cos(pi * (u / d)))) for u in steps]
-            elif self.decay_type == "linear":
-                out += [lr * (1 - (1 - r) * (u / d)) for u in steps]
-            else:
-                sqrt = math.sqrt
-                out += [lr * (r + (1 - r) * sqrt(1 - u / d)) for u in steps]
-            out += [lr * self._decay(st + d)] * tail
-        return out
-
 
 class Rex(_Warmed):
     """Linear warmup, then polynomial decay clamped at the floor:
@@ -282,26 +231,6 @@ class Rex(_Warmed):
         p = min(1.0, s / self._d)
         return max(self.min_lr_ratio, (1 - p) ** self.rex_alpha)
 
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        lr, r, d, a = self.lr, self.min_lr_ratio, self._d, self.rex_alpha
-        steps, tail = _until(s0, n, d)
-        tail_values = [lr * max(r, (1 - 1.0) ** a)] * tail
-        if r == 0.0:  # max(0.0, x) is x for the x >= 0 here
-            return [lr * (1 - s / d) ** a for s in steps] + tail_values
-        if a == 1.0:
-            # x ** 1.0 is x, and 1 - s/d falls monotonically: split where it drops below r.
-            lo, hi = steps.start, steps.stop  # the first s with 1 - s/d < r lies in [lo, hi]
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if 1 - mid / d < r:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            cut = lo
-            head = [lr * (1 - s / d) for s in range(steps.start, cut)]
-            return head + [lr * r] * (steps.stop - cut) + tail_values
-        return [lr * max(r, (1 - s / d) ** a) for s in steps] + tail_values
-
 
 class InverseSqrt(_Warmed):
     """Linear warmup, then ``max(r, 1/√((k − W + timescale)/timescale))`` (Hugging Face's
@@ -326,12 +255,6 @@ class InverseSqrt(_Warmed):
     def _decay(self, s: int) -> float:
         return max(self.min_lr_ratio, 1.0 / math.sqrt((s + self.timescale) / self.timescale))
 
-    def _scaled(self, s0: int, n: int) -> list[float]:
-        lr, r, ts, sqrt = self.lr, self.min_lr_ratio, self.timescale, math.sqrt
-        if r == 0.0:  # max(0.0, x) is x for the x > 0 here
-            return [lr * (1.0 / sqrt((s + ts) / ts)) for s in range(s0, s0 + n)]
-        return [lr * max(r, 1.0 / sqrt((s + ts) / ts)) for s in range(s0, s0 + n)]
-
 
 class NoDecay(StepSizeScheduler):
     """Constant ``lr``, no warmup (KempnerForge's ``none``, for schedule-free optimizers)."""
@@ -341,6 +264,3 @@ class NoDecay(StepSizeScheduler):
 
     def _lr(self, k: int) -> float:
         return self.lr
-
-    def _block(self, k0: int, n: int) -> list[float]:
-        return [self.lr] * n

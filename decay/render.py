@@ -10,8 +10,10 @@ from __future__ import annotations
 import inspect
 import sys
 
-from decay import registry
 from decay.base import StepSizeScheduler
+from decay.factory import from_conf
+from decay.keys import CLASS_KEY, KEYS, LR_KEY, PREFIX
+from decay.registry import CATALOGUE, COMPOSITE, FROM_TOTAL, schedule_keys
 
 __all__ = ["EXAMPLES", "render"]
 
@@ -150,7 +152,7 @@ _FROM_TOTAL_DEFAULT = "total updates (else required)"
 def example(name: str) -> tuple[StepSizeScheduler, int]:
     """The catalogue example of a schedule and its number of updates."""
     props, steps = EXAMPLES[name]
-    return registry.from_conf({registry.CLASS_KEY: name, **props}, total_steps=steps), steps
+    return from_conf({CLASS_KEY: name, **props}, total_steps=steps), steps
 
 
 def _fmt(v: object) -> str:
@@ -163,7 +165,7 @@ def _fmt(v: object) -> str:
 
 def _default(cls: type[StepSizeScheduler], p: inspect.Parameter) -> str:
     if p.default is inspect.Parameter.empty:
-        return _FROM_TOTAL_DEFAULT if p.name in registry._FROM_TOTAL else "**required**"
+        return _FROM_TOTAL_DEFAULT if p.name in FROM_TOTAL else "**required**"
     if p.default is None:
         return _NONE_DEFAULT.get(p.name, "unset")
     return f"`{_fmt(p.default)}`"
@@ -179,24 +181,23 @@ def _first_sentence(cls: type) -> str:
 
 
 def _key_table(cls: type[StepSizeScheduler]) -> list[str]:
-    by = {k.name: k for k in registry.KEYS}
+    by = {k.name: k for k in KEYS}
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    rows.append(f"| `{registry.LR_KEY}` | float | `0.5` | {by[registry.LR_KEY].doc} |")
-    for suffix, p in registry.schedule_keys(cls):
-        key = by[registry.PREFIX + suffix]
+    rows.append(f"| `{LR_KEY}` | float | `0.5` | {by[LR_KEY].doc} |")
+    for suffix, p in schedule_keys(cls):
+        key = by[PREFIX + suffix]
         rows.append(f"| `{key.name}` | {key.type} | {_default(cls, p)} | {key.doc} |")
-    if cls in registry._COMPOSITE:
+    if cls in COMPOSITE:
         rows.append(
-            f"| `{registry.PREFIX}schedulers` | str_list | **required** | "
-            f"{by[registry.PREFIX + 'schedulers'].doc} |"
+            f"| `{PREFIX}schedulers` | str_list | **required** | {by[PREFIX + 'schedulers'].doc} |"
         )
         rows.append(
-            f"| `{registry.PREFIX}<i>.class.name`, `{registry.PREFIX}<i>.*` | | | Child i's name "
+            f"| `{PREFIX}<i>.class.name`, `{PREFIX}<i>.*` | | | Child i's name "
             "(instead of listing it in schedulers) and its keys. |"
         )
-    if not any(p.name == "warmup_steps" for _, p in registry.schedule_keys(cls)):
+    if not any(p.name == "warmup_steps" for _, p in schedule_keys(cls)):
         rows.append(
-            f"| `{registry.PREFIX}warmup.steps` | int | `0` | A linear warmup from 0 in front of the schedule. |"
+            f"| `{PREFIX}warmup.steps` | int | `0` | A linear warmup from 0 in front of the schedule. |"
         )
     return rows
 
@@ -205,7 +206,7 @@ def _example_block(name: str) -> list[str]:
     props, steps = EXAMPLES[name]
     sched, _ = example(name)
     first = ", ".join(f"{sched.lr_at(k):.6g}" for k in range(5))
-    lines = ["```properties", f"{registry.CLASS_KEY}={name}"]
+    lines = ["```properties", f"{CLASS_KEY}={name}"]
     lines += [f"{k}={v}" for k, v in props.items()]
     lines.append("```")
     lines.append("")
@@ -317,11 +318,11 @@ def render() -> str:
     """docs/decay.md."""
     out = [_INTRO, "## Catalogue", ""]
     out += ["| schedule | what it does |", "|---|---|"]
-    for _, group in registry.CATALOGUE:
+    for _, group in CATALOGUE:
         for cls in group:
             out.append(f"| [{cls.__name__}](#{cls.__name__.lower()}) | {_first_sentence(cls)} |")
     out.append("")
-    for title, group in registry.CATALOGUE:
+    for title, group in CATALOGUE:
         out += [f"## {title}", ""]
         for cls in group:
             out += [f"### {cls.__name__}", "", _doc(cls), ""]
@@ -332,7 +333,7 @@ def render() -> str:
     out += [_ANGEL_FIXES, _TORCH_DIFFS, _COMPOSITION]
     out += ["## Every key", ""]
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for k in registry.KEYS:
+    for k in KEYS:
         default = "unset" if k.default is None else f"`{_fmt(k.default)}`"
         choices = f" One of: {', '.join(k.choices)}." if k.choices else ""
         out.append(f"| `{k.name}` | {k.type} | {default} | {k.doc}{choices} |")

@@ -12,7 +12,7 @@ __all__ = ["updates_per_epoch"]
 def _positive_int(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
-            f"updates_per_epoch: {name}={value!r} is invalid: expected an integer >= 1"
+            f"updates_per_epoch: {name}={value!r} is not valid: expected an integer >= 1"
         )
     return value
 
@@ -38,7 +38,7 @@ def updates_per_epoch(
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
         raise ValueError(
-            f"updates_per_epoch: num_samples={num_samples!r} is invalid: expected an integer >= 0"
+            f"updates_per_epoch: num_samples={num_samples!r} is not valid: expected an integer >= 0"
         )
     _positive_int("batch_size", batch_size)
     _positive_int("workers", workers)

@@ -7,178 +7,41 @@
 
 The scheduler lives here (per-epoch decay) or is copied to the workers for the epoch
 (``ml.opt.decay.on.batch=true``), where it advances once per applied optimizer update: never per
-micro-batch and never for a skipped update. Metrics go to ``<angel.log.path>/metrics.jsonl``.
+micro-batch and never for a skipped update. Metrics go to ``<angel.log.path>/metrics.jsonl``
+(:mod:`learners.run_log`); checkpoints are :mod:`learners.saved_model`.
+
+Invariant: the job configuration is read once, here, into typed options (:class:`TrainPlan`,
+``ModelConfig``, the data options, the PS's own); the workers and the loop read those.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
+import ray
 
-from angelps.config import Config, ConfigError, Key, at_least, load_config, non_negative, positive
+from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
+from angelps.config import Config, ConfigError, load_config
+from decay import StepSizeScheduler, from_conf
+from learners import metrics as M
+from learners import saved_model
+from learners.data import DataOptions
+from learners.keys import all_keys
+from learners.model_config import ModelConfig
+from learners.models import model_class
+from learners.plan import JobSize, TrainPlan
+from learners.run_log import RunLog, epoch_line, jsonable
+from learners.tables import TableDecl
+from learners.worker_group import WorkerGroup
 
-__all__ = ["KEYS", "GraphLearner", "TrainResult", "table_specs"]
-
-KEYS = [
-    Key("ml.epoch.num", "int", 30, "Training epochs (Angel's default 30).", check=at_least(1)),
-    Key(
-        "ml.minibatch.size",
-        "int",
-        128,
-        "Rows per mini-batch on each worker (the global batch is this × workers × "
-        "ml.grad.accum.steps); also the chunk size of prediction.",
-        check=positive,
-    ),
-    Key(
-        "ml.num.update.per.epoch",
-        "int",
-        10,
-        "Angel's way to size batches: when set explicitly, each worker's batch is "
-        "ceil(local rows / (this × ml.grad.accum.steps)) and ml.minibatch.size only sizes prediction.",
-        check=positive,
-    ),
-    Key("angel.workergroup.number", "int", 1, "Number of training workers.", check=positive),
-    Key(
-        "ml.data.stream",
-        "bool",
-        False,
-        "Read the training rows from disk during every epoch, one ml.data.chunk.rows chunk at "
-        "a time (inputs larger than memory; shuffling within a chunk); false: hold them in memory.",
-    ),
-    Key(
-        "angel.worker.cpus",
-        "float",
-        1.0,
-        "CPUs Ray reserves for each worker actor.",
-        check=positive,
-    ),
-    Key(
-        "angel.worker.torch.threads",
-        "int",
-        1,
-        "torch intra-op threads per worker: one is fastest for small models (LR, FM); give "
-        "MLP models (DeepFM, DNN) as many as angel.worker.cpus (docs/benchmarks-train.md).",
-        check=positive,
-    ),
-    Key(
-        "angel.worker.device",
-        "str",
-        "cpu",
-        "Where workers compute: cpu, or cuda (one GPU per worker; needs ml.amp for mixed precision).",
-        choices=("cpu", "cuda"),
-    ),
-    Key(
-        "angel.worker.gpus",
-        "float",
-        0.0,
-        "GPUs Ray reserves for each worker actor (fractions share a device with other workers "
-        "or shards); > 0 makes the workers compute on CUDA, as angel.worker.device=cuda does.",
-        check=non_negative,
-    ),
-    Key(
-        "angel.worker.fused.push.pull",
-        "bool",
-        True,
-        "Send each update's push together with the next batch's pull (one call per shard per "
-        "step); false: a push, then a pull.",
-    ),
-    Key(
-        "angel.dense.placement",
-        "str",
-        "worker",
-        "Where dense (MLP) layers live: worker (replicated, gradients all-reduced over gloo) or "
-        "ps (one PS table per parameter, pulled and pushed every step, as Angel).",
-        choices=("worker", "ps"),
-    ),
-    Key(
-        "angel.log.path",
-        "str",
-        "",
-        "Directory of metrics.jsonl (per-step and per-epoch metrics); empty: runs/<job name>.",
-    ),
-    Key(
-        "angel.log.tensorboard",
-        "bool",
-        False,
-        "Also write TensorBoard event files (step and epoch scalars) next to metrics.jsonl; "
-        "needs the tensorboard package (pip install 'angelps[tensorboard]').",
-    ),
-    Key(
-        "angel.log.every.steps",
-        "int",
-        50,
-        "Updates per progress/metrics record (one JSON step line aggregates this many updates).",
-        check=positive,
-    ),
-    Key(
-        "angel.save.model.path",
-        "str",
-        None,
-        "Checkpoint directory, written after every epoch (PS tables with optimizer state, "
-        "worker-side layers, scheduler state, epoch, RNG); --resume continues from it.",
-    ),
-    Key(
-        "angel.load.model.path",
-        "str",
-        None,
-        "A saved model to start training from (weights and optimizer state; the epoch count "
-        "and schedule start afresh, as Angel's inctrain).",
-    ),
-    Key("ml.seed", "int", 0, "Seed of shuffling, table initialisation and worker-side layers."),
-    Key(
-        "ml.grad.accum.steps",
-        "int",
-        1,
-        "Micro-batches per optimizer update; the loss is divided by this and the schedule "
-        "advances once per update.",
-        check=positive,
-    ),
-    Key(
-        "ml.grad.clip.norm",
-        "float",
-        0.0,
-        "Clip the gradient's global L2 norm to this before the update (0: no clipping).",
-        check=non_negative,
-    ),
-    Key(
-        "ml.amp",
-        "bool",
-        False,
-        "Mixed precision (autocast + gradient scaling) on CUDA workers; ignored with a warning on CPU.",
-    ),
-    Key(
-        "ml.early.stop.patience",
-        "int",
-        0,
-        "Stop after this many epochs without improvement of ml.early.stop.metric (0: never).",
-        check=non_negative,
-    ),
-    Key(
-        "ml.early.stop.metric",
-        "str",
-        "auto",
-        "Validation metric watched by early stopping and ReduceLROnPlateau: auto (valid_auc "
-        "for binary, valid_accuracy for multi-class, valid_rmse for regression) or a metric name "
-        "such as valid_logloss.",
-    ),
-    Key(
-        "ml.freeze.layers",
-        "str_list",
-        None,
-        "Layers left untouched: PS table names (weight, bias, wide, wide_bias, embedding, "
-        "input, input_bias, ...) or worker-side module names (mlp).",
-    ),
-]
+__all__ = ["GraphLearner", "TrainResult", "table_specs"]
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 
@@ -191,72 +54,27 @@ class TrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _all_keys() -> Sequence[Any]:
-    from learners.keys import all_keys
+@dataclass
+class _Progress:
+    """Where training stands: the epochs done, and early stopping's best metric so far."""
 
-    return all_keys()
+    next_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: float | None = None
+    since_best: int = 0
+    samples: int = 0
+    train_s: float = 0.0
+    stopped_early: bool = False
 
-
-class _Log:
-    """Progress on a terminal (tqdm), plain lines otherwise, and the metrics.jsonl file."""
-
-    def __init__(self, path: Path | None, quiet: bool = False, tensorboard: bool = False) -> None:
-        self.tty = sys.stdout.isatty() and not quiet
-        self.quiet = quiet
-        self.file = None
-        self.tb: Any = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "angel.log.tensorboard=true needs the tensorboard package: "
-                    "pip install 'angelps[tensorboard]'"
-                ) from None
-            self.tb = SummaryWriter(log_dir=str(path if path is not None else "runs"))
-        if path is not None:
-            path.mkdir(parents=True, exist_ok=True)
-            self.file = open(path / "metrics.jsonl", "a", buffering=1)
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            print(text, flush=True)
-
-    def record(self, obj: Mapping[str, Any]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(_jsonable(obj)) + "\n")
-        if self.tb is not None and obj.get("kind") in ("step", "epoch"):
-            # Step scalars on the update axis, epoch scalars on the epoch axis, as the plot verb.
-            kind = str(obj["kind"])
-            at = int(obj.get("step", 0) if kind == "step" else obj.get("epoch", 0))
-            for name, value in obj.items():
-                if name in ("kind", "step", "epoch") or isinstance(value, bool):
-                    continue
-                if isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(
-                    value
-                ):
-                    self.tb.add_scalar(f"{kind}/{name}", float(value), at)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+    def watch(self, value: float | None, lower_is_better: bool) -> None:
+        """Count epochs since the watched metric last improved."""
+        if value is None or not math.isfinite(value):
+            return
+        sign = -1.0 if lower_is_better else 1.0
+        if self.best is None or sign * value > sign * self.best:
+            self.best, self.since_best = value, 0
+        else:
+            self.since_best += 1
 
 
 class GraphLearner:
@@ -270,16 +88,19 @@ class GraphLearner:
         self, conf: Config | Mapping[str, Any], address: str | None = None, quiet: bool = False
     ) -> None:
         if not isinstance(conf, Config):
-            conf = load_config(None, dict(conf), _all_keys())
+            conf = load_config(None, dict(conf), all_keys())
         self.conf = conf
+        self.plan = TrainPlan.from_config(conf)
+        self.ps_options = PSOptions.from_config(conf)
         self.address = address
         self.quiet = quiet
         self._ray_started = False
-        self._ps: Any = None
-        self._workers: list[Any] = []
-        self._tables: list[Any] = []
-        self._setup: dict[str, Any] = {}
-        self.sched: Any = None
+        self._ps: PSClient | None = None
+        self._workers: WorkerGroup | None = None
+        self._tables: list[TableSpec] = []
+        self._model: ModelConfig | None = None
+        self._size: JobSize | None = None
+        self.sched: StepSizeScheduler | None = None
         self.epoch = 0
 
     @classmethod
@@ -290,13 +111,11 @@ class GraphLearner:
         **kw: Any,
     ) -> GraphLearner:
         """Load ``path`` (a .properties file, or None for defaults) with overrides and build a learner."""
-        return cls(load_config(path, overrides, _all_keys()), **kw)
+        return cls(load_config(path, overrides, all_keys()), **kw)
 
-    # --- Ray and the PS ----------------------------------------------------------------------
+    # --- Ray, the workers and the PS -----------------------------------------------------------
 
     def _start_ray(self) -> None:
-        import ray
-
         if ray.is_initialized():
             return
         address = self.address or os.environ.get("RAY_ADDRESS") or None
@@ -312,18 +131,11 @@ class GraphLearner:
             )
         self._ray_started = True
 
-    def _start_workers(self, conf: Config) -> dict[str, Any]:
-        """Create the worker actors (each loads its part of the data) and size the job."""
-        import ray
-
-        from learners.models import model_class
-        from learners.worker import remote_worker_class
-
-        w = int(conf["angel.workergroup.number"])
-        gpus = float(conf["angel.worker.gpus"])
-        if gpus == 0 and conf["angel.worker.device"] == "cuda":
-            gpus = 1.0
-        device = "cuda" if gpus > 0 else "cpu"
+    def _start_workers(self) -> WorkerGroup:
+        """Create the worker actors (each loads its part of the data), size the job, build the
+        model on every worker and launch the PS tables it declares."""
+        conf, plan = self.conf, self.plan
+        w, gpus = plan.workers, plan.worker_gpus
         have = float(ray.cluster_resources().get("GPU", 0))
         if gpus and have < w * gpus:
             # A worker asking for a GPU the cluster lacks would wait forever: say so now.
@@ -331,89 +143,41 @@ class GraphLearner:
                 f"angel.worker.gpus={gpus:g} with {w} worker(s) needs {w * gpus:g} GPU(s) but the "
                 f"Ray cluster has {have:g}; set angel.worker.gpus=0 (and angel.worker.device=cpu)"
             )
-        cls = remote_worker_class(float(conf["angel.worker.cpus"]), gpus)
-        base = {"torch_threads": int(conf["angel.worker.torch.threads"])}
-        plain = dict(conf.items())
-        self._workers = [cls.remote(plain, i, w, base) for i in range(w)]
-        summaries = ray.get([a.data_summary.remote() for a in self._workers])
-        model_cls = model_class(str(conf["ml.model.class.name"]))
-        range_ = int(conf["ml.feature.index.range"])
-        max_id = max(s[p]["max_id"] for s in summaries for p in ("train", "valid"))
-        num_features = range_ if range_ > 0 else max_id + 1
-        fields = int(conf["ml.fm.field.num"])
-        num_fields = fields if fields > 0 else None
-        train_rows = [s["train"]["rows"] for s in summaries]
-        if min(train_rows) == 0:
-            raise ValueError(
-                f"worker {train_rows.index(0)} has no training rows: the input has "
-                f"{sum(train_rows)} rows for {w} workers (lower angel.workergroup.number)"
-            )
-        accum = int(conf["ml.grad.accum.steps"])
-        if conf.is_set("ml.num.update.per.epoch"):
-            n_up = int(conf["ml.num.update.per.epoch"])
-            batch = max(1, math.ceil(min(train_rows) / (n_up * accum)))
-        else:
-            batch = int(conf["ml.minibatch.size"])
-        # Lock-step: every worker makes the same number of updates per epoch (BSP); the
-        # smallest part sets it, so no worker waits for a push that never comes.
-        updates = max(1, math.ceil(min(train_rows) / batch) // accum)
-        clip = float(conf["ml.grad.clip.norm"])
-        frozen = [s.lower() for s in (conf["ml.freeze.layers"] or [])]
-        from angelps.table import OptimizerSpec
+        data = DataOptions.from_config(conf)
+        workers = self._workers = WorkerGroup(plan, data)
+        size = JobSize.of_parts(
+            plan, workers.execute("data_summary"), data.index_range, data.field_num
+        )
+        self._build(
+            workers, ModelConfig.from_config(conf, size.num_features, size.num_fields), size
+        )
+        workers.join_process_group()
+        return workers
 
-        fc = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
-        setup = {
-            "num_features": num_features,
-            "num_fields": num_fields,
-            "batch_size": batch,
-            "accum_steps": accum,
-            "updates_per_epoch": updates,
-            "seed": int(conf["ml.seed"]),
-            "shuffle": bool(conf["ml.data.use.shuffle"]),
-            "clip_norm": clip,
-            "decay_on_batch": bool(conf["ml.opt.decay.on.batch"]),
-            "frozen": frozen,
-            "dense_optimizer": fc.to_dict(),
-            "amp": bool(conf["ml.amp"]),
-            "dense_placement": str(conf["angel.dense.placement"]),
-            "fused": bool(conf["angel.worker.fused.push.pull"]),
-            "device": device,
-            "train_rows": train_rows,
-            "valid_rows": [s["valid"]["rows"] for s in summaries],
-            "skipped_lines": sum(s.get("skipped_lines", 0) for s in summaries),
-            "model": model_cls.angel_name,
-        }
-        decls = ray.get([a.setup_model.remote(setup) for a in self._workers])[0]
-        if w > 1:
-            addr, port = ray.get(self._workers[0].free_port.remote())
-            ray.get([a.setup_dist.remote(addr, port) for a in self._workers])
-        self._decls = decls
-        return setup
-
-    def _launch_ps(self, conf: Config) -> None:
-        import ray
-
-        from angelps.client import PSClient
-
-        self._tables = table_specs(conf, self._decls)
-        w = len(self._workers)
-        self._ps = PSClient.launch(self._tables, conf, num_workers=w)
-        ray.get([a.set_ps.remote(self._ps.for_worker(i)) for i, a in enumerate(self._workers)])
+    def _build(self, workers: WorkerGroup, model: ModelConfig, size: JobSize) -> None:
+        """The model on every worker, the PS tables it reads, and each worker's PS handle."""
+        dense = OptimizerSpec.from_conf(self.conf, "ml.fclayer.optimizer")
+        decls = workers.execute("build", model, size, dense)[0]
+        self._model, self._size = model, size
+        self._tables = table_specs(self.conf, decls)
+        self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=len(workers))
+        workers.attach_ps(self._ps)
 
     # --- the screen at start -----------------------------------------------------------------
 
-    def _banner(self, conf: Config, setup: Mapping[str, Any], total_updates: int) -> str:
-        w = len(self._workers)
-        b, k = setup["batch_size"], setup["accum_steps"]
+    def _banner(self, size: JobSize, dense_params: int) -> str:
+        conf, plan, ps = self.conf, self.plan, self.ps_options
+        w = plan.workers
+        b, k = size.batch_size, plan.accum
+        model = model_class(_model_name(conf)).angel_name
         lines = [
-            f"angelps train: {setup['model']}  ({conf.source('ml.model.class.name')})",
-            f"  data     {conf['angel.train.data.path']}: {sum(setup['train_rows'])} train rows, "
-            f"{sum(setup['valid_rows'])} validation rows, {setup['num_features']} features"
-            + (f", {setup['num_fields']} fields" if setup["num_fields"] else "")
-            + (f", {setup['skipped_lines']} bad lines skipped" if setup["skipped_lines"] else ""),
-            f"  tables   on {int(conf.get('angel.ps.number', 1) or 1)} shard(s), sparse keys "
-            f"{conf.get('angel.ps.partitioner', 'hash')}-partitioned, "
-            f"staleness {conf.get('angel.staleness', 0)}:",
+            f"angelps train: {model}  ({conf.source('ml.model.class.name')})",
+            f"  data     {conf['angel.train.data.path']}: {sum(size.train_rows)} train rows, "
+            f"{sum(size.valid_rows)} validation rows, {size.num_features} features"
+            + (f", {size.num_fields} fields" if size.num_fields else "")
+            + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else ""),
+            f"  tables   on {ps.num_shards} shard(s), sparse keys "
+            f"{ps.partitioner}-partitioned, staleness {ps.staleness}:",
         ]
         for t in self._tables:
             kind = "sparse" if t.sparse else "dense"
@@ -421,210 +185,194 @@ class GraphLearner:
                 f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
                 f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
             )
-        dense = setup.get("dense_params", 0)
-        if dense and setup.get("dense_placement") == "ps":
-            lines.append(f"  dense    {dense} parameters in dense.* tables on the PS")
-        elif dense:
+        if dense_params and plan.dense_placement == "ps":
+            lines.append(f"  dense    {dense_params} parameters in dense.* tables on the PS")
+        elif dense_params:
+            opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
             lines.append(
-                f"  dense    {dense} parameters on the workers ({setup['dense_optimizer']['name']}"
+                f"  dense    {dense_params} parameters on the workers ({opt}"
                 + (", all-reduced over gloo)" if w > 1 else ")")
             )
-        if setup.get("amp") and setup.get("device") != "cuda":
+        if plan.amp and plan.device != "cuda":
             lines.append(
                 "  amp      ml.amp=true ignored: mixed precision needs angel.worker.device=cuda"
             )
-        elif setup.get("amp"):
+        elif plan.amp:
             lines.append("  amp      fp16 autocast with a dynamic loss scale (starts at 65536)")
         lines += [
             f"  workers  {w}; effective batch = {b} x {w} workers x {k} accum = {b * w * k}",
-            f"  updates  {setup['updates_per_epoch']} per epoch x {conf['ml.epoch.num']} epochs "
-            f"= {total_updates}",
+            f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
+            f"= {size.updates_per_epoch * plan.epochs}",
         ]
         if self.sched is not None:
-            per = "update" if setup["decay_on_batch"] else "epoch"
+            per = "update" if plan.decay_on_batch else "epoch"
             first = ", ".join(f"{self.sched.lr_at(i):.4g}" for i in range(4))
             lines.append(f"  decay    {self.sched.describe()} per {per}: {first}, ...")
         return "\n".join(lines)
 
     # --- training ----------------------------------------------------------------------------
 
-    def _log_dir(self, conf: Config) -> Path:
-        p = conf["angel.log.path"]
-        if p:
-            return Path(p)
-        name = conf.get("angel.job.name") or str(conf["ml.model.class.name"]).lower()
-        return Path("runs") / str(name)
-
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
-        import ray
-
-        from decay import from_conf
-
-        conf = self.conf
-        t_start = time.perf_counter()
-        self._check_conf(conf, resume)
-        self._check_plateau(conf)
+        plan, t_start = self.plan, time.perf_counter()
+        self._check_conf(resume)
         if resume:
-            _read_extra(Path(conf["angel.save.model.path"]))  # fail before any actor starts
+            saved_model.read_extra(Path(str(plan.save_path)))  # fail before any actor starts
         self._start_ray()
-        log = _Log(self._log_dir(conf), self.quiet, bool(conf["angel.log.tensorboard"]))
+        log = RunLog(Path(plan.log_dir), self.quiet, plan.tensorboard)
         try:
-            setup = self._start_workers(conf)
-            self._setup = setup
-            self._launch_ps(conf)
-            setup["dense_params"] = ray.get(self._workers[0].dense_param_count.remote())
-            epochs = int(conf["ml.epoch.num"])
-            updates = int(setup["updates_per_epoch"])
-            on_batch = bool(setup["decay_on_batch"])
-            total = updates * epochs if on_batch else epochs
-            self.sched = from_conf(conf, total_steps=total)
-            history: list[dict[str, Any]] = []
-            start_epoch = 0
-            best: float | None = None
-            since_best = 0
-            if resume:
-                start_epoch, history, best, since_best = self._restore(
-                    conf["angel.save.model.path"]
-                )
-            elif conf["angel.load.model.path"]:
-                self._load_weights(conf["angel.load.model.path"])
-            log.say(self._banner(conf, setup, updates * epochs))
-            metric_name = self._watch_metric(conf)
-            log_every = int(conf["angel.log.every.steps"])
-            train_samples = 0
-            train_time = 0.0
-            stopped_early = False
-            for epoch in range(start_epoch, epochs):
+            progress = self._prepare(resume, log)
+            for epoch in range(progress.next_epoch, plan.epochs):
                 self.epoch = epoch
-                ray.get([a.begin_epoch.remote(epoch, self.sched) for a in self._workers])
-                epoch_lr = None if on_batch else float(self.sched.peek())
-                bar = self._bar(epoch, epochs, updates)
-                done = 0
-                loss_sum, samples, skipped = 0.0, 0, 0
-                last_lr = float(self.sched.peek())
-                t_epoch = time.perf_counter()
-                while done < updates:
-                    n = min(log_every, updates - done)
-                    # Another chunk follows (of this epoch or the next): the workers fetch its
-                    # first batch's rows with this chunk's last push (one round trip, not two).
-                    end = done + n >= updates
-                    more = not end or epoch + 1 < epochs
-                    nxt = epoch + 1 if end else None
-                    outs = ray.get(
-                        [a.run_steps.remote(n, epoch_lr, more, nxt) for a in self._workers]
-                    )
-                    done += n
-                    chunk_samples = sum(o["samples"] for o in outs)
-                    chunk_loss = sum(o["loss_sum"] for o in outs)
-                    o0 = outs[0]
-                    loss_sum += chunk_loss
-                    samples += chunk_samples
-                    skipped += o0["skipped"]
-                    if o0["updates"]:
-                        last_lr = o0["last_lr"]
-                    step_line = {
-                        "kind": "step",
-                        "epoch": epoch,
-                        "step": epoch * updates + done,
-                        "updates": n,
-                        "lr": o0["last_lr"],
-                        "loss": chunk_loss / max(chunk_samples, 1),
-                        "samples_per_s": chunk_samples
-                        / max(max(o["elapsed_s"] for o in outs), 1e-9),
-                        "pull_s": o0["pull_s"],
-                        "compute_s": o0["compute_s"],
-                        "push_s": o0["push_s"],
-                        # waiting for the rows of a fused push_pull already in flight
-                        "wait_s": o0["wait_s"],
-                        "elapsed_s": o0["elapsed_s"],
-                        "skipped": o0["skipped"],
-                    }
-                    log.record(step_line)
-                    if bar is not None:
-                        bar.update(n)
-                        bar.set_postfix(
-                            loss=f"{step_line['loss']:.4f}", lr=f"{step_line['lr']:.3g}"
-                        )
-                    if on_batch:
-                        self.sched.load_state_dict(o0["sched_state"])
-                train_s = time.perf_counter() - t_epoch
-                if bar is not None:
-                    bar.close()
-                train_samples += samples
-                train_time += train_s
-                metrics = self._validate()
-                row: dict[str, Any] = {
-                    "kind": "epoch",
-                    "epoch": epoch,
-                    # per-update decay: the step size of the epoch's last update
-                    "lr": epoch_lr if epoch_lr is not None else last_lr,
-                    "train_loss": loss_sum / max(samples, 1),
-                    "train_samples_per_s": samples / max(train_s, 1e-9),
-                    "skipped_updates": skipped,
-                    **metrics,
-                }
-                watched = metrics.get(metric_name)
-                if (
-                    metrics
-                    and metric_name not in metrics
-                    and (int(conf["ml.early.stop.patience"]) > 0 or _is_plateau(self.sched))
-                ):
-                    names = ", ".join(sorted(k for k in metrics if k.startswith("valid_")))
-                    raise ConfigError(
-                        f"ml.early.stop.metric={conf['ml.early.stop.metric']}: this model reports "
-                        f"no {metric_name}; valid names: {names}"
-                    )
-                if not on_batch:
-                    self._advance_epoch_schedule(watched)
-                elif _is_plateau(self.sched):
-                    self._plateau_step(watched)
-                improved = False
-                if watched is not None and math.isfinite(watched):
-                    sign = -1.0 if metric_name.endswith(_LOWER_IS_BETTER) else 1.0
-                    improved = best is None or sign * watched > sign * best
-                    if improved:
-                        best, since_best = watched, 0
-                    else:
-                        since_best += 1
+                row = self.run_epoch(epoch, log, progress)
+                row.update(self.validate())
+                self._schedule_epoch(row)
                 row["elapsed_s"] = time.perf_counter() - t_start
-                history.append(row)
+                progress.history.append(row)
                 log.record(row)
-                log.say(self._epoch_line(row, epochs))
-                if conf["angel.save.model.path"]:
-                    self._checkpoint(
-                        conf["angel.save.model.path"], epoch, history, best, since_best
-                    )
-                patience = int(conf["ml.early.stop.patience"])
-                if patience > 0 and since_best >= patience:
-                    log.say(
-                        f"early stop: {metric_name} has not improved for {since_best} epochs "
-                        f"(best {best:.6g})"
-                    )
-                    stopped_early = True
+                log.say(epoch_line(row, plan.epochs))
+                if plan.save_path:
+                    self.checkpoint(plan.save_path, epoch, progress)
+                if self.early_stop(progress, log):
                     break
-            last = history[-1] if history else {}
-            summary = {
-                "model": setup["model"],
-                "epochs": len(history),
-                "workers": len(self._workers),
-                "global_batch": setup["batch_size"] * len(self._workers) * setup["accum_steps"],
-                "updates_per_epoch": updates,
-                **{k: v for k, v in last.items() if k.startswith("valid_")},
-                "train_loss": last.get("train_loss"),
-                "train_samples_per_s": train_samples / max(train_time, 1e-9),
-                "elapsed_s": time.perf_counter() - t_start,
-                "stopped_early": stopped_early,
-                "skipped_lines": setup["skipped_lines"],
-            }
-            for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
-                summary.setdefault(k, None)
+            summary = self._summary(progress, time.perf_counter() - t_start)
             log.record({"kind": "summary", **summary})
-            return TrainResult(history=history, summary=_jsonable(summary))
+            return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
             log.close()
 
-    def _check_conf(self, conf: Config, resume: bool) -> None:
+    def _prepare(self, resume: bool, log: RunLog) -> _Progress:
+        """Workers, PS and scheduler up; the checkpoint or saved weights loaded; the banner."""
+        plan = self.plan
+        workers = self._start_workers()
+        assert self._size is not None and self._ps is not None
+        dense_params = int(workers.execute_single(0, "dense_param_count"))
+        updates = self._size.updates_per_epoch
+        total = updates * plan.epochs if plan.decay_on_batch else plan.epochs
+        self.sched = from_conf(self.conf, total_steps=total)
+        progress = _Progress()
+        if resume:
+            info = saved_model.restore(str(plan.save_path), self._ps, workers)
+            self.sched.load_state_dict(info["scheduler"])
+            progress.next_epoch = int(info["next_epoch"])
+            progress.history = list(info["history"])
+            progress.best, progress.since_best = info["best"], int(info["since_best"])
+        elif plan.load_path:
+            saved_model.restore(plan.load_path, self._ps, workers)
+        log.say(self._banner(self._size, dense_params))
+        return progress
+
+    def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
+        """One epoch of updates, in chunks of ``angel.log.every.steps``: its training record."""
+        assert self._workers is not None and self._size is not None and self.sched is not None
+        plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
+        workers.execute("begin_epoch", epoch, self.sched)
+        epoch_lr = None if plan.decay_on_batch else float(self.sched.peek())
+        bar = log.bar(epoch, plan.epochs, updates)
+        done, loss_sum, samples, skipped = 0, 0.0, 0, 0
+        last_lr = float(self.sched.peek())
+        t_epoch = time.perf_counter()
+        while done < updates:
+            n = min(plan.log_every, updates - done)
+            # Another chunk follows (of this epoch or the next): the workers fetch its
+            # first batch's rows with this chunk's last push (one round trip, not two).
+            end = done + n >= updates
+            more = not end or epoch + 1 < plan.epochs
+            outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
+            done += n
+            step = _step_record(epoch, epoch * updates + done, n, outs)
+            loss_sum += sum(o["loss_sum"] for o in outs)
+            samples += sum(o["samples"] for o in outs)
+            skipped += outs[0]["skipped"]
+            if outs[0]["updates"]:
+                last_lr = outs[0]["last_lr"]
+            log.record(step)
+            if bar is not None:
+                bar.update(n)
+                bar.set_postfix(loss=f"{step['loss']:.4f}", lr=f"{step['lr']:.3g}")
+            if plan.decay_on_batch:
+                self.sched.load_state_dict(outs[0]["sched_state"])
+        train_s = time.perf_counter() - t_epoch
+        if bar is not None:
+            bar.close()
+        progress.samples += samples
+        progress.train_s += train_s
+        return {
+            "kind": "epoch",
+            "epoch": epoch,
+            # per-update decay: the step size of the epoch's last update
+            "lr": epoch_lr if epoch_lr is not None else last_lr,
+            "train_loss": loss_sum / max(samples, 1),
+            "train_samples_per_s": samples / max(train_s, 1e-9),
+            "skipped_updates": skipped,
+        }
+
+    def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
+        """The schedule after an epoch: ReduceLROnPlateau fed the watched validation metric
+        (decided once, here); per-epoch decay advanced."""
+        assert self.sched is not None
+        metric_name = self._watch_metric()
+        if (
+            any(k.startswith("valid_") for k in row)
+            and metric_name not in row
+            and (self.plan.early_stop_patience > 0 or _is_plateau(self.sched))
+        ):
+            names = ", ".join(sorted(k for k in row if k.startswith("valid_")))
+            raise ConfigError(
+                f"ml.early.stop.metric={self.plan.early_stop_metric}: this model reports "
+                f"no {metric_name}; valid names: {names}"
+            )
+        plateau = self.sched
+        if _is_plateau(plateau):
+            watched = row.get(metric_name)
+            if watched is None:
+                raise ConfigError(
+                    "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
+                    "or angel.validate.data.path"
+                )
+            plateau.step(watched)
+        if not self.plan.decay_on_batch:
+            self.sched.advance()
+
+    def early_stop(self, progress: _Progress, log: RunLog) -> bool:
+        """Track the watched metric of the last epoch; True when patience has run out."""
+        metric_name = self._watch_metric()
+        progress.watch(
+            progress.history[-1].get(metric_name), metric_name.endswith(_LOWER_IS_BETTER)
+        )
+        patience = self.plan.early_stop_patience
+        if patience > 0 and progress.since_best >= patience:
+            log.say(
+                f"early stop: {metric_name} has not improved for {progress.since_best} epochs "
+                f"(best {progress.best:.6g})"
+            )
+            progress.stopped_early = True
+            return True
+        return False
+
+    def _summary(self, progress: _Progress, elapsed_s: float) -> dict[str, Any]:
+        assert self._size is not None
+        plan, size = self.plan, self._size
+        last = progress.history[-1] if progress.history else {}
+        summary = {
+            "model": model_class(_model_name(self.conf)).angel_name,
+            "epochs": len(progress.history),
+            "workers": plan.workers,
+            "global_batch": size.batch_size * plan.workers * plan.accum,
+            "updates_per_epoch": size.updates_per_epoch,
+            **{k: v for k, v in last.items() if k.startswith("valid_")},
+            "train_loss": last.get("train_loss"),
+            "train_samples_per_s": progress.samples / max(progress.train_s, 1e-9),
+            "elapsed_s": elapsed_s,
+            "stopped_early": progress.stopped_early,
+            "skipped_lines": size.skipped_lines,
+        }
+        for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
+            summary.setdefault(k, None)
+        return summary
+
+    def _check_conf(self, resume: bool) -> None:
+        conf = self.conf
         if not conf["angel.train.data.path"]:
             raise ConfigError(
                 "angel.train.data.path is not set: expected the path of the training data"
@@ -634,45 +382,29 @@ class GraphLearner:
                 f"angel.train.data.path={conf['angel.train.data.path']} "
                 f"({conf.source('angel.train.data.path')}) does not exist"
             )
-        from learners.models import model_class
-
-        cls = model_class(str(conf["ml.model.class.name"]))  # unknown names fail here, first
+        cls = model_class(_model_name(conf))  # unknown names fail here, first
         if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
             raise ConfigError(
                 f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
                 "in every sample; census: 13)"
             )
-        if resume and not conf["angel.save.model.path"]:
+        if resume and not self.plan.save_path:
             raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
+        self._check_plateau()
 
-    def _watch_metric(self, conf: Config) -> str:
-        name = str(conf["ml.early.stop.metric"]).lower()
+    def _watch_metric(self) -> str:
+        name = self.plan.early_stop_metric.lower()
         if name != "auto":
             return name if name.startswith("valid_") else f"valid_{name}"
-        from learners.models import model_class
-
-        task = model_class(str(conf["ml.model.class.name"])).task
+        task = model_class(_model_name(self.conf)).task
         return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
 
-    def _advance_epoch_schedule(self, metric: float | None) -> None:
-        if _is_plateau(self.sched):
-            # ReduceLROnPlateau: fed the global validation metric, decided once, here.
-            self._plateau_step(metric)
-        self.sched.advance()
-
-    def _plateau_step(self, metric: float | None) -> None:
-        if metric is None:
-            raise ConfigError(
-                "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
-                "or angel.validate.data.path"
-            )
-        self.sched.step(metric)
-
-    def _check_plateau(self, conf: Config) -> None:
+    def _check_plateau(self) -> None:
         """The plateau's mode must match the direction of the metric it is fed."""
+        conf = self.conf
         if str(conf["ml.opt.decay.class.name"]).lower() != "reducelronplateau":
             return
-        metric_name = self._watch_metric(conf)
+        metric_name = self._watch_metric()
         want = "min" if metric_name.endswith(_LOWER_IS_BETTER) else "max"
         mode = str(conf["ml.opt.decay.mode"] or "min").lower()
         if mode != want:
@@ -682,132 +414,54 @@ class GraphLearner:
                 f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
             )
 
-    def _bar(self, epoch: int, epochs: int, updates: int) -> Any:
-        if self.quiet or not sys.stdout.isatty():
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=updates, desc=f"epoch {epoch + 1}/{epochs}", unit="upd", leave=False)
-
-    @staticmethod
-    def _epoch_line(row: Mapping[str, Any], epochs: int) -> str:
-        parts = [
-            f"epoch {row['epoch'] + 1}/{epochs}",
-            f"lr {row['lr']:.4g}",
-            f"train_loss {row['train_loss']:.4f}",
-        ]
-        for k in ("valid_logloss", "valid_auc", "valid_accuracy", "valid_rmse", "valid_r2"):
-            if row.get(k) is not None:
-                parts.append(f"{k} {row[k]:.4f}")
-        parts.append(f"{row['train_samples_per_s']:.0f} samples/s")
-        return "  ".join(parts)
-
     # --- validation and prediction ------------------------------------------------------------
 
-    def _validate(self) -> dict[str, Any]:
-        import ray
-
-        outs = ray.get([a.evaluate_part.remote("valid") for a in self._workers])
-        rows = sum(o["rows"] for o in outs)
-        if rows == 0:
+    def validate(self) -> dict[str, Any]:
+        """Validation metrics over every worker's validation part ({} when there is none)."""
+        assert self._workers is not None
+        outs = self._workers.execute("evaluate_part", "valid")
+        if sum(o["rows"] for o in outs) == 0:
             return {}
-        return _metrics(self._setup_task(), outs)
+        return _metrics(self._model_task(), outs)
 
-    def _setup_task(self) -> str:
-        from learners.models import model_class
+    def _model_task(self) -> str:
+        return model_class(_model_name(self.conf)).task
 
-        return model_class(str(self.conf["ml.model.class.name"])).task
+    # --- saved models --------------------------------------------------------------------------
 
-    # --- checkpoints ---------------------------------------------------------------------------
-
-    def _checkpoint(
-        self,
-        path: str,
-        epoch: int,
-        history: list[dict[str, Any]],
-        best: float | None,
-        since_best: int,
-    ) -> None:
-        import ray
-
-        extra = {
-            "learner": {
-                "epoch": epoch,
-                "next_epoch": epoch + 1,
-                "scheduler": self.sched.state_dict() if self.sched is not None else None,
-                "dense_placement": self._setup.get("dense_placement", "worker"),
-                "conf": {k: v for k, v in self.conf.to_properties().items() if self.conf.is_set(k)},
-                "history": _jsonable(history),
-                "best": best,
-                "since_best": since_best,
-                "model": self._setup.get("model"),
-                "num_features": self._setup.get("num_features"),
-                "num_fields": self._setup.get("num_fields"),
-                "tables": [t.to_dict() for t in self._tables],
-                # Shuffling is a pure function of (ml.seed, epoch): the data position is the epoch.
-                "data_position": {"epoch": epoch + 1, "row": 0},
-            }
+    def checkpoint(self, path: str, epoch: int, progress: _Progress) -> None:
+        """Save the PS tables and the workers' state, resumable after ``epoch``."""
+        assert self._ps is not None and self._workers is not None
+        assert self._size is not None
+        conf = self.conf
+        section = {
+            "epoch": epoch,
+            "next_epoch": epoch + 1,
+            "scheduler": self.sched.state_dict() if self.sched is not None else None,
+            "dense_placement": self.plan.dense_placement,
+            "conf": {k: v for k, v in conf.to_properties().items() if conf.is_set(k)},
+            "history": jsonable(progress.history),
+            "best": progress.best,
+            "since_best": progress.since_best,
+            "model": model_class(_model_name(conf)).angel_name,
+            "num_features": self._size.num_features,
+            "num_fields": self._size.num_fields,
+            "tables": [t.to_dict() for t in self._tables],
+            # Shuffling is a pure function of (ml.seed, epoch): the data position is the epoch.
+            "data_position": {"epoch": epoch + 1, "row": 0},
         }
-        # The worker-side layers travel inside the manifest (an .npz, base64), so the PS
-        # checkpoint's atomic rename covers them too: no window with mismatched halves.
-        blob = ray.get(self._workers[0].dense_state.remote())
-        extra["learner"]["dense_npz_b64"] = base64.b64encode(blob).decode("ascii")
-        rngs = ray.get([a.rng_state.remote() for a in self._workers])
-        extra["learner"]["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
-        self._ps.save(path, extra)
-
-    def _restore(self, path: str) -> tuple[int, list[dict[str, Any]], float | None, int]:
-        import ray
-
-        _read_extra(Path(path))  # a clear error before the shards are touched
-        extra = self._ps.load(path)
-        info = extra["learner"]
-        self.sched.load_state_dict(info["scheduler"])
-        self._load_dense(info)
-        # Clocks restart at 0 after a load: hand the workers fresh clients.
-        ray.get([a.set_ps.remote(self._ps.for_worker(i)) for i, a in enumerate(self._workers)])
-        return int(info["next_epoch"]), list(info["history"]), info["best"], int(info["since_best"])
-
-    def _load_dense(self, info: Mapping[str, Any]) -> None:
-        import ray
-
-        blob = base64.b64decode(info["dense_npz_b64"])
-        ray.get([a.load_dense_state.remote(blob) for a in self._workers])
-        rngs = info.get("worker_rng_b64") or []
-        if len(rngs) == len(self._workers):
-            # Every worker continues its own dropout stream (resuming with the same W).
-            ray.get(
-                [
-                    a.set_rng_state.remote(base64.b64decode(r))
-                    for a, r in zip(self._workers, rngs, strict=True)
-                ]
-            )
-
-    def _load_weights(self, path: str) -> None:
-        import ray
-
-        _read_extra(Path(path))
-        info = self._ps.load(path)["learner"]
-        self._load_dense(info)
-        ray.get([a.set_ps.remote(self._ps.for_worker(i)) for i, a in enumerate(self._workers)])
+        saved_model.save(path, self._ps, self._workers, section)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""
         if self._ps is None:
             raise RuntimeError("save(): nothing trained or loaded yet")
-        hist: list[dict[str, Any]] = []
-        self._checkpoint(str(path), self.epoch, hist, None, 0)
+        self.checkpoint(str(path), self.epoch, _Progress())
 
     def load(self, path: str | os.PathLike[str]) -> GraphLearner:
         """Load a saved model for evaluation or prediction (starts Ray, one worker and the PS)."""
-        import ray
-
-        from angelps.client import PSClient
-        from angelps.table import TableSpec
-
         p = Path(path)
-        manifest = _read_extra(p)
-        info = manifest["learner"]
+        info = saved_model.read_extra(p)["learner"]
         # The model's own settings (ml.*: data format, label transform, model shape) apply
         # unless this configuration sets them, so `predict --model DIR` needs no --conf.
         saved = {
@@ -819,61 +473,43 @@ class GraphLearner:
             {**saved, "angel.workergroup.number": 1, "ml.model.class.name": info["model"]}
         )
         self.conf = conf
+        self.plan = TrainPlan.from_config(conf).for_inference(
+            str(info.get("dense_placement", "worker"))
+        )
         self._start_ray()
-        from learners.worker import remote_worker_class
-
-        cls = remote_worker_class(float(conf["angel.worker.cpus"]), 0)
-        plain = dict(conf.items())
-        plain["angel.train.data.path"] = None
-        self._workers = [
-            cls.remote(
-                plain,
-                0,
-                1,
-                {"torch_threads": int(conf["angel.worker.torch.threads"]), "no_data": True},
-            )
-        ]
-        setup = {
-            "num_features": info["num_features"],
-            "num_fields": info["num_fields"],
-            "batch_size": int(conf["ml.minibatch.size"]),
-            "accum_steps": 1,
-            "seed": int(conf["ml.seed"]),
-            "shuffle": False,
-            "clip_norm": 0.0,
-            "decay_on_batch": False,
-            "frozen": [],
-            "model": info["model"],
-            "dense_placement": info.get("dense_placement", "worker"),
-            "fused": False,
-        }
-        self._setup = setup
-        self._decls = ray.get(self._workers[0].setup_model.remote(setup))
+        data = replace(DataOptions.from_config(conf), train_path=None)
+        workers = self._workers = WorkerGroup(self.plan, data, read_data=False)
+        size = JobSize(
+            num_features=int(info["num_features"]),
+            num_fields=info["num_fields"],
+            batch_size=self.plan.minibatch_size,
+            updates_per_epoch=0,
+        )
+        model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+        workers.execute("build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer"))
+        self._model, self._size = model, size
         self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
-        self._ps = PSClient.launch(self._tables, conf, num_workers=1)
+        self.ps_options = PSOptions.from_config(conf)
+        self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=1)
         self._ps.load(str(p))
-        ray.get(self._workers[0].set_ps.remote(self._ps.for_worker(0)))
-        self._load_dense(info)
+        workers.attach_ps(self._ps)
+        saved_model.load_dense(info, workers)
         return self
 
     def evaluate(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Metrics of the current model on a labelled file."""
-        import ray
-
         if not self._workers:
             raise RuntimeError("evaluate(): train() or load() first")
-        outs = ray.get([a.predict_file.remote(str(path)) for a in self._workers])
+        outs = self._workers.execute("predict_file", str(path))
         if any(o["labels"] is None for o in outs):
             raise ConfigError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
-        return {k.removeprefix("valid_"): v for k, v in _metrics(self._setup_task(), outs).items()}
+        return {k.removeprefix("valid_"): v for k, v in _metrics(self._model_task(), outs).items()}
 
     def predict(self, path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present)."""
-        import ray
-
         if not self._workers:
             raise RuntimeError("predict(): train() or load() first")
-        outs = ray.get([a.predict_file.remote(str(path)) for a in self._workers])
+        outs = self._workers.execute("predict_file", str(path))
         row_index = np.concatenate([o["row_index"] for o in outs])
         order = np.argsort(row_index, kind="stable")
         out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
@@ -884,15 +520,9 @@ class GraphLearner:
 
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""
-        import ray
-
-        for a in self._workers:
-            try:
-                ray.get(a.shutdown.remote())
-                ray.kill(a)
-            except Exception:
-                pass
-        self._workers = []
+        if self._workers is not None:
+            self._workers.shutdown()
+            self._workers = None
         if self._ps is not None:
             self._ps.shutdown()
             self._ps = None
@@ -907,11 +537,46 @@ class GraphLearner:
         self.shutdown()
 
 
-def _is_plateau(sched: Any) -> bool:
+def _model_name(conf: Mapping[str, Any]) -> str:
+    """The model's name as configured (``ml.model.class.name``)."""
+    return str(conf["ml.model.class.name"])
+
+
+class _MetricDriven(Protocol):
+    def step(self, metric: float) -> float: ...
+
+
+def _is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
+    """ReduceLROnPlateau (alone or inside a composition): a schedule fed the validation metric
+    through ``step(metric)`` rather than driven by the update count alone."""
     return getattr(sched, "composable", True) is False and hasattr(sched, "step")
 
 
-def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
+def _step_record(
+    epoch: int, step: int, updates: int, outs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The metrics.jsonl record of one ``run_steps`` chunk (timings of worker 0)."""
+    o0 = outs[0]
+    samples = sum(o["samples"] for o in outs)
+    return {
+        "kind": "step",
+        "epoch": epoch,
+        "step": step,
+        "updates": updates,
+        "lr": o0["last_lr"],
+        "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
+        "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
+        "pull_s": o0["pull_s"],
+        "compute_s": o0["compute_s"],
+        "push_s": o0["push_s"],
+        # waiting for the rows of a fused push_pull already in flight
+        "wait_s": o0["wait_s"],
+        "elapsed_s": o0["elapsed_s"],
+        "skipped": o0["skipped"],
+    }
+
+
+def table_specs(conf: Mapping[str, Any], decls: Sequence[TableDecl]) -> list[TableSpec]:
     """PS table specs for a model's declared tables, with the optimizers named by the conf.
 
     Sparse tables take their role's optimizer (``ml.inputlayer.optimizer`` or
@@ -919,9 +584,7 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
     regularisation (Angel never regularises biases). With ``angel.dense.placement=ps`` the MLP's
     parameters are dense tables with ``ml.fclayer.optimizer``.
     """
-    from angelps.table import OptimizerSpec, TableSpec
-
-    specs: list[Any] = []
+    specs: list[TableSpec] = []
     for d in decls:
         opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
         if not d.sparse and d.name.endswith("bias"):
@@ -930,7 +593,7 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
             TableSpec(
                 name=d.name,
                 rows=int(d.rows),
-                cols=int(d.dim),
+                cols=int(d.cols),
                 sparse=bool(d.sparse),
                 init=d.init if d.init_std > 0 else "zeros",
                 init_std=float(d.init_std),
@@ -941,24 +604,8 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[Any]) -> list[Any]:
     return specs
 
 
-def _read_extra(path: Path) -> dict[str, Any]:
-    """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none."""
-    from angelps import checkpoint
-
-    try:
-        manifest = checkpoint.read_manifest(str(path))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is not a saved angelps model: {e}") from None
-    extra = dict(manifest.get("extra", {}))
-    if "learner" not in extra:
-        raise ConfigError(f"{path} is a PS checkpoint without a model (no learner section)")
-    return extra
-
-
 def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Global validation metrics over every worker's predictions."""
-    from learners import metrics as M
-
     key = "prob" if task == "multiclass" else "pred"
     pred = np.concatenate([o[key] for o in outs])
     labels = np.concatenate([o["labels"] for o in outs])
@@ -973,4 +620,4 @@ def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out = {f"valid_{k}": v for k, v in dict(m).items()}
     out["valid_loss"] = loss
     out["valid_rows"] = rows
-    return _jsonable(out)
+    return jsonable(out)

@@ -1,8 +1,9 @@
 """One training worker: its part of the data, the model's dense layers, and a PS client handle.
 
 ``TrainWorker`` is a plain class (testable in one process); :func:`remote_worker_class` wraps it
-in a Ray actor. The driver (:class:`learners.learner.GraphLearner`) calls ``run_steps`` in
-chunks so it can show progress; every optimizer update inside a chunk is:
+in a Ray actor and :class:`learners.worker_group.WorkerGroup` starts W of them. The driver
+(:class:`learners.learner.GraphLearner`) calls ``run_steps`` in chunks so it can show progress;
+every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
 
     for each of ml.grad.accum.steps micro-batches:
         dedup ids → pull rows → forward → (loss / accum).backward() → keep the row gradients
@@ -12,28 +13,44 @@ chunks so it can show progress; every optimizer update inside a chunk is:
 
 Under BSP the shard applies one optimizer update on the sum of the W pushes, so ×1/W makes it
 the mean gradient of the global batch (batch × W × accum samples).
+
+A worker receives typed options only: the :class:`~learners.plan.TrainPlan`, the data options,
+then (:meth:`TrainWorker.build`) the :class:`~learners.model_config.ModelConfig` and the
+:class:`~learners.plan.JobSize`, and its PS client handle (:meth:`TrainWorker.set_ps`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import os
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from angelps import OptimizerSpec, PSClient
 from angelps.config import ConfigError
-from learners.models import BaseModel, SparseInput, TableDecl, build_model
+from decay import StepSizeScheduler
+from learners import data as datasets
+from learners.data import Batch, DataOptions, ReadStats
+from learners.dense import dense_optimizer, finish_grads, load_dense, save_dense
+from learners.model_config import ModelConfig
+from learners.models import BaseModel, build_model
+from learners.plan import JobSize, TrainPlan
+from learners.sparse_input import SparseInput
+from learners.tables import TableDecl
 
 __all__ = ["StepStats", "TrainWorker", "remote_worker_class"]
+
+#: Rows per prediction chunk, in mini-batches (prediction keeps no activations for backward).
+_PREDICT_BATCHES = 32
 
 
 @dataclass
@@ -102,6 +119,12 @@ class _Dedup:
         return uniq.astype(np.int64, copy=False), self.remap[ids]
 
 
+class _Rows(Protocol):
+    """A pending pull: the rows of every requested table once ``result()`` returns."""
+
+    def result(self) -> Any: ...
+
+
 class _Resolved:
     """A future whose value is already here (rows prefetched by the previous ``run_steps``)."""
 
@@ -110,6 +133,16 @@ class _Resolved:
 
     def result(self) -> Any:
         return self.value
+
+
+class _Prefetched(NamedTuple):
+    """The next micro-batch with its rows in flight: everything of its input but the rows."""
+
+    batch: Batch
+    x: SparseInput
+    y: Tensor | None
+    req: dict[str, np.ndarray]
+    rows: _Rows
 
 
 def _merge_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -124,150 +157,116 @@ def _merge_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return uniq, out
 
 
-def dense_optimizer(
-    params: list[nn.Parameter], spec: Mapping[str, Any]
-) -> torch.optim.Optimizer | None:
-    """The worker-side torch optimizer of dense layers: the same formulas as the PS optimizer.
-
-    ``spec`` is an ``OptimizerSpec.to_dict()`` (``ml.fclayer.optimizer`` and ``ml.opt.*``);
-    angelps.optim documents each server-side optimizer as its torch.optim equivalent, which
-    is used here. The learning rate is set before every update from the scheduler.
-    """
-    if not params:
-        return None
-    name = str(spec.get("name", "sgd")).lower()
-    l2 = float(spec.get("l2", 0.0))
-    eps = float(spec.get("eps", 1e-8))
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.0, weight_decay=l2)
-    if name == "momentum":
-        m = float(spec.get("momentum", 0.9))
-        return torch.optim.SGD(params, lr=0.0, momentum=m, weight_decay=l2)
-    if name == "adam":
-        betas = (float(spec.get("beta1", 0.9)), float(spec.get("beta2", 0.99)))
-        return torch.optim.Adam(params, lr=0.0, betas=betas, eps=eps, weight_decay=l2)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=0.0, eps=eps, weight_decay=l2)
-    if name == "rmsprop":
-        rho = float(spec.get("rho", 0.9))
-        return torch.optim.RMSprop(params, lr=0.0, alpha=rho, eps=eps, weight_decay=l2)
-    raise ConfigError(
-        f"ml.fclayer.optimizer={spec.get('name')} cannot run on the workers (valid for "
-        "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
-    )
-
-
 class TrainWorker:
-    """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle."""
+    """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
+
+    Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
+    ``build`` (model, same seed on every worker) → ``set_ps`` → ``join_process_group`` (W > 1)
+    → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``evaluate_part``.
+    """
 
     def __init__(
         self,
-        conf: Mapping[str, Any],
+        plan: TrainPlan,
+        data: DataOptions,
         worker_id: int,
         num_workers: int,
-        setup: Mapping[str, Any],
+        read_data: bool = True,
     ) -> None:
-        from learners import data as data_mod
-
-        self.conf = dict(conf)
+        """``read_data=False``: a worker for prediction/evaluation of a saved model, whose data
+        comes per call. ``data``: the job's data options."""
+        self.plan = plan
+        self.data = data
         self.worker_id = worker_id
         self.num_workers = num_workers
-        torch.set_num_threads(int(setup.get("torch_threads", 1)))
-        self.data_mod = data_mod
-        self.read_stats = data_mod.ReadStats()
-        self.stream = bool(conf.get("ml.data.stream", False)) and not setup.get("no_data")
+        torch.set_num_threads(plan.torch_threads)
+        self.read_stats = ReadStats()
+        self.stream = plan.stream and read_data
         self._train_summary: dict[str, int] | None = None
-        if setup.get("no_data"):
-            # A worker for prediction/evaluation of a saved model: data comes per call.
-            self.train = self.valid = data_mod.Batch.empty()
-        elif self.stream:
-            # Inputs larger than memory: one counting pass now (rows, id range; the small
-            # validation split is kept), then every epoch reads its batches from disk.
-            self.train = data_mod.Batch.empty()
-            self.valid, self._train_summary = self._scan(conf)
-        else:
-            self.train, self.valid = data_mod.load_train_valid(
-                conf, worker_id=worker_id, num_workers=num_workers, stats=self.read_stats
-            )
-        self.ps: Any = None
+        self.train, self.valid = self._read_parts(read_data)
+        self.ps: PSClient | None = None
         self.model: BaseModel | None = None
         self.opt: torch.optim.Optimizer | None = None
-        self.sched: Any = None
-        self._iter: Any = None
+        self.sched: StepSizeScheduler | None = None
+        self._iter: Iterator[Batch] | None = None
         # The first batch of the next run_steps, with its rows already pulled (by the fused call
         # of the previous run_steps's last update), and the epoch whose iterator it came from.
-        self._ready: tuple[Any, SparseInput, Tensor | None, dict[str, np.ndarray], Any] | None = (
-            None
-        )
+        self._ready: _Prefetched | None = None
         self._ready_epoch = -1
         self._epoch = -1
 
-    # --- set-up -----------------------------------------------------------------------------
+    # --- this worker's data ----------------------------------------------------------------
 
-    def _scan(self, conf: Mapping[str, Any]) -> tuple[Any, dict[str, int]]:
-        """Stream this worker's part once: the validation rows and the training rows' counts."""
-        d = self.data_mod
-        valid_path = conf.get("angel.validate.data.path")
-        split = not valid_path and float(conf.get("ml.data.validate.ratio", 0.05) or 0.0) > 0
-        period = d.split_period(conf)
-        rows = nnz = 0
-        max_id, min_nnz, max_nnz = -1, 1 << 62, 0
-        valid_parts = []
-        for chunk in d.read_file(
-            str(conf["angel.train.data.path"]),
-            conf,
+    def _read_parts(self, read_data: bool) -> tuple[Batch, Batch]:
+        """(training rows, validation rows) of this worker's part."""
+        if not read_data:
+            return Batch.empty(), Batch.empty()
+        if self.stream:
+            # Inputs larger than memory: one counting pass now (rows, id range; the small
+            # validation split is kept), then every epoch reads its batches from disk.
+            valid, self._train_summary = self._scan()
+            return Batch.empty(), valid
+        return datasets.load_train_valid(
+            self.data,
             worker_id=self.worker_id,
             num_workers=self.num_workers,
-            chunk_rows=int(conf.get("ml.data.chunk.rows", 65536)),
+            stats=self.read_stats,
+        )
+
+    def _scan(self) -> tuple[Batch, dict[str, int]]:
+        """Stream this worker's part once: the validation rows and the training rows' counts."""
+        opts = self.data
+        split = opts.holds_out_validation
+        summary = _PartSummary()
+        valid_parts = []
+        for chunk in datasets.read_file(
+            str(opts.train_path),
+            opts,
+            worker_id=self.worker_id,
+            num_workers=self.num_workers,
             stats=self.read_stats,
         ):
             if split:
-                mask = chunk.row_index % period == 0
+                mask = datasets.validation_mask(chunk, opts)
                 valid_parts.append(chunk.take(mask))
                 chunk = chunk.take(~mask)
-            counts = np.diff(chunk.indptr)
-            if counts.size:
-                rows += int(counts.size)
-                nnz += int(chunk.ids.size)
-                max_id = max(max_id, int(chunk.ids.max()) if chunk.ids.size else -1)
-                min_nnz, max_nnz = min(min_nnz, int(counts.min())), max(max_nnz, int(counts.max()))
-        if valid_path:
-            valid = d.load_file(
-                str(valid_path),
-                conf,
-                worker_id=self.worker_id,
-                num_workers=self.num_workers,
-                stats=self.read_stats,
-            )
+            summary.add(chunk)
+        if opts.validate_path:
+            valid = self._load_file(opts.validate_path)
         else:
-            valid = d.concat(valid_parts) if valid_parts else d.Batch.empty()
-        summary = {
-            "rows": rows,
-            "nnz": nnz,
-            "max_id": max_id,
-            "min_nnz": min_nnz if rows else 0,
-            "max_nnz": max_nnz,
-        }
-        return valid, summary
+            valid = datasets.concat(valid_parts) if valid_parts else Batch.empty()
+        return valid, summary.as_dict()
 
-    def _minibatches(self, epoch: int, shuffle: bool) -> Any:
+    def _load_file(self, path: str) -> Batch:
+        return datasets.load_file(
+            path,
+            self.data,
+            worker_id=self.worker_id,
+            num_workers=self.num_workers,
+            stats=self.read_stats,
+        )
+
+    def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
         if self.stream:
             return iter(
-                self.data_mod.iter_stream_minibatches(
-                    self.conf,
+                datasets.iter_stream_minibatches(
+                    self.data,
                     self.batch_size,
                     shuffle=shuffle,
-                    seed=self.seed,
+                    seed=self.plan.seed,
                     epoch=epoch,
                     worker_id=self.worker_id,
                     num_workers=self.num_workers,
                 )
             )
         return iter(
-            self.data_mod.iter_minibatches(
-                self.train, self.batch_size, shuffle=shuffle, seed=self.seed, epoch=epoch
+            datasets.iter_minibatches(
+                self.train, self.batch_size, shuffle=shuffle, seed=self.plan.seed, epoch=epoch
             )
         )
+
+    def _shuffle(self) -> bool:
+        return self.data.use_shuffle
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -276,44 +275,26 @@ class TrainWorker:
             if name == "train" and self._train_summary is not None:
                 out[name] = dict(self._train_summary)
                 continue
-            counts = np.diff(np.asarray(part.indptr))
-            ids = np.asarray(part.ids)
-            out[name] = {
-                "rows": int(counts.size),
-                "nnz": int(ids.size),
-                "max_id": int(ids.max()) if ids.size else -1,
-                "min_nnz": int(counts.min()) if counts.size else 0,
-                "max_nnz": int(counts.max()) if counts.size else 0,
-            }
+            summary = _PartSummary()
+            summary.add(part)
+            out[name] = summary.as_dict()
         out["skipped_lines"] = int(self.read_stats.bad_lines)
         return out
 
-    def dense_digest(self) -> list[float]:
-        """Sum and sum of squares of every worker-side parameter (replicas must agree)."""
-        assert self.model is not None
-        return [
-            float(sum(float(p.double().sum()) for p in self.model.parameters())),
-            float(sum(float(p.double().pow(2).sum()) for p in self.model.parameters())),
-        ]
+    # --- set-up -----------------------------------------------------------------------------
 
-    def dense_param_count(self) -> int:
-        """Number of worker-side (dense) parameters of the model."""
-        assert self.model is not None
-        return int(sum(p.numel() for p in self.model.parameters()))
-
-    def setup_model(self, setup: Mapping[str, Any]) -> list[TableDecl]:
-        """Build the model (same seed on every worker, so dense layers start identical)."""
-        self.num_features = int(setup["num_features"])
-        self.num_fields = setup.get("num_fields")
-        self.batch_size = int(setup["batch_size"])
-        self.accum = int(setup["accum_steps"])
-        self.seed = int(setup["seed"])
-        self.shuffle = bool(setup["shuffle"])
-        self.clip = float(setup["clip_norm"])
-        self.on_batch = bool(setup["decay_on_batch"])
-        self.frozen = {s.lower() for s in setup.get("frozen", [])}
+    def build(
+        self, model_cfg: ModelConfig, size: JobSize, dense_spec: OptimizerSpec
+    ) -> list[TableDecl]:
+        """Build the model (same seed on every worker, so dense layers start identical) and
+        its dense optimizer; return the PS tables the model reads."""
+        plan = self.plan
+        self.num_features = size.num_features
+        self.num_fields = size.num_fields
+        self.batch_size = size.batch_size
+        self.frozen = set(plan.frozen)
         self.device = torch.device("cpu")
-        if setup.get("device", "cpu") == "cuda":
+        if plan.device == "cuda":
             if not torch.cuda.is_available():
                 raise ConfigError(
                     "angel.worker.device=cuda but this worker sees no CUDA device "
@@ -322,10 +303,10 @@ class TrainWorker:
             self.device = torch.device("cuda")
         # Mixed precision on CUDA only: fp16 autocast with a dynamic loss scale (GradScaler's
         # rule: halve on a non-finite gradient and skip the update, double after 2000 good ones).
-        self.amp = bool(setup.get("amp", False)) and self.device.type == "cuda"
+        self.amp = plan.amp and self.device.type == "cuda"
         self.loss_scale = 2.0**16 if self.amp else 1.0
         self.good_steps = 0
-        self.model = build_model(self.conf, self.num_features, self.num_fields, seed=self.seed)
+        self.model = build_model(model_cfg, seed=plan.seed)
         self.model.to(self.device)
         self.tables = self.model.tables()
         self.dedup = _Dedup(self.num_features)
@@ -335,41 +316,48 @@ class TrainWorker:
                 for p in module.parameters():
                     p.requires_grad_(False)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        # angel.dense.placement=ps: every MLP parameter is a dense PS table (as Angel), pulled
-        # whole before each forward and pushed after each backward; no all-reduce, no
-        # worker-side optimizer. Init U(±1/√fan_in), the scale of torch's nn.Linear default.
         self.ps_dense: list[tuple[str, nn.Parameter]] = []
-        if setup.get("dense_placement", "worker") == "ps":
-            params = dict(self.model.named_parameters())
-            for pname, p in params.items():
-                # A bias takes the fan-in of its layer's weight (as nn.Linear).
-                w = params.get(pname[: -len("bias")] + "weight") if pname.endswith("bias") else p
-                fan_in = w.shape[1] if w is not None and w.dim() > 1 else p.shape[0]
-                name = "dense." + pname
-                self.tables.append(
-                    TableDecl(
-                        name,
-                        int(p.shape[0]),
-                        int(p[0].numel()) if p.dim() > 1 else 1,
-                        False,
-                        "fclayer",
-                        1.0 / math.sqrt(max(fan_in, 1)),
-                        "uniform",
-                    )
-                )
-                self.ps_dense.append((name, p))
-                if not p.requires_grad:
-                    self.frozen.add(name.lower())
+        if plan.dense_placement == "ps":
+            self._place_dense_on_ps()
             trainable = []
-        self.opt = dense_optimizer(trainable, setup.get("dense_optimizer", {}))
+        self.opt = dense_optimizer(trainable, dense_spec.to_dict())
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
         self.task = self.model.task
-        # Fused push_pull needs the PS client's push_pull_async (test doubles may lack it).
-        self.fused = bool(setup.get("fused", True))
-        torch.manual_seed(self.seed + 7919 * (self.worker_id + 1))
+        torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
 
-    def set_ps(self, ps: Any) -> None:
+    def _place_dense_on_ps(self) -> None:
+        """angel.dense.placement=ps: every MLP parameter is a dense PS table (as Angel), pulled
+        whole before each forward and pushed after each backward; no all-reduce, no worker-side
+        optimizer. Init U(±1/√fan_in), the scale of torch's nn.Linear default."""
+        assert self.model is not None
+        params = dict(self.model.named_parameters())
+        for pname, p in params.items():
+            # A bias takes the fan-in of its layer's weight (as nn.Linear).
+            w = params.get(pname[: -len("bias")] + "weight") if pname.endswith("bias") else p
+            fan_in = w.shape[1] if w is not None and w.dim() > 1 else p.shape[0]
+            name = "dense." + pname
+            self.tables.append(
+                TableDecl(
+                    name,
+                    int(p.shape[0]),
+                    int(p[0].numel()) if p.dim() > 1 else 1,
+                    False,
+                    "fclayer",
+                    1.0 / math.sqrt(max(fan_in, 1)),
+                    "uniform",
+                )
+            )
+            self.ps_dense.append((name, p))
+            if not p.requires_grad:
+                self.frozen.add(name.lower())
+
+    def dense_param_count(self) -> int:
+        """Number of worker-side (dense) parameters of the model."""
+        assert self.model is not None
+        return int(sum(p.numel() for p in self.model.parameters()))
+
+    def set_ps(self, ps: PSClient) -> None:
         """The PS client handle of this worker (``PSClient.for_worker(i)``)."""
         self.ps = ps
 
@@ -387,18 +375,14 @@ class TrainWorker:
     @staticmethod
     def free_port() -> tuple[str, int]:
         """An address and a free TCP port on this node, for worker 0 to host the process group."""
-        import socket
-
-        import ray
-
         addr = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind(("", 0))
             return addr, int(s.getsockname()[1])
 
-    # --- the step ---------------------------------------------------------------------------
+    # --- the input of a batch -------------------------------------------------------------------
 
-    def _request(self, batch: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _request(self, batch: Batch) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Dedup the batch ids: (slot of each id, the rows to pull from every table)."""
         ids = np.asarray(batch.ids, dtype=np.int64)
         uniq, slots = self.dedup(ids)
@@ -408,7 +392,7 @@ class TrainWorker:
         return slots, req
 
     def _prepare(
-        self, batch: Any, slots: np.ndarray, labels: bool = True
+        self, batch: Batch, slots: np.ndarray, labels: bool = True
     ) -> tuple[SparseInput, Tensor | None]:
         """Everything of a batch's input that does not need its rows: the CSR structure (and
         the matrices of the fast backward) and the labels. Built while the rows are in flight."""
@@ -439,9 +423,10 @@ class TrainWorker:
         return x
 
     def _input(
-        self, batch: Any, labels: bool = True
+        self, batch: Batch, labels: bool = True
     ) -> tuple[SparseInput, Tensor | None, dict[str, np.ndarray], float]:
         """Dedup the batch ids, pull their rows, wrap them as leaf tensors."""
+        assert self.ps is not None
         slots, req = self._request(batch)
         t0 = time.perf_counter()
         pulled = self.ps.pull_many(req)
@@ -449,7 +434,7 @@ class TrainWorker:
         x, y = self._prepare(batch, slots, labels)
         return self._attach(x, pulled), y, req, pull_s
 
-    def _fields_of(self, batch: Any) -> int | None:
+    def _fields_of(self, batch: Batch) -> int | None:
         f = self.num_fields
         if f is None:
             return None
@@ -465,14 +450,16 @@ class TrainWorker:
             return None
         return f
 
-    def _labels(self, batch: Any) -> Tensor:
+    def _labels(self, batch: Batch) -> Tensor:
         y = np.asarray(batch.labels, dtype=np.float32)
         if self.task == "binary":
-            y = np.asarray(self.data_mod.binary_labels01(y), dtype=np.float32)
+            y = np.asarray(datasets.binary_labels01(y), dtype=np.float32)
         assert self.model is not None
         return self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y))).to(self.device)
 
-    def begin_epoch(self, epoch: int, sched: Any) -> int:
+    # --- the step ---------------------------------------------------------------------------
+
+    def begin_epoch(self, epoch: int, sched: StepSizeScheduler) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
 
         ``sched`` is the driver's ``StepSizeScheduler`` (a copy arrives here); under per-batch
@@ -482,7 +469,7 @@ class TrainWorker:
         if self._ready is None or self._ready_epoch != epoch:
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
             self._ready = None
-            self._iter = self._minibatches(epoch, self.shuffle)
+            self._iter = self._minibatches(epoch, self._shuffle())
         self._epoch = epoch
         self.sched = sched
         if self.opt is not None:
@@ -503,6 +490,9 @@ class TrainWorker:
     ) -> dict[str, Any]:
         """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches).
 
+        ``epoch_lr``: the step size of every update (per-epoch decay); None: this worker's
+        scheduler copy gives each update's (per-batch decay).
+
         ``prefetch``: another ``run_steps`` follows (of this epoch, or of ``next_epoch`` when
         given), so the last update's push also pulls the rows of that call's first batch, in
         one fused call per shard, instead of a push now and a pull then. The call is waited
@@ -510,115 +500,160 @@ class TrainWorker:
         validate or save next), and the rows are those after the last update, which is what
         the next step would pull anyway.
         """
-        assert self.model is not None and self._iter is not None
+        assert self.model is not None and self._iter is not None and self.sched is not None
         stats = StepStats()
         t_start = time.perf_counter()
         self.model.train()
         # The next update's first micro-batch, prepared while this update's push is in
         # flight: one fused push_pull call per shard per step instead of a push and a pull.
-        pending: tuple[Any, SparseInput, Tensor | None, dict[str, np.ndarray], Any] | None = None
-        if self._ready is not None:
-            pending, self._ready = self._ready, None
+        pending, self._ready = self._ready, None
         for u in range(n_updates):
             lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
-            parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
-                t.name: [] for t in self.push_tables
-            }
-            for _m in range(self.accum):
-                t0 = time.perf_counter()
-                if pending is not None:
-                    batch, x, y, req, fut = pending
-                    pending = None
-                    pulled = fut.result()
-                    stats.wait_s += time.perf_counter() - t0
-                    x = self._attach(x, pulled)
-                else:
-                    batch = self._next_batch()
-                    x, y, req, pull_s = self._input(batch)
-                    stats.pull_s += pull_s
-                t0 = time.perf_counter()
-                assert y is not None
-                with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
-                    scores = self.model(x)
-                loss = self.model.loss(scores.float(), y)
-                # The loss is divided by the accumulation steps so k micro-batches of b equal one
-                # batch of k·b (seed 002: otherwise the step is k times too large).
-                if loss.requires_grad:  # everything frozen: nothing to differentiate
-                    (loss * (self.loss_scale / self.accum)).backward()
-                for t in self.push_tables:
-                    rg = x.rows[t.name].grad
-                    if rg is not None:
-                        parts[t.name].append((req[t.name], self._unscaled(rg)))
-                for name, p in self.ps_dense:
-                    if p.grad is not None and name in parts:
-                        pg = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
-                        parts[name].append((req[name], pg))
-                        p.grad = None
-                stats.compute_s += time.perf_counter() - t0
-                stats.loss_sum += float(loss.detach()) * batch_rows(batch)
-                stats.samples += batch_rows(batch)
-            t0 = time.perf_counter()
-            grads = {name: _merge_rows(p) for name, p in parts.items() if p}
-            ok, coef = self._finish_grads(grads)
-            stats.compute_s += time.perf_counter() - t0
-            if not ok:
-                # A non-finite gradient anywhere: no worker pushes, the dense optimizer does not
-                # step and the schedule does not advance (a skipped update is not an update).
-                stats.skipped += 1
-                if self.amp:
-                    self.loss_scale /= 2.0
-                    self.good_steps = 0
-                if self.opt is not None:
-                    self.opt.zero_grad(set_to_none=True)
-                # Still end this worker's step at the PS, so BSP peers are not kept waiting.
-                self.ps.clock()
-                continue
-            scale = coef / self.num_workers
-            t0 = time.perf_counter()
-            update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
             last = u + 1 == n_updates
-            if self.fused and (not last or prefetch):
-                # Ray runs one caller's calls to an actor in order, so the rows returned are
-                # those after this push (and, under BSP, after every worker's push).
-                if last and next_epoch is not None:
-                    self._iter = self._minibatches(next_epoch, self.shuffle)
-                    self._epoch = self._ready_epoch = next_epoch
-                elif last:
-                    self._ready_epoch = self._epoch
-                nb = self._next_batch()
-                n_slots, n_req = self._request(nb)
-                fut = self.ps.push_pull_async(update, lr, n_req)
-                # While the call is in flight: the next batch's input minus its rows.
-                nx, ny = self._prepare(nb, n_slots)
-                pending = (nb, nx, ny, n_req, fut)
-            else:
-                self._push(update, lr)
-            stats.push_s += time.perf_counter() - t0
-            if self.opt is not None:
-                for group in self.opt.param_groups:
-                    group["lr"] = lr
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
-            stats.updates += 1
-            stats.last_lr = lr
-            if self.amp:
-                self.good_steps += 1
-                if self.good_steps % 2000 == 0:
-                    self.loss_scale *= 2.0
-            if self.on_batch:
-                self.sched.advance()
+            fetch = self.plan.fused and (not last or prefetch)
+            pending = self._update(lr, pending, stats, fetch, last, next_epoch)
         if pending is not None:
             # The last update's fused call (prefetch): wait for it here, after the dense step.
             t0 = time.perf_counter()
-            nb, nx, ny, n_req, fut = pending
-            self._ready = (nb, nx, ny, n_req, _Resolved(fut.result()))
+            self._ready = pending._replace(rows=_Resolved(pending.rows.result()))
             stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
 
-    def _next_batch(self) -> Any:
+    def _update(
+        self,
+        lr: float,
+        pending: _Prefetched | None,
+        stats: StepStats,
+        fetch: bool,
+        last: bool,
+        next_epoch: int | None,
+    ) -> _Prefetched | None:
+        """One optimizer update at step size ``lr``; with ``fetch``, the push also pulls the
+        rows of the next micro-batch, which is returned (prepared, its rows in flight)."""
+        assert self.ps is not None and self.sched is not None
+        parts = self._accumulate(pending, stats)
+        t0 = time.perf_counter()
+        grads = {name: _merge_rows(p) for name, p in parts.items() if p}
+        assert self.model is not None
+        ok, coef = finish_grads(
+            self.model, grads, self.loss_scale, self.num_workers, self.plan.clip
+        )
+        stats.compute_s += time.perf_counter() - t0
+        if not ok:
+            self._skip(stats)
+            return None
+        scale = coef / self.num_workers
+        t0 = time.perf_counter()
+        update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
+        nxt = None
+        if fetch:
+            # Ray runs one caller's calls to an actor in order, so the rows returned are
+            # those after this push (and, under BSP, after every worker's push).
+            nxt = self._push_and_fetch(update, lr, last, next_epoch)
+        else:
+            self.ps.push_many(update, lr=lr)
+        stats.push_s += time.perf_counter() - t0
+        if self.opt is not None:
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        stats.updates += 1
+        stats.last_lr = lr
+        if self.amp:
+            self.good_steps += 1
+            if self.good_steps % 2000 == 0:
+                self.loss_scale *= 2.0
+        if self.plan.decay_on_batch:
+            self.sched.advance()
+        return nxt
+
+    def _accumulate(
+        self, pending: _Prefetched | None, stats: StepStats
+    ) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """Forward and backward of ``accum`` micro-batches: the row gradients of each table
+        (one part per micro-batch); dense gradients accumulate in the parameters."""
+        assert self.model is not None
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
+            t.name: [] for t in self.push_tables
+        }
+        for _m in range(self.plan.accum):
+            t0 = time.perf_counter()
+            if pending is not None:
+                batch, x, y, req, rows = pending
+                pending = None
+                pulled = rows.result()
+                stats.wait_s += time.perf_counter() - t0
+                x = self._attach(x, pulled)
+            else:
+                batch = self._next_batch()
+                x, y, req, pull_s = self._input(batch)
+                stats.pull_s += pull_s
+            t0 = time.perf_counter()
+            assert y is not None
+            with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+                scores = self.model(x)
+            loss = self.model.loss(scores.float(), y)
+            # The loss is divided by the accumulation steps so k micro-batches of b equal one
+            # batch of k·b (otherwise the step is k times too large).
+            if loss.requires_grad:  # everything frozen: nothing to differentiate
+                (loss * (self.loss_scale / self.plan.accum)).backward()
+            for t in self.push_tables:
+                rg = x.rows[t.name].grad
+                if rg is not None:
+                    parts[t.name].append((req[t.name], self._unscaled(rg)))
+            for name, p in self.ps_dense:
+                if p.grad is not None and name in parts:
+                    pg = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
+                    parts[name].append((req[name], pg))
+                    p.grad = None
+            stats.compute_s += time.perf_counter() - t0
+            stats.loss_sum += float(loss.detach()) * batch_rows(batch)
+            stats.samples += batch_rows(batch)
+        return parts
+
+    def _skip(self, stats: StepStats) -> None:
+        """A non-finite gradient anywhere: no worker pushes, the dense optimizer does not step
+        and the schedule does not advance (a skipped update is not an update)."""
+        assert self.ps is not None
+        stats.skipped += 1
+        if self.amp:
+            self.loss_scale /= 2.0
+            self.good_steps = 0
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+        # Still end this worker's step at the PS, so BSP peers are not kept waiting.
+        self.ps.clock()
+
+    def _push_and_fetch(
+        self,
+        update: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        lr: float,
+        last: bool,
+        next_epoch: int | None,
+    ) -> _Prefetched:
+        """Push ``update`` and pull the next micro-batch's rows in one fused call per shard.
+
+        The next micro-batch is of this chunk, or (``last``) of the next ``run_steps``: of this
+        epoch, or of ``next_epoch``, whose iterator starts here."""
+        assert self.ps is not None
+        if last and next_epoch is not None:
+            self._iter = self._minibatches(next_epoch, self._shuffle())
+            self._epoch = self._ready_epoch = next_epoch
+        elif last:
+            self._ready_epoch = self._epoch
+        nb = self._next_batch()
+        n_slots, n_req = self._request(nb)
+        rows = self.ps.push_pull_async(update, lr, n_req)
+        # While the call is in flight: the next batch's input minus its rows.
+        nx, ny = self._prepare(nb, n_slots)
+        return _Prefetched(nb, nx, ny, n_req, rows)
+
+    def _next_batch(self) -> Batch:
+        assert self._iter is not None
         batch = next(self._iter, None)
         if batch is None:
             # This worker's part ran short of the common step count; start it over so that
@@ -634,61 +669,6 @@ class TrainWorker:
             g = g / self.loss_scale
         return g.cpu().numpy().copy() if g.is_cuda else g.numpy().copy()
 
-    def _push(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float) -> None:
-        self.ps.push_many(dict(grads), lr=lr)
-
-    def _finish_grads(self, grads: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[bool, float]:
-        """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient.
-
-        With W > 1 workers this is one collective per update: the dense gradients and a count
-        of workers whose sparse gradients are not finite travel in the same all-reduce (a NaN
-        in a dense gradient reaches every worker through the sum). Clipping adds a second one.
-        """
-        assert self.model is not None
-        dense = [p.grad for p in self.model.parameters() if p.requires_grad and p.grad is not None]
-        if self.loss_scale != 1.0:
-            for g in dense:
-                g.div_(self.loss_scale)
-        w = self.num_workers
-        sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
-            w * w
-        )
-        bad = 0.0 if math.isfinite(sparse_sq) else 1.0
-        if w > 1:
-            like = dense[0] if dense else torch.zeros(1)
-            flag = torch.tensor([bad], dtype=like.dtype, device=like.device)
-            flat = _all_reduce(torch.cat([*(g.reshape(-1) for g in dense), flag]))
-            bad = float(flat[-1])
-            flat /= w
-            off = 0
-            for g in dense:
-                n = g.numel()
-                g.copy_(flat[off : off + n].view_as(g))
-                off += n
-        # One fused pass over the dense gradients (as clip_grad_norm_): the per-tensor float64
-        # square-and-sum it replaces cost ~15% of a DeepFM step at batch 256. NaN or inf in any
-        # gradient makes its norm non-finite. After the all-reduce every worker holds the same
-        # dense gradients, so every worker reaches the same verdict.
-        dense_sq = (
-            float(torch.stack(torch._foreach_norm(dense)).double().pow(2).sum()) if dense else 0.0
-        )
-        finite = bad == 0 and math.isfinite(dense_sq)
-        coef = 1.0
-        if finite and self.clip > 0:
-            # Sparse: this worker's share of the pushed gradient; under W > 1 the norm of the
-            # summed sparse gradient is not known on any one worker, so the largest share
-            # stands in for it (every worker then applies the same, smallest coefficient).
-            if w > 1:
-                t = torch.tensor([sparse_sq], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                sparse_sq = float(t[0])
-            norm = math.sqrt(sparse_sq * w + dense_sq)
-            coef = min(1.0, self.clip / (norm + 1e-6))
-        if finite and coef < 1.0:
-            for g in dense:
-                g.mul_(coef)
-        return finite, coef
-
     # --- evaluation -------------------------------------------------------------------------
 
     def evaluate_part(self, which: str = "valid", chunk: int = 4096) -> dict[str, Any]:
@@ -696,11 +676,11 @@ class TrainWorker:
         part = self.valid if which == "valid" else self.train
         return self.predict_batch(part, chunk)
 
-    def predict_batch(self, data: Any, chunk: int = 4096) -> dict[str, Any]:
+    def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
         """Predict every row of ``data`` in chunks, under ``torch.inference_mode``."""
         assert self.model is not None
         self.model.eval()
-        n = int(np.asarray(data.indptr).size - 1)
+        n = batch_rows(data)
         preds: list[np.ndarray] = []
         scores_out: list[np.ndarray] = []
         loss_sum = 0.0
@@ -721,7 +701,7 @@ class TrainWorker:
         self.model.train()
         labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
         if labels is not None and self.task == "binary":
-            labels = np.asarray(self.data_mod.binary_labels01(labels), dtype=np.float32)
+            labels = np.asarray(datasets.binary_labels01(labels), dtype=np.float32)
         return {
             "pred": np.concatenate(preds) if preds else np.zeros(0, dtype=np.float32),
             "prob": np.concatenate(scores_out) if scores_out else None,
@@ -735,40 +715,16 @@ class TrainWorker:
 
     def predict_file(self, path: str) -> dict[str, Any]:
         """Read a file (this worker's part) and predict it."""
-        data = self.data_mod.load_file(
-            path, self.conf, worker_id=self.worker_id, num_workers=self.num_workers
+        return self.predict_batch(
+            self._load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
         )
-        return self.predict_batch(data, int(self.conf.get("ml.minibatch.size", 4096)) * 32)
 
     # --- checkpoints of the worker-side state -------------------------------------------------
 
     def dense_state(self) -> bytes:
         """Dense layers, dense optimizer state and RNG state as one ``.npz`` (no pickle)."""
         assert self.model is not None
-        arrays: dict[str, np.ndarray] = {}
-        for k, v in self.model.state_dict().items():
-            arrays[f"model/{k}"] = v.detach().cpu().numpy()
-        meta: dict[str, Any] = {"param_groups": [], "state_keys": {}}
-        if self.opt is not None:
-            sd = self.opt.state_dict()
-            meta["param_groups"] = sd["param_groups"]
-            for idx, st in sd["state"].items():
-                keys = []
-                for name, val in st.items():
-                    if isinstance(val, Tensor):
-                        arrays[f"opt/{idx}/{name}"] = val.detach().cpu().numpy()
-                        keys.append([name, "tensor"])
-                    else:
-                        meta.setdefault("scalars", {})[f"{idx}/{name}"] = val
-                        keys.append([name, "scalar"])
-                meta["state_keys"][str(idx)] = keys
-        meta["loss_scale"] = self.loss_scale
-        meta["good_steps"] = self.good_steps
-        arrays["rng/torch"] = torch.get_rng_state().numpy()
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)  # type: ignore[arg-type]
-        return buf.getvalue()
+        return save_dense(self.model, self.opt, self.loss_scale, self.good_steps)
 
     def rng_state(self) -> bytes:
         """This worker's torch RNG state (dropout): each worker has its own stream."""
@@ -780,60 +736,47 @@ class TrainWorker:
     def load_dense_state(self, blob: bytes) -> None:
         """Restore what :meth:`dense_state` wrote."""
         assert self.model is not None
-        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        meta = json.loads(bytes(arrays.pop("meta")).decode())
-        model_sd = {
-            k[len("model/") :]: torch.from_numpy(v.copy())
-            for k, v in arrays.items()
-            if k.startswith("model/")
-        }
-        self.model.load_state_dict(model_sd)
-        if self.opt is not None and meta["param_groups"]:
-            state: dict[int, dict[str, Any]] = {}
-            for idx, keys in meta["state_keys"].items():
-                st: dict[str, Any] = {}
-                for name, kind in keys:
-                    if kind == "tensor":
-                        st[name] = torch.from_numpy(arrays[f"opt/{idx}/{name}"].copy())
-                    else:
-                        st[name] = meta["scalars"][f"{idx}/{name}"]
-                state[int(idx)] = st
-            # Hyper-parameters come from the configuration; the checkpoint gives the lr.
-            groups = [
-                {**cur, "lr": saved["lr"]}
-                for cur, saved in zip(
-                    self.opt.state_dict()["param_groups"], meta["param_groups"], strict=True
-                )
-            ]
-            self.opt.load_state_dict({"state": state, "param_groups": groups})
-        torch.set_rng_state(torch.from_numpy(arrays["rng/torch"].copy()))
-        self.loss_scale = float(meta.get("loss_scale", self.loss_scale))
-        self.good_steps = int(meta.get("good_steps", 0))
+        self.loss_scale, self.good_steps = load_dense(blob, self.model, self.opt, self.loss_scale)
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _all_reduce(t: Tensor) -> Tensor:
-    """Sum over workers (gloo works on host tensors; a CUDA tensor makes the round trip)."""
-    if t.is_cuda:
-        host = t.cpu()
-        dist.all_reduce(host)
-        return host.to(t.device)
-    dist.all_reduce(t)
-    return t
+class _PartSummary:
+    """Row count, non-zeros, largest id and non-zeros per row of the batches added."""
+
+    def __init__(self) -> None:
+        self.rows = self.nnz = 0
+        self.max_id, self.min_nnz, self.max_nnz = -1, 1 << 62, 0
+
+    def add(self, batch: Batch) -> None:
+        counts = np.diff(np.asarray(batch.indptr))
+        if not counts.size:
+            return
+        ids = np.asarray(batch.ids)
+        self.rows += int(counts.size)
+        self.nnz += int(ids.size)
+        self.max_id = max(self.max_id, int(ids.max()) if ids.size else -1)
+        self.min_nnz = min(self.min_nnz, int(counts.min()))
+        self.max_nnz = max(self.max_nnz, int(counts.max()))
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "rows": self.rows,
+            "nnz": self.nnz,
+            "max_id": self.max_id,
+            "min_nnz": self.min_nnz if self.rows else 0,
+            "max_nnz": self.max_nnz,
+        }
 
 
-def batch_rows(batch: Any) -> int:
+def batch_rows(batch: Batch) -> int:
     return int(np.asarray(batch.indptr).size - 1)
 
 
 def remote_worker_class(num_cpus: float = 1, num_gpus: float = 0) -> Any:
-    """``TrainWorker`` as a Ray actor class (imported lazily so the plain class needs no Ray)."""
-    import ray
-
+    """``TrainWorker`` as a Ray actor class."""
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if not os.environ.get("OMP_NUM_THREADS"):
         # One OpenMP thread: spinning extra threads costs throughput on few cores.

@@ -9,11 +9,16 @@ import pytest
 from angelps.config import (
     ConfigError,
     Key,
+    KeyIndex,
+    at_least,
     between,
+    in_range,
+    interval,
     load_config,
     parse_properties,
     positive,
     render_markdown,
+    validate,
 )
 
 KEYS = [
@@ -151,6 +156,10 @@ def test_mapping_overrides_are_typed() -> None:
             ["ml.learn.rate=nan"],
             r"^--set: ml.learn.rate=nan is not valid: expected a finite number$",
         ),
+        (
+            ["ml.learn.rate=inf"],
+            r"^--set: ml.learn.rate=inf is not valid: expected a finite number$",
+        ),
         (["ml.opt.decay.on.batch=maybe"], r"expected true or false$"),
         (["ml.data.validate.ratio=1.5"], r"expected a number in \[0, 1\]$"),
         (["ml.opt.decay.milestones=1,x"], r"expected a comma-separated list of integers$"),
@@ -212,3 +221,38 @@ def test_markdown_lists_every_key() -> None:
     for k in KEYS:
         assert f"`{k.name}`" in md
     assert "| `ml.learn.rate` | float | `0.5` | Initial step size. |" in md
+
+
+def test_interval_checks_name_their_interval() -> None:
+    assert between(0, 1)(1) is None and between(0, 1)(1.5) == "a number in [0, 1]"
+    assert in_range(0, 1)(0) == "a number in (0, 1)" and in_range(0, 1)(0.5) is None
+    half = interval(0, 1, high_open=True)
+    assert half(0) is None and half(1) == "a number in [0, 1)"
+    assert interval(0, 1, low_open=True)(1) is None
+    assert at_least(1)(0) == "a number >= 1"
+    assert (
+        at_least(1, "an integer")(0) == "an integer >= 1" and at_least(1, "an integer")(1) is None
+    )
+
+
+def test_validate_converts_checks_and_names_the_concrete_key() -> None:
+    gamma = Key("ml.opt.decay.<i>.gamma", "float", None, "Child gamma.", positive)
+    assert validate(gamma, "0.5") == 0.5 and validate(gamma, None) is None
+    with pytest.raises(
+        ConfigError, match=r"^ml.opt.decay.2.gamma=0 is not valid: expected a number > 0$"
+    ):
+        validate(gamma, 0, "ml.opt.decay.2.gamma")
+    with pytest.raises(ConfigError, match=r"^ml.epoch.num=x is not valid: expected an integer$"):
+        validate(KEYS[1], "x")
+
+
+def test_key_index_finds_indexed_names_and_explains_unknown_ones() -> None:
+    index = KeyIndex(KEYS)
+    assert index.find("ml.opt.decay.7.gamma") is KEYS[-1] and index.find("nope") is None
+    assert str(index.unknown("ml.lern.rate")) == (
+        "unknown key ml.lern.rate (did you mean ml.learn.rate?); "
+        "`angelps conf --keys` lists every key"
+    )
+    assert str(index.unknown("ml.lern.rate", "f:3", listing="docs/x.md lists them")).startswith(
+        "f:3: unknown key ml.lern.rate (did you mean"
+    )

@@ -7,6 +7,7 @@ import pytest
 import ray
 
 from angelps.client import PSClient
+from angelps.options import PSOptions
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
@@ -29,7 +30,9 @@ JOB = "tclient"
 @pytest.fixture(scope="module")
 def client(ray_local):
     # One launch per module (actor start-up costs seconds); tests only compare relative state.
-    c = PSClient.launch([EMB, LIN], {"angel.job.name": JOB, "angel.ps.number": 3})
+    c = PSClient.launch(
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": JOB, "angel.ps.number": 3})
+    )
     yield c
     c.shutdown()
 
@@ -113,12 +116,16 @@ def test_bad_input_raises_before_anything_is_sent(client):
 
 def test_duplicate_job_name_is_refused(client):
     with pytest.raises(ValueError, match=r"cannot create shard actor 'tclient-ps-0'.*running"):
-        PSClient.launch([EMB], {"angel.job.name": JOB, "angel.ps.number": 1})
+        PSClient.launch([EMB], PSOptions.from_config({"angel.job.name": JOB, "angel.ps.number": 1}))
 
 
 def test_two_workers_bsp_sum_then_one_update(ray_local):
     tab = TableSpec("m", rows=4, cols=1, init="zeros", optimizer=OptimizerSpec("momentum"))
-    c = PSClient.launch([tab], {"angel.job.name": "bsp2", "angel.ps.number": 2}, num_workers=2)
+    c = PSClient.launch(
+        [tab],
+        PSOptions.from_config({"angel.job.name": "bsp2", "angel.ps.number": 2}),
+        num_workers=2,
+    )
     try:
         w0, w1 = c.for_worker(0), c.for_worker(1)
         f0 = w0.push_pull_async({"m": ([0, 3], [[1.0], [2.0]])}, 0.1, {"m": np.arange(4)})
@@ -138,7 +145,9 @@ def test_save_then_load_into_two_shards(client, tmp_path):
     keys = np.arange(-1000, 1000)
     want = client.pull_many({"emb": keys, "lin": np.arange(50)})
     client.save(str(tmp_path / "ck"), extra={"scheduler": {"count": 7}})
-    other = PSClient.launch([EMB, LIN], {"angel.job.name": "tload", "angel.ps.number": 2})
+    other = PSClient.launch(
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": "tload", "angel.ps.number": 2})
+    )
     try:
         assert other.load(str(tmp_path / "ck")) == {"scheduler": {"count": 7}}
         got = other.pull_many({"emb": keys, "lin": np.arange(50)})
@@ -159,6 +168,6 @@ def test_shards_that_cannot_be_placed_fail_clearly(ray_local):
         "angel.matrixtransfer.request.timeout.ms": 1500,
     }
     with pytest.raises(RuntimeError, match=r"did not start within 1.5 s: .*angel\.ps\.gpus=1"):
-        PSClient.launch([EMB], conf)
+        PSClient.launch([EMB], PSOptions.from_config(conf))
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert "nogpu-ps-0" not in names

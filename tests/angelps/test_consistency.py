@@ -13,7 +13,8 @@ import pytest
 import ray
 
 from angelps.client import PSClient
-from angelps.consistency import READER, ClockTable
+from angelps.consistency import ClockTable
+from angelps.options import PSOptions
 from angelps.table import OptimizerSpec, TableSpec
 
 # --- the pure rules ----------------------------------------------------------------------------
@@ -30,7 +31,8 @@ def test_bsp_rules():
     c.mark_applied()
     assert c.can_pull(0, 1) and c.can_pull(1, 1)
     assert not c.can_pull(0, 2)  # its own push of clock 1 is missing
-    assert c.can_pull(READER, 5)
+    with pytest.raises(ValueError, match=r"worker id -1 is out of range"):
+        c.check_worker(-1)
 
 
 def test_ssp_rules():
@@ -84,11 +86,13 @@ def workers(ray_local):
 def _run(workers, staleness, shards=1, slow=0.08):
     c = PSClient.launch(
         [X],
-        {
-            "angel.job.name": f"cons{staleness}",
-            "angel.ps.number": shards,
-            "angel.staleness": staleness,
-        },
+        PSOptions.from_config(
+            {
+                "angel.job.name": f"cons{staleness}",
+                "angel.ps.number": shards,
+                "angel.staleness": staleness,
+            }
+        ),
         num_workers=2,
     )
     try:
@@ -98,7 +102,8 @@ def _run(workers, staleness, shards=1, slow=0.08):
             workers[1].run.remote(c.for_worker(1), STEPS, slow),
         ]
         fast, slow_seen = ray.get(refs)
-        final = float(c.reader().pull("x", np.array([0]))[0, 0])
+        # The launching client, at clock 0, reads the current rows without waiting.
+        final = float(c.pull("x", np.array([0]))[0, 0])
         return fast, slow_seen, final
     finally:
         c.shutdown()

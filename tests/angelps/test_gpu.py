@@ -111,6 +111,7 @@ def test_gpu_shards_on_ray(tmp_path):
     import ray
 
     from angelps.client import PSClient
+    from angelps.options import PSOptions
 
     ray.init(
         num_cpus=2,
@@ -123,7 +124,10 @@ def test_gpu_shards_on_ray(tmp_path):
     try:
         tables = _tables(OptimizerSpec("adam"))
         c = PSClient.launch(
-            tables, {"angel.job.name": "gpu", "angel.ps.number": 2, "angel.ps.gpus": 0.25}
+            tables,
+            PSOptions.from_config(
+                {"angel.job.name": "gpu", "angel.ps.number": 2, "angel.ps.gpus": 0.25}
+            ),
         )
         try:
             ref = ParameterShard(0, 1, tables)

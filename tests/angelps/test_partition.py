@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from angelps.partition import Partitioner, dedup, range_bounds
+from angelps.dedup import dedup
+from angelps.partition import Partitioner, range_bounds
 from angelps.table import TableSpec
 
 DENSE = TableSpec("d", rows=10)

@@ -12,7 +12,9 @@ import pytest
 import ray
 
 from angelps.checkpoint import read_backup
-from angelps.client import PSClient, actor_name
+from angelps.client import PSClient
+from angelps.launch import actor_name
+from angelps.options import PSOptions
 from angelps.table import OptimizerSpec, TableSpec
 
 W = TableSpec("w", rows=-1, cols=1, sparse=True, init="zeros", optimizer=OptimizerSpec("adam"))
@@ -63,12 +65,14 @@ def _train(client, kill_at=None, job=None, fused=True):
 def _launch(job, tmp_path, interval=5):
     return PSClient.launch(
         [W, B],
-        {
-            "angel.job.name": job,
-            "angel.ps.number": 2,
-            "angel.ps.backup.interval": interval,
-            "angel.ps.backup.path": str(tmp_path),
-        },
+        PSOptions.from_config(
+            {
+                "angel.job.name": job,
+                "angel.ps.number": 2,
+                "angel.ps.backup.interval": interval,
+                "angel.ps.backup.path": str(tmp_path),
+            }
+        ),
     )
 
 
@@ -93,7 +97,7 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
         # Killed after 13 pushes with a backup every 5 updates: shard 1 came back at clock 10
         # and the client replayed pushes 10..12 (then training went on to 24).
         assert stats[1]["clocks"]["pushed"] == [STEPS]
-        backup_dir = c.options["backup_dir"]
+        backup_dir = c.options.shard.backup_dir
         assert read_backup(os.path.join(backup_dir, "shard-1")) is not None
     finally:
         c.shutdown()
@@ -106,7 +110,9 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
 
 
 def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
-    c = PSClient.launch([W, B], {"angel.job.name": "nobackup", "angel.ps.number": 2})
+    c = PSClient.launch(
+        [W, B], PSOptions.from_config({"angel.job.name": "nobackup", "angel.ps.number": 2})
+    )
     try:
         c.push("w", np.array([1, 2, 3]), np.ones(3), 0.1)
         pid = c.stats()[0]["pid"]
@@ -153,12 +159,14 @@ class Worker:
 def test_bsp_two_workers_recover_from_a_killed_shard(ray_local, tmp_path):
     c = PSClient.launch(
         [X],
-        {
-            "angel.job.name": "chaos-bsp",
-            "angel.ps.number": 2,
-            "angel.ps.backup.interval": 3,
-            "angel.ps.backup.path": str(tmp_path),
-        },
+        PSOptions.from_config(
+            {
+                "angel.job.name": "chaos-bsp",
+                "angel.ps.number": 2,
+                "angel.ps.backup.interval": 3,
+                "angel.ps.backup.path": str(tmp_path),
+            }
+        ),
         num_workers=2,
     )
     try:
@@ -174,7 +182,8 @@ def test_bsp_two_workers_recover_from_a_killed_shard(ray_local, tmp_path):
         # after the restart: the lost updates were replayed by both workers' clients.
         for s in seen:
             assert s == [2.0 * k for k in range(steps + 1)]
-        np.testing.assert_array_equal(c.reader().pull("x", np.arange(4))[:, 0], [2.0 * steps] * 4)
+        # The launching client, at clock 0, reads the current rows without waiting.
+        np.testing.assert_array_equal(c.pull("x", np.arange(4))[:, 0], [2.0 * steps] * 4)
         assert [st["restarted"] for st in c.stats()] == [False, True]
     finally:
         c.shutdown()

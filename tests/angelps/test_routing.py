@@ -8,8 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from angelps.client import PSClient, _Routed
 from angelps.partition import Partitioner
+from angelps.routing import Routed as RoutedKeys
+from angelps.routing import assemble
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
@@ -39,11 +40,6 @@ TABLES = [
 SPECS = {t.name: t for t in TABLES}
 
 
-class _Call:
-    def __init__(self, shard: int) -> None:
-        self.shard = shard
-
-
 class Routed:
     """N in-process shards behind the client's own routing and assembly code."""
 
@@ -53,16 +49,16 @@ class Routed:
         self.clock = 0
 
     def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
-        r = _Routed(SPECS[table], self.parts[table], keys)
-        calls, values = [], []
+        r = RoutedKeys(SPECS[table], self.parts[table], keys)
+        shards, values = [], []
         for s, shard in enumerate(self.shards):
             if r.count(s):
-                calls.append(_Call(s))
+                shards.append(s)
                 values.append(shard.pull({table: r.uniq[r.index(s)]}))
-        return PSClient._assemble([r], calls, values)[table]  # type: ignore[arg-type]
+        return assemble([r], shards, values)[table]
 
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        r = _Routed(SPECS[table], self.parts[table], keys)
+        r = RoutedKeys(SPECS[table], self.parts[table], keys)
         g = r.sum_grads(grads.astype(SPECS[table].dtype))
         for s, shard in enumerate(self.shards):
             idx = r.index(s)

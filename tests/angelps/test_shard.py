@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from angelps.dedup import segment_sum
 from angelps.partition import Partitioner
-from angelps.shard import ParameterShard, segment_sum
+from angelps.shard import ParameterShard, all_finite
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 SGD = OptimizerSpec("sgd")
@@ -198,8 +199,6 @@ def test_segment_sum():
 
 
 def test_all_finite_is_exact_even_when_the_sum_overflows():
-    from angelps.shard import all_finite
-
     big = np.full((4, 2), 1e308)
     assert all_finite(big)  # the float64 sum overflows to inf, the elements are finite
     assert not all_finite(np.array([[1.0, np.nan]]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from angelps import shard as shard_mod
+from angelps import storage
 from angelps.partition import Partitioner
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows
@@ -19,7 +19,7 @@ BOUNDED = TableSpec(
 UNBOUNDED = TableSpec(
     "emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=9, optimizer=ADAM
 )
-DEVICES = [None, "cpu"]  # host numpy tables and torch tables (_TorchTable)
+DEVICES = [None, "cpu"]  # host numpy tables and torch tables (TorchTable)
 
 
 def _shards(spec, n=1, partitioner="hash", device=None):
@@ -92,13 +92,13 @@ def test_index_kind_follows_the_table_bound_and_span(monkeypatch):
     def table(spec, n=1, partitioner="hash", shard=0):
         return ParameterShard(shard, n, [spec], partitioner=partitioner).tables["emb"]
 
-    assert shard_mod._DIRECT_MAX == 1 << 30
+    assert storage.DIRECT_MAX == 1 << 30
     assert table(BOUNDED).index_kind == "direct"
     assert table(UNBOUNDED).index_kind == "sorted"
     assert table(TableSpec("emb", rows=10, cols=2)).index_kind == "dense"
     # A span above the cap gets the sorted index, unless range partitioning splits the key
     # range into shard spans small enough (a small cap keeps the test's allocations small).
-    monkeypatch.setattr(shard_mod, "_DIRECT_MAX", 100)
+    monkeypatch.setattr(storage, "DIRECT_MAX", 100)
     big = TableSpec("emb", rows=200, cols=1, sparse=True)
     assert table(big).index_kind == "sorted"
     assert table(big, n=4, partitioner="hash").index_kind == "sorted"  # span [0, rows)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from angelps.config import load_config
-from angelps.table import KEYS, OptimizerSpec, TableSpec, init_rows
+from angelps.options import KEYS
+from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 
 def test_optimizer_names_case_insensitive_and_unknown_rejected():

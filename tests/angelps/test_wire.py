@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 
 import numpy as np
 import pytest
 
-from angelps import wire
+from angelps import transport, wire
 from angelps.client import PSClient
-from angelps.shard import ShardServer
+from angelps.options import PSOptions, ShardOptions
+from angelps.server import ShardServer
+from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
@@ -67,7 +70,8 @@ def test_reply_and_error_round_trip():
 @pytest.fixture
 def served_shard():
     """A ShardServer (no Ray) with its TCP server on a background event loop."""
-    srv = ShardServer(0, 1, [EMB.to_dict(), LIN.to_dict()], {"token": "t" * wire.TOKEN_BYTES})
+    options = ShardOptions.from_config({}, token="t" * wire.TOKEN_BYTES)
+    srv = ShardServer(0, 1, [EMB, LIN], options)
     loop = asyncio.new_event_loop()
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
@@ -135,14 +139,16 @@ def _steps(seed: int = 0, n: int = 5):
 def test_socket_and_ray_transports_agree(ray_local):
     """The same pushes and pulls through each transport give bit-identical rows."""
     got = {}
-    for transport in ("socket", "ray"):
+    for kind in ("socket", "ray"):
         c = PSClient.launch(
             [EMB, LIN],
-            {
-                "angel.job.name": f"wire-{transport}",
-                "angel.ps.number": 2,
-                "angel.ps.transport": transport,
-            },
+            PSOptions.from_config(
+                {
+                    "angel.job.name": f"wire-{kind}",
+                    "angel.ps.number": 2,
+                    "angel.ps.transport": kind,
+                }
+            ),
         )
         try:
             out = []
@@ -152,27 +158,29 @@ def test_socket_and_ray_transports_agree(ray_local):
                 )
                 c.push("lin", lk, lg, 0.05)
                 out.append((rows["emb"], rows["lin"], c.pull_dense("lin")))
-            used = [type(ch).__name__ for ch in c._chans]
-            got[transport] = out
+            used = [type(ch).__name__ for ch in c.net.chans]
+            got[kind] = out
         finally:
             c.shutdown()
-        assert used == ["_Channel" if transport == "socket" else "NoneType"] * 2
+        assert used == ["Channel" if kind == "socket" else "NoneType"] * 2
     for a, b in zip(got["socket"], got["ray"], strict=True):
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
 
 
 def test_unreachable_data_plane_falls_back_to_ray_calls(ray_local):
-    c = PSClient.launch([EMB, LIN], {"angel.job.name": "wire-fallback", "angel.ps.number": 1})
+    c = PSClient.launch(
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": "wire-fallback", "angel.ps.number": 1})
+    )
     try:
         # An address no shard can listen on (TEST-NET-1): serve() fails in the actor.
-        c.options["data_host"] = "192.0.2.1"
+        c.net.options = dataclasses.replace(c.net.options, data_host="192.0.2.1")
         with pytest.warns(RuntimeWarning, match="no direct connection to parameter shard 0"):
             rows = c.push_pull(
                 {"lin": (np.array([1]), np.ones((1, 1)))}, 1.0, {"lin": np.array([1])}
             )
         np.testing.assert_array_equal(rows["lin"], [[-1.0]])
-        assert c._chans == [False]
+        assert c.net.chans == [False]
         np.testing.assert_array_equal(c.pull("lin", np.array([1])), [[-1.0]])
     finally:
         c.shutdown()
@@ -181,11 +189,10 @@ def test_unreachable_data_plane_falls_back_to_ray_calls(ray_local):
 def test_large_calls_take_ray_and_order_is_kept(ray_local, monkeypatch):
     """Calls above the size limit go through Ray, small ones through the socket; switching
     between them waits for the other path, so a caller's calls stay in order."""
-    from angelps import client as client_mod
-    from angelps.shard import ParameterShard
-
-    monkeypatch.setattr(client_mod, "_SOCKET_MAX_BYTES", 600)
-    c = PSClient.launch([EMB, LIN], {"angel.job.name": "wire-mixed", "angel.ps.number": 1})
+    monkeypatch.setattr(transport, "SOCKET_MAX_BYTES", 600)
+    c = PSClient.launch(
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": "wire-mixed", "angel.ps.number": 1})
+    )
     ref = ParameterShard(0, 1, [EMB, LIN])
     rng = np.random.default_rng(3)
     try:
@@ -197,13 +204,14 @@ def test_large_calls_take_ray_and_order_is_kept(ray_local, monkeypatch):
             c.push("emb", keys, grads, 0.1)  # not waited for
             ref.push(0, ref.clocks.pushed[0], {"emb": (keys, grads)}, 0.1)
             if i == 2:
-                assert c._ray_refs[0], "a large push went through Ray"
+                assert c.net.ray_refs[0], "a large push went through Ray"
             small = np.array([keys[0]])
             np.testing.assert_array_equal(c.pull("emb", small), ref.pull({"emb": small})["emb"])
         everything = np.arange(-50, 50)
         np.testing.assert_array_equal(
             c.pull("emb", everything), ref.pull({"emb": everything})["emb"]
         )
-        assert isinstance(c._chans[0], client_mod._Channel) and c._chans[0].sent > 0
+        chan = c.net.chans[0]
+        assert isinstance(chan, transport.Channel) and chan.sent > 0
     finally:
         c.shutdown()

@@ -131,21 +131,22 @@ def test_constant_learning_rate() -> None:
 
 def test_angel_parameter_errors() -> None:
     with pytest.raises(
-        ValueError, match=r"CorrectionDecay: beta=1.0 is invalid: expected a number in \[0, 1\)"
+        ValueError, match=r"CorrectionDecay: beta=1.0 is not valid: expected a number in \[0, 1\)"
     ):
         decay.CorrectionDecay(1.0, beta=1.0)
-    with pytest.raises(ValueError, match=r"CorrectionDecay: beta=-0.1 is invalid"):
+    with pytest.raises(ValueError, match=r"CorrectionDecay: beta=-0.1 is not valid"):
         decay.CorrectionDecay(1.0, beta=-0.1)
     with pytest.raises(
-        ValueError, match=r"StandardDecay: alpha=-1.0 is invalid: expected a number >= 0"
+        ValueError, match=r"StandardDecay: alpha=-1.0 is not valid: expected a number >= 0"
     ):
         decay.StandardDecay(1.0, alpha=-1.0)
     with pytest.raises(
-        ValueError, match=r"WarmRestarts: intervals=0 is invalid: expected an integer >= 1"
+        ValueError, match=r"WarmRestarts: intervals=0 is not valid: expected an integer >= 1"
     ):
         decay.WarmRestarts(1.0, intervals=0)
     with pytest.raises(
-        ValueError, match=r"ConstantLearningRate: lr=nan is invalid: expected a finite number >= 0"
+        ValueError,
+        match=r"ConstantLearningRate: lr=nan is not valid: expected a finite number >= 0",
     ):
         decay.ConstantLearningRate(float("nan"))
 

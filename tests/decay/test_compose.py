@@ -137,14 +137,14 @@ def test_warmup_boundary_signal_follows_inner() -> None:
 def test_composition_errors() -> None:
     with pytest.raises(
         ValueError,
-        match=r"SequentialLR: milestones=\[5, 5\] is invalid: expected a strictly increasing list of integers >= 1",
+        match=r"SequentialLR: milestones=\[5, 5\] is not valid: expected a strictly increasing list of integers >= 1",
     ):
         decay.SequentialLR([decay.NoDecay(1.0)] * 3, [5, 5])
-    with pytest.raises(ValueError, match=r"SequentialLR: milestones=\[0\] is invalid"):
+    with pytest.raises(ValueError, match=r"SequentialLR: milestones=\[0\] is not valid"):
         decay.SequentialLR([decay.NoDecay(1.0)] * 2, [0])
     with pytest.raises(
         ValueError,
-        match=r"SequentialLR: milestones=\[3, 4\] is invalid: expected 1 integer\(s\), one fewer than the 2 schedules",
+        match=r"SequentialLR: milestones=\[3, 4\] is not valid: expected 1 integer\(s\), one fewer than the 2 schedules",
     ):
         decay.SequentialLR([decay.NoDecay(1.0)] * 2, [3, 4])
     with pytest.raises(ValueError, match=r"ChainedScheduler: schedulers is required"):
@@ -152,6 +152,6 @@ def test_composition_errors() -> None:
     with pytest.raises(ValueError, match=r"ReduceLROnPlateau cannot be composed"):
         decay.ChainedScheduler([decay.NoDecay(1.0), decay.ReduceLROnPlateau(1.0)])
     with pytest.raises(
-        ValueError, match=r"Warmup: warmup_steps=-2 is invalid: expected an integer >= 0"
+        ValueError, match=r"Warmup: warmup_steps=-2 is not valid: expected an integer >= 0"
     ):
         decay.Warmup(decay.NoDecay(1.0), -2)

@@ -192,24 +192,24 @@ def test_modern_errors() -> None:
         decay.WarmupCosine(1.0)
     with pytest.raises(
         ValueError,
-        match=r"WarmupCosine: total_steps=100 is invalid: expected an integer > warmup_steps = 2000",
+        match=r"WarmupCosine: total_steps=100 is not valid: expected an integer > warmup_steps = 2000",
     ):
         decay.WarmupCosine(1.0, total_steps=100)
-    with pytest.raises(ValueError, match=r"Rex: rex_alpha=0.0 is invalid: expected a number > 0"):
+    with pytest.raises(ValueError, match=r"Rex: rex_alpha=0.0 is not valid: expected a number > 0"):
         decay.Rex(1.0, decay_steps=5, rex_alpha=0.0)
     with pytest.raises(
         ValueError,
-        match=r"WarmupLinear: min_lr_ratio=1.5 is invalid: expected a number in \[0, 1\]",
+        match=r"WarmupLinear: min_lr_ratio=1.5 is not valid: expected a number in \[0, 1\]",
     ):
         decay.WarmupLinear(1.0, decay_steps=5, min_lr_ratio=1.5)
     with pytest.raises(
         ValueError,
-        match=r"WarmupStableDecay: decay_type='exp' is invalid: expected one of cosine, linear, sqrt",
+        match=r"WarmupStableDecay: decay_type='exp' is not valid: expected one of cosine, linear, sqrt",
     ):
         decay.WarmupStableDecay(1.0, stable_steps=1, decay_steps=1, decay_type="exp")
     with pytest.raises(ValueError, match=r"WarmupStableDecay: stable_steps is required"):
         decay.WarmupStableDecay(1.0, decay_steps=5)
     with pytest.raises(
-        ValueError, match=r"WarmupConstant: warmup_steps=-1 is invalid: expected an integer >= 0"
+        ValueError, match=r"WarmupConstant: warmup_steps=-1 is not valid: expected an integer >= 0"
     ):
         decay.WarmupConstant(1.0, warmup_steps=-1)

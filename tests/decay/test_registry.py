@@ -1,4 +1,4 @@
-"""from_conf, the key declarations and every configuration error message."""
+"""from_conf, the key declarations, the catalogue and every configuration error message."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import warnings
 import pytest
 
 import decay
-from angelps.config import load_config
+from angelps.config import TYPES, Key, load_config
 from decay import registry
+from decay.keys import PREFIX
 from learners.keys import all_keys
 
 
@@ -25,8 +26,8 @@ def test_keys_declared_once_with_valid_types() -> None:
     seen = [k.name for k in decay.KEYS]
     assert len(seen) == len(set(seen))
     for k in decay.KEYS:
-        assert set(vars(k)) == {"name", "type", "default", "doc", "check", "choices"}
-        assert k.type in registry.TYPES and k.doc
+        assert isinstance(k, Key) and k.deprecated is None
+        assert k.type in TYPES and k.doc
     by = {k.name: k for k in decay.KEYS}
     assert by["ml.learn.rate"].default == 0.5
     assert by["ml.opt.decay.class.name"].default == "StandardDecay"
@@ -44,9 +45,9 @@ def test_every_schedule_parameter_is_a_declared_key_with_a_consistent_default() 
     for name in decay.names():
         cls = registry.schedule_class(name)
         for suffix, p in registry.schedule_keys(cls):
-            key = by.get(registry.PREFIX + suffix)
+            key = by.get(PREFIX + suffix)
             assert key is not None, f"{name}.{p.name} has no key"
-            assert registry.PREFIX + "<i>." + suffix in by
+            assert PREFIX + "<i>." + suffix in by
             # A global default, when declared, must be what every schedule using it defaults to.
             if key.default is not None and p.default is not inspect.Parameter.empty:
                 assert p.default == key.default, (name, suffix)
@@ -236,7 +237,7 @@ def test_python_only_schedules_are_explained() -> None:
         ),
         (
             ["ml.opt.decay.class.name=MultiStepLR", "ml.opt.decay.milestones=5,3"],
-            r"MultiStepLR: ml.opt.decay.milestones=5,3 is invalid: expected a strictly increasing list of integers >= 0 \(set in command line\)",
+            r"MultiStepLR: ml.opt.decay.milestones=5,3 is not valid: expected a strictly increasing list of integers >= 0 \(set in command line\)",
         ),
         (
             [
@@ -252,12 +253,12 @@ def test_python_only_schedules_are_explained() -> None:
                 "ml.opt.decay.total.steps=10",
                 "ml.opt.decay.pct.start=0.1",
             ],
-            r"OneCycleLR: ml.opt.decay.pct.start=0.1 is invalid: expected a value with ml.opt.decay.pct.start·ml.opt.decay.total.steps != 1 \(ml.opt.decay.total.steps=10: the warm-up phase would have length 0\) \(set in command line\)",
+            r"OneCycleLR: ml.opt.decay.pct.start=0.1 is not valid: expected a value with ml.opt.decay.pct.start·ml.opt.decay.total.steps != 1 \(ml.opt.decay.total.steps=10: the warm-up phase would have length 0\) \(set in command line\)",
         ),
         (["ml.opt.decay.class.name=CyclicLR"], r"CyclicLR: ml.opt.decay.max.lr is required"),
         (
             ["ml.opt.decay.class.name=CyclicLR", "ml.opt.decay.max.lr=1", "ml.opt.decay.mode=min"],
-            r"CyclicLR: ml.opt.decay.mode=min is invalid: expected one of triangular, triangular2, exp_range",
+            r"CyclicLR: ml.opt.decay.mode=min is not valid: expected one of triangular, triangular2, exp_range",
         ),
         (
             [
@@ -265,15 +266,15 @@ def test_python_only_schedules_are_explained() -> None:
                 "ml.opt.decay.max.lr=1",
                 "ml.opt.decay.scale.mode=iterations",
             ],
-            r"CyclicLR: ml.opt.decay.scale.mode=iterations is invalid: expected 'cycle' for mode=triangular",
+            r"CyclicLR: ml.opt.decay.scale.mode=iterations is not valid: expected 'cycle' for mode=triangular",
         ),
         (
             ["ml.opt.decay.class.name=ReduceLROnPlateau", "ml.opt.decay.mode=triangular"],
-            r"ReduceLROnPlateau: ml.opt.decay.mode=triangular is invalid: expected one of min, max",
+            r"ReduceLROnPlateau: ml.opt.decay.mode=triangular is not valid: expected one of min, max",
         ),
         (
             ["ml.opt.decay.class.name=ReduceLROnPlateau", "ml.opt.decay.factor=1"],
-            r"ReduceLROnPlateau: ml.opt.decay.factor=1.0 is invalid: expected a number in \(0, 1\)",
+            r"ReduceLROnPlateau: ml.opt.decay.factor=1.0 is not valid: expected a number in \(0, 1\)",
         ),
         (
             ["ml.opt.decay.class.name=ConstantLR", "ml.opt.decay.factor=0"],
@@ -297,7 +298,7 @@ def test_python_only_schedules_are_explained() -> None:
                 "ml.opt.decay.schedulers=NoDecay,NoDecay",
                 "ml.opt.decay.milestones=4,8",
             ],
-            r"SequentialLR: ml.opt.decay.milestones=4,8 is invalid: expected 1 integer\(s\), one fewer than the 2 schedules",
+            r"SequentialLR: ml.opt.decay.milestones=4,8 is not valid: expected 1 integer\(s\), one fewer than the 2 schedules",
         ),
         (
             [
@@ -352,15 +353,15 @@ def test_error_messages(sets: list[str], message: str) -> None:
 
 def test_raw_mapping_errors_name_key_value_and_range() -> None:
     with pytest.raises(
-        ValueError, match=r"^ml.opt.decay.step.size=abc is invalid: expected an integer$"
+        ValueError, match=r"^ml.opt.decay.step.size=abc is not valid: expected an integer$"
     ):
         decay.from_conf({"ml.opt.decay.class.name": "StepLR", "ml.opt.decay.step.size": "abc"})
     with pytest.raises(
-        ValueError, match=r"^ml.opt.decay.gamma=nan is invalid: expected a finite number$"
+        ValueError, match=r"^ml.opt.decay.gamma=nan is not valid: expected a finite number$"
     ):
         decay.from_conf({"ml.opt.decay.class.name": "ExponentialLR", "ml.opt.decay.gamma": "nan"})
     with pytest.raises(
-        ValueError, match=r"^ml.opt.decay.t.max=0 is invalid: expected an integer >= 1$"
+        ValueError, match=r"^ml.opt.decay.t.max=0 is not valid: expected an integer >= 1$"
     ):
         decay.from_conf({"ml.opt.decay.class.name": "CosineAnnealingLR", "ml.opt.decay.t.max": 0})
     with pytest.raises(
@@ -368,11 +369,11 @@ def test_raw_mapping_errors_name_key_value_and_range() -> None:
     ):
         decay.from_conf({"ml.opt.decay.class.name": "StepLR", "ml.opt.decay.gama": "0.5"})
     with pytest.raises(
-        ValueError, match=r"^ml.opt.decay.three.phase=maybe is invalid: expected true or false$"
+        ValueError, match=r"^ml.opt.decay.three.phase=maybe is not valid: expected true or false$"
     ):
         decay.from_conf({"ml.opt.decay.three.phase": "maybe"})
     with pytest.raises(
-        ValueError, match=r"from_conf: total_steps=0 is invalid: expected an integer >= 1"
+        ValueError, match=r"from_conf: total_steps=0 is not valid: expected an integer >= 1"
     ):
         decay.from_conf({}, total_steps=0)
 
@@ -406,7 +407,9 @@ def test_never_inf_or_nan() -> None:
         ValueError, match=r"ExponentialLR: the step size at update 400 is inf \(overflow\)"
     ):
         g.lr_at(400)
-    with pytest.raises(ValueError, match=r"update index k=-1 is invalid: expected an integer >= 0"):
+    with pytest.raises(
+        ValueError, match=r"update index k=-1 is not valid: expected an integer >= 0"
+    ):
         decay.NoDecay(1.0).lr_at(-1)
     m = decay.MultiplicativeLR(1.0, lambda k: 1e10)
     with pytest.raises(ValueError, match=r"MultiplicativeLR: the step size at update 31 is inf"):
@@ -445,7 +448,7 @@ def test_python_api_lambda_and_multiplicative() -> None:
 def test_learner_supplied_total_is_named_in_errors() -> None:
     with pytest.raises(
         ValueError,
-        match=r"WarmupCosine: ml.opt.decay.total.steps=300 is invalid: expected an integer > "
+        match=r"WarmupCosine: ml.opt.decay.total.steps=300 is not valid: expected an integer > "
         r"ml.opt.decay.warmup.steps = 2000, so that the decay has at least one step \(or set "
         r"ml.opt.decay.decay.steps\) "
         r"\(not set: the total number of updates, epochs × updates per epoch, was used\)",

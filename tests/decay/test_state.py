@@ -145,7 +145,8 @@ def test_plateau_state_is_json_safe_and_validated() -> None:
     with pytest.raises(ValueError, match=r"ReduceLROnPlateau.load_state_dict: malformed state"):
         q.load_state_dict({"count": 0})
     with pytest.raises(
-        ValueError, match=r"ReduceLROnPlateau.step: metric=nan is invalid: expected a finite number"
+        ValueError,
+        match=r"ReduceLROnPlateau.step: metric=nan is not valid: expected a finite number",
     ):
         q.step(float("nan"))
 
@@ -153,7 +154,8 @@ def test_plateau_state_is_json_safe_and_validated() -> None:
 def test_load_state_dict_errors() -> None:
     s = decay.NoDecay(1.0)
     with pytest.raises(
-        ValueError, match=r"NoDecay.load_state_dict: count=-3 is invalid: expected an integer >= 0"
+        ValueError,
+        match=r"NoDecay.load_state_dict: count=-3 is not valid: expected an integer >= 0",
     ):
         s.load_state_dict({"count": -3})
     with pytest.raises(
@@ -174,7 +176,7 @@ def test_peek_advance_and_skipped_updates() -> None:
     # a skipped update retries with the same step size; the schedule counts applied updates only
     assert used == [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
     assert s.count == 4
-    with pytest.raises(ValueError, match=r"advance\(n\): n=-1 is invalid"):
+    with pytest.raises(ValueError, match=r"advance\(n\): n=-1 is not valid"):
         s.advance(-1)
 
 
@@ -217,10 +219,10 @@ def test_updates_per_epoch(
 
 def test_updates_per_epoch_errors() -> None:
     with pytest.raises(
-        ValueError, match=r"updates_per_epoch: accum_steps=0 is invalid: expected an integer >= 1"
+        ValueError, match=r"updates_per_epoch: accum_steps=0 is not valid: expected an integer >= 1"
     ):
         decay.updates_per_epoch(10, 2, 1, 0)
-    with pytest.raises(ValueError, match=r"updates_per_epoch: num_samples=-1 is invalid"):
+    with pytest.raises(ValueError, match=r"updates_per_epoch: num_samples=-1 is not valid"):
         decay.updates_per_epoch(-1, 2, 1, 1)
 
 
@@ -240,7 +242,7 @@ def test_schedule_counts_optimizer_updates_not_micro_batches() -> None:
 
 @pytest.mark.parametrize("name", sorted(n for n in CONFS if n != "ReduceLROnPlateau"))
 def test_next_equals_lr_at_bit_for_bit(name: str) -> None:
-    # next() computes blocks of values ahead; they must be lr_at's numbers exactly, from any start.
+    # next() is lr_at(count) then count + 1: lr_at's numbers exactly, from any start.
     for start in (0, 3, 97, 1000):
         s = build(name)
         s.load_state_dict({"count": start})
@@ -249,7 +251,7 @@ def test_next_equals_lr_at_bit_for_bit(name: str) -> None:
         assert got == [fresh.lr_at(k) for k in range(start, start + 700)], start
 
 
-BLOCKY = st.one_of(
+DRAWN = st.one_of(
     st.builds(
         lambda t, p, c, th, d: decay.OneCycleLR(
             1.0, t, pct_start=p, anneal_strategy=c, three_phase=th, div_factor=d
@@ -322,8 +324,8 @@ BLOCKY = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(s=BLOCKY, start=st.integers(0, 700))
-def test_blocks_equal_lr_at_for_drawn_parameters(s: decay.StepSizeScheduler, start: int) -> None:
+@given(s=DRAWN, start=st.integers(0, 700))
+def test_next_equals_lr_at_for_drawn_parameters(s: decay.StepSizeScheduler, start: int) -> None:
     s.advance(start)
     got = [s.next() for _ in range(600)]
     assert got == [s.lr_at(k) for k in range(start, start + 600)]

@@ -344,7 +344,7 @@ def test_constant_lr_factor_zero_is_rejected_where_torch_divides_by_zero() -> No
     with pytest.raises(ZeroDivisionError):
         t.step()
     with pytest.raises(
-        decay.ParamError, match=r"factor=0.0 is invalid: expected a number in \(0, 1\]"
+        decay.ParamError, match=r"factor=0.0 is not valid: expected a number in \(0, 1\]"
     ):
         decay.ConstantLR(1.0, factor=0.0, total_iters=2)
 

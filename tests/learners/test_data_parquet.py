@@ -12,17 +12,19 @@ import pytest
 
 from angelps.config import load_config
 from learners import data as D
+from learners.data.convert import main
+from learners.data.options import KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 CENSUS = REPO / "data" / "census" / "census_148d_train.libsvm"
 AGARICUS = REPO / "data" / "agaricus" / "agaricus_127d_train.libsvm"
 
 
-def C(**kv: Any) -> Any:
-    return load_config(None, kv, D.KEYS)
+def C(**kv: Any) -> D.DataOptions:
+    return D.DataOptions.from_config(load_config(None, kv, KEYS))
 
 
-def read_all(path: str, cfg: Any, **kw: Any) -> D.Batch:
+def read_all(path: str, cfg: D.DataOptions, **kw: Any) -> D.Batch:
     return D.concat(list(D.read_file(path, cfg, **kw)))
 
 
@@ -154,7 +156,7 @@ def test_converter_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     src = tmp_path / "in.dummy"
     src.write_text("1 0 3\nbad line\n0 2\n")
     dst = tmp_path / "out.parquet"
-    assert D.main([str(src), str(dst), "--set", "ml.data.type=dummy"]) == 2
+    assert main([str(src), str(dst), "--set", "ml.data.type=dummy"]) == 2
     assert f"error: {src}:2: expected '<label> <id> ...' (dummy)" in capsys.readouterr().out
     args = [
         str(src),
@@ -164,6 +166,6 @@ def test_converter_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "--set",
         "ml.data.skip.bad.lines=true",
     ]
-    assert D.main(args) == 0
+    assert main(args) == 0
     assert "2 rows from 3 lines, 1 malformed skipped" in capsys.readouterr().out
     assert pq.read_table(dst).column("ids").to_pylist() == [[0, 3], [2]]

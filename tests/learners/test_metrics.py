@@ -1,4 +1,4 @@
-"""Validation metrics against scikit-learn, tie handling, and exact merging across workers."""
+"""Validation metrics against scikit-learn, tie handling and input checks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from sklearn import metrics as skm
 
 from learners.metrics import (
-    MetricState,
     auc,
     binary_metrics,
     multiclass_metrics,
@@ -93,50 +92,3 @@ def test_regression_metrics_match_sklearn(seed: int) -> None:
         "count": 3.0,
     }
     assert math.isnan(regression_metrics(np.ones(3), np.zeros(3))["r2"])
-
-
-def split(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
-    cuts = np.sort(rng.choice(np.arange(1, n), parts - 1, replace=False))
-    return np.split(rng.permutation(n), cuts)
-
-
-@pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
-def test_metric_state_merges_exactly(task: str) -> None:
-    rng = np.random.default_rng(11)
-    n = 1000
-    if task == "binary":
-        y = (rng.random(n) < 0.3).astype(float)
-        pred = np.round(rng.random(n), 2)
-        full = binary_metrics(y, pred)
-    elif task == "multiclass":
-        y = rng.integers(0, 3, n)
-        pred = rng.dirichlet(np.ones(3), n)
-        full = multiclass_metrics(y, pred)
-    else:
-        y = rng.normal(5, 2, n)
-        pred = y + rng.normal(0, 1, n)
-        full = regression_metrics(y, pred)
-    # Four "workers", each adding its rows in two chunks, merged through plain payloads.
-    states = []
-    for rows in split(n, 4, rng):
-        s = MetricState(task)
-        half = len(rows) // 2
-        s.add(y[rows[:half]], pred[rows[:half]]).add(y[rows[half:]], pred[rows[half:]])
-        states.append(MetricState.from_dict(s.to_dict()))
-    merged = states[0]
-    for s in states[1:]:
-        merged = merged.merge(s)
-    got = merged.compute()
-    assert got.keys() == full.keys()
-    for k in full:
-        # The same rows in another order: equal up to the rounding of the sums.
-        assert got[k] == pytest.approx(full[k], rel=1e-12), k
-
-
-def test_metric_state_errors() -> None:
-    with pytest.raises(ValueError, match="task 'ranking' is not one of binary, multiclass"):
-        MetricState("ranking")
-    with pytest.raises(ValueError, match="cannot merge regression into binary"):
-        MetricState("binary").merge(MetricState("regression"))
-    with pytest.raises(ValueError, match="no rows to evaluate"):
-        MetricState("regression").compute()

@@ -10,12 +10,18 @@ import pytest
 import torch
 
 from angelps.config import ConfigError, load_config
-from learners import models
-from learners.models import MODELS, SparseInput, build_model, model_class
+from learners import model_config, models
+from learners.model_config import ModelConfig
+from learners.models import MODELS, build_model, model_class
+from learners.sparse_input import SparseInput
 
 
 def _conf_keys(d: dict[str, object]):
-    return load_config(None, d, models.KEYS)
+    return load_config(None, d, model_config.KEYS)
+
+
+def _model(conf, num_features: int, num_fields: int | None = None, seed: int | None = None):
+    return build_model(ModelConfig.from_config(conf, num_features, num_fields), seed=seed)
 
 
 def _random_batch(model: models.BaseModel, b: int, n: int, fields: int | None, seed: int = 0):
@@ -37,7 +43,7 @@ def _random_batch(model: models.BaseModel, b: int, n: int, fields: int | None, s
     rows = {}
     for t in model.tables():
         r = uniq.size if t.sparse else t.rows
-        rows[t.name] = (torch.randn(r, t.dim, generator=gen) * 0.3).requires_grad_(True)
+        rows[t.name] = (torch.randn(r, t.cols, generator=gen) * 0.3).requires_grad_(True)
     x = SparseInput.from_csr(indptr, inv, values, rows, fields)
     return x, ids, indptr, values, uniq
 
@@ -76,7 +82,7 @@ def test_unknown_model_lists_valid_names_closest_first():
 def test_field_models_require_field_num():
     conf = _conf_keys({"ml.model.class.name": "DeepFM"})
     with pytest.raises(ConfigError, match=r"ml\.fm\.field\.num is required"):
-        build_model(conf, 148, None)
+        _model(conf, 148, None)
 
 
 def test_activation_count_must_match_layers():
@@ -88,12 +94,26 @@ def test_activation_count_must_match_layers():
         }
     )
     with pytest.raises(ConfigError, match="has 2 names for 3 hidden layers"):
-        build_model(conf, 10)
+        _model(conf, 10)
 
 
 def test_bad_activation_name_is_rejected_by_the_loader():
     with pytest.raises(ConfigError, match=r"ml\.model\.activations=relu,swishy is not valid"):
         _conf_keys({"ml.model.activations": "relu,swishy"})
+
+
+def test_activation_names_match_the_torch_classes():
+    # The key module lists the names without torch; the model zoo maps each to its class.
+    assert sorted(models._ACTIVATIONS) == sorted(model_config.ACTIVATIONS)
+
+
+def test_model_config_reads_declared_defaults_from_a_partial_mapping():
+    cfg = ModelConfig.from_config({"ml.fm.rank": 3, "ml.model.hidden.layers": [4, 2]}, 10, 5)
+    assert (cfg.model, cfg.num_features, cfg.num_fields) == ("LogisticRegression", 10, 5)
+    assert (cfg.fm_rank, cfg.hidden, cfg.activations) == (3, (4, 2), None)
+    assert cfg == ModelConfig.from_config(
+        _conf_keys({"ml.fm.rank": 3, "ml.model.hidden.layers": "4,2"}), 10, 5
+    )
 
 
 def _dense_x(ids, indptr, values, n):
@@ -113,7 +133,7 @@ def _full(rows: torch.Tensor, uniq: np.ndarray, n: int) -> np.ndarray:
 
 def test_logistic_regression_is_wx_plus_b_and_logloss():
     n = 20
-    m = build_model(_conf_keys({}), n)
+    m = _model(_conf_keys({}), n)
     x, ids, indptr, values, uniq = _random_batch(m, 7, n, None)
     scores = m(x)
     xd = _dense_x(ids, indptr, values, n)
@@ -134,7 +154,7 @@ def test_logistic_regression_is_wx_plus_b_and_logloss():
 
 
 def test_svm_hinge_loss_and_probability():
-    m = build_model(_conf_keys({"ml.model.class.name": "SupportVectorMachine"}), 5)
+    m = _model(_conf_keys({"ml.model.class.name": "SupportVectorMachine"}), 5)
     scores = torch.tensor([2.0, 0.5, -0.5, -3.0])
     y = torch.tensor([1.0, 1.0, 1.0, 0.0])
     # max(0, 1 - y f) with y in ±1: 0, 0.5, 1.5, 0
@@ -144,7 +164,7 @@ def test_svm_hinge_loss_and_probability():
 
 def test_softmax_regression_logits_and_label_check():
     n = 12
-    m = build_model(_conf_keys({"ml.model.class.name": "SoftmaxRegression", "ml.num.class": 3}), n)
+    m = _model(_conf_keys({"ml.model.class.name": "SoftmaxRegression", "ml.num.class": 3}), n)
     x, ids, indptr, values, uniq = _random_batch(m, 5, n, None)
     scores = m(x)
     assert scores.shape == (5, 3)
@@ -164,9 +184,7 @@ def test_softmax_regression_logits_and_label_check():
 
 def test_mixed_lr_matches_direct_formula():
     n = 15
-    m = build_model(
-        _conf_keys({"ml.model.class.name": "MixedLogisticRegression", "ml.mlr.rank": 4}), n
-    )
+    m = _model(_conf_keys({"ml.model.class.name": "MixedLogisticRegression", "ml.mlr.rank": 4}), n)
     x, ids, indptr, values, uniq = _random_batch(m, 6, n, None)
     logit = m(x)
     xd = torch.tensor(_dense_x(ids, indptr, values, n))
@@ -189,12 +207,12 @@ def test_mixed_lr_matches_direct_formula():
 
 
 def test_regression_losses():
-    lin = build_model(_conf_keys({"ml.model.class.name": "LinearRegression"}), 4)
+    lin = _model(_conf_keys({"ml.model.class.name": "LinearRegression"}), 4)
     f = torch.tensor([1.0, 3.0, -2.0])
     y = torch.tensor([0.0, 3.5, 2.0])
     assert lin.loss(f, y).item() == pytest.approx((0.5 * (1 + 0.25 + 16)) / 3)
     assert lin.predict(f) is f
-    rob = build_model(
+    rob = _model(
         _conf_keys(
             {"ml.model.class.name": "RobustRegression", "ml.robustregression.loss.delta": 1.5}
         ),
@@ -207,9 +225,7 @@ def test_regression_losses():
 
 def test_fm_interaction_equals_pairwise_sum():
     n = 30
-    m = build_model(
-        _conf_keys({"ml.model.class.name": "FactorizationMachines", "ml.fm.rank": 3}), n
-    )
+    m = _model(_conf_keys({"ml.model.class.name": "FactorizationMachines", "ml.fm.rank": 3}), n)
     x, ids, indptr, values, uniq = _random_batch(m, 6, n, None)
     out = m(x).detach().numpy()
     w = _full(x.rows["wide"], uniq, n)[:, 0]
@@ -232,7 +248,7 @@ def test_deep_models_forward_backward(name):
     conf = _conf_keys(
         {"ml.model.class.name": name, "ml.fm.rank": 4, "ml.model.hidden.layers": "16,8"}
     )
-    m = build_model(conf, n, f, seed=1)
+    m = _model(conf, n, f, seed=1)
     x, *_ = _random_batch(m, 8, n, f)
     out = m(x)
     assert out.shape == (8,)
@@ -244,14 +260,14 @@ def test_deep_models_forward_backward(name):
     for p in m.parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all()
     # The same seed builds the same worker-side layers (every worker starts identical).
-    m2 = build_model(conf, n, f, seed=1)
+    m2 = _model(conf, n, f, seed=1)
     for p, q in zip(m.parameters(), m2.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
 def test_pnn_input_size_counts_pairs():
     conf = _conf_keys({"ml.model.class.name": "ProductNeuralNetwork", "ml.fm.rank": 8})
-    m = build_model(conf, 148, 13)
+    m = _model(conf, 148, 13)
     # Angel's census PNN: 13·8 embeddings + 78 pairwise products = 182 inputs.
     assert m.mlp[0].in_features == 182
     assert [layer.out_features for layer in m.mlp if isinstance(layer, torch.nn.Linear)] == [
@@ -266,17 +282,15 @@ def test_deepfm_fm_part_matches_fm_on_fields():
     conf = _conf_keys(
         {"ml.model.class.name": "DeepFM", "ml.fm.rank": 4, "ml.model.hidden.layers": "8"}
     )
-    m = build_model(conf, n, f, seed=0)
-    fm = build_model(
-        _conf_keys({"ml.model.class.name": "FactorizationMachines", "ml.fm.rank": 4}), n
-    )
+    m = _model(conf, n, f, seed=0)
+    fm = _model(_conf_keys({"ml.model.class.name": "FactorizationMachines", "ml.fm.rank": 4}), n)
     x, *_ = _random_batch(m, 6, n, f)
     deep = m.mlp(x.field_embeddings("embedding").flatten(1)).squeeze(1)
     torch.testing.assert_close(m(x), fm(x) + deep)
 
 
 def test_field_embeddings_need_fields():
-    m = build_model(_conf_keys({"ml.model.class.name": "FactorizationMachines"}), 10)
+    m = _model(_conf_keys({"ml.model.class.name": "FactorizationMachines"}), 10)
     x, *_ = _random_batch(m, 3, 10, None)
     with pytest.raises(ValueError, match=r"exactly ml\.fm\.field\.num non-zeros per sample"):
         x.field_embeddings("embedding")
@@ -285,9 +299,9 @@ def test_field_embeddings_need_fields():
 def test_dnn_first_layer_is_a_sparse_table():
     n = 50
     conf = _conf_keys({"ml.model.class.name": "DNN", "ml.model.hidden.layers": "6,3"})
-    m = build_model(conf, n, seed=0)
+    m = _model(conf, n, seed=0)
     t = {d.name: d for d in m.tables()}
-    assert (t["input"].rows, t["input"].dim, t["input"].sparse) == (50, 6, True)
+    assert (t["input"].rows, t["input"].cols, t["input"].sparse) == (50, 6, True)
     assert t["input"].init_std == pytest.approx(1 / math.sqrt(50))
     x, ids, indptr, values, uniq = _random_batch(m, 4, n, None)
     h = torch.relu(

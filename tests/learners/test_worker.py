@@ -7,22 +7,24 @@ the worker-side state.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from angelps import table as table_mod
+from angelps import OptimizerSpec
 from angelps.config import load_config
 from decay.angel import StandardDecay
-from learners import data as data_mod
-from learners import learner as learner_mod
-from learners import models
+from learners.data import DataOptions
+from learners.keys import all_keys
+from learners.learner import table_specs
+from learners.model_config import ModelConfig
+from learners.plan import JobSize, TrainPlan
 from learners.worker import TrainWorker, _Dedup, _merge_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = [*models.KEYS, *learner_mod.KEYS, *data_mod.KEYS, *table_mod.KEYS]
 
 
 def _head(src: Path, dst: Path, n: int) -> str:
@@ -39,29 +41,30 @@ def census_256(tmp_path_factory) -> str:
 
 
 def _worker(path: str, sets: dict, setup: dict, ps_cls, fields=None) -> tuple[TrainWorker, object]:
+    """A worker over ``path`` with batch 64, seed 3, no shuffling and per-batch decay, unless
+    ``setup`` says otherwise (batch_size, num_features: the job's size; the rest: the plan)."""
     conf = load_config(
         None,
         {"angel.train.data.path": path, "ml.data.validate.ratio": 0.0, **sets},
-        KEYS,
+        all_keys(),
     )
-    w = TrainWorker(conf, 0, 1, {"torch_threads": 1})
-    base = {
-        "num_features": 148,
-        "num_fields": fields,
-        "batch_size": 64,
-        "accum_steps": 1,
-        "seed": 3,
-        "shuffle": False,
-        "clip_norm": 0.0,
-        "decay_on_batch": True,
-        "frozen": [],
-        "dense_optimizer": table_mod.OptimizerSpec.from_conf(
-            conf, "ml.fclayer.optimizer"
-        ).to_dict(),
-    }
-    base.update(setup)
-    decls = w.setup_model(base)
-    ps = ps_cls(learner_mod.table_specs(conf, decls))
+    setup = dict(setup)
+    size = JobSize(
+        num_features=setup.pop("num_features", 148),
+        num_fields=fields,
+        batch_size=setup.pop("batch_size", 64),
+        updates_per_epoch=1,
+    )
+    shuffle = setup.pop("shuffle", False)
+    plan = replace(
+        TrainPlan.from_config(conf),
+        **{"seed": 3, "decay_on_batch": True, "frozen": (), "torch_threads": 1, **setup},
+    )
+    data = replace(DataOptions.from_config(conf), use_shuffle=shuffle)
+    w = TrainWorker(plan, data, 0, 1)
+    model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+    decls = w.build(model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer"))
+    ps = ps_cls(table_specs(conf, decls))
     w.set_ps(ps)
     return w, ps
 
@@ -81,7 +84,7 @@ def test_accumulation_equals_the_larger_batch(census_256, local_ps_class):
     """k micro-batches of b = one batch of k·b: same step sizes, same weights (float tolerance)."""
     big, ps_big = _worker(census_256, DEEPFM, {"batch_size": 64}, local_ps_class, 13)
     acc, ps_acc = _worker(
-        census_256, DEEPFM, {"batch_size": 16, "accum_steps": 4}, local_ps_class, 13
+        census_256, DEEPFM, {"batch_size": 16, "accum": 4}, local_ps_class, 13
     )
     s_big, s_acc = StandardDecay(0.05, alpha=0.5), StandardDecay(0.05, alpha=0.5)
     big.begin_epoch(0, s_big)
@@ -152,7 +155,7 @@ def test_clipping_bounds_the_pushed_gradient(tmp_path, local_ps_class):
     w, ps = _worker(
         path,
         {"ml.inputlayer.optimizer": "SGD"},
-        {"batch_size": 64, "num_features": 123, "clip_norm": 0.01},
+        {"batch_size": 64, "num_features": 123, "clip": 0.01},
         local_ps_class,
     )
     w.begin_epoch(0, StandardDecay(0.1, alpha=0.0))
@@ -164,7 +167,7 @@ def test_clipping_bounds_the_pushed_gradient(tmp_path, local_ps_class):
 
 def test_frozen_layers_are_untouched(census_256, local_ps_class):
     sets = {**DEEPFM, "ml.freeze.layers": "embedding,mlp"}
-    w, ps = _worker(census_256, sets, {"frozen": ["embedding", "mlp"]}, local_ps_class, 13)
+    w, ps = _worker(census_256, sets, {"frozen": ("embedding", "mlp")}, local_ps_class, 13)
     emb0 = ps.w["embedding"].copy()
     mlp0 = copy.deepcopy(w.model.mlp.state_dict())
     wide0 = ps.w["wide"].copy()

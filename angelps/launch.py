@@ -1,0 +1,149 @@
+"""Starting the shard actors of one job from its :class:`~angelps.options.PSOptions`.
+
+:func:`launch_shards` creates ``num_shards`` Ray actors named ``<job>-ps-<i>`` in the Ray
+namespace ``angelps`` (so a second job with the same name fails at once instead of sharing
+shards), hands each the same :class:`~angelps.options.ShardOptions`, and waits until all of
+them answer. It returns their handles and the :class:`~angelps.options.ClientOptions` that every
+client of the job shares. :meth:`angelps.client.PSClient.launch` is the user-facing entry.
+
+Invariants: either every shard started or none is left running; each launch with backups on
+gets a backup directory of its own (a fresh job never restores an older job's backup); the
+data-plane token is new at every launch.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+from ray.exceptions import GetTimeoutError, RayTaskError
+
+from angelps import wire
+from angelps.options import ClientOptions, PSOptions, ShardOptions
+from angelps.server import ShardServer
+from angelps.table import TableSpec, check_unique_names
+from angelps.transport import remote_error
+
+__all__ = ["NAMESPACE", "actor_name", "launch_shards", "shard_options"]
+
+NAMESPACE = "angelps"
+
+_ShardActor: ActorClass[ShardServer] = ray.remote(ShardServer)
+
+
+def actor_name(job: str, shard: int) -> str:
+    """Ray actor name of shard ``shard`` of job ``job``."""
+    return f"{job}-ps-{shard}"
+
+
+def _single_node() -> bool:
+    """True when the Ray cluster is this one machine (shards then listen on loopback)."""
+    try:
+        return sum(1 for n in ray.nodes() if n.get("Alive")) <= 1
+    except Exception:  # no node list (an old or a remote-client Ray): assume a cluster
+        return False
+
+
+def shard_options(ps: PSOptions, num_workers: int) -> ShardOptions:
+    """The options every shard of this launch gets (a new token, a new backup directory)."""
+    backup_dir = ""
+    if ps.backup_interval > 0:
+        base = ps.backup_path or os.path.join(tempfile.gettempdir(), "angelps-backup")
+        backup_dir = os.path.abspath(os.path.join(base, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
+    return ShardOptions(
+        num_workers=num_workers,
+        partitioner=ps.partitioner,
+        staleness=ps.staleness,
+        nan_policy=ps.nan_policy,
+        timeout_ms=ps.timeout_ms,
+        backup_interval=ps.backup_interval,
+        backup_dir=backup_dir,
+        # The data plane's password, handed to clients with their options.
+        token=secrets.token_hex(wire.TOKEN_BYTES // 2),
+        # Ray sets CUDA_VISIBLE_DEVICES for the actor: its device is always "cuda".
+        device="cuda" if ps.gpus > 0 else None,
+    )
+
+
+def _actor_options(ps: PSOptions) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "namespace": NAMESPACE,
+        "num_cpus": ps.cpus,
+        "max_concurrency": 1000,
+        # Ray restarts a dead shard only when it can restore a backup.
+        "max_restarts": ps.max_attempts - 1 if ps.backup_interval > 0 else 0,
+    }
+    if ps.memory_mib > 0:
+        opts["memory"] = ps.memory_mib * 2**20
+    if ps.gpus > 0:
+        opts["num_gpus"] = ps.gpus
+    return opts
+
+
+def launch_shards(
+    tables: Sequence[TableSpec], ps: PSOptions, num_workers: int
+) -> tuple[list[ActorHandle], ClientOptions]:
+    """Start the shard actors (Ray must be initialised) and wait until they answer."""
+    if not ray.is_initialized():
+        raise RuntimeError("PSClient.launch needs a running Ray: call ray.init() first")
+    check_unique_names(tables)
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    options = ClientOptions(
+        shard=shard_options(ps, num_workers),
+        transport=ps.transport,
+        # One node: listen on loopback only (nothing exposed beyond the machine); a
+        # cluster: on the shard's node address, for workers on other nodes.
+        data_host="127.0.0.1" if _single_node() else "",
+    )
+    actor_opts = _actor_options(ps)
+    handles: list[ActorHandle] = []
+    try:
+        for i in range(ps.num_shards):
+            handles.append(_start(i, list(tables), ps, options.shard, actor_opts))
+        _wait_started(handles, ps)
+    except BaseException:
+        for h in handles:
+            ray.kill(h)
+        raise
+    return handles, options
+
+
+def _start(
+    i: int,
+    tables: list[TableSpec],
+    ps: PSOptions,
+    options: ShardOptions,
+    actor_opts: dict[str, Any],
+) -> ActorHandle:
+    name = actor_name(ps.job, i)
+    try:
+        handle = _ShardActor.options(name=name, **actor_opts).remote(
+            i, ps.num_shards, tables, options
+        )
+    except ValueError as e:
+        raise ValueError(
+            f"cannot create shard actor {name!r} in namespace {NAMESPACE!r}: {e} "
+            f"(is a job with angel.job.name={ps.job!r} still running? shut it down "
+            f"or choose another angel.job.name)"
+        ) from None
+    return cast(ActorHandle, handle)
+
+
+def _wait_started(handles: list[ActorHandle], ps: PSOptions) -> None:
+    try:
+        ray.get([h.ping.remote() for h in handles], timeout=ps.timeout_s)
+    except GetTimeoutError:
+        raise RuntimeError(
+            f"the {ps.num_shards} shard actor(s) did not start within {ps.timeout_s:g} s: can "
+            f"the Ray cluster place them? Each asks for angel.ps.cpus={ps.cpus:g}, "
+            f"angel.ps.gpus={ps.gpus:g}, angel.ps.memory={ps.memory_mib} MiB"
+        ) from None
+    except RayTaskError as e:
+        raise remote_error(e) from None

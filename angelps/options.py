@@ -1,0 +1,382 @@
+"""Every configuration key of the parameter server, and the typed options built from them.
+
+A key module: it imports only the standard library and :mod:`angelps.config`, so the CLI's
+config-only verbs (``angelps conf``) list these keys without loading numpy, torch or Ray.
+
+Each default is written once, in its :class:`~angelps.config.Key` declaration below. The rest
+of the package never reads a configuration mapping: the entry point builds a :class:`PSOptions`
+once (:meth:`PSOptions.from_config`), :mod:`angelps.launch` derives the :class:`ShardOptions`
+each shard actor receives (a frozen dataclass: it pickles through Ray, and a misspelt field is
+an error, not a silent default) and the :class:`ClientOptions` its clients share. Optimizer
+hyper-parameters are read by :meth:`angelps.table.OptimizerSpec.from_conf` through
+:data:`OPTIMIZER_KEYS`.
+
+:func:`one_of` is the single check of a named choice (partitioner, NaN policy, transport).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from angelps.config import Key, non_negative
+
+__all__ = [
+    "KEYS",
+    "NAN_POLICIES",
+    "OPTIMIZERS",
+    "OPTIMIZER_KEYS",
+    "PARTITIONERS",
+    "TRANSPORTS",
+    "ClientOptions",
+    "PSOptions",
+    "ShardOptions",
+    "one_of",
+]
+
+PARTITIONERS = ("hash", "range")
+NAN_POLICIES = ("error", "skip")
+TRANSPORTS = ("socket", "ray")
+
+#: Canonical optimizer names (lower case) and the spelling used in Angel-style conf files.
+OPTIMIZERS: dict[str, str] = {
+    "sgd": "SGD",
+    "momentum": "Momentum",
+    "adam": "Adam",
+    "adagrad": "AdaGrad",
+    "rmsprop": "RMSProp",
+    "ftrl": "FTRL",
+}
+
+
+def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` lower-cased when it is one of ``choices``; else a ValueError naming the key."""
+    canon = str(value).lower()
+    if canon not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return canon
+
+
+def _positive_int(v: int) -> str | None:
+    return None if v >= 1 else "an integer >= 1"
+
+
+def _in_open_unit(value: float) -> str | None:
+    return None if 0.0 <= value < 1.0 else "a number in [0, 1)"
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "a number > 0"
+
+
+JOB_NAME = Key(
+    "angel.job.name",
+    "str",
+    "angelps",
+    "Job name; shard actors are named <angel.job.name>-ps-<i> in the Ray namespace angelps.",
+    check=lambda v: None if v and "/" not in v else "a non-empty name without '/'",
+)
+PS_NUMBER = Key(
+    "angel.ps.number", "int", 1, "Number of parameter-shard actors.", check=_positive_int
+)
+PARTITIONER = Key(
+    "angel.ps.partitioner",
+    "str",
+    "hash",
+    "How sparse keys map to shards: hash (mix64(key) mod shards) or range (contiguous key "
+    "ranges). Dense tables are always range-partitioned.",
+    choices=PARTITIONERS,
+)
+CPUS = Key(
+    "angel.ps.cpus",
+    "float",
+    0.0,
+    "CPUs Ray reserves for each shard actor (0: none reserved, the actor still runs).",
+    check=non_negative,
+)
+MEMORY = Key(
+    "angel.ps.memory",
+    "int",
+    0,
+    "Memory Ray reserves for each shard actor, in MiB (0: no reservation).",
+    check=non_negative,
+)
+GPUS = Key(
+    "angel.ps.gpus",
+    "float",
+    0.0,
+    "GPUs per shard actor (fractions share a device). 0 keeps the rows in host memory.",
+    check=non_negative,
+)
+BACKUP_INTERVAL = Key(
+    "angel.ps.backup.interval",
+    "int",
+    0,
+    "Updates applied by a shard between two backups of its partition, optimizer state and "
+    "clocks (for recovery). 0 turns backups off: a shard that dies then fails the job.",
+    check=non_negative,
+)
+BACKUP_PATH = Key(
+    "angel.ps.backup.path",
+    "str",
+    "",
+    "Directory for shard backups, reachable from every shard's node (empty: the system "
+    "temporary directory). Each launch uses its own subdirectory, removed at shutdown.",
+)
+MAX_ATTEMPTS = Key(
+    "angel.ps.max-attempts",
+    "int",
+    4,
+    "Times a shard actor may be started (Ray restarts it up to this minus one times); "
+    "used only when backups are on.",
+    check=_positive_int,
+)
+TRANSPORT = Key(
+    "angel.ps.transport",
+    "str",
+    "socket",
+    "How workers send their per-step pull/push calls to the shards: socket (a direct TCP "
+    "connection to each shard actor, ~0.1 ms a round trip; see docs/ps.md) or ray (Ray "
+    "actor calls, ~2 ms). Control calls (save, load, recovery) always use Ray.",
+    choices=TRANSPORTS,
+)
+NAN_POLICY = Key(
+    "angel.ps.nan.policy",
+    "str",
+    "error",
+    "A push with NaN or inf gradients: error (reject it, naming the table) or skip "
+    "(drop that table's update and count it).",
+    choices=NAN_POLICIES,
+)
+STALENESS = Key(
+    "angel.staleness",
+    "int",
+    0,
+    "Consistency: 0 = BSP (one update per step on the sum of all workers' gradients), "
+    "s > 0 = SSP (a pull at clock c sees every update older than c - s), < 0 = ASP.",
+)
+TIMEOUT_MS = Key(
+    "angel.matrixtransfer.request.timeout.ms",
+    "int",
+    120000,
+    "How long a shard lets a pull or push wait for other workers' clocks (BSP/SSP) before "
+    "failing with an error naming the clocks.",
+    check=lambda v: None if v > 0 else "an integer > 0",
+)
+
+_OPT_CHOICES = tuple(OPTIMIZERS.values())
+
+#: Keys naming a table kind's optimizer (``OptimizerSpec.from_conf(conf, name_key)``).
+OPTIMIZER_NAME_KEYS = [
+    Key(
+        "ml.inputlayer.optimizer",
+        "str",
+        "Momentum",
+        "Server-side optimizer of sparse input layers (linear weights): "
+        "SGD, Momentum, Adam, AdaGrad, RMSProp or FTRL.",
+        choices=_OPT_CHOICES,
+    ),
+    Key(
+        "ml.embedding.optimizer",
+        "str",
+        "Momentum",
+        "Server-side optimizer of embedding tables.",
+        choices=_OPT_CHOICES,
+    ),
+    Key(
+        "ml.fclayer.optimizer",
+        "str",
+        "Momentum",
+        "Optimizer of dense (fully connected) layers.",
+        choices=_OPT_CHOICES,
+    ),
+]
+
+#: ``OptimizerSpec`` field -> the key it is read from.
+OPTIMIZER_KEYS: dict[str, Key] = {
+    "momentum": Key(
+        "ml.opt.momentum.momentum",
+        "float",
+        0.9,
+        "Momentum factor m: v <- m*v + g; w <- w - lr*v.",
+        check=_in_open_unit,
+    ),
+    "beta1": Key(
+        "ml.opt.adam.beta",
+        "float",
+        0.9,
+        "Adam beta1 (decay of the first moment).",
+        check=_in_open_unit,
+    ),
+    "beta2": Key(
+        "ml.opt.adam.gamma",
+        "float",
+        0.99,
+        "Adam beta2 (decay of the second moment).",
+        check=_in_open_unit,
+    ),
+    "eps": Key(
+        "ml.opt.adam.epsilon",
+        "float",
+        1e-8,
+        "Adam/AdaGrad/RMSProp epsilon added to the denominator.",
+        check=_positive,
+    ),
+    "rho": Key(
+        "ml.opt.adagrad.beta",
+        "float",
+        0.9,
+        "Decay rho of the squared-gradient average of RMSProp (what Angel calls AdaGrad).",
+        check=_in_open_unit,
+    ),
+    "l1": Key(
+        "ml.reg.l1", "float", 0.0, "L1 regularisation (proximal soft threshold).", non_negative
+    ),
+    "l2": Key("ml.reg.l2", "float", 0.0, "L2 regularisation.", check=non_negative),
+    "ftrl_alpha": Key(
+        "ml.opt.ftrl.alpha", "float", 0.1, "FTRL-Proximal alpha (per-coordinate rate).", _positive
+    ),
+    "ftrl_beta": Key("ml.opt.ftrl.beta", "float", 1.0, "FTRL-Proximal beta.", check=non_negative),
+}
+
+KEYS = [
+    JOB_NAME,
+    PS_NUMBER,
+    PARTITIONER,
+    CPUS,
+    MEMORY,
+    GPUS,
+    BACKUP_INTERVAL,
+    BACKUP_PATH,
+    MAX_ATTEMPTS,
+    TRANSPORT,
+    NAN_POLICY,
+    STALENESS,
+    TIMEOUT_MS,
+    *OPTIMIZER_NAME_KEYS,
+    *OPTIMIZER_KEYS.values(),
+]
+
+
+@dataclass(frozen=True)
+class PSOptions:
+    """How to run the parameter server of one job (everything ``angel.ps.*`` and the
+    consistency keys say); built once at the entry point with :meth:`from_config`."""
+
+    job: str
+    num_shards: int
+    partitioner: str
+    cpus: float
+    memory_mib: int
+    gpus: float
+    backup_interval: int
+    backup_path: str
+    max_attempts: int
+    transport: str
+    nan_policy: str
+    staleness: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        if not self.job or "/" in self.job:
+            raise ValueError(f"angel.job.name={self.job!r} must be a non-empty name without '/'")
+        if self.num_shards < 1:
+            raise ValueError(f"angel.ps.number={self.num_shards} must be >= 1")
+        object.__setattr__(
+            self, "partitioner", one_of(PARTITIONER.name, self.partitioner, PARTITIONERS)
+        )
+        object.__setattr__(
+            self, "nan_policy", one_of(NAN_POLICY.name, self.nan_policy, NAN_POLICIES)
+        )
+        object.__setattr__(self, "transport", one_of(TRANSPORT.name, self.transport, TRANSPORTS))
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any]) -> PSOptions:
+        """From a :class:`~angelps.config.Config` or a plain mapping of typed values; keys
+        absent (or None) take their declared defaults."""
+        return cls(
+            job=str(JOB_NAME.read(conf)),
+            num_shards=int(PS_NUMBER.read(conf)),
+            partitioner=str(PARTITIONER.read(conf)),
+            cpus=float(CPUS.read(conf)),
+            memory_mib=int(MEMORY.read(conf)),
+            gpus=float(GPUS.read(conf)),
+            backup_interval=int(BACKUP_INTERVAL.read(conf)),
+            backup_path=str(BACKUP_PATH.read(conf)),
+            max_attempts=int(MAX_ATTEMPTS.read(conf)),
+            transport=str(TRANSPORT.read(conf)),
+            nan_policy=str(NAN_POLICY.read(conf)),
+            staleness=int(STALENESS.read(conf)),
+            timeout_ms=int(TIMEOUT_MS.read(conf)),
+        )
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """Exactly what one shard actor of a launched job needs besides its id and the tables.
+
+    ``backup_dir``: this launch's backup directory ("" with backups off); ``token``: the
+    data-plane password (angelps.wire; "" accepts no TCP clients); ``device``: None keeps the
+    rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors.
+    """
+
+    num_workers: int
+    partitioner: str
+    staleness: int
+    nan_policy: str
+    timeout_ms: int
+    backup_interval: int
+    backup_dir: str
+    token: str
+    device: str | None
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        object.__setattr__(
+            self, "partitioner", one_of(PARTITIONER.name, self.partitioner, PARTITIONERS)
+        )
+        object.__setattr__(
+            self, "nan_policy", one_of(NAN_POLICY.name, self.nan_policy, NAN_POLICIES)
+        )
+
+    @classmethod
+    def from_config(
+        cls, conf: Mapping[str, Any], num_workers: int = 1, token: str = ""
+    ) -> ShardOptions:
+        """Options of a shard outside a launch (a test, a local server): no backups, rows in
+        host memory."""
+        ps = PSOptions.from_config(conf)
+        return cls(
+            num_workers=num_workers,
+            partitioner=ps.partitioner,
+            staleness=ps.staleness,
+            nan_policy=ps.nan_policy,
+            timeout_ms=ps.timeout_ms,
+            backup_interval=0,
+            backup_dir="",
+            token=token,
+            device=None,
+        )
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """What every client of a launched job shares: the shards' options, and how to reach them
+    (``transport``; ``data_host``: the address shards listen on, "" for their node's)."""
+
+    shard: ShardOptions
+    transport: str
+    data_host: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transport", one_of(TRANSPORT.name, self.transport, TRANSPORTS))

@@ -1,0 +1,277 @@
+"""The shard actor: :class:`ShardServer`, the body of the Ray actor around a
+:class:`~angelps.shard.ParameterShard`.
+
+It adds what needs a process of its own: waiting for other workers' clocks (BSP/SSP), the TCP
+data plane (:mod:`angelps.wire`, one connection per client process) and backups with restart
+recovery. It receives typed :class:`~angelps.options.ShardOptions`, never configuration keys.
+
+Invariants: one operation at a time touches the rows (an asyncio actor: the numpy work runs on
+the event loop, only clock waits yield), so socket calls and Ray calls interleave exactly as
+Ray calls interleave with each other; after a restart no update is silently dropped (see
+:class:`ShardServer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+from angelps import wire
+from angelps.checkpoint import read_backup, write_backup
+from angelps.options import ShardOptions
+from angelps.shard import ParameterShard, ShardRestarted
+from angelps.table import TableSpec
+
+__all__ = ["ShardServer"]
+
+
+class ShardServer:
+    """Body of the Ray actor around a :class:`ParameterShard`.
+
+    An asyncio actor: the numpy work runs on the event loop (one operation at a time, so no
+    locks around the arrays), while calls that must wait for other workers' clocks park on a
+    condition variable without blocking the actor. ``step`` is the one call per shard per step:
+    apply a push (if any), then serve a pull (if any).
+
+    Backups (``angel.ps.backup.interval`` > 0): every ``interval`` applied updates the shard
+    writes its partition, optimizer state and clocks under its backup directory (Parquet, a new
+    version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
+    constructor restores the latest backup, and every worker whose calls are ahead of the
+    restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
+    logged since that backup (the client learns the backup clock from each reply and trims its
+    log). Updates are thus redone, never silently dropped.
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        num_shards: int,
+        tables: Sequence[TableSpec],
+        options: ShardOptions,
+    ) -> None:
+        self.shard = ParameterShard(
+            shard_id,
+            num_shards,
+            tables,
+            partitioner=options.partitioner,
+            num_workers=options.num_workers,
+            staleness=options.staleness,
+            nan_policy=options.nan_policy,
+            device=options.device,
+        )
+        self.timeout_s = options.timeout_s
+        self.backup_interval = options.backup_interval
+        root = options.backup_dir
+        self.backup_dir = os.path.join(root, f"shard-{shard_id}") if root else ""
+        self._since_backup = 0
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self.restarted = False
+        self._awaiting_replay: set[int] = set()
+        self._cond: asyncio.Condition | None = None
+        # The data plane (angelps.wire): a TCP server opened by serve(), guarded by the token.
+        self._token = options.token.encode()
+        self._server: asyncio.Server | None = None
+        if self.backup_dir and _was_restarted():
+            self._restore_backup()
+
+    # --- backups -------------------------------------------------------------------------------
+
+    def _restore_backup(self) -> None:
+        self.restarted = True
+        self._awaiting_replay = set(range(self.shard.clocks.num_workers))
+        info = read_backup(self.backup_dir)
+        if info is None:
+            return  # died before its first backup: clients replay from clock 0
+        root, meta = info
+        self.shard.load(root, meta)
+        self.shard.restore_state(meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+
+    def backup(self) -> list[int]:
+        """Write a backup now; returns the per-worker clocks it holds."""
+        if not self.backup_dir:
+            raise ValueError(
+                "shard backups are off: set angel.ps.backup.interval > 0 (and "
+                "angel.ps.backup.path) to enable them"
+            )
+        meta = self.shard.backup_meta()
+        write_backup(self.backup_dir, self.shard, meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+        self._since_backup = 0
+        return self.backup_clocks
+
+    def _after_push(self) -> None:
+        if self.backup_interval > 0:
+            self._since_backup += 1
+            if self._since_backup >= self.backup_interval:
+                self.backup()
+
+    # --- waiting -------------------------------------------------------------------------------
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def _wait(self, pred: Callable[[], bool], what: str) -> None:
+        if pred():
+            return
+        cond = self._condition()
+        async with cond:
+            try:
+                await asyncio.wait_for(cond.wait_for(pred), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"shard {self.shard.shard_id}: {what} waited {self.timeout_s:g} s for other "
+                    f"workers ({self.shard.clocks.describe()}); raise "
+                    f"angel.matrixtransfer.request.timeout.ms or check that every worker "
+                    f"pushes (or calls clock()) once per step"
+                ) from None
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    # --- remote methods ------------------------------------------------------------------------
+
+    async def step(
+        self,
+        worker: int,
+        clock: int,
+        pushes: Mapping[str, tuple[Any, Any]] | None,
+        lr: float,
+        pulls: Mapping[str, Any] | None,
+        recovering: bool = False,
+    ) -> tuple[dict[str, np.ndarray] | None, int]:
+        """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
+        (rows or None, the clock of this worker held by the latest backup).
+
+        After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
+        arrives that its client sent knowing of the restart (``recovering``: a replayed push
+        or a redone pull; Ray may deliver those out of order, so they wait for their clock
+        instead) or that is not ahead of the restored clock."""
+        shard = self.shard
+        shard.clocks.check_worker(worker)
+        if worker in self._awaiting_replay:
+            if not recovering and clock > shard.clocks.pushed[worker]:
+                raise ShardRestarted(shard.shard_id, worker, shard.clocks.pushed[worker])
+            self._awaiting_replay.discard(worker)
+        if pushes is not None:
+            await self._wait(
+                lambda: shard.clocks.pushed[worker] >= clock,
+                f"worker {worker}'s push for clock {clock}",
+            )
+            if shard.clocks.can_push(worker, clock):
+                before = shard.clocks.applied if shard.clocks.bsp else -1
+                shard.push(worker, clock, pushes, lr)
+                if shard.clocks.applied != before:
+                    self._after_push()
+                await self._notify()
+            # else: a duplicate of a push already applied (a retried call): ignore it.
+            clock += 1
+        backed_up = self.backup_clocks[worker]
+        if not pulls:
+            return None, backed_up
+        await self._wait(
+            lambda: shard.clocks.can_pull(worker, clock),
+            f"worker {worker}'s pull at clock {clock}",
+        )
+        return shard.pull(pulls), backed_up
+
+    async def clock_of(self, worker: int) -> int:
+        """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
+        return self.shard.clocks.pushed[worker]
+
+    async def run_backup(self) -> list[int]:
+        return self.backup()
+
+    async def stats(self) -> dict[str, Any]:
+        st = self.shard.stats()
+        st["restarted"] = self.restarted
+        st["backup_clocks"] = list(self.backup_clocks)
+        st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
+        return st
+
+    async def save(self, root: str) -> dict[str, Any]:
+        return self.shard.save(root)
+
+    async def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        restored = self.shard.load(root, manifest)
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self._awaiting_replay.clear()
+        if self.backup_dir:
+            self.backup()  # a restart must come back to the loaded model, not an older backup
+        await self._notify()
+        return restored
+
+    async def ping(self) -> int:
+        return self.shard.shard_id
+
+    # --- the data plane ----------------------------------------------------------------------
+
+    async def serve(self, host: str) -> tuple[str, int]:
+        """Listen for ``step`` calls over TCP on ``host`` (angelps.wire); returns the address.
+
+        Idempotent: every client of the job connects to the same server. The server runs on
+        the actor's event loop, so its calls interleave with actor calls exactly as actor
+        calls interleave with each other (one at a time, waiting only for clocks).
+        """
+        if not self._token:
+            raise ValueError("this shard has no data-plane token (launched without one)")
+        if self._server is None:
+            if not host:  # a cluster: this node's address, reachable from other nodes
+                host = ray.util.get_node_ip_address()
+            self._server = await asyncio.start_server(self._serve_connection, host, 0)
+        addr = self._server.sockets[0].getsockname()
+        return str(addr[0]), int(addr[1])
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client's connection: the token, then its calls in order, each answered."""
+        try:
+            token = await reader.readexactly(wire.TOKEN_BYTES)
+            if not self._token or token != self._token[: wire.TOKEN_BYTES]:
+                return
+            while True:
+                try:
+                    prefix = await reader.readexactly(wire.PREFIX.size)
+                except asyncio.IncompleteReadError:
+                    return  # the client went away
+                hlen, blen = wire.PREFIX.unpack(prefix)
+                if hlen > wire.MAX_HEADER:
+                    return  # not a frame of ours: drop the connection
+                header = await reader.readexactly(hlen)
+                body = await reader.readexactly(blen) if blen else b""
+                try:
+                    rows, backed_up = await self.step(**wire.decode_request(header, body))
+                    frame = wire.encode_reply(rows, backed_up)
+                except ShardRestarted as e:
+                    frame = wire.encode_error(
+                        "ShardRestarted", str(e), [e.shard, e.worker, e.clock]
+                    )
+                except (ValueError, TimeoutError, KeyError) as e:
+                    frame = wire.encode_error(type(e).__name__, str(e), [])
+                except Exception as e:  # reported to the caller, not lost in the actor's log
+                    frame = wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+                # No drain(): the client may be sending its next call while this reply waits
+                # to be read; blocking on the reply here would stop reading and deadlock both.
+                writer.writelines(frame)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+
+def _was_restarted() -> bool:
+    """True inside a Ray actor that Ray has restarted after a failure."""
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # outside Ray (plain use): never a restart
+        return False

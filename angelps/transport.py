@@ -1,0 +1,284 @@
+"""How a client process reaches the shards: the client side of the data plane.
+
+Every per-step ``step`` call goes either over this process's TCP connection to the shard
+(:class:`Channel`, frames of :mod:`angelps.wire`; ``angel.ps.transport=socket``) or as a Ray
+actor call (``ray``, or when no connection can be opened). :class:`Transport` picks the path
+per call: calls moving more than :data:`SOCKET_MAX_BYTES` take Ray, whose object store moves
+large arrays without copies (docs/benchmarks-ps.md has the crossover). Control calls (save,
+load, stats, recovery) always use Ray and do not pass through here.
+
+Invariants: a caller's calls to one shard are served in the order sent, whatever their path
+(before changing path, the calls in flight on the other path are waited for); a reply is read
+once and kept by its :class:`SockRef`, so recovery may ask for it again; connections belong to
+the process that opened them (never pickled).
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from angelps import wire
+from angelps.options import ClientOptions
+from angelps.shard import ShardRestarted
+from angelps.table import TableSpec
+
+__all__ = [
+    "SOCKET_MAX_BYTES",
+    "Channel",
+    "ChannelDown",
+    "Pulls",
+    "Pushes",
+    "Ref",
+    "Reply",
+    "SockRef",
+    "Transport",
+    "call_bytes",
+    "get_refs",
+    "remote_error",
+]
+
+#: One table's push to one shard: (keys, gradients); a pull: keys (None: a dense block).
+Pushes: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]
+Pulls: TypeAlias = dict[str, np.ndarray | None]
+#: What a shard's ``step`` returns: (rows or None, this worker's clock held by its backup).
+Reply: TypeAlias = tuple[dict[str, np.ndarray] | None, int]
+
+# Calls moving more than this go through Ray even on the socket data plane.
+SOCKET_MAX_BYTES = 1 << 22
+
+
+class ChannelDown(Exception):
+    """The TCP connection to a shard broke (the shard died): recovered like RayActorError."""
+
+
+class Channel:
+    """A client's TCP connection to one shard (angelps.wire): calls are sent at once and their
+    replies read in order, so several calls can be in flight, as with Ray's actor calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sent = 0
+        self.received = 0
+        self.replies: dict[int, tuple[bool, Any]] = {}
+        self.dead = False
+
+    def send(self, frame: Sequence[bytes | memoryview]) -> SockRef:
+        if self.dead:
+            raise ChannelDown("connection already broken")
+        try:
+            self.sock.sendall(b"".join(frame))
+        except OSError as e:
+            self.dead = True
+            raise ChannelDown(str(e)) from None
+        ref = SockRef(self, self.sent)
+        self.sent += 1
+        return ref
+
+    def result(self, seq: int) -> Reply:
+        self._read_until(seq)
+        ok, value = self.replies.pop(seq)
+        if ok:
+            return value  # type: ignore[no-any-return]
+        kind, msg, args = value
+        if kind == "ShardRestarted":
+            raise ShardRestarted(*args)
+        exc = {"ValueError": ValueError, "TimeoutError": TimeoutError, "KeyError": KeyError}
+        raise exc.get(kind, RuntimeError)(msg)
+
+    def drain(self) -> None:
+        """Read the replies of every call sent so far (kept for their refs): after this, the
+        shard has served them all."""
+        if self.sent:
+            try:
+                self._read_until(self.sent - 1)
+            except ChannelDown:
+                pass  # their refs raise it; recovery takes over there
+
+    def _read_until(self, seq: int) -> None:
+        while self.received <= seq:
+            if self.dead:
+                raise ChannelDown("connection broken")
+            try:
+                hlen, blen = wire.PREFIX.unpack(wire.recv_exact(self.sock, wire.PREFIX.size))
+                header = wire.recv_exact(self.sock, hlen)
+                body = wire.recv_exact(self.sock, blen) if blen else bytearray()
+            except OSError as e:
+                self.dead = True
+                raise ChannelDown(str(e)) from None
+            self.replies[self.received] = wire.decode_reply(bytes(header), body)
+            self.received += 1
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class SockRef:
+    """The reply of one call sent on a :class:`Channel` (what an ObjectRef is for Ray)."""
+
+    __slots__ = ("channel", "error", "seq", "settled", "value")
+
+    def __init__(self, channel: Channel, seq: int) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.settled = False
+        self.value: Reply | None = None
+        self.error: BaseException | None = None
+
+    def get(self) -> Reply:
+        # Kept: recovery asks again for calls whose replies were already read.
+        if not self.settled:
+            try:
+                self.value = self.channel.result(self.seq)
+            except Exception as e:
+                self.error = e
+            self.settled = True
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+#: A call in flight: a Ray ObjectRef of a ``step`` reply, or a socket reply.
+Ref: TypeAlias = "ray.ObjectRef[Reply] | SockRef"
+
+
+def get_refs(refs: Sequence[Ref]) -> list[Reply]:
+    """Values of Ray ObjectRefs and socket replies (one ``ray.get`` for all the Ray ones)."""
+    ray_refs = [r for r in refs if not isinstance(r, SockRef)]
+    got = iter(ray.get(ray_refs)) if ray_refs else iter(())
+    return [r.get() if isinstance(r, SockRef) else next(got) for r in refs]
+
+
+class Transport:
+    """This process's way to each shard of one job: a :class:`Channel` opened on first use,
+    or Ray actor calls. Pickles as a fresh one (connections belong to a process)."""
+
+    def __init__(self, handles: Sequence[ActorHandle], options: ClientOptions) -> None:
+        self.handles = list(handles)
+        self.options = options
+        # None: not opened yet; False: this shard is reached through Ray actor calls.
+        self.chans: list[Channel | bool | None] = [None] * len(self.handles)
+        # Ray calls to each shard not known to be served yet (large calls take Ray).
+        self.ray_refs: list[list[ray.ObjectRef[Reply]]] = [[] for _ in self.handles]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["chans"] = [None] * len(self.handles)
+        state["ray_refs"] = [[] for _ in self.handles]
+        return state
+
+    def call(
+        self,
+        shard: int,
+        args: tuple[int, int, Pushes | None, float, Pulls | None],
+        nbytes: int,
+    ) -> Ref:
+        """Send one ``step`` call of ``nbytes`` (request and reply): over the connection when
+        it is small enough, else via Ray (waiting first for the calls in flight on the other
+        path, so that the shard serves them in order)."""
+        chan = self._channel(shard) if nbytes <= SOCKET_MAX_BYTES else None
+        if chan is not None:
+            if self.ray_refs[shard]:
+                ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
+                self.ray_refs[shard] = []
+            try:
+                return chan.send(wire.encode_request(*args))
+            except ChannelDown:
+                pass  # the shard died: the Ray call below fails too and recovery takes over
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            ch.drain()
+        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(*args)
+        if ch is not False and self.options.transport == "socket":
+            pending = self.ray_refs[shard]
+            pending.append(ref)
+            if len(pending) > 8:  # forget the served ones (and do not keep their replies alive)
+                _, self.ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
+        return ref
+
+    def reconnect(self, shard: int) -> None:
+        """Drop the connection to ``shard`` (it restarted): the next call opens a new one."""
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            ch.close()
+            self.chans[shard] = None
+
+    def close(self) -> None:
+        for ch in self.chans:
+            if isinstance(ch, Channel):
+                ch.close()
+        self.chans = [None] * len(self.handles)
+
+    def _channel(self, shard: int) -> Channel | None:
+        """This process's connection to ``shard`` (opened on first use), or None for Ray calls."""
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            if not ch.dead:
+                return ch
+            ch = None  # broken (the shard restarted): connect to the new one
+        if ch is False or self.options.transport != "socket":
+            return None
+        try:
+            sock = self._connect(shard)
+        except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
+            # Unreachable from here (a firewall, a loopback-only shard on another node): the
+            # shard still answers Ray actor calls, only slower.
+            warnings.warn(
+                f"angelps: no direct connection to parameter shard {shard} ({e}); using Ray "
+                f"actor calls for it (angel.ps.transport=socket)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self.chans[shard] = False
+            return None
+        chan = Channel(sock)
+        self.chans[shard] = chan
+        return chan
+
+    def _connect(self, shard: int) -> socket.socket:
+        served: ray.ObjectRef[tuple[str, int]] = self.handles[shard].serve.remote(
+            self.options.data_host
+        )
+        host, port = ray.get(served, timeout=self.options.shard.timeout_s)
+        sock = socket.create_connection((host, port), timeout=10.0)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(self.options.shard.token.encode())
+        return sock
+
+
+def call_bytes(
+    specs: Mapping[str, TableSpec], num_shards: int, pushes: Pushes | None, pulls: Pulls | None
+) -> int:
+    """Bytes a ``step`` call moves (request and reply), roughly (``specs``: TableSpec by name)."""
+    n = 0
+    for keys, grads in (pushes or {}).values():
+        n += int(keys.nbytes) + int(grads.nbytes)
+    for name, wanted in (pulls or {}).items():
+        spec = specs[name]
+        item = np.dtype(spec.dtype).itemsize
+        if wanted is None:  # this shard's block of a dense table
+            n += (spec.rows // num_shards + 1) * spec.cols * item
+        else:
+            n += len(wanted) * (8 + spec.cols * item)
+    return n
+
+
+def remote_error(e: RayTaskError) -> BaseException:
+    """The user-facing error of a failed remote call: the remote ValueError/TimeoutError itself."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, (ValueError, TimeoutError, KeyError)):
+        return cause
+    return e

@@ -1,0 +1,87 @@
+"""Labels: Angel's label transforms, and the checks that a model's labels are what it needs.
+
+The transform runs while reading (``ml.data.label.trans.class``); the checks run where a model
+takes the labels, with messages that say which key maps the labels found to the ones needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learners.data.options import LABEL_TRANSFORMS
+
+__all__ = ["binary_labels01", "label_transform", "multiclass_labels"]
+
+
+def label_transform(
+    labels: np.ndarray, name: str = "NoTrans", threshold: float = 0.0
+) -> np.ndarray:
+    """Angel's ``TransLabel`` (Angel-ML/angel: .../core/utils/TransLabel.scala), vectorized.
+
+    NoTrans: y. PosNegTrans: 1 if y > threshold else -1. ZeroOneTrans: 1 if y > threshold else 0.
+    AddOneTrans: y + 1. SubOneTrans: y - 1. Names are case-insensitive.
+    """
+    key = name.lower()
+    y = np.asarray(labels)
+    if key == "notrans":
+        return y
+    if key == "posnegtrans":
+        return np.where(y > threshold, 1.0, -1.0).astype(y.dtype)
+    if key == "zeroonetrans":
+        return np.where(y > threshold, 1.0, 0.0).astype(y.dtype)
+    if key == "addonetrans":
+        return y + 1
+    if key == "subonetrans":
+        return y - 1
+    raise ValueError(
+        f"ml.data.label.trans.class={name} is not valid: expected one of {', '.join(LABEL_TRANSFORMS)}"
+    )
+
+
+def _show_values(values: np.ndarray, limit: int = 6) -> str:
+    shown = ", ".join(f"{v:g}" for v in values[:limit])
+    return shown + (f", ... ({values.size} distinct)" if values.size > limit else "")
+
+
+def binary_labels01(labels: np.ndarray) -> np.ndarray:
+    """Binary labels as float32 0/1, accepting a -1/+1 file or a 0/1 file.
+
+    Raises ValueError when the labels are anything else (NaN, 2, a mix of -1 and 0, ...).
+    """
+    y = np.asarray(labels, dtype=np.float32)
+    distinct = np.unique(y)  # NaNs sort last and stay distinct
+    is_pm1 = bool(np.isin(distinct, (-1.0, 1.0)).all())
+    is_01 = bool(np.isin(distinct, (0.0, 1.0)).all())
+    if not (is_pm1 or is_01):
+        raise ValueError(
+            f"binary labels must be -1/+1 or 0/1; found {_show_values(distinct)} "
+            "(map other labels with ml.data.label.trans.class=ZeroOneTrans or PosNegTrans and "
+            "ml.data.label.trans.threshold, or set ml.data.has.label=true if the file has labels)"
+        )
+    return (y > 0).astype(np.float32)
+
+
+def multiclass_labels(labels: np.ndarray, num_class: int) -> np.ndarray:
+    """Class labels as int64 in ``0 .. num_class-1``; ValueError for anything else."""
+    y = np.asarray(labels, dtype=np.float64)
+    distinct = np.unique(y)
+    ok = (
+        np.isfinite(distinct)
+        & (distinct == np.round(distinct))
+        & (distinct >= 0)
+        & (distinct < num_class)
+    )
+    if not ok.all():
+        hint = ""
+        if (
+            distinct.size
+            and np.isfinite(distinct).all()
+            and distinct.min() >= 1
+            and distinct.max() <= num_class
+        ):
+            hint = " (1-based class labels: set ml.data.label.trans.class=SubOneTrans)"
+        raise ValueError(
+            f"class labels must be integers in 0..{num_class - 1} (ml.num.class={num_class}); "
+            f"found {_show_values(distinct[~ok])}{hint}"
+        )
+    return y.astype(np.int64)

@@ -1,0 +1,198 @@
+"""The dense layers on the workers: their optimizer, the all-reduce of their gradients, and
+their checkpoint.
+
+Dense (fully connected) layers live on every worker, not on the PS (unless
+``angel.dense.placement=ps``). Each worker keeps a full copy; the copies stay equal because
+every worker starts from the same seed and steps the same optimizer with the same all-reduced
+gradient and the same learning rate, and all of them skip the same (non-finite) updates.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from angelps.config import ConfigError
+
+__all__ = ["dense_optimizer", "finish_grads", "load_dense", "save_dense"]
+
+
+def dense_optimizer(
+    params: list[nn.Parameter], spec: Mapping[str, Any]
+) -> torch.optim.Optimizer | None:
+    """The worker-side torch optimizer of dense layers: the same formulas as the PS optimizer.
+
+    ``spec`` is an ``OptimizerSpec.to_dict()`` (``ml.fclayer.optimizer`` and ``ml.opt.*``);
+    angelps.optim documents each server-side optimizer as its torch.optim equivalent, which
+    is used here. The learning rate is set before every update from the scheduler.
+    """
+    if not params:
+        return None
+    name = str(spec.get("name", "sgd")).lower()
+    l2 = float(spec.get("l2", 0.0))
+    eps = float(spec.get("eps", 1e-8))
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.0, weight_decay=l2)
+    if name == "momentum":
+        m = float(spec.get("momentum", 0.9))
+        return torch.optim.SGD(params, lr=0.0, momentum=m, weight_decay=l2)
+    if name == "adam":
+        betas = (float(spec.get("beta1", 0.9)), float(spec.get("beta2", 0.99)))
+        return torch.optim.Adam(params, lr=0.0, betas=betas, eps=eps, weight_decay=l2)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=0.0, eps=eps, weight_decay=l2)
+    if name == "rmsprop":
+        rho = float(spec.get("rho", 0.9))
+        return torch.optim.RMSprop(params, lr=0.0, alpha=rho, eps=eps, weight_decay=l2)
+    raise ConfigError(
+        f"ml.fclayer.optimizer={spec.get('name')} cannot run on the workers (valid for "
+        "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
+    )
+
+
+def finish_grads(
+    model: nn.Module,
+    grads: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    loss_scale: float,
+    num_workers: int,
+    clip: float,
+) -> tuple[bool, float]:
+    """All-reduce dense gradients, agree on finiteness, and compute the clip coefficient.
+
+    ``grads`` are this worker's row gradients of the update (id, gradient) by table; the dense
+    gradients are those held by ``model``'s trainable parameters, scaled by ``loss_scale``
+    (divided out here). Returns (every gradient finite on every worker, clip coefficient); the
+    dense gradients are left averaged over the workers and multiplied by the coefficient.
+
+    With W > 1 workers this is one collective per update: the dense gradients and a count
+    of workers whose sparse gradients are not finite travel in the same all-reduce (a NaN
+    in a dense gradient reaches every worker through the sum). Clipping adds a second one.
+    """
+    dense = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    if loss_scale != 1.0:
+        for g in dense:
+            g.div_(loss_scale)
+    w = num_workers
+    sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
+        w * w
+    )
+    bad = 0.0 if math.isfinite(sparse_sq) else 1.0
+    if w > 1:
+        like = dense[0] if dense else torch.zeros(1)
+        flag = torch.tensor([bad], dtype=like.dtype, device=like.device)
+        flat = _all_reduce(torch.cat([*(g.reshape(-1) for g in dense), flag]))
+        bad = float(flat[-1])
+        flat /= w
+        off = 0
+        for g in dense:
+            n = g.numel()
+            g.copy_(flat[off : off + n].view_as(g))
+            off += n
+    # One fused pass over the dense gradients (as clip_grad_norm_), not a per-tensor float64
+    # square-and-sum (docs/benchmarks-train.md). NaN or inf in any gradient makes its norm
+    # non-finite. After the all-reduce every worker holds the same dense gradients, so every
+    # worker reaches the same verdict.
+    dense_sq = (
+        float(torch.stack(torch._foreach_norm(dense)).double().pow(2).sum()) if dense else 0.0
+    )
+    finite = bad == 0 and math.isfinite(dense_sq)
+    coef = 1.0
+    if finite and clip > 0:
+        # Sparse: this worker's share of the pushed gradient; under W > 1 the norm of the
+        # summed sparse gradient is not known on any one worker, so the largest share
+        # stands in for it (every worker then applies the same, smallest coefficient).
+        if w > 1:
+            t = torch.tensor([sparse_sq], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            sparse_sq = float(t[0])
+        norm = math.sqrt(sparse_sq * w + dense_sq)
+        coef = min(1.0, clip / (norm + 1e-6))
+    if finite and coef < 1.0:
+        for g in dense:
+            g.mul_(coef)
+    return finite, coef
+
+
+def _all_reduce(t: Tensor) -> Tensor:
+    """Sum over workers (gloo works on host tensors; a CUDA tensor makes the round trip)."""
+    if t.is_cuda:
+        host = t.cpu()
+        dist.all_reduce(host)
+        return host.to(t.device)
+    dist.all_reduce(t)
+    return t
+
+
+def save_dense(
+    model: nn.Module, opt: torch.optim.Optimizer | None, loss_scale: float, good_steps: int
+) -> bytes:
+    """Dense layers, dense optimizer state, loss scale and RNG state as one ``.npz`` (no
+    pickle): ``model/<name>``, ``opt/<param>/<state>`` arrays and a JSON ``meta``."""
+    arrays: dict[str, np.ndarray] = {}
+    for k, v in model.state_dict().items():
+        arrays[f"model/{k}"] = v.detach().cpu().numpy()
+    meta: dict[str, Any] = {"param_groups": [], "state_keys": {}}
+    if opt is not None:
+        sd = opt.state_dict()
+        meta["param_groups"] = sd["param_groups"]
+        for idx, st in sd["state"].items():
+            keys = []
+            for name, val in st.items():
+                if isinstance(val, Tensor):
+                    arrays[f"opt/{idx}/{name}"] = val.detach().cpu().numpy()
+                    keys.append([name, "tensor"])
+                else:
+                    meta.setdefault("scalars", {})[f"{idx}/{name}"] = val
+                    keys.append([name, "scalar"])
+            meta["state_keys"][str(idx)] = keys
+    meta["loss_scale"] = loss_scale
+    meta["good_steps"] = good_steps
+    arrays["rng/torch"] = torch.get_rng_state().numpy()
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def load_dense(
+    blob: bytes, model: nn.Module, opt: torch.optim.Optimizer | None, loss_scale: float
+) -> tuple[float, int]:
+    """Restore what :func:`save_dense` wrote into ``model`` and ``opt`` (and the torch RNG);
+    returns the saved (loss scale, good steps), ``loss_scale`` when the blob has none."""
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(bytes(arrays.pop("meta")).decode())
+    model_sd = {
+        k[len("model/") :]: torch.from_numpy(v.copy())
+        for k, v in arrays.items()
+        if k.startswith("model/")
+    }
+    model.load_state_dict(model_sd)
+    if opt is not None and meta["param_groups"]:
+        state: dict[int, dict[str, Any]] = {}
+        for idx, keys in meta["state_keys"].items():
+            st: dict[str, Any] = {}
+            for name, kind in keys:
+                if kind == "tensor":
+                    st[name] = torch.from_numpy(arrays[f"opt/{idx}/{name}"].copy())
+                else:
+                    st[name] = meta["scalars"][f"{idx}/{name}"]
+            state[int(idx)] = st
+        # Hyper-parameters come from the configuration; the checkpoint gives the lr.
+        groups = [
+            {**cur, "lr": saved["lr"]}
+            for cur, saved in zip(
+                opt.state_dict()["param_groups"], meta["param_groups"], strict=True
+            )
+        ]
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    torch.set_rng_state(torch.from_numpy(arrays["rng/torch"].copy()))
+    return float(meta.get("loss_scale", loss_scale)), int(meta.get("good_steps", 0))

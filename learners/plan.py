@@ -1,0 +1,350 @@
+"""The training loop's configuration keys and :class:`TrainPlan`, the settings built from them.
+
+A key module: it imports only the standard library and ``angelps.config``, so the command line's
+config-only verbs (``angelps conf``, ``angelps schedule``) list and check these keys without
+loading torch or Ray.
+
+:class:`TrainPlan` is built once from the job configuration (:meth:`TrainPlan.from_config`) at
+the learner's entry point; the driver's loop and every worker read it, and it crosses Ray as a
+frozen dataclass (never a dict of string keys). Every default lives in its ``Key`` below, none in
+the dataclass. :class:`JobSize` holds what is known only once the workers have read their data
+(feature range, batch size, updates per epoch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from angelps.config import Config, Key, at_least, non_negative, positive
+
+__all__ = ["KEYS", "JobSize", "TrainPlan"]
+
+EPOCHS = Key("ml.epoch.num", "int", 30, "Training epochs (Angel's default 30).", check=at_least(1))
+MINIBATCH_SIZE = Key(
+    "ml.minibatch.size",
+    "int",
+    128,
+    "Rows per mini-batch on each worker (the global batch is this × workers × "
+    "ml.grad.accum.steps); also the chunk size of prediction.",
+    check=positive,
+)
+UPDATES_PER_EPOCH = Key(
+    "ml.num.update.per.epoch",
+    "int",
+    10,
+    "Angel's way to size batches: when set explicitly, each worker's batch is "
+    "ceil(local rows / (this × ml.grad.accum.steps)) and ml.minibatch.size only sizes prediction.",
+    check=positive,
+)
+WORKERS = Key("angel.workergroup.number", "int", 1, "Number of training workers.", check=positive)
+STREAM = Key(
+    "ml.data.stream",
+    "bool",
+    False,
+    "Read the training rows from disk during every epoch, one ml.data.chunk.rows chunk at "
+    "a time (inputs larger than memory; shuffling within a chunk); false: hold them in memory.",
+)
+WORKER_CPUS = Key(
+    "angel.worker.cpus",
+    "float",
+    1.0,
+    "CPUs Ray reserves for each worker actor.",
+    check=positive,
+)
+TORCH_THREADS = Key(
+    "angel.worker.torch.threads",
+    "int",
+    1,
+    "torch intra-op threads per worker: one is fastest for small models (LR, FM); give "
+    "MLP models (DeepFM, DNN) as many as angel.worker.cpus (docs/benchmarks-train.md).",
+    check=positive,
+)
+DEVICE = Key(
+    "angel.worker.device",
+    "str",
+    "cpu",
+    "Where workers compute: cpu, or cuda (one GPU per worker; needs ml.amp for mixed precision).",
+    choices=("cpu", "cuda"),
+)
+WORKER_GPUS = Key(
+    "angel.worker.gpus",
+    "float",
+    0.0,
+    "GPUs Ray reserves for each worker actor (fractions share a device with other workers "
+    "or shards); > 0 makes the workers compute on CUDA, as angel.worker.device=cuda does.",
+    check=non_negative,
+)
+FUSED = Key(
+    "angel.worker.fused.push.pull",
+    "bool",
+    True,
+    "Send each update's push together with the next batch's pull (one call per shard per "
+    "step); false: a push, then a pull.",
+)
+DENSE_PLACEMENT = Key(
+    "angel.dense.placement",
+    "str",
+    "worker",
+    "Where dense (MLP) layers live: worker (replicated, gradients all-reduced over gloo) or "
+    "ps (one PS table per parameter, pulled and pushed every step, as Angel).",
+    choices=("worker", "ps"),
+)
+LOG_PATH = Key(
+    "angel.log.path",
+    "str",
+    "",
+    "Directory of metrics.jsonl (per-step and per-epoch metrics); empty: runs/<job name>.",
+)
+TENSORBOARD = Key(
+    "angel.log.tensorboard",
+    "bool",
+    False,
+    "Also write TensorBoard event files (step and epoch scalars) next to metrics.jsonl; "
+    "needs the tensorboard package (pip install 'angelps[tensorboard]').",
+)
+LOG_EVERY = Key(
+    "angel.log.every.steps",
+    "int",
+    50,
+    "Updates per progress/metrics record (one JSON step line aggregates this many updates).",
+    check=positive,
+)
+SAVE_PATH = Key(
+    "angel.save.model.path",
+    "str",
+    None,
+    "Checkpoint directory, written after every epoch (PS tables with optimizer state, "
+    "worker-side layers, scheduler state, epoch, RNG); --resume continues from it.",
+)
+LOAD_PATH = Key(
+    "angel.load.model.path",
+    "str",
+    None,
+    "A saved model to start training from (weights and optimizer state; the epoch count "
+    "and schedule start afresh, as Angel's inctrain).",
+)
+SEED = Key("ml.seed", "int", 0, "Seed of shuffling, table initialisation and worker-side layers.")
+ACCUM_STEPS = Key(
+    "ml.grad.accum.steps",
+    "int",
+    1,
+    "Micro-batches per optimizer update; the loss is divided by this and the schedule "
+    "advances once per update.",
+    check=positive,
+)
+CLIP_NORM = Key(
+    "ml.grad.clip.norm",
+    "float",
+    0.0,
+    "Clip the gradient's global L2 norm to this before the update (0: no clipping).",
+    check=non_negative,
+)
+AMP = Key(
+    "ml.amp",
+    "bool",
+    False,
+    "Mixed precision (autocast + gradient scaling) on CUDA workers; ignored with a warning on CPU.",
+)
+EARLY_STOP_PATIENCE = Key(
+    "ml.early.stop.patience",
+    "int",
+    0,
+    "Stop after this many epochs without improvement of ml.early.stop.metric (0: never).",
+    check=non_negative,
+)
+EARLY_STOP_METRIC = Key(
+    "ml.early.stop.metric",
+    "str",
+    "auto",
+    "Validation metric watched by early stopping and ReduceLROnPlateau: auto (valid_auc "
+    "for binary, valid_accuracy for multi-class, valid_rmse for regression) or a metric name "
+    "such as valid_logloss.",
+)
+FREEZE_LAYERS = Key(
+    "ml.freeze.layers",
+    "str_list",
+    None,
+    "Layers left untouched: PS table names (weight, bias, wide, wide_bias, embedding, "
+    "input, input_bias, ...) or worker-side module names (mlp).",
+)
+
+KEYS = [
+    EPOCHS,
+    MINIBATCH_SIZE,
+    UPDATES_PER_EPOCH,
+    WORKERS,
+    STREAM,
+    WORKER_CPUS,
+    TORCH_THREADS,
+    DEVICE,
+    WORKER_GPUS,
+    FUSED,
+    DENSE_PLACEMENT,
+    LOG_PATH,
+    TENSORBOARD,
+    LOG_EVERY,
+    SAVE_PATH,
+    LOAD_PATH,
+    SEED,
+    ACCUM_STEPS,
+    CLIP_NORM,
+    AMP,
+    EARLY_STOP_PATIENCE,
+    EARLY_STOP_METRIC,
+    FREEZE_LAYERS,
+]
+
+# Keys other key modules declare that the loop reads (a full Config holds every declared key).
+_DECAY_ON_BATCH = "ml.opt.decay.on.batch"
+_JOB_NAME = "angel.job.name"
+
+
+def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
+    """True when the job gave ``key`` a value (a plain mapping: when it holds one)."""
+    if isinstance(conf, Config):
+        return conf.is_set(key.name)
+    return conf.get(key.name) is not None
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the training loop and every worker need from the job configuration."""
+
+    epochs: int
+    #: rows per mini-batch (also the chunk of prediction)
+    minibatch_size: int
+    #: ml.num.update.per.epoch when the job sets it (Angel's sizing), else None
+    updates_per_epoch: int | None
+    workers: int
+    stream: bool
+    worker_cpus: float
+    #: GPUs per worker actor: angel.worker.gpus, or 1 when only angel.worker.device=cuda says so
+    worker_gpus: float
+    torch_threads: int
+    #: "cuda" when the workers have GPUs, else "cpu"
+    device: str
+    fused: bool
+    dense_placement: str
+    log_dir: str
+    tensorboard: bool
+    log_every: int
+    save_path: str | None
+    load_path: str | None
+    seed: int
+    accum: int
+    clip: float
+    amp: bool
+    decay_on_batch: bool
+    early_stop_patience: int
+    early_stop_metric: str
+    #: lower-cased names of frozen PS tables and worker-side modules
+    frozen: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:
+        """The plan of a job (a :class:`~angelps.config.Config`, every declared key present)."""
+        gpus = float(WORKER_GPUS.read(conf))
+        if gpus == 0 and DEVICE.read(conf) == "cuda":
+            gpus = 1.0
+        log_path = str(LOG_PATH.read(conf))
+        return cls(
+            epochs=int(EPOCHS.read(conf)),
+            minibatch_size=int(MINIBATCH_SIZE.read(conf)),
+            updates_per_epoch=(
+                int(UPDATES_PER_EPOCH.read(conf)) if _is_set(conf, UPDATES_PER_EPOCH) else None
+            ),
+            workers=int(WORKERS.read(conf)),
+            stream=bool(STREAM.read(conf)),
+            worker_cpus=float(WORKER_CPUS.read(conf)),
+            worker_gpus=gpus,
+            torch_threads=int(TORCH_THREADS.read(conf)),
+            device="cuda" if gpus > 0 else "cpu",
+            fused=bool(FUSED.read(conf)),
+            dense_placement=str(DENSE_PLACEMENT.read(conf)),
+            log_dir=log_path or str(Path("runs") / str(conf[_JOB_NAME])),
+            tensorboard=bool(TENSORBOARD.read(conf)),
+            log_every=int(LOG_EVERY.read(conf)),
+            save_path=SAVE_PATH.read(conf) or None,
+            load_path=LOAD_PATH.read(conf) or None,
+            seed=int(SEED.read(conf)),
+            accum=int(ACCUM_STEPS.read(conf)),
+            clip=float(CLIP_NORM.read(conf)),
+            amp=bool(AMP.read(conf)),
+            decay_on_batch=bool(conf[_DECAY_ON_BATCH]),
+            early_stop_patience=int(EARLY_STOP_PATIENCE.read(conf)),
+            early_stop_metric=str(EARLY_STOP_METRIC.read(conf)),
+            frozen=tuple(s.lower() for s in (FREEZE_LAYERS.read(conf) or [])),
+        )
+
+    def for_inference(self, dense_placement: str) -> TrainPlan:
+        """The plan of a saved model's one CPU worker: no training, no AMP."""
+        return replace(
+            self,
+            workers=1,
+            worker_gpus=0.0,
+            device="cpu",
+            accum=1,
+            clip=0.0,
+            amp=False,
+            decay_on_batch=False,
+            frozen=(),
+            fused=False,
+            dense_placement=dense_placement,
+        )
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """The job's shape, known once the workers have read their data parts."""
+
+    num_features: int
+    #: ids per sample of the field models (ml.fm.field.num), None when samples vary
+    num_fields: int | None
+    #: rows per mini-batch on each worker
+    batch_size: int
+    #: optimizer updates per epoch, the same on every worker (BSP)
+    updates_per_epoch: int
+    train_rows: tuple[int, ...] = ()
+    valid_rows: tuple[int, ...] = ()
+    skipped_lines: int = 0
+
+    @classmethod
+    def of_parts(
+        cls,
+        plan: TrainPlan,
+        summaries: Sequence[Mapping[str, Any]],
+        feature_range: int,
+        field_num: int,
+    ) -> JobSize:
+        """Size the job from every worker's ``data_summary()``.
+
+        ``feature_range`` (ml.feature.index.range) and ``field_num`` (ml.fm.field.num) take
+        precedence over what the data shows when > 0.
+        """
+        max_id = max(s[p]["max_id"] for s in summaries for p in ("train", "valid"))
+        train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
+        if min(train_rows) == 0:
+            raise ValueError(
+                f"worker {train_rows.index(0)} has no training rows: the input has "
+                f"{sum(train_rows)} rows for {len(summaries)} workers (lower "
+                "angel.workergroup.number)"
+            )
+        if plan.updates_per_epoch is not None:
+            batch = max(1, math.ceil(min(train_rows) / (plan.updates_per_epoch * plan.accum)))
+        else:
+            batch = plan.minibatch_size
+        return cls(
+            num_features=feature_range if feature_range > 0 else max_id + 1,
+            num_fields=field_num if field_num > 0 else None,
+            batch_size=batch,
+            # Lock-step: every worker makes the same number of updates per epoch (BSP); the
+            # smallest part sets it, so no worker waits for a push that never comes.
+            updates_per_epoch=max(1, math.ceil(min(train_rows) / batch) // plan.accum),
+            train_rows=train_rows,
+            valid_rows=tuple(int(s["valid"]["rows"]) for s in summaries),
+            skipped_lines=sum(int(s.get("skipped_lines", 0)) for s in summaries),
+        )

@@ -1,0 +1,76 @@
+"""The training workers as one group of Ray actors: start them, call a method on all of them.
+
+As Ray Train's ``worker_group``: :meth:`WorkerGroup.execute` calls one method on every actor and
+waits for all the answers (in worker order); :meth:`WorkerGroup.execute_async` returns the
+futures instead; :meth:`WorkerGroup.execute_single` asks one worker. The driver never loops over
+actor handles itself.
+
+Invariant: actor ``i`` is worker ``i`` of ``len(group)`` (its data part and its PS client
+handle ``PSClient.for_worker(i)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from angelps import PSClient
+from learners.data import DataOptions
+from learners.plan import TrainPlan
+from learners.worker import remote_worker_class
+
+__all__ = ["WorkerGroup"]
+
+
+class WorkerGroup:
+    """``plan.workers`` :class:`~learners.worker.TrainWorker` actors (each reads its data part)."""
+
+    def __init__(self, plan: TrainPlan, data: DataOptions, read_data: bool = True) -> None:
+        cls = remote_worker_class(plan.worker_cpus, plan.worker_gpus)
+        n = plan.workers
+        self.actors: list[Any] = [cls.remote(plan, data, i, n, read_data) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Call ``method`` on every worker; the futures of the answers, in worker order."""
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+
+    def execute(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker and wait: the answers, in worker order."""
+        return ray.get(self.execute_async(method, *args, **kwargs))
+
+    def execute_single(self, index: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on worker ``index`` and wait for its answer."""
+        return ray.get(getattr(self.actors[index], method).remote(*args, **kwargs))
+
+    def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
+        if len(args) != len(self.actors):
+            raise ValueError(f"{method}: {len(args)} argument tuples for {len(self)} workers")
+        return ray.get(
+            [getattr(a, method).remote(*xs) for a, xs in zip(self.actors, args, strict=True)]
+        )
+
+    def attach_ps(self, ps: PSClient) -> None:
+        """Hand worker ``i`` its PS client handle ``ps.for_worker(i)`` (fresh clocks)."""
+        self.execute_each("set_ps", [(ps.for_worker(i),) for i in range(len(self))])
+
+    def join_process_group(self) -> None:
+        """Join the workers' gloo process group (for the dense all-reduce), hosted by worker 0."""
+        if len(self) > 1:
+            addr, port = self.execute_single(0, "free_port")
+            self.execute("setup_dist", addr, port)
+
+    def shutdown(self) -> None:
+        """Leave the process group and stop every actor (errors of dead actors are ignored)."""
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote())
+                ray.kill(a)
+            except Exception:
+                pass
+        self.actors = []
