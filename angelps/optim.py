@@ -157,21 +157,7 @@ def _update(
         w -= lr_ * v
         return
     if name == "adam":
-        m, v, t = state["m"], state["v"], state["t"]
-        b1, b2 = s(spec.beta1), s(spec.beta2)
-        m *= b1
-        m += (s(1.0) - b1) * gp
-        v *= b2
-        v += (s(1.0) - b2) * gp * gp
-        t += s(1.0)
-        # Bias corrections in float64: 1 - b^t loses digits in float32 for large t.
-        # The same order of operations as torch.optim.Adam:
-        # denom = sqrt(v)/sqrt(bc2) + eps; w -= (lr/bc1) * m/denom.
-        tt = xp.f64(t)
-        step_size = xp.like(lr / (1.0 - spec.beta1**tt), w)
-        bc2_sqrt = xp.like(xp.sqrt(1.0 - spec.beta2**tt), w)
-        denom = xp.sqrt(v) / bc2_sqrt + s(spec.eps)
-        w -= step_size * (m / denom)
+        _adam(xp, spec, w, state, gp, lr)
         return
     n = state["n"]
     if name == "adagrad":
@@ -186,6 +172,27 @@ def _update(
     w -= lr_ * gp / denom
     if spec.l1:
         _soft_threshold(xp, w, lr_ * l1 / denom)
+
+
+def _adam(
+    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], gp: Array, lr: float
+) -> None:
+    s = xp.scalar(w)
+    m, v, t = state["m"], state["v"], state["t"]
+    b1, b2 = s(spec.beta1), s(spec.beta2)
+    m *= b1
+    m += (s(1.0) - b1) * gp
+    v *= b2
+    v += (s(1.0) - b2) * gp * gp
+    t += s(1.0)
+    # Bias corrections in float64: 1 - b^t loses digits in float32 for large t.
+    # The same order of operations as torch.optim.Adam:
+    # denom = sqrt(v)/sqrt(bc2) + eps; w -= (lr/bc1) * m/denom.
+    tt = xp.f64(t)
+    step_size = xp.like(lr / (1.0 - spec.beta1**tt), w)
+    bc2_sqrt = xp.like(xp.sqrt(1.0 - spec.beta2**tt), w)
+    denom = xp.sqrt(v) / bc2_sqrt + s(spec.eps)
+    w -= step_size * (m / denom)
 
 
 class DenseOptimizer:

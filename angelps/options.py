@@ -137,8 +137,8 @@ TRANSPORT = Key(
     "str",
     "socket",
     "How workers send their per-step pull/push calls to the shards: socket (a direct TCP "
-    "connection to each shard actor, ~0.1 ms a round trip; see docs/ps.md) or ray (Ray "
-    "actor calls, ~2 ms). Control calls (save, load, recovery) always use Ray.",
+    "connection to each shard actor, much faster a round trip; see docs/ps.md) or ray (Ray "
+    "actor calls). Control calls (save, load, recovery) always use Ray.",
     choices=TRANSPORTS,
 )
 NAN_POLICY = Key(

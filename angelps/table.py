@@ -40,15 +40,16 @@ class OptimizerSpec:
     """
 
     name: str = "sgd"
-    l1: float = 0.0
-    l2: float = 0.0
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    rho: float = 0.9
-    ftrl_alpha: float = 0.1
-    ftrl_beta: float = 1.0
+    # Hyper-parameters default to their keys' declared defaults (angelps.options).
+    l1: float = OPTIMIZER_KEYS["l1"].default
+    l2: float = OPTIMIZER_KEYS["l2"].default
+    momentum: float = OPTIMIZER_KEYS["momentum"].default
+    beta1: float = OPTIMIZER_KEYS["beta1"].default
+    beta2: float = OPTIMIZER_KEYS["beta2"].default
+    eps: float = OPTIMIZER_KEYS["eps"].default
+    rho: float = OPTIMIZER_KEYS["rho"].default
+    ftrl_alpha: float = OPTIMIZER_KEYS["ftrl_alpha"].default
+    ftrl_beta: float = OPTIMIZER_KEYS["ftrl_beta"].default
 
     def __post_init__(self) -> None:
         canon = str(self.name).strip().lower()

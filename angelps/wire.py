@@ -1,10 +1,11 @@
 """The data plane: a shard's ``step`` over a direct TCP connection instead of a Ray actor call.
 
-A Ray actor call costs 2-2.5 ms here whatever its payload (submission, scheduling, the reply
-through the core worker), while the shard's work for a census-sized step is 0.3 ms and a
-loopback TCP round trip 0.06 ms. Like Angel's own PS (Netty RPC between workers and servers),
-the hot path therefore bypasses the actor framework: each shard actor also listens on a TCP
-port (opened on request, see :meth:`angelps.shard.ShardServer.serve`), and a client sends its
+A Ray actor call has a fixed cost whatever its payload (submission, scheduling, the reply
+through the core worker) that is several times a shard's work for a step and far above a
+loopback TCP round trip (figures in docs/benchmarks-ps.md). Like Angel's own PS (Netty RPC
+between workers and servers), the hot path therefore bypasses the actor framework: each shard
+actor also listens on a TCP port (opened on request, see
+:meth:`angelps.server.ShardServer.serve`), and a client (:mod:`angelps.transport`) sends its
 ``step`` calls there. Ray still places, names, restarts and controls the shards (save, load,
 stats and recovery go through actor calls).
 

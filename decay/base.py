@@ -14,6 +14,7 @@ the next call on). Parameter errors are :class:`ParamError`, worded as configura
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -208,6 +209,18 @@ def _check_int(owner: Any, param: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ParamError(_name(owner), param, value, f"an integer >= {low}")
     return value
+
+
+def _check_milestones(owner: Any, param: str, value: Any, low: int) -> list[int]:
+    valid = f"a strictly increasing list of integers >= {low}"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ParamError(_name(owner), param, value if value else None, valid)
+    for m in value:
+        if isinstance(m, bool) or not isinstance(m, int) or m < low:
+            raise ParamError(_name(owner), param, list(value), valid)
+    if any(b <= a for a, b in itertools.pairwise(value)):
+        raise ParamError(_name(owner), param, list(value), valid)
+    return list(value)
 
 
 def _check_choice(owner: Any, param: str, value: Any, choices: tuple[str, ...]) -> str:

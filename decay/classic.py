@@ -14,17 +14,16 @@ ReduceLROnPlateau in ``decay.plateau``.
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from decay.base import (
     ParamError,
     StepSizeScheduler,
     _check_float,
     _check_int,
+    _check_milestones,
     _finite,
     _is_real,
     _pow,
@@ -58,25 +57,13 @@ class StepLR(StepSizeScheduler):
         return self.lr * _pow(self, k, self.gamma, k // self.step_size)
 
 
-def _milestones(owner: Any, param: str, value: Any, low: int) -> list[int]:
-    valid = f"a strictly increasing list of integers >= {low}"
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ParamError(type(owner).__name__, param, value if value else None, valid)
-    for m in value:
-        if isinstance(m, bool) or not isinstance(m, int) or m < low:
-            raise ParamError(type(owner).__name__, param, list(value), valid)
-    if any(b <= a for a, b in itertools.pairwise(value)):
-        raise ParamError(type(owner).__name__, param, list(value), valid)
-    return list(value)
-
-
 class MultiStepLR(StepSizeScheduler):
     """Decay at milestones: ``lr_at(k) = b · gamma^(number of milestones <= k)`` (torch
     ``MultiStepLR``). Milestones must be strictly increasing (torch silently stacks duplicates)."""
 
     def __init__(self, lr: float, milestones: Sequence[int], gamma: float = 0.1) -> None:
         super().__init__(lr)
-        self.milestones = _milestones(self, "milestones", milestones, 0)
+        self.milestones = _check_milestones(self, "milestones", milestones, 0)
         self.gamma = _check_float(
             self, "gamma", gamma, _is_real(gamma) and gamma > 0, "a number > 0"
         )

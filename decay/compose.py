@@ -6,12 +6,11 @@ still just its count, and resuming is exact.
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decay.base import ParamError, StepSizeScheduler, _check_int
+from decay.base import ParamError, StepSizeScheduler, _check_int, _check_milestones
 
 __all__ = ["ChainedScheduler", "SequentialLR", "Warmup"]
 
@@ -108,13 +107,8 @@ class SequentialLR(StepSizeScheduler):
                 list(milestones) if isinstance(milestones, (list, tuple)) else milestones,
                 f"{len(children) - 1} integer(s), one fewer than the {len(children)} schedules",
             )
-        valid = "a strictly increasing list of integers >= 1"
-        for m in milestones:
-            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                raise ParamError("SequentialLR", "milestones", list(milestones), valid)
-        if any(b <= a for a, b in itertools.pairwise(milestones)):
-            raise ParamError("SequentialLR", "milestones", list(milestones), valid)
-        self.milestones = list(milestones)
+        # One child needs no milestone; otherwise each must be >= 1 and strictly increasing.
+        self.milestones = _check_milestones(self, "milestones", milestones, 1) if milestones else []
         self._starts = [0, *self.milestones]
 
     def _child(self, k: int) -> tuple[StepSizeScheduler, int]:

@@ -21,6 +21,10 @@ LR_KEY = "ml.learn.rate"
 CLASS_KEY = PREFIX + "class.name"
 DEPRECATED_ALPHA_KEY = "ml.learn.decay"
 
+# Integer checks: counts of updates or metrics.
+_AT_LEAST_ONE = at_least(1, "an integer")
+_AT_LEAST_ZERO = at_least(0, "an integer")
+
 # Keys of the schedules' parameters: each exists at the top level and for every child <i>.
 _SCHEDULE_KEYS = [
     Key(
@@ -34,7 +38,7 @@ _SCHEDULE_KEYS = [
         "int",
         100,
         "Angel's I: the interval of is_interval_boundary(), and WarmRestarts' first period.",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "alpha",
@@ -62,7 +66,7 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "StepLR period in updates (required by StepLR).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "milestones",
@@ -96,7 +100,7 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "ConstantLR/LinearLR/PolynomialLR length in updates (default 5).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(PREFIX + "power", "float", None, "PolynomialLR exponent (default 1.0).", non_negative),
     Key(
@@ -104,7 +108,7 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "CosineAnnealingLR half-period in updates (default: the total number of updates).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "eta.min",
@@ -118,14 +122,14 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "CosineAnnealingWarmRestarts first period in updates (required).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "t.mult",
         "int",
         None,
         "CosineAnnealingWarmRestarts period multiplier after each restart (default 1).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "base.lr",
@@ -146,14 +150,14 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "CyclicLR updates from base.lr up to max.lr (default 2000).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "step.size.down",
         "int",
         None,
         "CyclicLR updates back down (default step.size.up).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "mode",
@@ -174,7 +178,7 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "OneCycleLR length; the decay length of the Warmup* schedules (default: the total number of updates).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "pct.start",
@@ -233,7 +237,7 @@ _SCHEDULE_KEYS = [
         "int",
         10,
         "ReduceLROnPlateau: metrics without improvement before reducing.",
-        at_least(0, "an integer"),
+        _AT_LEAST_ZERO,
     ),
     Key(
         PREFIX + "threshold",
@@ -254,7 +258,7 @@ _SCHEDULE_KEYS = [
         "int",
         0,
         "ReduceLROnPlateau: metrics ignored after a reduction.",
-        at_least(0, "an integer"),
+        _AT_LEAST_ZERO,
     ),
     Key(
         PREFIX + "min.lr",
@@ -275,21 +279,21 @@ _SCHEDULE_KEYS = [
         "int",
         None,
         "Linear warmup from 0 in updates (Warmup* schedules: 2000; on any other schedule: a warmup in front of it).",
-        at_least(0, "an integer"),
+        _AT_LEAST_ZERO,
     ),
     Key(
         PREFIX + "stable.steps",
         "int",
         None,
         "WarmupStableDecay: updates at the peak between warmup and decay.",
-        at_least(0, "an integer"),
+        _AT_LEAST_ZERO,
     ),
     Key(
         PREFIX + "decay.steps",
         "int",
         None,
         "Warmup* schedules: updates of the decay (default: total.steps minus warmup [and stable] steps).",
-        at_least(1, "an integer"),
+        _AT_LEAST_ONE,
     ),
     Key(
         PREFIX + "min.lr.ratio",

@@ -9,10 +9,10 @@ from __future__ import annotations
 __all__ = ["updates_per_epoch"]
 
 
-def _positive_int(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _int_at_least(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(
-            f"updates_per_epoch: {name}={value!r} is not valid: expected an integer >= 1"
+            f"updates_per_epoch: {name}={value!r} is not valid: expected an integer >= {low}"
         )
     return value
 
@@ -36,13 +36,10 @@ def updates_per_epoch(
     >>> updates_per_epoch(1000, batch_size=32, workers=2, accum_steps=4)
     4
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
-        raise ValueError(
-            f"updates_per_epoch: num_samples={num_samples!r} is not valid: expected an integer >= 0"
-        )
-    _positive_int("batch_size", batch_size)
-    _positive_int("workers", workers)
-    _positive_int("accum_steps", accum_steps)
+    _int_at_least("num_samples", num_samples, 0)
+    _int_at_least("batch_size", batch_size, 1)
+    _int_at_least("workers", workers, 1)
+    _int_at_least("accum_steps", accum_steps, 1)
     if drop_last:
         per_worker = num_samples // workers
         return (per_worker // batch_size) // accum_steps

@@ -38,10 +38,10 @@ from learners.model_config import ModelConfig
 from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
 from learners.run_log import RunLog, epoch_line, jsonable
-from learners.tables import TableDecl
+from learners.tables import table_specs
 from learners.worker_group import WorkerGroup
 
-__all__ = ["GraphLearner", "TrainResult", "table_specs"]
+__all__ = ["GraphLearner", "TrainResult"]
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 
@@ -574,34 +574,6 @@ def _step_record(
         "elapsed_s": o0["elapsed_s"],
         "skipped": o0["skipped"],
     }
-
-
-def table_specs(conf: Mapping[str, Any], decls: Sequence[TableDecl]) -> list[TableSpec]:
-    """PS table specs for a model's declared tables, with the optimizers named by the conf.
-
-    Sparse tables take their role's optimizer (``ml.inputlayer.optimizer`` or
-    ``ml.embedding.optimizer``) with ``ml.reg.*``; bias tables the same optimizer without
-    regularisation (Angel never regularises biases). With ``angel.dense.placement=ps`` the MLP's
-    parameters are dense tables with ``ml.fclayer.optimizer``.
-    """
-    specs: list[TableSpec] = []
-    for d in decls:
-        opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
-        if not d.sparse and d.name.endswith("bias"):
-            opt = OptimizerSpec(**{**opt.to_dict(), "l1": 0.0, "l2": 0.0})
-        specs.append(
-            TableSpec(
-                name=d.name,
-                rows=int(d.rows),
-                cols=int(d.cols),
-                sparse=bool(d.sparse),
-                init=d.init if d.init_std > 0 else "zeros",
-                init_std=float(d.init_std),
-                seed=int(conf["ml.seed"]) * 1000 + len(specs),
-                optimizer=opt,
-            )
-        )
-    return specs
 
 
 def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -7,9 +7,14 @@ configuration. A declaration's ``rows``/``cols`` are the table's shape as the PS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-__all__ = ["TableDecl"]
+from angelps import OptimizerSpec, TableSpec
+from learners.plan import SEED
+
+__all__ = ["TableDecl", "table_specs"]
 
 
 @dataclass(frozen=True)
@@ -33,3 +38,33 @@ class TableDecl:
     init_std: float = 0.0
     #: "normal" (std ``init_std``; zeros when it is 0) or "uniform" (``[-init_std, init_std)``).
     init: str = "normal"
+
+
+def table_specs(conf: Mapping[str, Any], decls: Sequence[TableDecl]) -> list[TableSpec]:
+    """PS table specs for a model's declared tables, with the optimizers named by the conf.
+
+    Sparse tables take their role's optimizer (``ml.inputlayer.optimizer`` or
+    ``ml.embedding.optimizer``) with ``ml.reg.*``; bias tables the same optimizer without
+    regularisation (Angel never regularises biases). With ``angel.dense.placement=ps`` the MLP's
+    parameters are dense tables with ``ml.fclayer.optimizer``. Table ``i`` is initialised with
+    the seed ``ml.seed * 1000 + i``.
+    """
+    seed = int(SEED.read(conf))
+    specs: list[TableSpec] = []
+    for d in decls:
+        opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
+        if not d.sparse and d.name.endswith("bias"):
+            opt = replace(opt, l1=0.0, l2=0.0)
+        specs.append(
+            TableSpec(
+                name=d.name,
+                rows=int(d.rows),
+                cols=int(d.cols),
+                sparse=bool(d.sparse),
+                init=d.init if d.init_std > 0 else "zeros",
+                init_std=float(d.init_std),
+                seed=seed * 1000 + len(specs),
+                optimizer=opt,
+            )
+        )
+    return specs

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from angelps.optim import apply, slot_widths
+from angelps.config import ConfigError
+from angelps.optim import DenseOptimizer, apply, slot_widths
 from angelps.table import OptimizerSpec
 
 STEPS = 6
@@ -189,3 +190,57 @@ def test_adagrad_zero_gradient_gives_no_nan():
         state = {k: np.zeros((2, n), dtype=np.float32) for k, n in slot_widths(spec, 2).items()}
         apply(spec, w, state, np.zeros((2, 2), dtype=np.float32), 0.1)
         np.testing.assert_array_equal(w, np.ones((2, 2), dtype=np.float32))
+
+
+# --- the workers' dense layers -------------------------------------------------------------------
+
+_TORCH_DENSE = {
+    "sgd": lambda ps, s: torch.optim.SGD(ps, lr=0.0, weight_decay=s.l2),
+    "momentum": lambda ps, s: torch.optim.SGD(ps, lr=0.0, momentum=s.momentum, weight_decay=s.l2),
+    "adam": lambda ps, s: torch.optim.Adam(
+        ps, lr=0.0, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.l2
+    ),
+    "adagrad": lambda ps, s: torch.optim.Adagrad(ps, lr=0.0, eps=s.eps, weight_decay=s.l2),
+    "rmsprop": lambda ps, s: torch.optim.RMSprop(
+        ps, lr=0.0, alpha=s.rho, eps=s.eps, weight_decay=s.l2
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_DENSE))
+@pytest.mark.parametrize("l2", [0.0, 1e-2])
+def test_dense_optimizer_matches_torch_optim(name, l2):
+    """Dense layers keep torch.optim's semantics (weight decay, no L1), to float rounding."""
+    spec = OptimizerSpec(name, l1=0.05, l2=l2)
+    torch.manual_seed(0)
+    shapes = [(4, 3), (4,), (2, 2, 3)]
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt, ref_opt = DenseOptimizer(ours, spec), _TORCH_DENSE[name](ref, spec)
+    for lr in LRS:
+        grads = [torch.randn(s) for s in shapes]
+        for p, q, g in zip(ours, ref, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        for group in ref_opt.param_groups:
+            group["lr"] = lr
+        opt.step(lr)
+        ref_opt.step()
+    for p, q in zip(ours, ref, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_optimizer_state_round_trips_and_refuses_ftrl():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = DenseOptimizer([p], OptimizerSpec("adam"))
+    p.grad = torch.ones(3)
+    opt.step(0.1)
+    opt.zero_grad(set_to_none=True)
+    assert p.grad is None
+    q = torch.nn.Parameter(torch.ones(3))
+    other = DenseOptimizer([q], OptimizerSpec("adam"))
+    other.load_state_dict(opt.state_dict())
+    assert other.param_groups == [{"lr": 0.1}]
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(other.state[0][k], v)
+    with pytest.raises(ConfigError, match=r"ml\.fclayer\.optimizer=ftrl cannot run on the workers"):
+        DenseOptimizer([p], OptimizerSpec("ftrl"))

@@ -19,9 +19,9 @@ from angelps.config import load_config
 from decay.angel import StandardDecay
 from learners.data import DataOptions
 from learners.keys import all_keys
-from learners.learner import table_specs
 from learners.model_config import ModelConfig
 from learners.plan import JobSize, TrainPlan
+from learners.tables import table_specs
 from learners.worker import TrainWorker, _Dedup, _merge_rows
 
 ROOT = Path(__file__).resolve().parents[2]

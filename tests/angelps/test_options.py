@@ -1,0 +1,71 @@
+"""The package face and the typed options (angelps.options)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import angelps
+from angelps.config import load_config
+from angelps.options import KEYS, ClientOptions, PSOptions, ShardOptions
+from angelps.table import OptimizerSpec
+
+
+def test_public_face():
+    from angelps import OptimizerSpec, ParameterShard, PSClient, TableSpec, load_config
+
+    assert PSClient.__module__ == "angelps.client"
+    assert ParameterShard.__module__ == "angelps.shard"
+    assert TableSpec.__module__ == OptimizerSpec.__module__ == "angelps.table"
+    assert callable(load_config)
+    for name in angelps.__all__:
+        assert getattr(angelps, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        angelps.nope  # noqa: B018
+
+
+def test_options_module_loads_no_numpy_torch_or_ray():
+    code = (
+        "import sys, angelps.options\n"
+        "heavy = {'numpy', 'torch', 'ray', 'pyarrow', 'pandas'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ps_options_take_declared_defaults():
+    ps = PSOptions.from_config({})
+    defaults = {k.name: k.default for k in KEYS}
+    assert ps.job == defaults["angel.job.name"]
+    assert ps.num_shards == defaults["angel.ps.number"]
+    assert ps.transport == defaults["angel.ps.transport"] == "socket"
+    assert ps.timeout_ms == defaults["angel.matrixtransfer.request.timeout.ms"]
+    assert PSOptions.from_config(load_config(None, [], KEYS)) == ps
+    # None means unset, as in a loaded Config.
+    assert PSOptions.from_config({"angel.ps.number": None}) == ps
+
+
+def test_ps_options_check_their_choices():
+    with pytest.raises(ValueError, match=r"angel.ps.partitioner='round' is not one of hash, range"):
+        PSOptions.from_config({"angel.ps.partitioner": "round"})
+    with pytest.raises(ValueError, match=r"angel.ps.transport='udp' is not one of socket, ray"):
+        PSOptions.from_config({"angel.ps.transport": "udp"})
+    with pytest.raises(ValueError, match=r"angel.ps.number=0 must be >= 1"):
+        PSOptions.from_config({"angel.ps.number": 0})
+    assert PSOptions.from_config({"angel.ps.nan.policy": "SKIP"}).nan_policy == "skip"
+
+
+def test_shard_and_client_options_pickle():
+    shard = ShardOptions.from_config({"angel.staleness": 2}, num_workers=3, token="t")
+    client = ClientOptions(shard, transport="socket", data_host="127.0.0.1")
+    assert pickle.loads(pickle.dumps(client)) == client
+    assert shard.staleness == 2 and shard.num_workers == 3 and shard.timeout_s == 120.0
+
+
+def test_optimizer_spec_reads_the_declared_keys():
+    assert OptimizerSpec.from_conf({}, "ml.embedding.optimizer") == OptimizerSpec("momentum")
+    with pytest.raises(ValueError, match=r"'ml.nope.optimizer' is not one of"):
+        OptimizerSpec.from_conf({}, "ml.nope.optimizer")
