@@ -207,7 +207,7 @@ def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
     """True when the job gave ``key`` a value (a plain mapping: when it holds one)."""
     if isinstance(conf, Config):
         return conf.is_set(key.name)
-    return conf.get(key.name) is not None
+    return key.name in conf and conf[key.name] is not None
 
 
 @dataclass(frozen=True)

@@ -72,12 +72,13 @@ class StepStats:
 class _Dedup:
     """Ids → (unique ids sorted, slot of each id) without ``np.unique``'s argsort.
 
-    ``np.unique(return_inverse=True)`` argsorts (3.4 ms for 53k ids). Two cheaper ways:
+    ``np.unique(return_inverse=True)`` argsorts. Two cheaper ways (timings in
+    docs/benchmarks-train.md, "Worker-side costs"):
 
-    * a presence mask over the feature range: mark, ``flatnonzero``, remap (0.3 ms for 26k ids
-      over 148 features) - but the scan is O(range) (7.8 ms over 15M features);
-    * sort the ids (a plain sort, 0.45 ms for 53k), drop repeats, then map every id to its slot
-      through a remap table over the range, touched only at the batch's ids (O(n)).
+    * a presence mask over the feature range: mark, ``flatnonzero``, remap - but the scan is
+      O(range);
+    * sort the ids (a plain sort), drop repeats, then map every id to its slot through a remap
+      table over the range, touched only at the batch's ids (O(n)).
 
     The mask is used while the range is at most 8x the ids of the batch, the sort otherwise; with
     no bounded range (hashed ids), each id finds its slot by binary search in the sorted ids.

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from learners.learner import _Log
+from learners.run_log import RunLog
 
 
 def test_step_and_epoch_scalars_reach_the_event_file(tmp_path: Path) -> None:
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator"
     )
-    log = _Log(tmp_path, quiet=True, tensorboard=True)
+    log = RunLog(tmp_path, quiet=True, tensorboard=True)
     log.record({"kind": "step", "epoch": 0, "step": 50, "lr": 0.1, "loss": 0.5, "pull_s": 0.01})
     log.record({"kind": "step", "epoch": 0, "step": 100, "lr": 0.05, "loss": 0.4, "pull_s": 0.02})
     log.record({"kind": "epoch", "epoch": 0, "lr": 0.05, "valid_auc": 0.9, "stopped": True})
@@ -36,7 +36,7 @@ def test_step_and_epoch_scalars_reach_the_event_file(tmp_path: Path) -> None:
 
 
 def test_without_tensorboard_no_event_file(tmp_path: Path) -> None:
-    log = _Log(tmp_path, quiet=True)
+    log = RunLog(tmp_path, quiet=True)
     log.record({"kind": "step", "epoch": 0, "step": 1, "loss": 0.5})
     log.close()
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
