@@ -1,4 +1,6 @@
-"""Job configuration: Java ``.properties`` files, typed key declarations and one loader.
+"""Job configuration: typed key declarations and one loader of ``.properties`` files.
+
+The file syntax itself is :mod:`angelps.properties`; this module gives the entries meaning.
 
 Precedence: built-in defaults < ``.properties`` file < repeated ``--set key=value``.
 
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from angelps.properties import ConfigError, parse_properties
+
 __all__ = [
     "TYPES",
     "Config",
@@ -40,7 +44,6 @@ __all__ = [
     "interval",
     "load_config",
     "non_negative",
-    "parse_properties",
     "positive",
     "render_markdown",
     "validate",
@@ -50,10 +53,6 @@ TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
-
-
-class ConfigError(ValueError):
-    """A configuration problem: unknown key, bad value, unreadable file, missing required key."""
 
 
 @dataclass(frozen=True)
@@ -136,98 +135,6 @@ def between(low: float, high: float) -> Callable[[float], str | None]:
 def in_range(low: float, high: float) -> Callable[[float], str | None]:
     """Check: low < value < high (open interval)."""
     return interval(low, high, low_open=True, high_open=True)
-
-
-# --- .properties parsing -----------------------------------------------------------------------
-
-_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One key/value pair read from a properties file, with the line where its key starts."""
-
-    key: str
-    value: str
-    line: int
-
-
-def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """Join ``\\``-continued physical lines; skip blank lines and comments (``#`` or ``!``)."""
-    physical = text.splitlines()
-    i = 0
-    while i < len(physical):
-        start = i + 1
-        line = physical[i].lstrip(" \t\f")
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        # A line continues when it ends in an odd number of backslashes.
-        while _ends_with_continuation(line) and i < len(physical):
-            line = line[:-1] + physical[i].lstrip(" \t\f")
-            i += 1
-        if _ends_with_continuation(line):
-            line = line[:-1]
-        yield start, line
-
-
-def _ends_with_continuation(line: str) -> bool:
-    n = len(line) - len(line.rstrip("\\"))
-    return n % 2 == 1
-
-
-def _unescape(raw: str, where: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(raw):
-        c = raw[i]
-        if c != "\\":
-            out.append(c)
-            i += 1
-            continue
-        i += 1
-        if i >= len(raw):
-            break
-        c = raw[i]
-        if c == "u":
-            hexdigits = raw[i + 1 : i + 5]
-            if len(hexdigits) != 4 or not all(h in "0123456789abcdefABCDEF" for h in hexdigits):
-                raise ConfigError(f"{where}: malformed \\uXXXX escape {raw[i - 1 : i + 5]!r}")
-            out.append(chr(int(hexdigits, 16)))
-            i += 5
-            continue
-        out.append(_ESCAPES.get(c, c))
-        i += 1
-    return "".join(out)
-
-
-def parse_properties(text: str, source: str = "<string>") -> list[Entry]:
-    """Parse Java ``.properties`` text into entries, in file order (later ones win on merge).
-
-    Rules as ``java.util.Properties.load``: ``#``/``!`` comments, ``=``, ``:`` or whitespace
-    separators, ``\\`` line continuations, ``\\uXXXX`` and ``\\t \\n \\r \\f`` escapes, any other
-    escaped character stands for itself.
-    """
-    entries: list[Entry] = []
-    for lineno, line in _logical_lines(text):
-        where = f"{source}:{lineno}"
-        # The key ends at the first unescaped '=', ':' or whitespace.
-        i = 0
-        while i < len(line):
-            c = line[i]
-            if c == "\\":
-                i += 2
-                continue
-            if c in "=: \t\f":
-                break
-            i += 1
-        key_raw = line[:i]
-        rest = line[i:].lstrip(" \t\f")
-        # Whitespace, then at most one '=' or ':', then whitespace, is one separator.
-        if rest[:1] in ("=", ":"):
-            rest = rest[1:].lstrip(" \t\f")
-        entries.append(Entry(_unescape(key_raw, where), _unescape(rest, where), lineno))
-    return entries
 
 
 # --- type conversion ---------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from angelps.config import (
     in_range,
     interval,
     load_config,
-    parse_properties,
     positive,
     render_markdown,
     validate,
 )
+from angelps.properties import parse_properties
 
 KEYS = [
     Key("ml.learn.rate", "float", 0.5, "Initial step size.", positive),
