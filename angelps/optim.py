@@ -248,8 +248,23 @@ class DenseOptimizer:
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (slots missing from ``sd`` stay at zero)."""
+        """Restore :meth:`state_dict` (slots missing from ``sd`` stay at zero). Worker
+        checkpoints written with torch.optim name the slots as torch does; those load too."""
         for i, st in sd["state"].items():
+            slots = self.state[int(i)]
             for k, v in st.items():
-                self.state[int(i)][k].copy_(torch.as_tensor(v).reshape(1, -1))
+                name = k if k in slots else _TORCH_SLOTS.get(k)
+                if name in slots and v is not None:
+                    slots[name].copy_(torch.as_tensor(v).reshape(1, -1))
         self.param_groups = [dict(g) for g in sd["param_groups"]]
+
+
+# torch.optim's state names of the same slots (SGD, Adam, Adagrad, RMSprop).
+_TORCH_SLOTS = {
+    "momentum_buffer": "v",
+    "exp_avg": "m",
+    "exp_avg_sq": "v",
+    "step": "t",
+    "sum": "n",
+    "square_avg": "n",
+}

@@ -1,4 +1,9 @@
-"""The ``train``, ``predict`` and ``evaluate`` verbs of the ``angelps`` command line."""
+"""The ``train``, ``predict`` and ``evaluate`` verbs of the ``angelps`` command line.
+
+The command line registers every verb at start, so this module stays light: the learner (torch,
+Ray) and pyarrow are imported inside the verbs that run them, so that the config-only verbs
+(``angelps conf``, ``angelps schedule``) never load them.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,13 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from angelps.config import add_config_arguments
+from angelps.config import Config, ConfigError, add_config_arguments, load_config
+from learners.keys import all_keys
+
+if TYPE_CHECKING:
+    from learners.learner import GraphLearner
 
 __all__ = ["register"]
 
@@ -89,15 +98,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_evaluate)
 
 
-def _load(args: argparse.Namespace, sets: list[str] | None = None) -> Any:
-    from angelps.config import load_config
-    from learners.keys import all_keys
-
+def _load(args: argparse.Namespace, sets: list[str] | None = None) -> Config:
     return load_config(args.conf, list(args.set) + list(sets or []), all_keys())
 
 
 def _train(args: argparse.Namespace) -> int:
-    from learners.learner import GraphLearner
+    from learners.learner import GraphLearner  # torch and Ray: only when training
 
     conf = _load(args)
     learner = GraphLearner(conf, address=args.address)
@@ -121,16 +127,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    from angelps.config import ConfigError
-
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model {args.model}: no such model directory")
     if not Path(args.input).exists():
         raise ConfigError(f"--input {args.input}: no such file or directory")
 
 
-def _loaded(args: argparse.Namespace) -> Any:
-    from learners.learner import GraphLearner
+def _loaded(args: argparse.Namespace) -> GraphLearner:
+    from learners.learner import GraphLearner  # torch and Ray: only when predicting
 
     _check_paths(args)
     conf = _load(args)
@@ -138,9 +142,7 @@ def _loaded(args: argparse.Namespace) -> Any:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    import pyarrow as pa
-
-    from angelps.config import ConfigError
+    import pyarrow as pa  # only when predicting
 
     out = Path(args.out)
     if out.suffix.lower() not in (".csv", ".parquet"):

@@ -20,42 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from angelps.config import ConfigError
+from angelps.optim import DenseOptimizer
 
-__all__ = ["dense_optimizer", "finish_grads", "load_dense", "save_dense"]
-
-
-def dense_optimizer(
-    params: list[nn.Parameter], spec: Mapping[str, Any]
-) -> torch.optim.Optimizer | None:
-    """The worker-side torch optimizer of dense layers: the same formulas as the PS optimizer.
-
-    ``spec`` is an ``OptimizerSpec.to_dict()`` (``ml.fclayer.optimizer`` and ``ml.opt.*``);
-    angelps.optim documents each server-side optimizer as its torch.optim equivalent, which
-    is used here. The learning rate is set before every update from the scheduler.
-    """
-    if not params:
-        return None
-    name = str(spec.get("name", "sgd")).lower()
-    l2 = float(spec.get("l2", 0.0))
-    eps = float(spec.get("eps", 1e-8))
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.0, weight_decay=l2)
-    if name == "momentum":
-        m = float(spec.get("momentum", 0.9))
-        return torch.optim.SGD(params, lr=0.0, momentum=m, weight_decay=l2)
-    if name == "adam":
-        betas = (float(spec.get("beta1", 0.9)), float(spec.get("beta2", 0.99)))
-        return torch.optim.Adam(params, lr=0.0, betas=betas, eps=eps, weight_decay=l2)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=0.0, eps=eps, weight_decay=l2)
-    if name == "rmsprop":
-        rho = float(spec.get("rho", 0.9))
-        return torch.optim.RMSprop(params, lr=0.0, alpha=rho, eps=eps, weight_decay=l2)
-    raise ConfigError(
-        f"ml.fclayer.optimizer={spec.get('name')} cannot run on the workers (valid for "
-        "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
-    )
+__all__ = ["finish_grads", "load_dense", "save_dense"]
 
 
 def finish_grads(
@@ -132,7 +99,7 @@ def _all_reduce(t: Tensor) -> Tensor:
 
 
 def save_dense(
-    model: nn.Module, opt: torch.optim.Optimizer | None, loss_scale: float, good_steps: int
+    model: nn.Module, opt: DenseOptimizer | None, loss_scale: float, good_steps: int
 ) -> bytes:
     """Dense layers, dense optimizer state, loss scale and RNG state as one ``.npz`` (no
     pickle): ``model/<name>``, ``opt/<param>/<state>`` arrays and a JSON ``meta``."""
@@ -163,7 +130,7 @@ def save_dense(
 
 
 def load_dense(
-    blob: bytes, model: nn.Module, opt: torch.optim.Optimizer | None, loss_scale: float
+    blob: bytes, model: nn.Module, opt: DenseOptimizer | None, loss_scale: float
 ) -> tuple[float, int]:
     """Restore what :func:`save_dense` wrote into ``model`` and ``opt`` (and the torch RNG);
     returns the saved (loss scale, good steps), ``loss_scale`` when the blob has none."""

@@ -37,7 +37,7 @@ from learners.keys import all_keys
 from learners.model_config import ModelConfig
 from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
-from learners.run_log import RunLog, epoch_line, jsonable
+from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup
 
@@ -163,53 +163,6 @@ class GraphLearner:
         self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=len(workers))
         workers.attach_ps(self._ps)
 
-    # --- the screen at start -----------------------------------------------------------------
-
-    def _banner(self, size: JobSize, dense_params: int) -> str:
-        conf, plan, ps = self.conf, self.plan, self.ps_options
-        w = plan.workers
-        b, k = size.batch_size, plan.accum
-        model = model_class(_model_name(conf)).angel_name
-        lines = [
-            f"angelps train: {model}  ({conf.source('ml.model.class.name')})",
-            f"  data     {conf['angel.train.data.path']}: {sum(size.train_rows)} train rows, "
-            f"{sum(size.valid_rows)} validation rows, {size.num_features} features"
-            + (f", {size.num_fields} fields" if size.num_fields else "")
-            + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else ""),
-            f"  tables   on {ps.num_shards} shard(s), sparse keys "
-            f"{ps.partitioner}-partitioned, staleness {ps.staleness}:",
-        ]
-        for t in self._tables:
-            kind = "sparse" if t.sparse else "dense"
-            lines.append(
-                f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
-                f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
-            )
-        if dense_params and plan.dense_placement == "ps":
-            lines.append(f"  dense    {dense_params} parameters in dense.* tables on the PS")
-        elif dense_params:
-            opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
-            lines.append(
-                f"  dense    {dense_params} parameters on the workers ({opt}"
-                + (", all-reduced over gloo)" if w > 1 else ")")
-            )
-        if plan.amp and plan.device != "cuda":
-            lines.append(
-                "  amp      ml.amp=true ignored: mixed precision needs angel.worker.device=cuda"
-            )
-        elif plan.amp:
-            lines.append("  amp      fp16 autocast with a dynamic loss scale (starts at 65536)")
-        lines += [
-            f"  workers  {w}; effective batch = {b} x {w} workers x {k} accum = {b * w * k}",
-            f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
-            f"= {size.updates_per_epoch * plan.epochs}",
-        ]
-        if self.sched is not None:
-            per = "update" if plan.decay_on_batch else "epoch"
-            first = ", ".join(f"{self.sched.lr_at(i):.4g}" for i in range(4))
-            lines.append(f"  decay    {self.sched.describe()} per {per}: {first}, ...")
-        return "\n".join(lines)
-
     # --- training ----------------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
@@ -227,6 +180,7 @@ class GraphLearner:
                 row = self.run_epoch(epoch, log, progress)
                 row.update(self.validate())
                 self._schedule_epoch(row)
+                self._track(row, progress)
                 row["elapsed_s"] = time.perf_counter() - t_start
                 progress.history.append(row)
                 log.record(row)
@@ -259,7 +213,18 @@ class GraphLearner:
             progress.best, progress.since_best = info["best"], int(info["since_best"])
         elif plan.load_path:
             saved_model.restore(plan.load_path, self._ps, workers)
-        log.say(self._banner(self._size, dense_params))
+        log.say(
+            banner(
+                self.conf,
+                self.plan,
+                self.ps_options,
+                self._size,
+                self._tables,
+                model_class(_model_name(self.conf)).angel_name,
+                dense_params,
+                self.sched,
+            )
+        )
         return progress
 
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
@@ -280,7 +245,7 @@ class GraphLearner:
             more = not end or epoch + 1 < plan.epochs
             outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
             done += n
-            step = _step_record(epoch, epoch * updates + done, n, outs)
+            step = step_record(epoch, epoch * updates + done, n, outs)
             loss_sum += sum(o["loss_sum"] for o in outs)
             samples += sum(o["samples"] for o in outs)
             skipped += outs[0]["skipped"]
@@ -334,12 +299,14 @@ class GraphLearner:
         if not self.plan.decay_on_batch:
             self.sched.advance()
 
-    def early_stop(self, progress: _Progress, log: RunLog) -> bool:
-        """Track the watched metric of the last epoch; True when patience has run out."""
+    def _track(self, row: Mapping[str, Any], progress: _Progress) -> None:
+        """Early stopping's count: epochs since the watched metric last improved."""
         metric_name = self._watch_metric()
-        progress.watch(
-            progress.history[-1].get(metric_name), metric_name.endswith(_LOWER_IS_BETTER)
-        )
+        progress.watch(row.get(metric_name), metric_name.endswith(_LOWER_IS_BETTER))
+
+    def early_stop(self, progress: _Progress, log: RunLog) -> bool:
+        """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
+        metric_name = self._watch_metric()
         patience = self.plan.early_stop_patience
         if patience > 0 and progress.since_best >= patience:
             log.say(
@@ -550,30 +517,6 @@ def _is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
     """ReduceLROnPlateau (alone or inside a composition): a schedule fed the validation metric
     through ``step(metric)`` rather than driven by the update count alone."""
     return getattr(sched, "composable", True) is False and hasattr(sched, "step")
-
-
-def _step_record(
-    epoch: int, step: int, updates: int, outs: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """The metrics.jsonl record of one ``run_steps`` chunk (timings of worker 0)."""
-    o0 = outs[0]
-    samples = sum(o["samples"] for o in outs)
-    return {
-        "kind": "step",
-        "epoch": epoch,
-        "step": step,
-        "updates": updates,
-        "lr": o0["last_lr"],
-        "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
-        "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
-        "pull_s": o0["pull_s"],
-        "compute_s": o0["compute_s"],
-        "push_s": o0["push_s"],
-        # waiting for the rows of a fused push_pull already in flight
-        "wait_s": o0["wait_s"],
-        "elapsed_s": o0["elapsed_s"],
-        "skipped": o0["skipped"],
-    }
 
 
 def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 from tqdm import tqdm
 
-from angelps.config import ConfigError
+from angelps import OptimizerSpec, PSOptions, TableSpec
+from angelps.config import Config, ConfigError
+from decay import StepSizeScheduler
+from learners.plan import JobSize, TrainPlan
 
-__all__ = ["RunLog", "epoch_line", "jsonable"]
+__all__ = ["RunLog", "banner", "epoch_line", "jsonable", "step_record"]
 
 
 class RunLog:
@@ -77,6 +80,84 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def step_record(
+    epoch: int, step: int, updates: int, outs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The metrics.jsonl record of one ``run_steps`` chunk (timings of worker 0)."""
+    o0 = outs[0]
+    samples = sum(o["samples"] for o in outs)
+    return {
+        "kind": "step",
+        "epoch": epoch,
+        "step": step,
+        "updates": updates,
+        "lr": o0["last_lr"],
+        "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
+        "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
+        "pull_s": o0["pull_s"],
+        "compute_s": o0["compute_s"],
+        "push_s": o0["push_s"],
+        # waiting for the rows of a fused push_pull already in flight
+        "wait_s": o0["wait_s"],
+        "elapsed_s": o0["elapsed_s"],
+        "skipped": o0["skipped"],
+    }
+
+
+def banner(
+    conf: Config,
+    plan: TrainPlan,
+    ps: PSOptions,
+    size: JobSize,
+    tables: Sequence[TableSpec],
+    model: str,
+    dense_params: int,
+    sched: StepSizeScheduler | None,
+) -> str:
+    """The screen at the start of training: data, tables, dense layers, batch and schedule."""
+    w = plan.workers
+    b, k = size.batch_size, plan.accum
+    lines = [
+        f"angelps train: {model}  ({conf.source('ml.model.class.name')})",
+        f"  data     {conf['angel.train.data.path']}: {sum(size.train_rows)} train rows, "
+        f"{sum(size.valid_rows)} validation rows, {size.num_features} features"
+        + (f", {size.num_fields} fields" if size.num_fields else "")
+        + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else ""),
+        f"  tables   on {ps.num_shards} shard(s), sparse keys "
+        f"{ps.partitioner}-partitioned, staleness {ps.staleness}:",
+    ]
+    for t in tables:
+        kind = "sparse" if t.sparse else "dense"
+        lines.append(
+            f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
+            f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
+        )
+    if dense_params and plan.dense_placement == "ps":
+        lines.append(f"  dense    {dense_params} parameters in dense.* tables on the PS")
+    elif dense_params:
+        opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
+        lines.append(
+            f"  dense    {dense_params} parameters on the workers ({opt}"
+            + (", all-reduced over gloo)" if w > 1 else ")")
+        )
+    if plan.amp and plan.device != "cuda":
+        lines.append(
+            "  amp      ml.amp=true ignored: mixed precision needs angel.worker.device=cuda"
+        )
+    elif plan.amp:
+        lines.append("  amp      fp16 autocast with a dynamic loss scale (starts at 65536)")
+    lines += [
+        f"  workers  {w}; effective batch = {b} x {w} workers x {k} accum = {b * w * k}",
+        f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
+        f"= {size.updates_per_epoch * plan.epochs}",
+    ]
+    if sched is not None:
+        per = "update" if plan.decay_on_batch else "epoch"
+        first = ", ".join(f"{sched.lr_at(i):.4g}" for i in range(4))
+        lines.append(f"  decay    {sched.describe()} per {per}: {first}, ...")
+    return "\n".join(lines)
 
 
 def epoch_line(row: Mapping[str, Any], epochs: int) -> str:

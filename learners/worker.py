@@ -37,10 +37,17 @@ from torch import Tensor, nn
 
 from angelps import OptimizerSpec, PSClient
 from angelps.config import ConfigError
+from angelps.dedup import Dedup, merge_rows
+from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler
-from learners import data as datasets
-from learners.data import Batch, DataOptions, ReadStats
-from learners.dense import dense_optimizer, finish_grads, load_dense, save_dense
+from learners.batch_input import BatchInput
+from learners.data import (
+    Batch,
+    DataOptions,
+    binary_labels01,
+)
+from learners.data_part import DataPart
+from learners.dense import finish_grads, load_dense, save_dense
 from learners.model_config import ModelConfig
 from learners.models import BaseModel, build_model
 from learners.plan import JobSize, TrainPlan
@@ -69,57 +76,6 @@ class StepStats:
     last_lr: float = 0.0
 
 
-class _Dedup:
-    """Ids → (unique ids sorted, slot of each id) without ``np.unique``'s argsort.
-
-    ``np.unique(return_inverse=True)`` argsorts. Two cheaper ways (timings in
-    docs/benchmarks-train.md, "Worker-side costs"):
-
-    * a presence mask over the feature range: mark, ``flatnonzero``, remap - but the scan is
-      O(range);
-    * sort the ids (a plain sort), drop repeats, then map every id to its slot through a remap
-      table over the range, touched only at the batch's ids (O(n)).
-
-    The mask is used while the range is at most 8x the ids of the batch, the sort otherwise; with
-    no bounded range (hashed ids), each id finds its slot by binary search in the sorted ids.
-    """
-
-    _MASK_FACTOR = 8
-
-    def __init__(self, num_features: int) -> None:
-        self.num_features = num_features
-        # The remap table is 8 bytes per feature of address space (calloc: touched pages only);
-        # beyond 2^28 features (2 GiB of it) the binary search is used instead.
-        self.bounded = 0 < num_features <= 1 << 28
-        self.mask: np.ndarray | None = None
-        self.remap: np.ndarray | None = None
-
-    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = ids.size
-        if n == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        if not self.bounded:
-            uniq = np.unique(ids)
-            return uniq.astype(np.int64, copy=False), np.searchsorted(uniq, ids).astype(np.int64)
-        if self.remap is None:
-            # np.zeros is calloc: pages of the remap table are materialised only where touched.
-            self.remap = np.zeros(self.num_features, dtype=np.int64)
-        if self.num_features <= self._MASK_FACTOR * n:
-            if self.mask is None:
-                self.mask = np.zeros(self.num_features, dtype=bool)
-            self.mask[ids] = True
-            uniq = np.flatnonzero(self.mask)
-            self.mask[uniq] = False
-        else:
-            srt = np.sort(ids)
-            keep = np.empty(n, dtype=bool)
-            keep[0] = True
-            np.not_equal(srt[1:], srt[:-1], out=keep[1:])
-            uniq = srt[keep]
-        self.remap[uniq] = np.arange(uniq.size, dtype=np.int64)
-        return uniq.astype(np.int64, copy=False), self.remap[ids]
-
-
 class _Rows(Protocol):
     """A pending pull: the rows of every requested table once ``result()`` returns."""
 
@@ -146,18 +102,6 @@ class _Prefetched(NamedTuple):
     rows: _Rows
 
 
-def _merge_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum row gradients of the same id across micro-batches."""
-    if len(parts) == 1:
-        return parts[0]
-    ids = np.concatenate([p[0] for p in parts])
-    grads = np.concatenate([p[1] for p in parts])
-    uniq, inv = np.unique(ids, return_inverse=True)
-    out = np.zeros((uniq.size, grads.shape[1]), dtype=grads.dtype)
-    np.add.at(out, inv, grads)
-    return uniq, out
-
-
 class TrainWorker:
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
 
@@ -177,17 +121,13 @@ class TrainWorker:
         """``read_data=False``: a worker for prediction/evaluation of a saved model, whose data
         comes per call. ``data``: the job's data options."""
         self.plan = plan
-        self.data = data
         self.worker_id = worker_id
         self.num_workers = num_workers
         torch.set_num_threads(plan.torch_threads)
-        self.read_stats = ReadStats()
-        self.stream = plan.stream and read_data
-        self._train_summary: dict[str, int] | None = None
-        self.train, self.valid = self._read_parts(read_data)
+        self.part = DataPart(data, worker_id, num_workers, plan.stream, read_data)
         self.ps: PSClient | None = None
         self.model: BaseModel | None = None
-        self.opt: torch.optim.Optimizer | None = None
+        self.opt: DenseOptimizer | None = None
         self.sched: StepSizeScheduler | None = None
         self._iter: Iterator[Batch] | None = None
         # The first batch of the next run_steps, with its rows already pulled (by the fused call
@@ -196,91 +136,9 @@ class TrainWorker:
         self._ready_epoch = -1
         self._epoch = -1
 
-    # --- this worker's data ----------------------------------------------------------------
-
-    def _read_parts(self, read_data: bool) -> tuple[Batch, Batch]:
-        """(training rows, validation rows) of this worker's part."""
-        if not read_data:
-            return Batch.empty(), Batch.empty()
-        if self.stream:
-            # Inputs larger than memory: one counting pass now (rows, id range; the small
-            # validation split is kept), then every epoch reads its batches from disk.
-            valid, self._train_summary = self._scan()
-            return Batch.empty(), valid
-        return datasets.load_train_valid(
-            self.data,
-            worker_id=self.worker_id,
-            num_workers=self.num_workers,
-            stats=self.read_stats,
-        )
-
-    def _scan(self) -> tuple[Batch, dict[str, int]]:
-        """Stream this worker's part once: the validation rows and the training rows' counts."""
-        opts = self.data
-        split = opts.holds_out_validation
-        summary = _PartSummary()
-        valid_parts = []
-        for chunk in datasets.read_file(
-            str(opts.train_path),
-            opts,
-            worker_id=self.worker_id,
-            num_workers=self.num_workers,
-            stats=self.read_stats,
-        ):
-            if split:
-                mask = datasets.validation_mask(chunk, opts)
-                valid_parts.append(chunk.take(mask))
-                chunk = chunk.take(~mask)
-            summary.add(chunk)
-        if opts.validate_path:
-            valid = self._load_file(opts.validate_path)
-        else:
-            valid = datasets.concat(valid_parts) if valid_parts else Batch.empty()
-        return valid, summary.as_dict()
-
-    def _load_file(self, path: str) -> Batch:
-        return datasets.load_file(
-            path,
-            self.data,
-            worker_id=self.worker_id,
-            num_workers=self.num_workers,
-            stats=self.read_stats,
-        )
-
-    def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
-        if self.stream:
-            return iter(
-                datasets.iter_stream_minibatches(
-                    self.data,
-                    self.batch_size,
-                    shuffle=shuffle,
-                    seed=self.plan.seed,
-                    epoch=epoch,
-                    worker_id=self.worker_id,
-                    num_workers=self.num_workers,
-                )
-            )
-        return iter(
-            datasets.iter_minibatches(
-                self.train, self.batch_size, shuffle=shuffle, seed=self.plan.seed, epoch=epoch
-            )
-        )
-
-    def _shuffle(self) -> bool:
-        return self.data.use_shuffle
-
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
-        out: dict[str, Any] = {}
-        for name, part in (("train", self.train), ("valid", self.valid)):
-            if name == "train" and self._train_summary is not None:
-                out[name] = dict(self._train_summary)
-                continue
-            summary = _PartSummary()
-            summary.add(part)
-            out[name] = summary.as_dict()
-        out["skipped_lines"] = int(self.read_stats.bad_lines)
-        return out
+        return self.part.summary()
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -310,7 +168,7 @@ class TrainWorker:
         self.model = build_model(model_cfg, seed=plan.seed)
         self.model.to(self.device)
         self.tables = self.model.tables()
-        self.dedup = _Dedup(self.num_features)
+        self.dedup = Dedup(self.num_features)
         # Frozen dense layers keep requires_grad=False: no gradient, no optimizer state.
         for name, module in self.model.dense_modules().items():
             if name.lower() in self.frozen:
@@ -321,8 +179,17 @@ class TrainWorker:
         if plan.dense_placement == "ps":
             self._place_dense_on_ps()
             trainable = []
-        self.opt = dense_optimizer(trainable, dense_spec.to_dict())
+        self.opt = DenseOptimizer(trainable, dense_spec) if trainable else None
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
+        self.inputs = BatchInput(
+            self.model,
+            self.tables,
+            self.frozen,
+            self.device,
+            self.num_fields,
+            self.ps_dense,
+            self.dedup,
+        )
         self.task = self.model.task
         torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
@@ -381,84 +248,19 @@ class TrainWorker:
             s.bind(("", 0))
             return addr, int(s.getsockname()[1])
 
-    # --- the input of a batch -------------------------------------------------------------------
-
-    def _request(self, batch: Batch) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Dedup the batch ids: (slot of each id, the rows to pull from every table)."""
-        ids = np.asarray(batch.ids, dtype=np.int64)
-        uniq, slots = self.dedup(ids)
-        req = {
-            t.name: (uniq if t.sparse else np.arange(t.rows, dtype=np.int64)) for t in self.tables
-        }
-        return slots, req
-
-    def _prepare(
-        self, batch: Batch, slots: np.ndarray, labels: bool = True
-    ) -> tuple[SparseInput, Tensor | None]:
-        """Everything of a batch's input that does not need its rows: the CSR structure (and
-        the matrices of the fast backward) and the labels. Built while the rows are in flight."""
-        x = SparseInput.from_csr(
-            batch.indptr,
-            slots,
-            np.asarray(batch.values, dtype=np.float32),
-            {},
-            self._fields_of(batch),
-            device=self.device,
-        )
-        return x, (self._labels(batch) if labels else None)
-
-    def _attach(self, x: SparseInput, pulled: Mapping[str, np.ndarray]) -> SparseInput:
-        """The pulled rows as leaf tensors (the worker-side copies of dense PS tables updated)."""
-        if self.ps_dense:
-            with torch.no_grad():
-                for name, p in self.ps_dense:
-                    v = torch.from_numpy(np.asarray(pulled[name], dtype=np.float32))
-                    p.copy_(v.view_as(p))
-        for t in self.tables:
-            # A copy: rows that came through the object store are read-only.
-            r = torch.from_numpy(np.array(pulled[t.name], dtype=np.float32, copy=True))
-            r = r.to(self.device)
-            x.rows[t.name] = r.requires_grad_(
-                t.name.lower() not in self.frozen and torch.is_grad_enabled()
-            )
-        return x
+    # --- the step ---------------------------------------------------------------------------
 
     def _input(
         self, batch: Batch, labels: bool = True
     ) -> tuple[SparseInput, Tensor | None, dict[str, np.ndarray], float]:
         """Dedup the batch ids, pull their rows, wrap them as leaf tensors."""
         assert self.ps is not None
-        slots, req = self._request(batch)
+        slots, req = self.inputs.request(batch)
         t0 = time.perf_counter()
         pulled = self.ps.pull_many(req)
         pull_s = time.perf_counter() - t0
-        x, y = self._prepare(batch, slots, labels)
-        return self._attach(x, pulled), y, req, pull_s
-
-    def _fields_of(self, batch: Batch) -> int | None:
-        f = self.num_fields
-        if f is None:
-            return None
-        counts = np.diff(np.asarray(batch.indptr))
-        if counts.size and (counts.min() != f or counts.max() != f):
-            if self.model is not None and self.model.needs_fields:
-                bad = int(np.flatnonzero(counts != f)[0])
-                row = batch.row_index[bad] if getattr(batch, "row_index", None) is not None else bad
-                raise ValueError(
-                    f"sample {int(row)} has {int(counts[bad])} non-zeros but ml.fm.field.num={f}: "
-                    f"{self.model.angel_name} needs exactly one id per field"
-                )
-            return None
-        return f
-
-    def _labels(self, batch: Batch) -> Tensor:
-        y = np.asarray(batch.labels, dtype=np.float32)
-        if self.task == "binary":
-            y = np.asarray(datasets.binary_labels01(y), dtype=np.float32)
-        assert self.model is not None
-        return self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y))).to(self.device)
-
-    # --- the step ---------------------------------------------------------------------------
+        x, y = self.inputs.prepare(batch, slots, labels)
+        return self.inputs.attach(x, pulled), y, req, pull_s
 
     def begin_epoch(self, epoch: int, sched: StepSizeScheduler) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
@@ -470,17 +272,12 @@ class TrainWorker:
         if self._ready is None or self._ready_epoch != epoch:
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
             self._ready = None
-            self._iter = self._minibatches(epoch, self._shuffle())
+            self._iter = self._minibatches(epoch, self.part.opts.use_shuffle)
         self._epoch = epoch
         self.sched = sched
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
-        rows = (
-            self._train_summary["rows"]
-            if self._train_summary is not None
-            else int(np.asarray(self.train.indptr).size - 1)
-        )
-        return math.ceil(rows / self.batch_size)
+        return math.ceil(self.part.train_rows() / self.batch_size)
 
     def run_steps(
         self,
@@ -537,7 +334,7 @@ class TrainWorker:
         assert self.ps is not None and self.sched is not None
         parts = self._accumulate(pending, stats)
         t0 = time.perf_counter()
-        grads = {name: _merge_rows(p) for name, p in parts.items() if p}
+        grads = {name: merge_rows(p) for name, p in parts.items() if p}
         assert self.model is not None
         ok, coef = finish_grads(
             self.model, grads, self.loss_scale, self.num_workers, self.plan.clip
@@ -558,9 +355,7 @@ class TrainWorker:
             self.ps.push_many(update, lr=lr)
         stats.push_s += time.perf_counter() - t0
         if self.opt is not None:
-            for group in self.opt.param_groups:
-                group["lr"] = lr
-            self.opt.step()
+            self.opt.step(lr)
             self.opt.zero_grad(set_to_none=True)
         stats.updates += 1
         stats.last_lr = lr
@@ -588,7 +383,7 @@ class TrainWorker:
                 pending = None
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
-                x = self._attach(x, pulled)
+                x = self.inputs.attach(x, pulled)
             else:
                 batch = self._next_batch()
                 x, y, req, pull_s = self._input(batch)
@@ -642,16 +437,19 @@ class TrainWorker:
         epoch, or of ``next_epoch``, whose iterator starts here."""
         assert self.ps is not None
         if last and next_epoch is not None:
-            self._iter = self._minibatches(next_epoch, self._shuffle())
+            self._iter = self._minibatches(next_epoch, self.part.opts.use_shuffle)
             self._epoch = self._ready_epoch = next_epoch
         elif last:
             self._ready_epoch = self._epoch
         nb = self._next_batch()
-        n_slots, n_req = self._request(nb)
+        n_slots, n_req = self.inputs.request(nb)
         rows = self.ps.push_pull_async(update, lr, n_req)
         # While the call is in flight: the next batch's input minus its rows.
-        nx, ny = self._prepare(nb, n_slots)
+        nx, ny = self.inputs.prepare(nb, n_slots)
         return _Prefetched(nb, nx, ny, n_req, rows)
+
+    def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
+        return self.part.minibatches(self.batch_size, epoch, shuffle, self.plan.seed)
 
     def _next_batch(self) -> Batch:
         assert self._iter is not None
@@ -674,7 +472,7 @@ class TrainWorker:
 
     def evaluate_part(self, which: str = "valid", chunk: int = 4096) -> dict[str, Any]:
         """Predictions, labels and the mean loss on this worker's validation (or train) part."""
-        part = self.valid if which == "valid" else self.train
+        part = self.part.valid if which == "valid" else self.part.train
         return self.predict_batch(part, chunk)
 
     def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
@@ -702,7 +500,7 @@ class TrainWorker:
         self.model.train()
         labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
         if labels is not None and self.task == "binary":
-            labels = np.asarray(datasets.binary_labels01(labels), dtype=np.float32)
+            labels = np.asarray(binary_labels01(labels), dtype=np.float32)
         return {
             "pred": np.concatenate(preds) if preds else np.zeros(0, dtype=np.float32),
             "prob": np.concatenate(scores_out) if scores_out else None,
@@ -717,7 +515,7 @@ class TrainWorker:
     def predict_file(self, path: str) -> dict[str, Any]:
         """Read a file (this worker's part) and predict it."""
         return self.predict_batch(
-            self._load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
+            self.part.load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
         )
 
     # --- checkpoints of the worker-side state -------------------------------------------------
@@ -742,34 +540,6 @@ class TrainWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class _PartSummary:
-    """Row count, non-zeros, largest id and non-zeros per row of the batches added."""
-
-    def __init__(self) -> None:
-        self.rows = self.nnz = 0
-        self.max_id, self.min_nnz, self.max_nnz = -1, 1 << 62, 0
-
-    def add(self, batch: Batch) -> None:
-        counts = np.diff(np.asarray(batch.indptr))
-        if not counts.size:
-            return
-        ids = np.asarray(batch.ids)
-        self.rows += int(counts.size)
-        self.nnz += int(ids.size)
-        self.max_id = max(self.max_id, int(ids.max()) if ids.size else -1)
-        self.min_nnz = min(self.min_nnz, int(counts.min()))
-        self.max_nnz = max(self.max_nnz, int(counts.max()))
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "rows": self.rows,
-            "nnz": self.nnz,
-            "max_id": self.max_id,
-            "min_nnz": self.min_nnz if self.rows else 0,
-            "max_nnz": self.max_nnz,
-        }
 
 
 def batch_rows(batch: Batch) -> int:

@@ -244,3 +244,29 @@ def test_dense_optimizer_state_round_trips_and_refuses_ftrl():
         assert torch.equal(other.state[0][k], v)
     with pytest.raises(ConfigError, match=r"ml\.fclayer\.optimizer=ftrl cannot run on the workers"):
         DenseOptimizer([p], OptimizerSpec("ftrl"))
+
+
+@pytest.mark.parametrize("name", ["momentum", "adam", "adagrad", "rmsprop"])
+def test_dense_optimizer_resumes_from_torch_optim_state(name):
+    """Worker checkpoints written with torch.optim (its slot names) resume with the same
+    numbers."""
+    spec = OptimizerSpec(name, l2=1e-2)
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    q = torch.nn.Parameter(p.detach().clone())
+    ref_opt = _TORCH_DENSE[name]([p], spec)
+    grads = [torch.randn(4, 3) for _ in LRS]
+    for lr, g in zip(LRS[:3], grads[:3], strict=True):
+        p.grad = g.clone()
+        ref_opt.param_groups[0]["lr"] = lr
+        ref_opt.step()
+    q.data.copy_(p.detach())
+    opt = DenseOptimizer([q], spec)
+    sd = ref_opt.state_dict()
+    opt.load_state_dict({"state": sd["state"], "param_groups": [{"lr": LRS[2]}]})
+    for lr, g in zip(LRS[3:], grads[3:], strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+        ref_opt.param_groups[0]["lr"] = lr
+        ref_opt.step()
+        opt.step(lr)
+    torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)

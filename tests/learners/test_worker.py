@@ -22,7 +22,7 @@ from learners.keys import all_keys
 from learners.model_config import ModelConfig
 from learners.plan import JobSize, TrainPlan
 from learners.tables import table_specs
-from learners.worker import TrainWorker, _Dedup, _merge_rows
+from learners.worker import TrainWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,9 +83,7 @@ DEEPFM = {
 def test_accumulation_equals_the_larger_batch(census_256, local_ps_class):
     """k micro-batches of b = one batch of k·b: same step sizes, same weights (float tolerance)."""
     big, ps_big = _worker(census_256, DEEPFM, {"batch_size": 64}, local_ps_class, 13)
-    acc, ps_acc = _worker(
-        census_256, DEEPFM, {"batch_size": 16, "accum": 4}, local_ps_class, 13
-    )
+    acc, ps_acc = _worker(census_256, DEEPFM, {"batch_size": 16, "accum": 4}, local_ps_class, 13)
     s_big, s_acc = StandardDecay(0.05, alpha=0.5), StandardDecay(0.05, alpha=0.5)
     big.begin_epoch(0, s_big)
     acc.begin_epoch(0, s_acc)
@@ -199,37 +197,6 @@ def test_dense_state_round_trip(census_256, local_ps_class):
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(s2["state"][k][name]))
 
 
-@pytest.mark.parametrize(
-    ("num_features", "n"),
-    [(1000, 5000), (1000, 100), (10**7, 5000)],
-    ids=["mask", "sort-small-batch", "sort-large-range"],
-)
-def test_dedup_matches_numpy_unique(num_features, n):
-    rng = np.random.default_rng(0)
-    d = _Dedup(num_features)
-    for _ in range(3):  # the mask and the remap table must be clean for the next call
-        ids = rng.integers(0, num_features, size=n)
-        uniq, inv = d(ids)
-        u2, i2 = np.unique(ids, return_inverse=True)
-        np.testing.assert_array_equal(uniq, u2)
-        np.testing.assert_array_equal(inv, i2)
-        assert uniq.dtype == inv.dtype == np.int64
-    uniq, inv = _Dedup(-1)(np.array([10**12, 5, 10**12]))
-    np.testing.assert_array_equal(uniq, [5, 10**12])
-    np.testing.assert_array_equal(inv, [1, 0, 1])
-
-
-def test_merge_rows_sums_duplicates():
-    ids, g = _merge_rows(
-        [
-            (np.array([3, 1]), np.array([[1.0], [2.0]])),
-            (np.array([1, 7]), np.array([[10.0], [5.0]])),
-        ]
-    )
-    np.testing.assert_array_equal(ids, [1, 3, 7])
-    np.testing.assert_array_equal(g[:, 0], [12.0, 1.0, 5.0])
-
-
 def test_loss_scale_is_divided_out(census_256, local_ps_class):
     """A loss scale (as under AMP) changes nothing but the size of the raw gradients."""
     plain, ps_plain = _worker(census_256, DEEPFM, {}, local_ps_class, 13)
@@ -276,9 +243,9 @@ def test_streaming_trains_like_in_memory(tmp_path, local_ps_class):
         {"batch_size": 64, "num_features": 123},
         local_ps_class,
     )
-    assert len(st.train) == 0  # nothing held in memory
+    assert len(st.part.train) == 0  # nothing held in memory
     assert st.data_summary()["train"] == mem.data_summary()["train"]
-    np.testing.assert_array_equal(st.valid.row_index, mem.valid.row_index)
+    np.testing.assert_array_equal(st.part.valid.row_index, mem.part.valid.row_index)
     n_mem = mem.begin_epoch(0, StandardDecay(0.1))
     n_st = st.begin_epoch(0, StandardDecay(0.1))
     assert n_mem == n_st == 10  # 630 training rows / 64

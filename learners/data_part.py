@@ -1,0 +1,158 @@
+"""One worker's part of the job's data: its training and validation rows, and its mini-batches.
+
+Worker ``i`` of ``W`` reads its part of every input (``learners.data.reader``); validation rows
+are split off the training input by row number (``learners.data.split``), so the split does
+not depend on ``W``. In memory (the default) the part is read once; streamed
+(``ml.data.stream``) one counting pass keeps only the validation rows and the training rows'
+counts, and every epoch reads its mini-batches from disk again. Either way an epoch's
+mini-batches are a pure function of (``ml.seed``, epoch), so a resumed run sees the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from learners.data import (
+    Batch,
+    DataOptions,
+    ReadStats,
+    concat,
+    iter_minibatches,
+    iter_stream_minibatches,
+    load_file,
+    load_train_valid,
+    read_file,
+    validation_mask,
+)
+
+__all__ = ["DataPart"]
+
+
+class DataPart:
+    """Worker ``worker_id``'s part of the data of ``opts``.
+
+    ``read=False``: an empty part (a worker that predicts or evaluates files given per call).
+    ``stream``: the training rows stay on disk (``train`` is empty; ``train_rows`` counts them).
+    """
+
+    def __init__(
+        self, opts: DataOptions, worker_id: int, num_workers: int, stream: bool, read: bool = True
+    ) -> None:
+        self.opts = opts
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.stream = stream and read
+        self.stats = ReadStats()
+        self._train_summary: dict[str, int] | None = None
+        self.train, self.valid = Batch.empty(), Batch.empty()
+        if not read:
+            return
+        if self.stream:
+            # Inputs larger than memory: one counting pass now (rows, id range; the small
+            # validation split is kept), then every epoch reads its batches from disk.
+            self.valid, self._train_summary = self._scan()
+        else:
+            self.train, self.valid = load_train_valid(
+                opts, worker_id=worker_id, num_workers=num_workers, stats=self.stats
+            )
+
+    def _scan(self) -> tuple[Batch, dict[str, int]]:
+        """Stream the part once: the validation rows and the training rows' counts."""
+        opts = self.opts
+        summary = _Summary()
+        valid_parts = []
+        for chunk in read_file(
+            str(opts.train_path),
+            opts,
+            worker_id=self.worker_id,
+            num_workers=self.num_workers,
+            stats=self.stats,
+        ):
+            if opts.holds_out_validation:
+                mask = validation_mask(chunk, opts)
+                valid_parts.append(chunk.take(mask))
+                chunk = chunk.take(~mask)
+            summary.add(chunk)
+        if opts.validate_path:
+            valid = self.load_file(opts.validate_path)
+        else:
+            valid = concat(valid_parts) if valid_parts else Batch.empty()
+        return valid, summary.as_dict()
+
+    def load_file(self, path: str) -> Batch:
+        """This worker's part of another input (prediction, evaluation), in memory."""
+        return load_file(
+            path,
+            self.opts,
+            worker_id=self.worker_id,
+            num_workers=self.num_workers,
+            stats=self.stats,
+        )
+
+    def train_rows(self) -> int:
+        """Training rows of the part (held or streamed)."""
+        if self._train_summary is not None:
+            return self._train_summary["rows"]
+        return int(np.asarray(self.train.indptr).size - 1)
+
+    def minibatches(self, batch_size: int, epoch: int, shuffle: bool, seed: int) -> Iterator[Batch]:
+        """The epoch's mini-batches of the training rows (shuffled by (seed, epoch))."""
+        if self.stream:
+            return iter(
+                iter_stream_minibatches(
+                    self.opts,
+                    batch_size,
+                    shuffle=shuffle,
+                    seed=seed,
+                    epoch=epoch,
+                    worker_id=self.worker_id,
+                    num_workers=self.num_workers,
+                )
+            )
+        return iter(
+            iter_minibatches(self.train, batch_size, shuffle=shuffle, seed=seed, epoch=epoch)
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Sizes and id range of the part (the driver sizes the tables from them)."""
+        out: dict[str, Any] = {}
+        for name, part in (("train", self.train), ("valid", self.valid)):
+            if name == "train" and self._train_summary is not None:
+                out[name] = dict(self._train_summary)
+                continue
+            summary = _Summary()
+            summary.add(part)
+            out[name] = summary.as_dict()
+        out["skipped_lines"] = int(self.stats.bad_lines)
+        return out
+
+
+class _Summary:
+    """Row count, non-zeros, largest id and non-zeros per row of the batches added."""
+
+    def __init__(self) -> None:
+        self.rows = self.nnz = 0
+        self.max_id, self.min_nnz, self.max_nnz = -1, 1 << 62, 0
+
+    def add(self, batch: Batch) -> None:
+        counts = np.diff(np.asarray(batch.indptr))
+        if not counts.size:
+            return
+        ids = np.asarray(batch.ids)
+        self.rows += int(counts.size)
+        self.nnz += int(ids.size)
+        self.max_id = max(self.max_id, int(ids.max()) if ids.size else -1)
+        self.min_nnz = min(self.min_nnz, int(counts.min()))
+        self.max_nnz = max(self.max_nnz, int(counts.max()))
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "rows": self.rows,
+            "nnz": self.nnz,
+            "max_id": self.max_id,
+            "min_nnz": self.min_nnz if self.rows else 0,
+            "max_nnz": self.max_nnz,
+        }
