@@ -1,5 +1,6 @@
-"""The dense layers on the workers: their optimizer, the all-reduce of their gradients, and
-their checkpoint.
+"""The dense layers on the workers: the all-reduce, finiteness check and clipping of their
+gradients, and their checkpoint. Their optimizer is ``angelps.optim.DenseOptimizer`` (the
+formulas of the PS optimizers, written once).
 
 Dense (fully connected) layers live on every worker, not on the PS (unless
 ``angel.dense.placement=ps``). Each worker keeps a full copy; the copies stay equal because

@@ -386,7 +386,7 @@ class GraphLearner:
     def validate(self) -> dict[str, Any]:
         """Validation metrics over every worker's validation part ({} when there is none)."""
         assert self._workers is not None
-        outs = self._workers.execute("evaluate_part", "valid")
+        outs = self._workers.execute("validate")
         if sum(o["rows"] for o in outs) == 0:
             return {}
         return _metrics(self._model_task(), outs)

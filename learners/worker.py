@@ -41,11 +41,7 @@ from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler
 from learners.batch_input import BatchInput
-from learners.data import (
-    Batch,
-    DataOptions,
-    binary_labels01,
-)
+from learners.data import Batch, DataOptions, binary_labels01
 from learners.data_part import DataPart
 from learners.dense import finish_grads, load_dense, save_dense
 from learners.model_config import ModelConfig
@@ -79,16 +75,16 @@ class StepStats:
 class _Rows(Protocol):
     """A pending pull: the rows of every requested table once ``result()`` returns."""
 
-    def result(self) -> Any: ...
+    def result(self) -> Mapping[str, np.ndarray]: ...
 
 
 class _Resolved:
     """A future whose value is already here (rows prefetched by the previous ``run_steps``)."""
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Mapping[str, np.ndarray]) -> None:
         self.value = value
 
-    def result(self) -> Any:
+    def result(self) -> Mapping[str, np.ndarray]:
         return self.value
 
 
@@ -106,8 +102,8 @@ class TrainWorker:
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
-    ``build`` (model, same seed on every worker) → ``set_ps`` → ``join_process_group`` (W > 1)
-    → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``evaluate_part``.
+    ``build`` (model, same seed on every worker) → ``set_ps`` → ``setup_dist`` (W > 1)
+    → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``validate``.
     """
 
     def __init__(
@@ -407,8 +403,8 @@ class TrainWorker:
                     parts[name].append((req[name], pg))
                     p.grad = None
             stats.compute_s += time.perf_counter() - t0
-            stats.loss_sum += float(loss.detach()) * batch_rows(batch)
-            stats.samples += batch_rows(batch)
+            stats.loss_sum += float(loss.detach()) * _num_rows(batch)
+            stats.samples += _num_rows(batch)
         return parts
 
     def _skip(self, stats: StepStats) -> None:
@@ -470,16 +466,15 @@ class TrainWorker:
 
     # --- evaluation -------------------------------------------------------------------------
 
-    def evaluate_part(self, which: str = "valid", chunk: int = 4096) -> dict[str, Any]:
-        """Predictions, labels and the mean loss on this worker's validation (or train) part."""
-        part = self.part.valid if which == "valid" else self.part.train
-        return self.predict_batch(part, chunk)
+    def validate(self, chunk: int = 4096) -> dict[str, Any]:
+        """Predictions, labels and the mean loss on this worker's validation rows."""
+        return self.predict_batch(self.part.valid, chunk)
 
     def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
         """Predict every row of ``data`` in chunks, under ``torch.inference_mode``."""
         assert self.model is not None
         self.model.eval()
-        n = batch_rows(data)
+        n = _num_rows(data)
         preds: list[np.ndarray] = []
         scores_out: list[np.ndarray] = []
         loss_sum = 0.0
@@ -496,7 +491,7 @@ class TrainWorker:
                     scores_out.append(torch.softmax(scores, dim=1).cpu().numpy())
                 if has_labels:
                     assert y is not None
-                    loss_sum += float(self.model.loss(scores, y)) * batch_rows(b)
+                    loss_sum += float(self.model.loss(scores, y)) * _num_rows(b)
         self.model.train()
         labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
         if labels is not None and self.task == "binary":
@@ -542,7 +537,7 @@ class TrainWorker:
             dist.destroy_process_group()
 
 
-def batch_rows(batch: Batch) -> int:
+def _num_rows(batch: Batch) -> int:
     return int(np.asarray(batch.indptr).size - 1)
 
 
