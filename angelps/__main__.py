@@ -1,8 +1,8 @@
-"""`python -m angelps` does what the `angelps` script does."""
+"""`python -m angelps` does what the `angelps` script does: the command line of learners."""
 
 import sys
 
-from angelps.cli import main
+from learners.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

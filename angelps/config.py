@@ -19,7 +19,6 @@ config-only entry points and the standard-library-only ``decay`` package can imp
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import math
 import os
@@ -37,9 +36,9 @@ __all__ = [
     "ConfigError",
     "Key",
     "KeyIndex",
-    "add_config_arguments",
     "at_least",
     "between",
+    "format_value",
     "in_range",
     "interval",
     "load_config",
@@ -204,7 +203,7 @@ def validate(key: Key, value: Any, name: str | None = None) -> Any:
     ``"{name}={value} is not valid: expected {what is valid}"``; ``name`` defaults to the key's
     (pass the concrete name of an indexed key, ``ml.opt.decay.1.gamma``).
     """
-    shown = value if isinstance(value, str) else _format(value)
+    shown = value if isinstance(value, str) else format_value(value)
     name = name or key.name
     try:
         typed = _convert(key, value)
@@ -358,18 +357,19 @@ class Config(Mapping[str, Any]):
 
     def to_properties(self) -> dict[str, str]:
         """The values as ``.properties`` strings (None left out)."""
-        return {k: _format(v) for k, v in self._values.items() if v is not None}
+        return {k: format_value(v) for k, v in self._values.items() if v is not None}
 
     def __repr__(self) -> str:
         set_keys = {k: v for k, v in self._values.items() if self.is_set(k)}
         return f"Config({set_keys!r})"
 
 
-def _format(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A typed value as it would be written in a .properties file."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return ",".join(_format(v) for v in value)
+        return ",".join(format_value(v) for v in value)
     return str(value)
 
 
@@ -447,35 +447,13 @@ def load_config(
     return Config(values, sources, key_list)
 
 
-# --- command line ------------------------------------------------------------------------------
-
-
-def add_config_arguments(
-    parser: argparse.ArgumentParser, *, conf_required: bool = False, conf_help: str = ""
-) -> None:
-    """The ``--conf FILE`` and repeated ``--set KEY=VALUE`` options every verb shares."""
-    parser.add_argument(
-        "--conf",
-        metavar="FILE",
-        required=conf_required,
-        help=conf_help or "a .properties job file",
-    )
-    parser.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override one key (repeatable; wins over the file)",
-    )
-
-
 # --- docs --------------------------------------------------------------------------------------
 
 
 def _doc_default(k: Key) -> str:
     if k.default is None:
         return "(unset)"
-    return f"`{_format(k.default)}`" if _format(k.default) != "" else '`""`'
+    return f"`{format_value(k.default)}`" if format_value(k.default) != "" else '`""`'
 
 
 def render_markdown(groups: Sequence[tuple[str, Sequence[Key]]]) -> str:

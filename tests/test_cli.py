@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.cli import build_parser, main
+from learners.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 VERBS = ("train", "predict", "evaluate", "schedule", "conf", "plot")
@@ -149,3 +149,32 @@ def test_asking_for_gpus_the_cluster_lacks_is_bad_input(capsys: pytest.CaptureFi
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "angel.worker.gpus=0.5 with 2 worker(s) needs 1 GPU(s) but the Ray cluster has 0" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["conf", "--conf", "conf/lr_a9a.properties"],
+        ["conf", "--keys"],
+        ["schedule", "--conf", "conf/lr_a9a.properties", "--steps", "3"],
+        ["train", "--conf", "conf/lr_a9a.properties", "--set", "ml.no.such.key=1"],
+        ["--help"],
+    ],
+    ids=["conf", "conf-keys", "schedule", "typo", "help"],
+)
+def test_config_only_verbs_import_neither_torch_nor_ray(argv: list[str]) -> None:
+    """`angelps conf`, `schedule`, `--help` and a typo's error answer without the heavy stack."""
+    code = (
+        "import sys\n"
+        "from learners.cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('torch', 'ray', 'numpy', 'pyarrow', 'pandas') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY="

@@ -3,7 +3,7 @@
 decay    -> standard library and the module angelps.config (decay/torch.py may import torch)
 angelps  -> ray, torch, numpy, pyarrow (pandas for hash factorize); never decay or learners
 learners -> angelps, decay and the third-party libraries
-entry points (angelps/__main__.py, angelps/cli.py) -> learners
+entry point angelps/__main__.py -> learners (the command line lives in learners/cli/)
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")
 EXCEPTIONS = {
     "decay/torch.py": {"torch"},
     "angelps/__main__.py": {"learners"},
-    "angelps/cli.py": {"learners"},
 }
 
 

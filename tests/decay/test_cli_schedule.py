@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.cli import main
+from learners.cli.main import main
 
 
 def test_csv_prints_every_update_at_full_precision(capsys: pytest.CaptureFixture[str]) -> None:

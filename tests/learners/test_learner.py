@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import ray
 
-from learners import cli_train
+from learners.cli import train as cli_train
 from learners.learner import GraphLearner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -384,7 +384,7 @@ def test_dense_layers_on_the_ps(tmp_path):
 
 def test_bad_model_name_fails_before_any_actor(tmp_path, capsys):
     """The CLI maps it to exit code 2 with the valid names, closest first."""
-    from angelps.cli import main
+    from learners.cli.main import main
 
     code = main(
         [

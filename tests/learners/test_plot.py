@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.cli import main
+from learners.cli.main import main
 from learners.plot import plot_metrics, read_metrics
 
 

@@ -107,7 +107,6 @@ def test_head_requires_the_token_and_binds_the_dashboard_to_loopback(head: Head)
 
 
 def test_submit_train_job_succeeds_and_writes_its_summary(head: Head) -> None:
-    pytest.importorskip("learners.cli_train")
     out = Path(tempfile.mkdtemp(prefix="angelps-job-"))
     try:
         summary = out / "summary.json"
@@ -175,7 +174,6 @@ def test_failing_job_is_reported_failed(head: Head) -> None:
 
 @pytest.mark.slow
 def test_ray_job_stop_interrupts_training_cleanly(head: Head) -> None:
-    pytest.importorskip("learners.cli_train")
     out = Path(tempfile.mkdtemp(prefix="angelps-job-"))
     try:
         job_id = f"angelps_stop_{os.getpid()}"

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import decay
-from angelps.config import add_config_arguments
-from decay.base import StepSizeScheduler
+from angelps.config import ConfigError
+from decay import StepSizeScheduler
+from decay.render import example
+from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
 
 _EXAMPLES = """\
 examples:
@@ -32,7 +34,7 @@ precision). docs/decay.md lists every schedule and key.
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the ``schedule`` sub-command."""
     p = subparsers.add_parser(
         "schedule",
@@ -60,24 +62,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _config_error(message: str) -> Exception:
-    from angelps.config import ConfigError
-
-    return ConfigError(message)
-
-
 def build(args: argparse.Namespace) -> StepSizeScheduler:
     """The schedule of ``--conf``/``--set`` told about ``--steps`` updates."""
-    from angelps.config import ConfigError, load_config
-    from learners.keys import all_keys
-
-    conf = load_config(args.conf, args.set or [], all_keys())
+    conf = load_job(args)
     try:
         return decay.from_conf(conf, total_steps=args.steps)
     except ConfigError:
         raise
     except ValueError as e:  # a bad schedule parameter is bad input, like a bad key
-        raise _config_error(str(e)) from None
+        raise ConfigError(str(e)) from None
 
 
 def values(sched: StepSizeScheduler, steps: int) -> tuple[list[float], list[float] | None]:
@@ -91,7 +84,7 @@ def values(sched: StepSizeScheduler, steps: int) -> tuple[list[float], list[floa
 
 def plot(sched: StepSizeScheduler, steps: int, out: str | Path, title: str | None = None) -> None:
     """Draw lr (and momentum, on a second axis) against the update index into a PNG."""
-    import matplotlib
+    import matplotlib  # only when drawing: the config-only verb stays fast
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -116,8 +109,6 @@ def plot(sched: StepSizeScheduler, steps: int, out: str | Path, title: str | Non
 
 def catalogue(out_dir: str | Path) -> list[Path]:
     """Plot the docs/decay.md example of every schedule into ``out_dir/<Name>.png``."""
-    from decay.render import example
-
     paths = []
     for name in decay.names():
         sched, steps = example(name)
@@ -141,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if args.catalogue:
         for path in catalogue(args.catalogue):
             print(path)
-        return 0
+        return EXIT_OK
     if args.steps < 0:
-        raise _config_error(f"--steps {args.steps}: expected an integer >= 0")
+        raise ConfigError(f"--steps {args.steps}: expected an integer >= 0")
     sched = build(args)
     n = args.steps
     lrs, moms = values(sched, n)
@@ -158,4 +149,4 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(sched, n, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
+    return EXIT_OK

@@ -14,15 +14,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from angelps.config import Config, ConfigError, add_config_arguments, load_config
-from learners.keys import all_keys
+from angelps.config import ConfigError
+from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 
 if TYPE_CHECKING:
     from learners.learner import GraphLearner
 
 __all__ = ["register"]
-
-_FMT = argparse.RawDescriptionHelpFormatter
 
 
 def _conf_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -35,21 +33,22 @@ def _conf_args(p: argparse.ArgumentParser, required: bool) -> None:
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subparsers) -> None:
     """Add the ``train``, ``predict`` and ``evaluate`` sub-commands."""
-    p = sub.add_parser(
+    p = add_verb(
+        sub,
         "train",
         help="train a model described by a .properties file",
         description="Train the model of a .properties job on the parameter server: validation "
         "metrics every epoch, metrics.jsonl under angel.log.path, a checkpoint after every "
         "epoch when angel.save.model.path is set.",
-        epilog="examples:\n"
-        "  angelps train --conf conf/lr_a9a.properties\n"
-        "  angelps train --conf conf/deepfm_census.properties --set ml.epoch.num=3 "
-        "--summary-json out.json\n"
-        "  angelps train --conf conf/lr_a9a.properties --set angel.save.model.path=runs/lr "
-        "--resume\n",
-        formatter_class=_FMT,
+        examples=[
+            "angelps train --conf conf/lr_a9a.properties",
+            "angelps train --conf conf/deepfm_census.properties --set ml.epoch.num=3 "
+            "--summary-json out.json",
+            "angelps train --conf conf/lr_a9a.properties --set angel.save.model.path=runs/lr "
+            "--resume",
+        ],
     )
     _conf_args(p, required=True)
     p.add_argument("--summary-json", metavar="PATH", help="write the final summary as JSON")
@@ -60,18 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_train)
 
-    p = sub.add_parser(
+    p = add_verb(
+        sub,
         "predict",
         help="write one prediction per input row with a saved model",
         description="Load a saved model and write one prediction per input row, in input order, "
         "as CSV or Parquet (by the --out suffix): column pred (P(y=1) for binary models, the "
         "class for multi-class, the value for regression) and label when the input has labels.",
-        epilog="examples:\n"
-        "  angelps predict --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm "
-        "--out pred.csv\n"
-        "  angelps predict --conf conf/lr_a9a.properties --model runs/lr_a9a/model "
-        "--input data/a9a/a9a_123d_train.libsvm --out pred.parquet\n",
-        formatter_class=_FMT,
+        examples=[
+            "angelps predict --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm "
+            "--out pred.csv",
+            "angelps predict --conf conf/lr_a9a.properties --model runs/lr_a9a/model "
+            "--input data/a9a/a9a_123d_train.libsvm --out pred.parquet",
+        ],
     )
     _conf_args(p, required=False)
     p.add_argument("--model", metavar="DIR", required=True, help="a saved model directory")
@@ -79,15 +79,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="PATH", required=True, help="output .csv or .parquet")
     p.set_defaults(func=_predict)
 
-    p = sub.add_parser(
+    p = add_verb(
+        sub,
         "evaluate",
         help="print the metrics of a saved model on a labelled file",
         description="Load a saved model and print its metrics on a labelled input.",
-        epilog="examples:\n"
-        "  angelps evaluate --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm\n"
-        "  angelps evaluate --conf conf/fm_census.properties --model runs/fm/model "
-        "--input data/census/census_148d_train.dummy\n",
-        formatter_class=_FMT,
+        examples=[
+            "angelps evaluate --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm",
+            "angelps evaluate --conf conf/fm_census.properties --model runs/fm/model "
+            "--input data/census/census_148d_train.dummy",
+        ],
     )
     _conf_args(p, required=False)
     p.add_argument("--model", metavar="DIR", required=True, help="a saved model directory")
@@ -98,14 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_evaluate)
 
 
-def _load(args: argparse.Namespace, sets: list[str] | None = None) -> Config:
-    return load_config(args.conf, list(args.set) + list(sets or []), all_keys())
-
-
 def _train(args: argparse.Namespace) -> int:
+    conf = load_job(args)  # a bad key or value answers before torch and Ray load
     from learners.learner import GraphLearner  # torch and Ray: only when training
 
-    conf = _load(args)
     learner = GraphLearner(conf, address=args.address)
     try:
         result = learner.train(resume=bool(args.resume))
@@ -123,7 +120,7 @@ def _train(args: argparse.Namespace) -> int:
         if path.parent != Path(""):
             path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(s, indent=2) + "\n")
-    return 0
+    return EXIT_OK
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -134,10 +131,10 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _loaded(args: argparse.Namespace) -> GraphLearner:
+    _check_paths(args)
+    conf = load_job(args)  # a bad key or value answers before torch and Ray load
     from learners.learner import GraphLearner  # torch and Ray: only when predicting
 
-    _check_paths(args)
-    conf = _load(args)
     return GraphLearner(conf, address=args.address, quiet=True).load(args.model)
 
 
@@ -164,7 +161,7 @@ def _predict(args: argparse.Namespace) -> int:
 
         pq.write_table(table, out)
     print(f"wrote {table.num_rows} predictions to {out}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -175,8 +172,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         learner.shutdown()
     if args.json:
         print(json.dumps(metrics))
-        return 0
+        return EXIT_OK
     for k, v in metrics.items():
         shown = f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else str(v)
         print(f"{k:<20} {shown}")
-    return 0
+    return EXIT_OK

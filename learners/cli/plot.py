@@ -5,22 +5,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
+
 __all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subparsers) -> None:
     """Add the ``plot`` sub-command."""
-    p = sub.add_parser(
+    p = add_verb(
+        sub,
         "plot",
         help="draw loss, validation metric and learning-rate curves from metrics.jsonl",
         description="Draw the curves of a training job from the metrics.jsonl that it writes "
         "under angel.log.path: training loss per step and per epoch, the validation metrics per "
         "epoch, the learning rate, and samples/s. The image format follows the --out suffix "
         "(png, pdf, svg).",
-        epilog="examples:\n"
-        "  angelps plot runs/lr_a9a/metrics.jsonl --out curves.png\n"
-        "  angelps plot runs/lr_a9a/metrics.jsonl --out auc.svg --metric valid_auc --last-run\n",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=[
+            "angelps plot runs/lr_a9a/metrics.jsonl --out curves.png",
+            "angelps plot runs/lr_a9a/metrics.jsonl --out auc.svg --metric valid_auc --last-run",
+        ],
     )
     p.add_argument("metrics", metavar="METRICS.jsonl", help="a job's metrics file")
     p.add_argument("--out", metavar="PATH", default="curves.png", help="image to write")
@@ -41,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the figure; a bad metrics file is bad input (exit code 2)."""
-    from learners.plot import plot_metrics
+    from learners.plot import plot_metrics  # matplotlib: only when drawing
 
     try:
         out = plot_metrics(
@@ -53,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         print(f"angelps: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(f"wrote {out}", file=sys.stderr)
-    return 0
+    return EXIT_OK

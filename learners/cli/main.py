@@ -1,0 +1,99 @@
+"""The ``angelps`` entry point: the parser of every verb, and errors turned into exit codes.
+
+Exit codes: 0 success, 2 bad configuration or input, 1 failure while running, 130 interrupted.
+Errors are one clear line on stderr; set ANGELPS_DEBUG=1 to see the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from angelps import __version__
+from angelps.config import ConfigError
+from learners.cli import conf, schedule, train
+from learners.cli import plot as plot_verb
+from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED
+from learners.data.problems import DataError
+
+__all__ = ["build_parser", "main"]
+
+# Errors that mean "your input is wrong" (exit 2) rather than "something failed" (exit 1).
+_BAD_INPUT = (ConfigError, DataError, FileNotFoundError)
+
+_EPILOG = """\
+examples:
+  angelps train --conf conf/lr_a9a.properties
+  angelps train --conf conf/lr_a9a.properties --set ml.epoch.num=5 --summary-json out.json
+  angelps schedule --set ml.opt.decay.class.name=CosineAnnealingLR --set ml.opt.decay.t.max=100 --steps 5
+  angelps conf --conf conf/lr_a9a.properties --set ml.learn.rate=0.1
+  angelps conf --keys
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser with every verb."""
+    parser = argparse.ArgumentParser(
+        prog="angelps",
+        description="angelps: parameter-server training on Ray and PyTorch, configured by "
+        "Angel-style .properties files.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"angelps {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in (train, schedule, plot_verb, conf):
+        verb.register(sub)
+    return parser
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """Errors raised inside Ray actors arrive wrapped; report what really went wrong."""
+    seen = 0
+    while seen < 8:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and cause is not exc:
+            exc = cause
+            seen += 1
+            continue
+        break
+    return exc
+
+
+def _report(exc: Exception, debug: bool) -> int:
+    """One line on stderr for ``exc``; the exit code it stands for."""
+    root = _root_cause(exc)
+    if debug:
+        traceback.print_exc()
+    if isinstance(root, _BAD_INPUT) or isinstance(exc, _BAD_INPUT):
+        err = root if isinstance(root, _BAD_INPUT) else exc
+        print(f"angelps: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"angelps: failed: {type(root).__name__}: {root}", file=sys.stderr)
+    if not debug:
+        print("angelps: set ANGELPS_DEBUG=1 for the traceback", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("angelps: interrupted; stopped cleanly", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the one place that turns errors into exit codes
+        return _report(exc, debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
