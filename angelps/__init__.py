@@ -7,8 +7,9 @@ with the standard-library-only ``decay`` package and with the CLI's config-only 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from angelps.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -45,10 +46,4 @@ if TYPE_CHECKING:
     from angelps.table import OptimizerSpec, TableSpec
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'angelps' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

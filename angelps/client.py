@@ -34,7 +34,7 @@ from angelps.partition import Partitioner
 from angelps.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.routing import Routed, assemble
 from angelps.shard import check_keys, check_lr, check_push
-from angelps.table import TableSpec
+from angelps.table import TableSpec, table_named
 from angelps.transport import Pulls, Pushes, Reply, Transport, call_bytes, get_refs, remote_error
 
 __all__ = ["PSClient", "PSFuture"]
@@ -149,12 +149,7 @@ class PSClient:
     # --- plumbing ------------------------------------------------------------------------------
 
     def _spec(self, table: str) -> TableSpec:
-        try:
-            return self.specs[table]
-        except KeyError:
-            raise ValueError(
-                f"unknown table {table!r}; tables: {', '.join(sorted(self.specs)) or '(none)'}"
-            ) from None
+        return table_named(self.specs, table)
 
     def _get(self, refs: Sequence[ray.ObjectRef[T]]) -> list[T]:
         """``ray.get`` of control calls (stats, save, load) after the pushes in flight."""

@@ -56,13 +56,9 @@ def shard_options(ps: PSOptions, num_workers: int) -> ShardOptions:
     if ps.backup_interval > 0:
         base = ps.backup_path or os.path.join(tempfile.gettempdir(), "angelps-backup")
         backup_dir = os.path.abspath(os.path.join(base, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
-    return ShardOptions(
-        num_workers=num_workers,
-        partitioner=ps.partitioner,
-        staleness=ps.staleness,
-        nan_policy=ps.nan_policy,
-        timeout_ms=ps.timeout_ms,
-        backup_interval=ps.backup_interval,
+    return ShardOptions.of(
+        ps,
+        num_workers,
         backup_dir=backup_dir,
         # The data plane's password, handed to clients with their options.
         token=secrets.token_hex(wire.TOKEN_BYTES // 2),

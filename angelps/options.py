@@ -346,23 +346,35 @@ class ShardOptions:
         )
 
     @classmethod
-    def from_config(
-        cls, conf: Mapping[str, Any], num_workers: int = 1, token: str = ""
+    def of(
+        cls,
+        ps: PSOptions,
+        num_workers: int,
+        *,
+        backup_dir: str = "",
+        token: str = "",
+        device: str | None = None,
     ) -> ShardOptions:
-        """Options of a shard outside a launch (a test, a local server): no backups, rows in
-        host memory."""
-        ps = PSOptions.from_config(conf)
+        """A shard's options within the job ``ps``; backups run only with a ``backup_dir``."""
         return cls(
             num_workers=num_workers,
             partitioner=ps.partitioner,
             staleness=ps.staleness,
             nan_policy=ps.nan_policy,
             timeout_ms=ps.timeout_ms,
-            backup_interval=0,
-            backup_dir="",
+            backup_interval=ps.backup_interval if backup_dir else 0,
+            backup_dir=backup_dir,
             token=token,
-            device=None,
+            device=device,
         )
+
+    @classmethod
+    def from_config(
+        cls, conf: Mapping[str, Any], num_workers: int = 1, token: str = ""
+    ) -> ShardOptions:
+        """Options of a shard outside a launch (a test, a local server): no backups, rows in
+        host memory."""
+        return cls.of(PSOptions.from_config(conf), num_workers, token=token)
 
     @property
     def timeout_s(self) -> float:

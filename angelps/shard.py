@@ -35,7 +35,7 @@ from angelps.options import (
 )
 from angelps.partition import Partitioner
 from angelps.storage import Table, new_table
-from angelps.table import TableSpec, check_unique_names
+from angelps.table import TableSpec, check_unique_names, table_named
 
 __all__ = [
     "ParameterShard",
@@ -195,12 +195,7 @@ class ParameterShard:
     # --- validation ----------------------------------------------------------------------------
 
     def _table(self, name: str) -> Table:
-        try:
-            return self.tables[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown table {name!r}; tables: {', '.join(sorted(self.tables)) or '(none)'}"
-            ) from None
+        return table_named(self.tables, name)
 
     def _validate(
         self, updates: Mapping[str, tuple[Any, Any]]

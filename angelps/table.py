@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,7 @@ __all__ = [
     "check_unique_names",
     "init_rows",
     "mix64",
+    "table_named",
 ]
 
 INITIALIZERS = ("zeros", "normal", "uniform", "constant")
@@ -216,3 +217,16 @@ def check_unique_names(tables: Sequence[TableSpec]) -> None:
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         raise ValueError(f"table names must be unique, got {names}")
+
+
+T = TypeVar("T")
+
+
+def table_named(tables: Mapping[str, T], name: str) -> T:
+    """``tables[name]``, or a ValueError that names the tables there are."""
+    try:
+        return tables[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown table {name!r}; tables: {', '.join(sorted(tables)) or '(none)'}"
+        ) from None

@@ -86,9 +86,9 @@ def _decay_length(
     return total - before
 
 
-class WarmupCosine(_Warmed):
-    """Linear warmup, then cosine to the floor:
-    ``r + ½(1 − r)(1 + cos(π·p))``, r = min_lr_ratio; flat at ``r·lr`` after the decay."""
+class _WarmupDecay(_Warmed):
+    """Warmup over W, then a decay over D = decay_steps (else total_steps − W) to the floor
+    ``r = min_lr_ratio``; the subclass gives the decay's shape as ``_decay(s)``."""
 
     def __init__(
         self,
@@ -103,6 +103,11 @@ class WarmupCosine(_Warmed):
         self.total_steps = total_steps
         self.decay_steps = decay_steps
         self._d = _decay_length(self, decay_steps, total_steps, self.warmup_steps, "warmup_steps")
+
+
+class WarmupCosine(_WarmupDecay):
+    """Linear warmup, then cosine to the floor:
+    ``r + ½(1 − r)(1 + cos(π·p))``, r = min_lr_ratio; flat at ``r·lr`` after the decay."""
 
     def _decay(self, s: int) -> float:
         p = min(1.0, s / self._d)
@@ -110,22 +115,8 @@ class WarmupCosine(_Warmed):
         return r + 0.5 * (1 - r) * (1 + math.cos(math.pi * p))
 
 
-class WarmupLinear(_Warmed):
+class WarmupLinear(_WarmupDecay):
     """Linear warmup, then linear decay ``1 − (1 − r)·p`` to ``r·lr``; flat afterwards."""
-
-    def __init__(
-        self,
-        lr: float,
-        total_steps: int | None = None,
-        warmup_steps: int = 2000,
-        decay_steps: int | None = None,
-        min_lr_ratio: float = 0.1,
-    ) -> None:
-        super().__init__(lr, warmup_steps)
-        self.min_lr_ratio = _ratio(self, min_lr_ratio)
-        self.total_steps = total_steps
-        self.decay_steps = decay_steps
-        self._d = _decay_length(self, decay_steps, total_steps, self.warmup_steps, "warmup_steps")
 
     def _decay(self, s: int) -> float:
         return 1 - (1 - self.min_lr_ratio) * min(1.0, s / self._d)
@@ -205,7 +196,7 @@ class WarmupStableDecay(_Warmed):
         return r + (1 - r) * math.sqrt(1 - p)
 
 
-class Rex(_Warmed):
+class Rex(_WarmupDecay):
     """Linear warmup, then polynomial decay clamped at the floor:
     ``max(r, (1 − p)^rex_alpha)`` (KempnerForge's ``rex``; a clamp, not an affine floor)."""
 
@@ -218,14 +209,10 @@ class Rex(_Warmed):
         min_lr_ratio: float = 0.1,
         rex_alpha: float = 1.0,
     ) -> None:
-        super().__init__(lr, warmup_steps)
-        self.min_lr_ratio = _ratio(self, min_lr_ratio)
+        super().__init__(lr, total_steps, warmup_steps, decay_steps, min_lr_ratio)
         self.rex_alpha = _check_float(
             self, "rex_alpha", rex_alpha, _is_real(rex_alpha) and rex_alpha > 0, "a number > 0"
         )
-        self.total_steps = total_steps
-        self.decay_steps = decay_steps
-        self._d = _decay_length(self, decay_steps, total_steps, self.warmup_steps, "warmup_steps")
 
     def _decay(self, s: int) -> float:
         p = min(1.0, s / self._d)

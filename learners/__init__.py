@@ -6,8 +6,9 @@ used by the CLI's config-only verbs) must not pull in torch or Ray.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from angelps.lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -21,10 +22,4 @@ if TYPE_CHECKING:
     from learners.learner import GraphLearner, TrainResult
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'learners' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

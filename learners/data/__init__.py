@@ -21,8 +21,9 @@ that each key list has one home.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from angelps.lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -82,13 +83,7 @@ if TYPE_CHECKING:
     from learners.data.split import iter_train_chunks, load_train_valid, validation_mask
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'learners.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:
