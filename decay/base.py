@@ -66,9 +66,9 @@ class StepSizeScheduler:
     or, Angel style, ``lr = sched.next()`` (returns ``lr_at(count)`` and advances).
     """
 
-    #: False for metric-driven schedules (ReduceLROnPlateau, or a warmup in front of one):
-    #: they take ``step(metric)`` and cannot be children of a sequence or chain.
-    composable: bool = True
+    #: True for schedules fed a validation metric through ``step(metric)`` (ReduceLROnPlateau,
+    #: or a warmup in front of one): they cannot be children of a sequence or chain.
+    metric_driven: bool = False
 
     def __init__(self, lr: float) -> None:
         _check_float(self, "lr", lr, lr >= 0 if _is_real(lr) else False, "a finite number >= 0")

@@ -21,7 +21,7 @@ def _children(owner: str, schedulers: Sequence[StepSizeScheduler]) -> list[StepS
     for i, s in enumerate(schedulers):
         if not isinstance(s, StepSizeScheduler):
             raise ParamError(owner, f"schedulers[{i}]", s, "a StepSizeScheduler")
-        if not s.composable:
+        if s.metric_driven:
             raise ParamError(
                 owner,
                 f"schedulers[{i}]",
@@ -48,7 +48,7 @@ class Warmup(StepSizeScheduler):
         super().__init__(inner.lr)
         self.inner = inner
         self.warmup_steps = _check_int(self, "warmup_steps", warmup_steps, 0)
-        self.composable = inner.composable
+        self.metric_driven = inner.metric_driven
         self._peak = inner.lr_at(0)
 
     def _lr(self, k: int) -> float:
@@ -66,7 +66,7 @@ class Warmup(StepSizeScheduler):
     def step(self, metric: float) -> float:
         """Report a metric to a metric-driven inner schedule; returns the next step size."""
         step = getattr(self.inner, "step", None)
-        if self.composable or step is None:
+        if not self.metric_driven or step is None:
             raise TypeError(f"{self.inner.describe()} is not metric-driven: it has no step(metric)")
         # The inner schedule counts from the end of the warmup.
         self.inner._count = max(0, self._count - self.warmup_steps)
@@ -75,13 +75,13 @@ class Warmup(StepSizeScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if not self.composable:
+        if self.metric_driven:
             state["inner"] = self.inner.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        if not self.composable:
+        if self.metric_driven:
             if "inner" not in state:
                 raise ValueError("Warmup.load_state_dict: missing 'inner' (the plateau state)")
             self.inner.load_state_dict(state["inner"])

@@ -260,7 +260,7 @@ def _child(
         )
     name_key = key if own is not None else f"{PREFIX}schedulers[{i}]"
     child = _build_one(r, name, name_key, f"{PREFIX}{i}.", lr, span, top=False)
-    if not child.composable:
+    if child.metric_driven:
         raise ValueError(
             f"{name_key}={name}: {type(child).__name__} is metric-driven and cannot be a "
             f"child of {parent.__name__}"

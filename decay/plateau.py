@@ -3,8 +3,8 @@
 Its step sizes are still a function of the update count, given the reductions so far: each
 reduction is recorded with the count at which its metric was reported, so ``lr_at(k)`` and a
 resumed schedule are exact. Its state (``state_dict``) is the count, the plateau counters and the
-list of reductions, JSON-safe. It cannot be a child of a sequence or a chain (``composable`` is
-False).
+list of reductions, JSON-safe. It cannot be a child of a sequence or a chain (it is
+``metric_driven``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ReduceLROnPlateau(StepSizeScheduler):
     ``step`` once (one decision, broadcast with the lr).
     """
 
-    composable = False
+    metric_driven = True
 
     def __init__(
         self,

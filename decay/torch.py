@@ -53,7 +53,7 @@ class DecayLR(LRScheduler):
             raise TypeError(
                 f"DecayLR: schedule must be a StepSizeScheduler, got {type(schedule).__name__}"
             )
-        if not schedule.composable:
+        if schedule.metric_driven:
             raise ValueError(
                 f"DecayLR: {type(schedule).__name__} is metric-driven; torch's ReduceLROnPlateau "
                 "or calling schedule.step(metric) and writing schedule.peek() fits it better"

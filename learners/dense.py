@@ -13,15 +13,18 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from angelps.optim import DenseOptimizer
+from learners.tables import TableDecl
 
 __all__ = ["finish_grads", "load_dense", "save_dense"]
 
@@ -164,3 +167,54 @@ def load_dense(
         opt.load_state_dict({"state": state, "param_groups": groups})
     torch.set_rng_state(torch.from_numpy(arrays["rng/torch"].copy()))
     return float(meta.get("loss_scale", loss_scale)), int(meta.get("good_steps", 0))
+
+
+def dense_tables_on_ps(
+    model: nn.Module, tables: list[TableDecl], frozen: set[str]
+) -> list[tuple[str, nn.Parameter]]:
+    """angel.dense.placement=ps: every MLP parameter becomes a dense PS table (as Angel), pulled
+    whole before each forward and pushed after each backward; no all-reduce, no worker-side
+    optimizer. Init U(±1/√fan_in), the scale of torch's nn.Linear default.
+
+    Appends the tables to ``tables`` and the names of frozen parameters to ``frozen``; returns
+    (table name, parameter) pairs.
+    """
+    params = dict(model.named_parameters())
+    placed: list[tuple[str, nn.Parameter]] = []
+    for pname, p in params.items():
+        # A bias takes the fan-in of its layer's weight (as nn.Linear).
+        w = params.get(pname[: -len("bias")] + "weight") if pname.endswith("bias") else p
+        fan_in = w.shape[1] if w is not None and w.dim() > 1 else p.shape[0]
+        name = "dense." + pname
+        tables.append(
+            TableDecl(
+                name,
+                int(p.shape[0]),
+                int(p[0].numel()) if p.dim() > 1 else 1,
+                False,
+                "fclayer",
+                1.0 / math.sqrt(max(fan_in, 1)),
+                "uniform",
+            )
+        )
+        placed.append((name, p))
+        if not p.requires_grad:
+            frozen.add(name.lower())
+    return placed
+
+
+def join_group(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
+    """Join the gloo process group the dense all-reduce runs in (as Ray Train sets it up)."""
+    if world_size <= 1 or dist.is_initialized():
+        return
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+    )
+
+
+def free_port() -> tuple[str, int]:
+    """An address and a free TCP port on this node, for worker 0 to host the process group."""
+    addr = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return addr, int(s.getsockname()[1])

@@ -30,20 +30,19 @@ import ray
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.config import Config, ConfigError, load_config
 from decay import StepSizeScheduler, from_conf
-from learners import metrics as M
 from learners import saved_model
 from learners.data import DataOptions
 from learners.keys import all_keys
+from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
 from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
+from learners.preflight import check_job, lower_is_better, watched_metric
 from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
-
-_LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 
 
 @dataclass
@@ -168,7 +167,7 @@ class GraphLearner:
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
         plan, t_start = self.plan, time.perf_counter()
-        self._check_conf(resume)
+        check_job(self.conf, self.plan, resume)
         if resume:
             saved_model.read_extra(Path(str(plan.save_path)))  # fail before any actor starts
         self._start_ray()
@@ -302,7 +301,7 @@ class GraphLearner:
     def _track(self, row: Mapping[str, Any], progress: _Progress) -> None:
         """Early stopping's count: epochs since the watched metric last improved."""
         metric_name = self._watch_metric()
-        progress.watch(row.get(metric_name), metric_name.endswith(_LOWER_IS_BETTER))
+        progress.watch(row.get(metric_name), lower_is_better(metric_name))
 
     def early_stop(self, progress: _Progress, log: RunLog) -> bool:
         """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
@@ -338,48 +337,8 @@ class GraphLearner:
             summary.setdefault(k, None)
         return summary
 
-    def _check_conf(self, resume: bool) -> None:
-        conf = self.conf
-        if not conf["angel.train.data.path"]:
-            raise ConfigError(
-                "angel.train.data.path is not set: expected the path of the training data"
-            )
-        if not Path(str(conf["angel.train.data.path"])).exists():
-            raise ConfigError(
-                f"angel.train.data.path={conf['angel.train.data.path']} "
-                f"({conf.source('angel.train.data.path')}) does not exist"
-            )
-        cls = model_class(_model_name(conf))  # unknown names fail here, first
-        if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
-            raise ConfigError(
-                f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
-                "in every sample; census: 13)"
-            )
-        if resume and not self.plan.save_path:
-            raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
-        self._check_plateau()
-
     def _watch_metric(self) -> str:
-        name = self.plan.early_stop_metric.lower()
-        if name != "auto":
-            return name if name.startswith("valid_") else f"valid_{name}"
-        task = model_class(_model_name(self.conf)).task
-        return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
-
-    def _check_plateau(self) -> None:
-        """The plateau's mode must match the direction of the metric it is fed."""
-        conf = self.conf
-        if str(conf["ml.opt.decay.class.name"]).lower() != "reducelronplateau":
-            return
-        metric_name = self._watch_metric()
-        want = "min" if metric_name.endswith(_LOWER_IS_BETTER) else "max"
-        mode = str(conf["ml.opt.decay.mode"] or "min").lower()
-        if mode != want:
-            raise ConfigError(
-                f"ReduceLROnPlateau is fed {metric_name} (ml.early.stop.metric), where "
-                f"{'lower' if want == 'min' else 'higher'} is better, but "
-                f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
-            )
+        return watched_metric(self.plan, self._model_task())
 
     # --- validation and prediction ------------------------------------------------------------
 
@@ -389,7 +348,7 @@ class GraphLearner:
         outs = self._workers.execute("validate")
         if sum(o["rows"] for o in outs) == 0:
             return {}
-        return _metrics(self._model_task(), outs)
+        return jsonable(validation_metrics(self._model_task(), outs))
 
     def _model_task(self) -> str:
         return model_class(_model_name(self.conf)).task
@@ -470,7 +429,10 @@ class GraphLearner:
         outs = self._workers.execute("predict_file", str(path))
         if any(o["labels"] is None for o in outs):
             raise ConfigError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
-        return {k.removeprefix("valid_"): v for k, v in _metrics(self._model_task(), outs).items()}
+        return {
+            k.removeprefix("valid_"): v
+            for k, v in jsonable(validation_metrics(self._model_task(), outs)).items()
+        }
 
     def predict(self, path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present)."""
@@ -516,23 +478,4 @@ class _MetricDriven(Protocol):
 def _is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
     """ReduceLROnPlateau (alone or inside a composition): a schedule fed the validation metric
     through ``step(metric)`` rather than driven by the update count alone."""
-    return getattr(sched, "composable", True) is False and hasattr(sched, "step")
-
-
-def _metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Global validation metrics over every worker's predictions."""
-    key = "prob" if task == "multiclass" else "pred"
-    pred = np.concatenate([o[key] for o in outs])
-    labels = np.concatenate([o["labels"] for o in outs])
-    rows = sum(o["rows"] for o in outs)
-    loss = sum(o["loss_sum"] for o in outs) / max(rows, 1)
-    if task == "binary":
-        m = M.binary_metrics(labels, pred)
-    elif task == "multiclass":
-        m = M.multiclass_metrics(labels, pred)
-    else:
-        m = M.regression_metrics(labels, pred)
-    out = {f"valid_{k}": v for k, v in dict(m).items()}
-    out["valid_loss"] = loss
-    out["valid_rows"] = rows
-    return jsonable(out)
+    return sched.metric_driven and hasattr(sched, "step")

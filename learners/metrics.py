@@ -17,6 +17,9 @@ labels) and raise ``ValueError`` naming what is wrong.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -26,6 +29,7 @@ __all__ = [
     "binary_metrics",
     "multiclass_metrics",
     "regression_metrics",
+    "validation_metrics",
 ]
 
 # Probabilities are clipped to [EPS, 1 - EPS] before the log, as sklearn's log_loss did
@@ -156,3 +160,23 @@ def regression_metrics(y: npt.ArrayLike, pred: npt.ArrayLike) -> dict[str, float
         "r2": 1.0 - float(np.sum(err * err)) / ss_tot if ss_tot > 0 else float("nan"),
         "count": float(yy.shape[0]),
     }
+
+
+def validation_metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The job's validation metrics (``valid_*``) over every worker's predictions: ``outs`` are
+    the workers' answers to ``validate`` (predictions, labels, rows, summed loss)."""
+    key = "prob" if task == "multiclass" else "pred"
+    pred = np.concatenate([o[key] for o in outs])
+    labels = np.concatenate([o["labels"] for o in outs])
+    rows = sum(o["rows"] for o in outs)
+    loss = sum(o["loss_sum"] for o in outs) / max(rows, 1)
+    if task == "binary":
+        m = binary_metrics(labels, pred)
+    elif task == "multiclass":
+        m = multiclass_metrics(labels, pred)
+    else:
+        m = regression_metrics(labels, pred)
+    out = {f"valid_{k}": v for k, v in dict(m).items()}
+    out["valid_loss"] = loss
+    out["valid_rows"] = rows
+    return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,7 +42,14 @@ from decay import StepSizeScheduler
 from learners.batch_input import BatchInput
 from learners.data import Batch, DataOptions, binary_labels01
 from learners.data_part import DataPart
-from learners.dense import finish_grads, load_dense, save_dense
+from learners.dense import (
+    dense_tables_on_ps,
+    finish_grads,
+    free_port,
+    join_group,
+    load_dense,
+    save_dense,
+)
 from learners.model_config import ModelConfig
 from learners.models import BaseModel, build_model
 from learners.plan import JobSize, TrainPlan
@@ -173,7 +179,7 @@ class TrainWorker:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.ps_dense: list[tuple[str, nn.Parameter]] = []
         if plan.dense_placement == "ps":
-            self._place_dense_on_ps()
+            self.ps_dense = dense_tables_on_ps(self.model, self.tables, self.frozen)
             trainable = []
         self.opt = DenseOptimizer(trainable, dense_spec) if trainable else None
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
@@ -190,32 +196,6 @@ class TrainWorker:
         torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
 
-    def _place_dense_on_ps(self) -> None:
-        """angel.dense.placement=ps: every MLP parameter is a dense PS table (as Angel), pulled
-        whole before each forward and pushed after each backward; no all-reduce, no worker-side
-        optimizer. Init U(±1/√fan_in), the scale of torch's nn.Linear default."""
-        assert self.model is not None
-        params = dict(self.model.named_parameters())
-        for pname, p in params.items():
-            # A bias takes the fan-in of its layer's weight (as nn.Linear).
-            w = params.get(pname[: -len("bias")] + "weight") if pname.endswith("bias") else p
-            fan_in = w.shape[1] if w is not None and w.dim() > 1 else p.shape[0]
-            name = "dense." + pname
-            self.tables.append(
-                TableDecl(
-                    name,
-                    int(p.shape[0]),
-                    int(p[0].numel()) if p.dim() > 1 else 1,
-                    False,
-                    "fclayer",
-                    1.0 / math.sqrt(max(fan_in, 1)),
-                    "uniform",
-                )
-            )
-            self.ps_dense.append((name, p))
-            if not p.requires_grad:
-                self.frozen.add(name.lower())
-
     def dense_param_count(self) -> int:
         """Number of worker-side (dense) parameters of the model."""
         assert self.model is not None
@@ -226,23 +206,13 @@ class TrainWorker:
         self.ps = ps
 
     def setup_dist(self, master_addr: str, master_port: int) -> None:
-        """Join the gloo process group the dense all-reduce runs in (as Ray Train sets it up)."""
-        if self.num_workers <= 1 or dist.is_initialized():
-            return
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=self.worker_id,
-            world_size=self.num_workers,
-        )
+        """Join the process group of the dense all-reduce (:func:`learners.dense.join_group`)."""
+        join_group(master_addr, master_port, self.worker_id, self.num_workers)
 
     @staticmethod
     def free_port() -> tuple[str, int]:
         """An address and a free TCP port on this node, for worker 0 to host the process group."""
-        addr = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return addr, int(s.getsockname()[1])
+        return free_port()
 
     # --- the step ---------------------------------------------------------------------------
 

@@ -100,7 +100,7 @@ def test_plateau_with_warmup_resumes_exactly() -> None:
 
     metrics = [5, 4, 4, 4, 4, 3, 3, 3, 3, 3]
     ref = make()
-    assert not ref.composable
+    assert ref.metric_driven
     lrs = []
     for m in metrics:
         lrs.append(ref.next())

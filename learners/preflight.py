@@ -1,0 +1,75 @@
+"""Checks of a training job that need more than one key, made before any actor starts.
+
+A single key's type and range are checked when the configuration is loaded
+(:mod:`angelps.config`); what depends on several keys, on the model class or on the file
+system is checked here, so that a job that cannot run fails in a second with one line naming
+the keys, not minutes later inside a worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from angelps.config import Config, ConfigError
+from decay import ReduceLROnPlateau
+from learners.models import model_class
+from learners.plan import TrainPlan
+
+__all__ = ["check_job", "lower_is_better", "watched_metric"]
+
+_LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
+_PLATEAU_MODE = inspect.signature(ReduceLROnPlateau).parameters["mode"].default
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` (``valid_auc``, ``valid_loss``...) is better."""
+    return metric.endswith(_LOWER_IS_BETTER)
+
+
+def watched_metric(plan: TrainPlan, task: str) -> str:
+    """The validation metric that early stopping and ReduceLROnPlateau follow
+    (``ml.early.stop.metric``; ``auto``: AUC, accuracy or RMSE by the model's task)."""
+    name = plan.early_stop_metric.lower()
+    if name != "auto":
+        return name if name.startswith("valid_") else f"valid_{name}"
+    return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
+
+
+def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
+    """Raise ConfigError for a job that cannot train: no data, an unknown model or one that
+    lacks its field count, --resume without a checkpoint path, a plateau facing the wrong way."""
+    train_path = conf["angel.train.data.path"]
+    if not train_path:
+        raise ConfigError(
+            "angel.train.data.path is not set: expected the path of the training data"
+        )
+    if not Path(str(train_path)).exists():
+        raise ConfigError(
+            f"angel.train.data.path={train_path} "
+            f"({conf.source('angel.train.data.path')}) does not exist"
+        )
+    cls = model_class(str(conf["ml.model.class.name"]))  # unknown names fail here, first
+    if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
+        raise ConfigError(
+            f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
+            "in every sample; census: 13)"
+        )
+    if resume and not plan.save_path:
+        raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
+    _check_plateau(conf, watched_metric(plan, cls.task))
+
+
+def _check_plateau(conf: Config, metric: str) -> None:
+    """The plateau's mode must match the direction of the metric it is fed."""
+    if str(conf["ml.opt.decay.class.name"]).lower() != "reducelronplateau":
+        return
+    want = "min" if lower_is_better(metric) else "max"
+    # Unset, the mode is ReduceLROnPlateau's own default (the key is shared with CyclicLR).
+    mode = str(conf["ml.opt.decay.mode"] or _PLATEAU_MODE).lower()
+    if mode != want:
+        raise ConfigError(
+            f"ReduceLROnPlateau is fed {metric} (ml.early.stop.metric), where "
+            f"{'lower' if want == 'min' else 'higher'} is better, but "
+            f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
+        )
