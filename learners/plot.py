@@ -140,6 +140,8 @@ def plot_metrics(
     the file has; any numeric ``valid_*`` may be named). The image
     format follows the suffix of ``out`` (png, pdf, svg). Returns the path written.
     """
+    # Here, not at the top: the backend must be chosen before pyplot is first imported, and
+    # only a drawing needs matplotlib at all.
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed; safe in a Ray job or on CI
