@@ -1,17 +1,24 @@
 """Checkpoints: every shard's rows and optimizer state in Parquet, plus a JSON manifest.
 
-Layout of a checkpoint directory::
+Layout of a checkpoint directory (format version 2)::
 
-    manifest.json                 format, tables (specs), shards, partitioner, clocks, extra
+    manifest.json                 format, version, tables (specs), shards, partitioner, clocks,
+                                  extra, files (SHA-256, rows, bytes of every table file),
+                                  manifest_sha256 (of the manifest's own content)
     <table>/shard-<i>.parquet     columns: key (int64), w (fixed_size_list<dtype>[cols]),
                                   one fixed_size_list column per optimizer slot (state.<slot>)
 
 Nothing is pickled. Values are stored in their own dtype, so a restore is bit-identical. Each
-shard writes its own files; the client writes the manifest last. A save writes everything into
-``<path>.tmp-<id>`` and then renames it to ``<path>`` (an existing ``<path>`` is first renamed
-to ``<path>.old-<id>`` and removed after the swap), so a crash during a save never damages the
-previous checkpoint: :func:`resolve` finds it under ``<path>.old-<id>`` if the crash fell
-between the two renames.
+shard writes its own files (with Parquet page checksums, fsynced) and reports their SHA-256 and
+row counts; the client writes the manifest last. Where the directory goes and how it is
+committed (a temporary sibling, renames, the previous checkpoint kept as ``<path>.prev``) is
+:mod:`angelps.checkpoint_dir`.
+
+Invariant: nothing damaged is read silently. Every read of a table file
+(:func:`read_table_file`: load, resume, predict, evaluate, a shard's backup) checks its SHA-256
+and row count against the manifest and the Parquet page checksums, and every read of a manifest
+checks its own checksum; a mismatch is a :class:`CheckpointError` naming the file. Version 1
+checkpoints (no checksums) are still read, unchecked.
 
 A restore reads, for every table, all shard files of the checkpoint and keeps the keys that the
 new layout routes to this shard: the number of shards and the partitioner may differ from the
@@ -21,7 +28,7 @@ saving job's. Tables must match by name, dense/sparse, rows, cols, dtype and opt
 
 from __future__ import annotations
 
-import glob
+import hashlib
 import json
 import os
 import shutil
@@ -34,36 +41,55 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from angelps.checkpoint_dir import (
+    FORMAT,
+    MANIFEST,
+    CheckpointDamaged,
+    CheckpointError,
+    check_target,
+    commit_dir,
+    fsync_dir,
+    new_tmp_dir,
+    previous,
+    resolve,
+    write_durably,
+)
 from angelps.table import TableSpec
 
 __all__ = [
     "FORMAT",
     "VERSION",
+    "CheckpointDamaged",
     "CheckpointError",
     "build_manifest",
     "check_layout",
+    "check_target",
     "commit_dir",
+    "file_entry",
     "new_tmp_dir",
+    "previous",
     "read_backup",
     "read_manifest",
     "read_table_file",
     "resolve",
+    "verify",
     "write_backup",
     "write_manifest",
     "write_table_file",
 ]
 
-FORMAT = "angelps-checkpoint"
-VERSION = 1
-MANIFEST = "manifest.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit this job."""
+VERSION = 2
+READABLE = (1, 2)  # version 1: no checksums (read unchecked)
+_SELF_SUM = "manifest_sha256"
 
 
 def table_file(root: str, table: str, shard: int) -> str:
-    return os.path.join(root, table, f"shard-{shard}.parquet")
+    return os.path.join(root, table_rel(table, shard))
+
+
+def table_rel(table: str, shard: int) -> str:
+    """A table file's name inside the checkpoint (the key of the manifest's ``files``)."""
+    return f"{table}/shard-{shard}.parquet"
 
 
 def write_table_file(
@@ -71,42 +97,78 @@ def write_table_file(
     keys: np.ndarray,
     w: np.ndarray,
     state: Mapping[str, np.ndarray],
-) -> int:
-    """Write one shard's rows of one table; returns the row count."""
+) -> dict[str, Any]:
+    """Write one shard's rows of one table (page checksums on, fsynced); returns the file's
+    manifest entry: ``rows``, ``sha256``, ``bytes``."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     cols: dict[str, pa.Array] = {"key": pa.array(np.ascontiguousarray(keys, dtype=np.int64))}
     for name, arr in [("w", w), *((f"state.{k}", v) for k, v in sorted(state.items()))]:
         a = np.ascontiguousarray(arr)
         cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), a.shape[1])
-    pq.write_table(pa.table(cols), path)
-    return len(keys)
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(cols), sink, write_page_checksum=True)
+    data = memoryview(sink.getvalue())
+    write_durably(path, data)
+    fsync_dir(os.path.dirname(path))
+    return {"rows": len(keys), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def read_table_file(path: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """(keys, w, state) of one file written by :func:`write_table_file`."""
+def file_entry(manifest: Mapping[str, Any], table: str, shard: int) -> Mapping[str, Any] | None:
+    """The manifest's record (sha256, rows) of a table file; None for a version 1 checkpoint."""
+    files = manifest.get("files")
+    if files is None and int(manifest.get("version", 1)) < 2:
+        return None
+    entry = (files or {}).get(table_rel(table, shard))
+    if entry is None:
+        where = manifest.get("root", "checkpoint")
+        raise CheckpointError(
+            f"checkpoint {where}: its manifest lists no file {table_rel(table, shard)}"
+        )
+    return dict(entry)
+
+
+def _file_bytes(path: str, expect: Mapping[str, Any] | None) -> bytes:
     try:
-        t = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as e:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"checkpoint file {path} is missing") from None
+    except OSError as e:
         raise CheckpointError(f"cannot read checkpoint file {path}: {e}") from None
-
-    def matrix(name: str) -> np.ndarray:
-        col = t.column(name).combine_chunks()
-        width = col.type.list_size
-        return col.values.to_numpy(zero_copy_only=False).reshape(-1, width)
-
-    keys = t.column("key").to_numpy().astype(np.int64, copy=False)
-    state = {n[len("state.") :]: matrix(n) for n in t.column_names if n.startswith("state.")}
-    return keys, matrix("w"), state
+    if expect is not None and hashlib.sha256(data).hexdigest() != expect["sha256"]:
+        raise CheckpointDamaged(
+            f"checkpoint file {path} is damaged: its SHA-256 does not match the manifest"
+        )
+    return data
 
 
-def new_tmp_dir(path: str) -> str:
-    """A fresh sibling directory ``<path>.tmp-<id>`` to write a checkpoint into."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-    os.makedirs(tmp)
-    return tmp
+def read_table_file(
+    path: str, expect: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(keys, w, state) of one file written by :func:`write_table_file`, checked against
+    ``expect`` (its :func:`file_entry`; None: a version 1 file, unchecked) and its page
+    checksums."""
+    data = _file_bytes(path, expect)
+    try:
+        t = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+
+        def matrix(name: str) -> np.ndarray:
+            col = t.column(name).combine_chunks()
+            width = col.type.list_size
+            return col.values.to_numpy(zero_copy_only=False).reshape(-1, width)
+
+        keys = t.column("key").to_numpy().astype(np.int64, copy=False)
+        state = {n[len("state.") :]: matrix(n) for n in t.column_names if n.startswith("state.")}
+        w = matrix("w")
+    except (OSError, KeyError, IndexError, ValueError, AttributeError, pa.ArrowException) as e:
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise CheckpointDamaged(f"checkpoint file {path} is damaged or unreadable: {why}") from None
+    if expect is not None and len(keys) != int(expect["rows"]):
+        raise CheckpointDamaged(
+            f"checkpoint file {path} is damaged: {len(keys)} rows, the manifest says "
+            f"{expect['rows']}"
+        )
+    return keys, w, state
 
 
 def build_manifest(
@@ -117,12 +179,16 @@ def build_manifest(
     extra: Mapping[str, Any] | None = None,
     **info: Any,
 ) -> dict[str, Any]:
-    """The manifest of a checkpoint: format, tables, layout, per-shard info, extra (which must
-    be JSON-safe: it is checked here, before anything is written)."""
+    """The manifest of a checkpoint: format, tables, layout, per-shard info, the files the
+    shards reported (``ParameterShard.save``), extra (which must be JSON-safe: it is checked
+    here, before anything is written)."""
     try:
         extra_json = json.loads(json.dumps(dict(extra or {}), allow_nan=False))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint extra must be a JSON-safe dict: {e}") from None
+    files: dict[str, Any] = {}
+    for s in shards:
+        files.update(s.get("files", {}))
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -130,71 +196,75 @@ def build_manifest(
         "tables": [t.to_dict() for t in tables],
         "num_shards": int(num_shards),
         "partitioner": str(partitioner),
-        "shards": [dict(s) for s in shards],
+        "shards": [{k: v for k, v in s.items() if k != "files"} for s in shards],
+        "files": files,
         "extra": extra_json,
         **info,
     }
 
 
+def _self_sum(manifest: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k not in (_SELF_SUM, "root")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def write_manifest(root: str, manifest: Mapping[str, Any]) -> None:
-    """Write ``manifest.json`` durably (flushed and fsynced)."""
+    """Write ``manifest.json`` durably, with its own checksum (the file and ``root`` fsynced:
+    the directory is complete when this returns)."""
+    body = json.loads(json.dumps(dict(manifest)))  # the JSON form, as a reader will see it
+    body[_SELF_SUM] = _self_sum(body)
+    text = json.dumps(body, indent=1, sort_keys=True)
+    write_durably(os.path.join(root, MANIFEST), text.encode())
+    fsync_dir(root)
+
+
+def load_manifest_file(root: str) -> dict[str, Any]:
+    """The manifest in directory ``root``, its own checksum checked (when it has one)."""
     p = os.path.join(root, MANIFEST)
-    with open(p, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def commit_dir(tmp: str, path: str) -> None:
-    """Make the complete checkpoint in ``tmp`` appear at ``path`` (see the module docstring)."""
-    path = os.path.abspath(path)
-    old = None
-    if os.path.exists(path):
-        old = f"{path}.old-{uuid.uuid4().hex[:12]}"
-        os.rename(path, old)
-    os.rename(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in glob.glob(glob.escape(path) + ".old-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def resolve(path: str) -> str:
-    """The directory holding the checkpoint saved at ``path`` (``path`` itself, or the
-    ``.old-`` copy left by a save that crashed between its two renames)."""
-    path = os.path.abspath(path)
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return path
-    olds = [
-        p
-        for p in glob.glob(glob.escape(path) + ".old-*")
-        if os.path.isfile(os.path.join(p, MANIFEST))
-    ]
-    if olds:
-        return max(olds, key=os.path.getmtime)
-    if os.path.isdir(path):
-        raise CheckpointError(f"{path} is not a checkpoint: it has no {MANIFEST}")
-    raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        with open(p, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {p}: {' '.join(str(e).split())}") from None
+    except ValueError as e:  # not JSON (or not UTF-8): damaged
+        why = " ".join(str(e).split())
+        raise CheckpointDamaged(f"checkpoint file {p} is damaged or unreadable: {why}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointDamaged(f"checkpoint file {p} is damaged: not a JSON object")
+    want = manifest.get(_SELF_SUM)
+    if want is not None and want != _self_sum(manifest):
+        raise CheckpointDamaged(f"checkpoint file {p} is damaged: its checksum does not match")
+    return manifest
 
 
 def read_manifest(path: str) -> dict[str, Any]:
     """The manifest of the checkpoint at ``path`` (its ``root`` key says where it was found)."""
     root = resolve(path)
-    try:
-        with open(os.path.join(root, MANIFEST), encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {os.path.join(root, MANIFEST)}: {e}") from None
+    manifest = load_manifest_file(root)
     if manifest.get("format") != FORMAT:
         raise CheckpointError(
             f"{root} is not an angelps checkpoint (format {manifest.get('format')!r})"
         )
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in READABLE:
         raise CheckpointError(
             f"{root}: checkpoint format version {manifest.get('version')!r} is not supported "
-            f"(this angelps reads version {VERSION})"
+            f"(this angelps reads versions {', '.join(map(str, READABLE))})"
         )
     manifest["root"] = root
+    return manifest
+
+
+def verify(path: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` after checking every table file's SHA-256
+    (a :class:`CheckpointError` naming the first damaged file); what ``--resume`` checks before
+    it starts anything."""
+    manifest = read_manifest(path)
+    root = manifest["root"]
+    for spec in manifest.get("tables", []):
+        for shard in range(int(manifest["num_shards"])):
+            entry = file_entry(manifest, spec["name"], shard)
+            _file_bytes(table_file(root, spec["name"], shard), entry)
     return manifest
 
 
@@ -238,19 +308,18 @@ _LATEST = "LATEST"
 
 def write_backup(backup_dir: str, shard: Any, meta: Mapping[str, Any]) -> str:
     """Write ``shard`` (a ParameterShard) into a new version directory under ``backup_dir``,
-    then point ``LATEST`` at it with an atomic ``os.replace``; older versions are removed."""
+    then point ``LATEST`` at it with an atomic ``os.replace``; older versions are removed.
+    The files' checksums go into the version's manifest, so a restore checks them too."""
     os.makedirs(backup_dir, exist_ok=True)
     version = f"b-{time.time_ns()}"
     tmp = os.path.join(backup_dir, f"tmp-{uuid.uuid4().hex[:12]}")
-    shard.save(tmp)
-    write_manifest(tmp, dict(meta))
+    info = shard.save(tmp)
+    write_manifest(tmp, {**meta, "version": VERSION, "files": info.get("files", {})})
     os.rename(tmp, os.path.join(backup_dir, version))
     pointer = os.path.join(backup_dir, f"{_LATEST}.tmp")
-    with open(pointer, "w", encoding="utf-8") as f:
-        f.write(version)
-        f.flush()
-        os.fsync(f.fileno())
+    write_durably(pointer, version.encode())
     os.replace(pointer, os.path.join(backup_dir, _LATEST))
+    fsync_dir(backup_dir)
     for name in os.listdir(backup_dir):
         if name != version and (name.startswith("b-") or name.startswith("tmp-")):
             shutil.rmtree(os.path.join(backup_dir, name), ignore_errors=True)
@@ -265,5 +334,4 @@ def read_backup(backup_dir: str) -> tuple[str, dict[str, Any]] | None:
     except FileNotFoundError:
         return None
     root = os.path.join(backup_dir, version)
-    with open(os.path.join(root, MANIFEST), encoding="utf-8") as f:
-        return root, json.load(f)
+    return root, load_manifest_file(root)

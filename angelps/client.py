@@ -347,11 +347,14 @@ class PSClient:
     def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
         """Checkpoint every shard's rows and optimizer state under directory ``path``, with
         ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest.
-        Atomic: written to a temporary directory, then renamed (see angelps.checkpoint)."""
+        Atomic and durable: written to a temporary directory (every file fsynced, the manifest
+        with every file's SHA-256 last), then renamed into place, the previous checkpoint kept
+        as ``<path>.prev`` (see angelps.checkpoint_dir). A ``path`` that is a file or a
+        directory of other files is refused (CheckpointError) before anything is written."""
         # Build the manifest once before writing anything, so a non-JSON extra fails early.
         checkpoint.build_manifest([], 0, "", [], extra)
         self.flush()
-        tmp = checkpoint.new_tmp_dir(path)
+        tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
         try:
             refs: list[ray.ObjectRef[dict[str, Any]]] = [h.save.remote(tmp) for h in self.handles]
             infos = self._get(refs)
@@ -374,8 +377,10 @@ class PSClient:
         """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer
         state, whatever the number of shards that saved it) and return its ``extra``.
 
-        Clocks restart at 0 on every shard and in this client: create worker clients with
-        :meth:`for_worker` after loading."""
+        Every shard checks the files it reads against the manifest's SHA-256 and row counts: a
+        damaged checkpoint is refused (CheckpointError naming the file). Clocks restart at 0 on
+        every shard and in this client: create worker clients with :meth:`for_worker` after
+        loading."""
         manifest = checkpoint.read_manifest(path)
         checkpoint.check_layout(manifest, list(self.specs.values()))
         self.flush()

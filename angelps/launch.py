@@ -7,8 +7,10 @@ them answer. It returns their handles and the :class:`~angelps.options.ClientOpt
 client of the job shares. :meth:`angelps.client.PSClient.launch` is the user-facing entry.
 
 Invariants: either every shard started or none is left running; each launch with backups on
-gets a backup directory of its own (a fresh job never restores an older job's backup); the
-data-plane token is new at every launch.
+gets a backup directory of its own, readable by this user only (0700: under
+``angel.ps.backup.path`` when set, else a fresh private temporary directory), so a fresh job
+never restores an older job's backup and no other user reads one; the data-plane token is new
+at every launch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 
 from angelps import wire
 from angelps.options import ClientOptions, PSOptions, ShardOptions
-from angelps.server import ShardServer
+from angelps.server import ShardServer, private_dir
 from angelps.table import TableSpec, check_unique_names
 from angelps.transport import remote_error
 
@@ -52,10 +54,7 @@ def _single_node() -> bool:
 
 def shard_options(ps: PSOptions, num_workers: int) -> ShardOptions:
     """The options every shard of this launch gets (a new token, a new backup directory)."""
-    backup_dir = ""
-    if ps.backup_interval > 0:
-        base = ps.backup_path or os.path.join(tempfile.gettempdir(), "angelps-backup")
-        backup_dir = os.path.abspath(os.path.join(base, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
+    backup_dir = _backup_dir(ps) if ps.backup_interval > 0 else ""
     return ShardOptions.of(
         ps,
         num_workers,
@@ -65,6 +64,16 @@ def shard_options(ps: PSOptions, num_workers: int) -> ShardOptions:
         # Ray sets CUDA_VISIBLE_DEVICES for the actor: its device is always "cuda".
         device="cuda" if ps.gpus > 0 else None,
     )
+
+
+def _backup_dir(ps: PSOptions) -> str:
+    """A new directory for this launch's backups, 0700: ``<angel.ps.backup.path>/<job>-<id>``,
+    or without a path a private temporary directory (never a shared one under /tmp)."""
+    if not ps.backup_path:
+        return tempfile.mkdtemp(prefix=f"angelps-backup-{ps.job}-")  # made 0700
+    path = os.path.abspath(os.path.join(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
+    private_dir(path)
+    return path
 
 
 def _actor_options(ps: PSOptions) -> dict[str, Any]:

@@ -121,8 +121,9 @@ BACKUP_PATH = Key(
     "angel.ps.backup.path",
     "str",
     "",
-    "Directory for shard backups, reachable from every shard's node (empty: the system "
-    "temporary directory). Each launch uses its own subdirectory, removed at shutdown.",
+    "Directory for shard backups, reachable from every shard's node (empty: a private "
+    "temporary directory made for the launch). Each launch uses its own subdirectory (mode "
+    "0700), removed at shutdown.",
 )
 MAX_ATTEMPTS = Key(
     "angel.ps.max-attempts",
@@ -155,6 +156,23 @@ STALENESS = Key(
     0,
     "Consistency: 0 = BSP (one update per step on the sum of all workers' gradients), "
     "s > 0 = SSP (a pull at clock c sees every update older than c - s), < 0 = ASP.",
+)
+MAX_CONNECTIONS = Key(
+    "angel.ps.max.connections",
+    "int",
+    4096,
+    "Most data-plane TCP connections a shard keeps open at once (a job needs one per client "
+    "process: its workers and driver). Connections beyond it are closed at once and counted "
+    "in the shard's stats; the shard also never uses more than half of its open-file limit.",
+    check=_positive_int,
+)
+TOKEN_TIMEOUT_MS = Key(
+    "angel.ps.token.timeout.ms",
+    "int",
+    5000,
+    "How long a new data-plane connection may take to send the job's token; one that sends "
+    "nothing, or too little, is closed after it (the shard keeps serving the others).",
+    check=lambda v: None if v > 0 else "an integer > 0",
 )
 TIMEOUT_MS = Key(
     "angel.matrixtransfer.request.timeout.ms",
@@ -251,6 +269,8 @@ KEYS = [
     BACKUP_PATH,
     MAX_ATTEMPTS,
     TRANSPORT,
+    MAX_CONNECTIONS,
+    TOKEN_TIMEOUT_MS,
     NAN_POLICY,
     STALENESS,
     TIMEOUT_MS,
@@ -277,12 +297,18 @@ class PSOptions:
     nan_policy: str
     staleness: int
     timeout_ms: int
+    max_connections: int
+    token_timeout_ms: int
 
     def __post_init__(self) -> None:
         if not self.job or "/" in self.job:
             raise ValueError(f"angel.job.name={self.job!r} must be a non-empty name without '/'")
         if self.num_shards < 1:
             raise ValueError(f"angel.ps.number={self.num_shards} must be >= 1")
+        if self.max_connections < 1:
+            raise ValueError(f"angel.ps.max.connections={self.max_connections} must be >= 1")
+        if self.token_timeout_ms < 1:
+            raise ValueError(f"angel.ps.token.timeout.ms={self.token_timeout_ms} must be > 0")
         object.__setattr__(
             self, "partitioner", one_of(PARTITIONER.name, self.partitioner, PARTITIONERS)
         )
@@ -309,6 +335,8 @@ class PSOptions:
             nan_policy=str(NAN_POLICY.read(conf)),
             staleness=int(STALENESS.read(conf)),
             timeout_ms=int(TIMEOUT_MS.read(conf)),
+            max_connections=int(MAX_CONNECTIONS.read(conf)),
+            token_timeout_ms=int(TOKEN_TIMEOUT_MS.read(conf)),
         )
 
     @property
@@ -321,8 +349,9 @@ class ShardOptions:
     """Exactly what one shard actor of a launched job needs besides its id and the tables.
 
     ``backup_dir``: this launch's backup directory ("" with backups off); ``token``: the
-    data-plane password (angelps.wire; "" accepts no TCP clients); ``device``: None keeps the
-    rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors.
+    data-plane password (angelps.wire; "" accepts no TCP clients); ``max_connections``,
+    ``token_timeout_ms``: the data plane's connection cap and token deadline; ``device``: None
+    keeps the rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors.
     """
 
     num_workers: int
@@ -333,6 +362,8 @@ class ShardOptions:
     backup_interval: int
     backup_dir: str
     token: str
+    max_connections: int
+    token_timeout_ms: int
     device: str | None
 
     def __post_init__(self) -> None:
@@ -365,6 +396,8 @@ class ShardOptions:
             backup_interval=ps.backup_interval if backup_dir else 0,
             backup_dir=backup_dir,
             token=token,
+            max_connections=ps.max_connections,
+            token_timeout_ms=ps.token_timeout_ms,
             device=device,
         )
 
@@ -379,6 +412,10 @@ class ShardOptions:
     @property
     def timeout_s(self) -> float:
         return self.timeout_ms / 1000.0
+
+    @property
+    def token_timeout_s(self) -> float:
+        return self.token_timeout_ms / 1000.0
 
 
 @dataclass(frozen=True)

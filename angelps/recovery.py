@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
 
 from angelps.shard import ShardRestarted
 from angelps.transport import (
@@ -35,7 +35,7 @@ from angelps.transport import (
     remote_error,
 )
 
-__all__ = ["FAILURES", "Call", "ReplayLog", "is_restart"]
+__all__ = ["FAILURES", "Call", "ReplayLog", "dead_for_good", "is_restart"]
 
 #: Errors of a call whose shard died (or was restarted): recovered, not raised.
 FAILURES = (RayActorError, ShardRestarted, ChannelDown)
@@ -60,6 +60,21 @@ class _Entry:
         self.clock = clock
         self.pushes = pushes
         self.lr = lr
+
+
+def dead_for_good(shard: int, e: ActorDiedError) -> str:
+    """The one line that reports a shard Ray will not restart again, with Ray's reason."""
+    why = next(
+        (ln.strip() for ln in str(e).splitlines() if ln.strip().startswith("The actor is dead")),
+        "",
+    )
+    why = why.split(". ")[0].rstrip(".")
+    return (
+        f"parameter shard {shard} died and Ray will not restart it again: the starts "
+        f"angel.ps.max-attempts allows are used up (or its restart failed)"
+        + (f"; Ray says: {why}" if why else "")
+        + "; raise angel.ps.max-attempts to survive more failures"
+    )
 
 
 def is_restart(e: RayTaskError) -> bool:
@@ -141,19 +156,27 @@ class ReplayLog:
                     f"parameter shard {shard} failed again during recovery; giving up"
                 ) from e
             raise remote_error(e) from None
+        except ActorDiedError as e:
+            raise RuntimeError(dead_for_good(shard, e)) from None
         except RayActorError as e:
             raise RuntimeError(
                 f"parameter shard {shard} failed again during recovery; giving up"
             ) from e
 
     def _restored_clock(self, shard: int) -> int:
-        """The clock of this worker that the restarted shard came back at (waits for it)."""
+        """The clock of this worker that the restarted shard came back at (waits for it).
+
+        A call to a shard Ray is restarting waits for the restart (or fails as unavailable:
+        tried again); a call to a shard Ray will not restart fails with ActorDiedError at once,
+        and so does this, naming the shard and the key that bounds its restarts."""
         h = self.handles[shard]
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 ref: ray.ObjectRef[int] = h.clock_of.remote(self.worker_id)
                 return int(ray.get(ref))
+            except ActorDiedError as e:
+                raise RuntimeError(dead_for_good(shard, e)) from None
             except RayActorError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(

@@ -8,13 +8,21 @@ recovery. It receives typed :class:`~angelps.options.ShardOptions`, never config
 Invariants: one operation at a time touches the rows (an asyncio actor: the numpy work runs on
 the event loop, only clock waits yield), so socket calls and Ray calls interleave exactly as
 Ray calls interleave with each other; after a restart no update is silently dropped (see
-:class:`ShardServer`).
+:class:`ShardServer`). A data-plane peer cannot take the shard down: at most
+``angel.ps.max.connections`` connections are open (the rest are closed at once and counted), a
+connection that has not sent the token within ``angel.ps.token.timeout.ms`` is closed, a frame
+longer than :class:`~angelps.wire.FrameLimits` allows closes its connection before anything is
+read, a malformed one is answered with an error, and replies a peer does not read stop its
+connection (not the shard) once :data:`MAX_UNREAD` bytes wait. Backups live in a directory only
+this user can read (0700), restored only from a ``LATEST`` naming a version inside it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,12 +30,22 @@ import numpy as np
 import ray
 
 from angelps import wire
-from angelps.checkpoint import read_backup, write_backup
+from angelps.checkpoint import CheckpointError, read_backup, write_backup
 from angelps.options import ShardOptions
 from angelps.shard import ParameterShard, ShardRestarted
 from angelps.table import TableSpec
 
-__all__ = ["ShardServer"]
+try:
+    import resource
+except ImportError:  # not a Unix: no open-file limit to read
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
+
+#: Reply bytes a connection may leave unread before the shard stops reading its next calls.
+MAX_UNREAD = 16 * wire.MAX_CALL_BYTES
+#: What a backup's LATEST file may hold: the name of a version directory (checkpoint.py's).
+_VERSION = re.compile(r"b-[0-9]{1,24}")
 
 
 class ShardServer:
@@ -68,6 +86,9 @@ class ShardServer:
         self.backup_interval = options.backup_interval
         root = options.backup_dir
         self.backup_dir = os.path.join(root, f"shard-{shard_id}") if root else ""
+        if self.backup_dir:
+            private_dir(root)
+            private_dir(self.backup_dir)
         self._since_backup = 0
         self.backup_clocks = [0] * self.shard.clocks.num_workers
         self.restarted = False
@@ -76,6 +97,10 @@ class ShardServer:
         # The data plane (angelps.wire): a TCP server opened by serve(), guarded by the token.
         self._token = options.token.encode()
         self._server: asyncio.Server | None = None
+        self._limits = wire.FrameLimits.of(tables, num_shards)
+        self._token_timeout_s = options.token_timeout_s
+        self._max_connections = _connection_cap(options.max_connections)
+        self._conns = {"open": 0, "refused": 0, "dropped": 0}
         if self.backup_dir and _was_restarted():
             self._restore_backup()
 
@@ -84,6 +109,8 @@ class ShardServer:
     def _restore_backup(self) -> None:
         self.restarted = True
         self._awaiting_replay = set(range(self.shard.clocks.num_workers))
+        if backup_version(self.backup_dir) is None:
+            return  # died before its first backup: clients replay from clock 0
         info = read_backup(self.backup_dir)
         if info is None:
             return  # died before its first backup: clients replay from clock 0
@@ -196,6 +223,9 @@ class ShardServer:
         st["restarted"] = self.restarted
         st["backup_clocks"] = list(self.backup_clocks)
         st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
+        # The data plane: connections open now, refused over the cap, dropped (no token in
+        # time, a wrong token, a frame over the limits).
+        st["connections"] = dict(self._conns, cap=self._max_connections)
         return st
 
     async def save(self, root: str) -> dict[str, Any]:
@@ -235,38 +265,122 @@ class ShardServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One client's connection: the token, then its calls in order, each answered."""
-        try:
-            token = await reader.readexactly(wire.TOKEN_BYTES)
-            if not self._token or token != self._token[: wire.TOKEN_BYTES]:
-                return
-            while True:
-                try:
-                    prefix = await reader.readexactly(wire.PREFIX.size)
-                except asyncio.IncompleteReadError:
-                    return  # the client went away
-                hlen, blen = wire.PREFIX.unpack(prefix)
-                if hlen > wire.MAX_HEADER:
-                    return  # not a frame of ours: drop the connection
-                header = await reader.readexactly(hlen)
-                body = await reader.readexactly(blen) if blen else b""
-                try:
-                    rows, backed_up = await self.step(**wire.decode_request(header, body))
-                    frame = wire.encode_reply(rows, backed_up)
-                except ShardRestarted as e:
-                    frame = wire.encode_error(
-                        "ShardRestarted", str(e), [e.shard, e.worker, e.clock]
-                    )
-                except (ValueError, TimeoutError, KeyError) as e:
-                    frame = wire.encode_error(type(e).__name__, str(e), [])
-                except Exception as e:  # reported to the caller, not lost in the actor's log
-                    frame = wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
-                # No drain(): the client may be sending its next call while this reply waits
-                # to be read; blocking on the reply here would stop reading and deadlock both.
-                writer.writelines(frame)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        conns = self._conns
+        if conns["open"] >= self._max_connections:
+            conns["refused"] += 1
+            writer.transport.abort()
             return
+        conns["open"] += 1
+        try:
+            if await self._authenticate(reader):
+                writer.write(wire.ACK)
+                await self._serve_calls(reader, writer)
+            else:
+                conns["dropped"] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
         finally:
+            conns["open"] -= 1
             writer.close()
+
+    async def _authenticate(self, reader: asyncio.StreamReader) -> bool:
+        """The job's token within the deadline (a constant-time comparison)."""
+        try:
+            token = await asyncio.wait_for(
+                reader.readexactly(wire.TOKEN_BYTES), self._token_timeout_s
+            )
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return False
+        return bool(self._token) and hmac.compare_digest(token, self._token[: wire.TOKEN_BYTES])
+
+    async def _serve_calls(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Frames until the peer goes away or announces one over the limits."""
+        limits = self._limits
+        while True:
+            try:
+                prefix = await reader.readexactly(wire.PREFIX.size)
+            except asyncio.IncompleteReadError:
+                return  # the client went away
+            hlen, blen = wire.PREFIX.unpack(prefix)
+            if hlen > limits.max_header or blen > limits.max_body:
+                self._conns["dropped"] += 1
+                return  # not a frame of ours: drop the connection, read nothing of it
+            header = await reader.readexactly(hlen)
+            body = await reader.readexactly(blen) if blen else b""
+            # No drain() per reply: the client may be sending its next call while this reply
+            # waits to be read; blocking here would stop reading and deadlock both. Only a
+            # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
+            writer.writelines(await self._answer(header, body))
+            if writer.transport.get_write_buffer_size() > MAX_UNREAD:
+                await writer.drain()
+
+    async def _answer(self, header: bytes, body: bytes) -> list[bytes]:
+        """The reply frame of one request frame: its rows, or its error."""
+        try:
+            rows, backed_up = await self.step(**wire.decode_request(header, body))
+            return wire.encode_reply(rows, backed_up)
+        except ShardRestarted as e:
+            return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
+        except (ValueError, TimeoutError, KeyError) as e:
+            return wire.encode_error(type(e).__name__, str(e), [])
+        except Exception as e:  # reported to the caller, not lost in the actor's log
+            return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+
+
+def _connection_cap(wanted: int) -> int:
+    """``angel.ps.max.connections``, but never above half this process's open-file limit
+    (the shard needs the rest: Ray's own sockets, backup files)."""
+    if resource is None:
+        return wanted
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft // 2))
+
+
+def private_dir(path: str) -> None:
+    """Create directory ``path`` for this user only (0700); an existing one must belong to
+    this user (else CheckpointError naming it) and is made 0700."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return
+    st = os.stat(path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CheckpointError(
+            f"backup directory {path} belongs to another user (uid {st.st_uid}); choose "
+            f"another angel.ps.backup.path"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def backup_version(backup_dir: str) -> str | None:
+    """The version directory named by ``backup_dir``'s LATEST file (None without one).
+
+    Only a plain name of the form ``b-<digits>`` is accepted: a pointer that could lead out of
+    the backup directory (``../x``, an absolute path, a separator) is refused with a
+    CheckpointError naming the file, never joined into a path."""
+    pointer = os.path.join(backup_dir, "LATEST")
+    try:
+        with open(pointer, encoding="utf-8", errors="replace") as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        return None
+    version = text.strip()
+    if not _VERSION.fullmatch(version):
+        raise CheckpointError(
+            f"backup pointer {pointer} holds {text[:40]!r}, not a backup version name "
+            f"(b-<digits>, a directory inside {backup_dir}); refusing to restore from it"
+        )
+    return version
 
 
 def _was_restarted() -> bool:

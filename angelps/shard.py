@@ -22,7 +22,14 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from angelps.checkpoint import CheckpointError, read_table_file, table_file, write_table_file
+from angelps.checkpoint import (
+    CheckpointError,
+    file_entry,
+    read_table_file,
+    table_file,
+    table_rel,
+    write_table_file,
+)
 from angelps.consistency import ClockTable
 from angelps.dedup import dedup, segment_sum, strictly_increasing
 from angelps.options import (
@@ -310,16 +317,26 @@ class ParameterShard:
         t.assign(k, w, state)
 
     def save(self, root: str) -> dict[str, Any]:
-        """Write this shard's rows and optimizer state of every table under ``root``."""
-        rows = {}
+        """Write this shard's rows and optimizer state of every table under ``root``; returns
+        its manifest info: rows per table, clocks, and ``files`` (each file's SHA-256, rows and
+        bytes, for the manifest)."""
+        rows, files = {}, {}
         for name, t in self.tables.items():
             keys, w, state = t.export()
-            rows[name] = write_table_file(table_file(root, name, self.shard_id), keys, w, state)
-        return {"shard": self.shard_id, "rows": rows, "clocks": self.clocks.to_dict()}
+            entry = write_table_file(table_file(root, name, self.shard_id), keys, w, state)
+            rows[name] = entry["rows"]
+            files[table_rel(name, self.shard_id)] = entry
+        return {
+            "shard": self.shard_id,
+            "rows": rows,
+            "clocks": self.clocks.to_dict(),
+            "files": files,
+        }
 
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace this shard's content with the rows that the current layout routes here
         from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
+        Every file read is checked against the manifest (``checkpoint.read_table_file``).
         Returns the rows restored per table."""
         saved_shards = int(manifest["num_shards"])
         same_layout = (
@@ -333,7 +350,8 @@ class ParameterShard:
             n = 0
             sources = [self.shard_id] if same_layout else range(saved_shards)
             for j in sources:
-                keys, w, state = read_table_file(table_file(root, name, j))
+                path = table_file(root, name, j)
+                keys, w, state = read_table_file(path, file_entry(manifest, name, j))
                 if not same_layout:
                     mine = t.part.owns(self.shard_id, keys)
                     keys, w = keys[mine], w[mine]
@@ -341,8 +359,8 @@ class ParameterShard:
                 missing = set(t.state) - set(state)
                 if missing or w.shape[1:] != (t.spec.cols,):
                     raise CheckpointError(
-                        f"checkpoint {root}: table {name!r} file of shard {j} does not match "
-                        f"the table (state slots {sorted(state)}, width {w.shape[1:]})"
+                        f"checkpoint file {path} does not match table {name!r} "
+                        f"(state slots {sorted(state)}, width {w.shape[1:]})"
                     )
                 if len(keys):
                     t.assign(keys, w.astype(t.dtype, copy=False), state)

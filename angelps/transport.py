@@ -51,8 +51,9 @@ Pulls: TypeAlias = dict[str, np.ndarray | None]
 #: What a shard's ``step`` returns: (rows or None, this worker's clock held by its backup).
 Reply: TypeAlias = tuple[dict[str, np.ndarray] | None, int]
 
-# Calls moving more than this go through Ray even on the socket data plane.
-SOCKET_MAX_BYTES = 1 << 22
+# Calls moving more than this go through Ray even on the socket data plane (a shard drops a
+# connection whose frame is longer than wire.MAX_CALL_BYTES: never raise this above it).
+SOCKET_MAX_BYTES = wire.MAX_CALL_BYTES
 
 
 class ChannelDown(Exception):
@@ -108,6 +109,8 @@ class Channel:
                 raise ChannelDown("connection broken")
             try:
                 hlen, blen = wire.PREFIX.unpack(wire.recv_exact(self.sock, wire.PREFIX.size))
+                if hlen > wire.MAX_HEADER:
+                    raise ConnectionError(f"not an angelps reply (a {hlen}-byte header)")
                 header = wire.recv_exact(self.sock, hlen)
                 body = wire.recv_exact(self.sock, blen) if blen else bytearray()
             except OSError as e:
@@ -253,9 +256,19 @@ class Transport:
         )
         host, port = ray.get(served, timeout=self.options.shard.timeout_s)
         sock = socket.create_connection((host, port), timeout=10.0)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(self.options.shard.token.encode())
+            # The shard acknowledges the token; a refused connection (its cap reached) ends
+            # here, as an unreachable shard: this process then uses Ray calls for it.
+            if wire.recv_exact(sock, len(wire.ACK)) != wire.ACK:
+                raise ConnectionError("the shard did not accept the connection")
+        except OSError as e:
+            sock.close()
+            raise ConnectionError(
+                f"shard {shard} refused the data-plane connection ({e})"
+            ) from None
         sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(self.options.shard.token.encode())
         return sock
 
 

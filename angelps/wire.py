@@ -19,10 +19,15 @@ the raw bytes of the numpy arrays the header lists, in order. No pickle crosses 
 * reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` and
   the rows, or ``{"ok": false, "kind": ..., "msg": ..., "args": [...]}``.
 
-A connection starts with the job's token (sent by the client, checked by the shard), so only
-clients the driver handed the token to can talk to a shard. Calls on one connection are served
-one after another, in order: the per-caller ordering that BSP's fused push-pull relies on, as
-with Ray's actor calls.
+A connection starts with the job's token (sent by the client, checked by the shard in constant
+time), which the shard acknowledges with the byte :data:`ACK`, so only clients the driver handed
+the token to can talk to a shard. Calls on one connection are served one after another, in
+order: the per-caller ordering that BSP's fused push-pull relies on, as with Ray's actor calls.
+
+Invariants (a hostile peer): the two lengths of a frame are checked against
+:class:`FrameLimits` (derived from the shard's tables and :data:`MAX_CALL_BYTES`) before
+anything is allocated; :func:`decode_request` accepts only a header of the shape above whose
+arrays exactly fill the body, and raises ValueError for anything else.
 """
 
 from __future__ import annotations
@@ -30,15 +35,20 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "ACK",
+    "DTYPES",
+    "MAX_CALL_BYTES",
     "MAX_HEADER",
     "PREFIX",
     "TOKEN_BYTES",
+    "FrameLimits",
     "decode_reply",
     "decode_request",
     "encode_error",
@@ -49,8 +59,40 @@ __all__ = [
 
 PREFIX = struct.Struct("<IQ")
 TOKEN_BYTES = 32
-# A header lists a few tables; anything longer means the stream is out of step.
+#: The shard's answer to a good token: the connection is accepted.
+ACK = b"\x01"
+#: A reply's header lists a few tables; a client drops a stream announcing a longer one.
 MAX_HEADER = 1 << 20
+#: The largest call (request and reply bytes) a client sends over a connection; larger calls
+#: take a Ray actor call (angelps.transport), so no legal request body is longer.
+MAX_CALL_BYTES = 1 << 22
+#: The gradient dtypes a push may carry (little-endian float32 and float64).
+DTYPES = ("<f4", "<f8")
+_ROW_BYTES = 8  # the widest value a push may carry (float64)
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """The longest header and body of a legal request to one shard, from its tables: a shard
+    drops a connection whose frame announces more, before reading or allocating it."""
+
+    max_header: int
+    max_body: int
+
+    @classmethod
+    def of(cls, tables: Sequence[Any], num_shards: int) -> FrameLimits:
+        """From the shard's :class:`~angelps.table.TableSpec` list: every table pushed (keys
+        and float64 gradients) and pulled (keys) at once, with as many distinct keys as one
+        shard can hold (a dense block, a sparse index range; unbounded for ``rows=-1``),
+        capped by :data:`MAX_CALL_BYTES`."""
+        header = 1024 + sum(2 * len(json.dumps(t.name)) + 192 for t in tables)
+        body = 0
+        for t in tables:
+            if t.rows < 0:
+                return cls(header, MAX_CALL_BYTES)
+            n = t.rows if t.sparse else -(-t.rows // num_shards)
+            body += n * (8 + t.cols * _ROW_BYTES) + n * 8
+        return cls(header, min(body, MAX_CALL_BYTES))
 
 
 def encode_request(
@@ -89,36 +131,80 @@ def encode_request(
 
 
 def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
-    """The arguments of ``ShardServer.step`` from a request frame (arrays are views of body)."""
-    h = json.loads(header)
+    """The arguments of ``ShardServer.step`` from a request frame (arrays are views of body).
+
+    ValueError for anything but a request of the documented shape whose arrays exactly fill
+    ``body`` (garbage, unknown fields' types, a dtype other than :data:`DTYPES`, lengths that
+    do not match the body)."""
+    try:
+        h = json.loads(header)
+        worker, clock, lr, recovering = h["w"], h["c"], h["lr"], h["r"]
+        push_h, pull_h = h["push"], h["pull"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError("malformed request header (not an angelps frame)") from None
+    if not (_is_int(worker) and _is_int(clock) and clock >= 0):
+        raise ValueError("malformed request header: worker and clock must be integers >= 0")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not isinstance(recovering, bool):
+        raise ValueError("malformed request header: lr must be a number, r a boolean")
     off = 0
     pushes: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
-    if h["push"] is not None:
+    if push_h is not None:
         pushes = {}
-        for name, n, cols, dtype in h["push"]:
-            keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
-            off += 8 * n
+        for name, n, cols, dtype in _entries(push_h, 4):
+            if not (_is_int(n) and n >= 0 and _is_int(cols) and cols >= 1 and dtype in DTYPES):
+                raise ValueError(f"malformed push of table {name!r}: {[n, cols, dtype]}")
             dt = np.dtype(dtype)
-            grads = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
-            off += dt.itemsize * n * cols
-            pushes[name] = (keys, grads)
+            need = n * (8 + cols * dt.itemsize)
+            _check_fits(off, need, len(body))
+            keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+            grads = np.frombuffer(body, dtype=dt, count=n * cols, offset=off + 8 * n)
+            pushes[name] = (keys, grads.reshape(n, cols))
+            off += need
     pulls: dict[str, np.ndarray | None] | None = None
-    if h["pull"] is not None:
+    if pull_h is not None:
         pulls = {}
-        for name, n in h["pull"]:
+        for name, n in _entries(pull_h, 2):
+            if not (_is_int(n) and n >= -1):
+                raise ValueError(f"malformed pull of table {name!r}: {n!r} keys")
             if n < 0:
                 pulls[name] = None
                 continue
+            _check_fits(off, 8 * n, len(body))
             pulls[name] = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
             off += 8 * n
+    if off != len(body):
+        raise ValueError(f"malformed request: its arrays hold {off} bytes, the body {len(body)}")
     return {
-        "worker": int(h["w"]),
-        "clock": int(h["c"]),
+        "worker": worker,
+        "clock": clock,
         "pushes": pushes,
-        "lr": float(h["lr"]),
+        "lr": float(lr),
         "pulls": pulls,
-        "recovering": bool(h["r"]),
+        "recovering": recovering,
     }
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _entries(entries: Any, width: int) -> list[list[Any]]:
+    """A header's push or pull list: lists of ``width`` items, each naming a table once."""
+    if not isinstance(entries, list):
+        raise ValueError("malformed request header: push and pull must be lists or null")
+    seen: set[str] = set()
+    for e in entries:
+        if not (isinstance(e, list) and len(e) == width and isinstance(e[0], str)):
+            raise ValueError(f"malformed request header entry: {str(e)[:80]}")
+        if e[0] in seen:
+            raise ValueError(f"malformed request: table {e[0]!r} listed twice")
+        seen.add(e[0])
+    return entries
+
+
+def _check_fits(off: int, need: int, size: int) -> None:
+    if off + need > size:
+        raise ValueError(f"malformed request: its arrays need more than the body's {size} bytes")
 
 
 def encode_reply(rows: Mapping[str, np.ndarray] | None, backed_up: int) -> list[bytes]:

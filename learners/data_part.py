@@ -6,6 +6,11 @@ not depend on ``W``. In memory (the default) the part is read once; streamed
 (``ml.data.stream``) one counting pass keeps only the validation rows and the training rows'
 counts, and every epoch reads its mini-batches from disk again. Either way an epoch's
 mini-batches are a pure function of (``ml.seed``, epoch), so a resumed run sees the same ones.
+
+A part that cannot be read (a malformed line, a missing file) does not raise in the constructor:
+Ray keeps only the text of an actor constructor's error (``ActorDiedError``), so the error is kept
+and raised by :meth:`DataPart.summary`, the first call the driver makes, where it reaches the
+driver as itself (``DataError`` naming the file and line) and becomes one line and exit 2.
 """
 
 from __future__ import annotations
@@ -48,8 +53,16 @@ class DataPart:
         self.stats = ReadStats()
         self._train_summary: dict[str, int] | None = None
         self.train, self.valid = Batch.empty(), Batch.empty()
+        self.error: Exception | None = None
         if not read:
             return
+        try:
+            self._read()
+        except Exception as e:  # raised again by summary(): see the module docstring
+            self.error = e
+
+    def _read(self) -> None:
+        opts, worker_id, num_workers = self.opts, self.worker_id, self.num_workers
         if self.stream:
             # Inputs larger than memory: one counting pass now (rows, id range; the small
             # validation split is kept), then every epoch reads its batches from disk.
@@ -117,7 +130,10 @@ class DataPart:
         )
 
     def summary(self) -> dict[str, Any]:
-        """Sizes and id range of the part (the driver sizes the tables from them)."""
+        """Sizes and id range of the part (the driver sizes the tables from them); raises the
+        error that stopped the read, if any."""
+        if self.error is not None:
+            raise self.error
         out: dict[str, Any] = {}
         for name, part in (("train", self.train), ("valid", self.valid)):
             if name == "train" and self._train_summary is not None:

@@ -30,7 +30,7 @@ import ray
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.config import Config, ConfigError, load_config
 from decay import StepSizeScheduler, from_conf
-from learners import saved_model
+from learners import cluster, saved_model
 from learners.data import DataOptions
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
@@ -115,33 +115,17 @@ class GraphLearner:
     # --- Ray, the workers and the PS -----------------------------------------------------------
 
     def _start_ray(self) -> None:
-        if ray.is_initialized():
-            return
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
-        if address:
-            ray.init(address=address, namespace="angelps", log_to_driver=True)
-        else:
-            ray.init(
-                num_cpus=os.cpu_count() or 1,
-                include_dashboard=False,
-                namespace="angelps",
-                log_to_driver=True,
-                configure_logging=False,
-            )
-        self._ray_started = True
+        """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.cluster);
+        then make sure it can hold the job's workers and shards before any of them starts."""
+        if not ray.is_initialized():
+            cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
+            self._ray_started = True
+        cluster.check_fits(self.plan, self.ps_options)
 
     def _start_workers(self) -> WorkerGroup:
         """Create the worker actors (each loads its part of the data), size the job, build the
         model on every worker and launch the PS tables it declares."""
-        conf, plan = self.conf, self.plan
-        w, gpus = plan.workers, plan.worker_gpus
-        have = float(ray.cluster_resources().get("GPU", 0))
-        if gpus and have < w * gpus:
-            # A worker asking for a GPU the cluster lacks would wait forever: say so now.
-            raise ConfigError(
-                f"angel.worker.gpus={gpus:g} with {w} worker(s) needs {w * gpus:g} GPU(s) but the "
-                f"Ray cluster has {have:g}; set angel.worker.gpus=0 (and angel.worker.device=cpu)"
-            )
+        conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
         data = DataOptions.from_config(conf)
         workers = self._workers = WorkerGroup(plan, data)
         size = JobSize.of_parts(
@@ -169,7 +153,8 @@ class GraphLearner:
         plan, t_start = self.plan, time.perf_counter()
         check_job(self.conf, self.plan, resume)
         if resume:
-            saved_model.read_extra(Path(str(plan.save_path)))  # fail before any actor starts
+            # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
+            _check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
         log = RunLog(Path(plan.log_dir), self.quiet, plan.tensorboard)
         try:
@@ -419,7 +404,7 @@ class GraphLearner:
         self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=1)
         self._ps.load(str(p))
         workers.attach_ps(self._ps)
-        saved_model.load_dense(info, workers)
+        saved_model.load_dense(info, workers, str(p))
         return self
 
     def evaluate(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -464,6 +449,17 @@ class GraphLearner:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
+    """ConfigError when the checkpoint has already trained ``ml.epoch.num`` epochs or more."""
+    done = int(extra["learner"].get("next_epoch", 0))
+    if plan.epochs <= done:
+        raise ConfigError(
+            f"--resume: the checkpoint in {plan.save_path} has trained {done} epoch(s) and "
+            f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
+            f"total number of epochs: set it above {done} to train more"
+        )
 
 
 def _model_name(conf: Mapping[str, Any]) -> str:

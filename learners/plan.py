@@ -78,6 +78,14 @@ WORKER_GPUS = Key(
     "or shards); > 0 makes the workers compute on CUDA, as angel.worker.device=cuda does.",
     check=non_negative,
 )
+RAY_CONNECT_TIMEOUT = Key(
+    "angel.ray.connect.timeout.s",
+    "float",
+    30.0,
+    "Seconds to wait for the Ray cluster of --address or RAY_ADDRESS to accept a connection "
+    "before failing with an error naming the address (docs/cluster.md).",
+    check=positive,
+)
 FUSED = Key(
     "angel.worker.fused.push.pull",
     "bool",
@@ -182,6 +190,7 @@ KEYS = [
     TORCH_THREADS,
     DEVICE,
     WORKER_GPUS,
+    RAY_CONNECT_TIMEOUT,
     FUSED,
     DENSE_PLACEMENT,
     LOG_PATH,
@@ -243,6 +252,8 @@ class TrainPlan:
     early_stop_metric: str
     #: lower-cased names of frozen PS tables and worker-side modules
     frozen: tuple[str, ...]
+    #: how long to wait for the address of a Ray cluster to answer (angel.ray.connect.timeout.s)
+    ray_connect_timeout_s: float
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:
@@ -278,6 +289,7 @@ class TrainPlan:
             early_stop_patience=int(EARLY_STOP_PATIENCE.read(conf)),
             early_stop_metric=str(EARLY_STOP_METRIC.read(conf)),
             frozen=tuple(s.lower() for s in (FREEZE_LAYERS.read(conf) or [])),
+            ray_connect_timeout_s=float(RAY_CONNECT_TIMEOUT.read(conf)),
         )
 
     def for_inference(self, dense_placement: str) -> TrainPlan:

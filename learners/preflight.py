@@ -9,14 +9,16 @@ the keys, not minutes later inside a worker.
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 
+from angelps import checkpoint_dir
 from angelps.config import Config, ConfigError
 from decay import ReduceLROnPlateau
 from learners.models import model_class
 from learners.plan import TrainPlan
 
-__all__ = ["check_job", "lower_is_better", "watched_metric"]
+__all__ = ["check_job", "check_save_path", "lower_is_better", "watched_metric"]
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 _PLATEAU_MODE = inspect.signature(ReduceLROnPlateau).parameters["mode"].default
@@ -38,7 +40,8 @@ def watched_metric(plan: TrainPlan, task: str) -> str:
 
 def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
     """Raise ConfigError for a job that cannot train: no data, an unknown model or one that
-    lacks its field count, --resume without a checkpoint path, a plateau facing the wrong way."""
+    lacks its field count, --resume without a checkpoint path, a save path that a checkpoint
+    must not replace (:func:`check_save_path`), a plateau facing the wrong way."""
     train_path = conf["angel.train.data.path"]
     if not train_path:
         raise ConfigError(
@@ -57,7 +60,38 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         )
     if resume and not plan.save_path:
         raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
+    if plan.save_path:
+        check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
     _check_plateau(conf, watched_metric(plan, cls.task))
+
+
+def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
+    """Refuse a checkpoint path whose replacement would lose files: the current directory or
+    one that contains it, the log directory (``angel.log.path``) or one that contains it, a
+    regular file, a non-empty directory of other files (no angelps manifest.json); and one
+    whose parent cannot be created or written. ConfigError naming the key, path and reason."""
+    where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
+    path = Path(os.path.realpath(save_path))
+    for name, other in (("the current directory", "."), ("the log directory", log_dir)):
+        o = Path(os.path.realpath(other))
+        if path == o or path in o.parents:
+            what = "is" if path == o else "contains"
+            shown = "" if other == "." else f" (angel.log.path={other})"
+            raise ConfigError(
+                f"{where} {what} {name}{shown}: a checkpoint replaces its directory; "
+                "choose a directory of its own"
+            )
+    try:
+        checkpoint_dir.check_target(str(path))
+    except checkpoint_dir.CheckpointError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is a file, so the directory cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: {parent} is not writable")
 
 
 def _check_plateau(conf: Config, metric: str) -> None:

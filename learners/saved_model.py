@@ -7,20 +7,31 @@ the job's explicitly set keys, and the worker-side state (dense layers, their op
 and every worker's RNG stream, base64 inside the manifest). Invariant: because the worker-side
 state travels inside the manifest, the PS checkpoint's atomic rename covers both halves, so a
 reader never sees a new PS half with an old worker half.
+
+Nothing damaged is used: the manifest and every table file are checked against their SHA-256
+(``angelps.checkpoint``) whenever they are read. :func:`resume_point` checks the whole checkpoint
+before anything starts; when the latest is damaged and ``<path>.prev`` (the previous good
+checkpoint, kept by every save) is sound, it moves the damaged one aside to
+``<path>.damaged-<id>``, says so on stderr, and the job resumes from the previous one.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import os
+import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from angelps import PSClient, checkpoint
+from angelps.checkpoint import CheckpointDamaged
 from angelps.config import ConfigError
 from learners.worker_group import WorkerGroup
 
-__all__ = ["load_dense", "read_extra", "restore", "save"]
+__all__ = ["load_dense", "read_extra", "restore", "resume_point", "save"]
 
 
 def save(path: str, ps: PSClient, workers: WorkerGroup, section: Mapping[str, Any]) -> None:
@@ -42,27 +53,70 @@ def restore(path: str, ps: PSClient, workers: WorkerGroup) -> dict[str, Any]:
     manifest."""
     read_extra(Path(path))  # a clear error before the shards are touched
     info: dict[str, Any] = ps.load(path)["learner"]
-    load_dense(info, workers)
+    load_dense(info, workers, path)
     # Clocks restart at 0 after a load: hand the workers fresh clients.
     workers.attach_ps(ps)
     return info
 
 
-def load_dense(info: Mapping[str, Any], workers: WorkerGroup) -> None:
+def load_dense(info: Mapping[str, Any], workers: WorkerGroup, where: str = "checkpoint") -> None:
     """The worker-side layers of a learner section into every worker (and, when the number of
-    workers is the one that saved it, every worker's own RNG stream)."""
-    blob = base64.b64decode(info["dense_npz_b64"])
+    workers is the one that saved it, every worker's own RNG stream); ``where`` names the
+    checkpoint in errors."""
+    try:
+        blob = base64.b64decode(info["dense_npz_b64"], validate=True)
+        rngs = [base64.b64decode(r, validate=True) for r in info.get("worker_rng_b64") or []]
+    except (KeyError, TypeError, binascii.Error) as e:
+        raise CheckpointDamaged(
+            f"checkpoint {where}: the worker-side layers in its manifest are damaged ({e})"
+        ) from None
     workers.execute("load_dense_state", blob)
-    rngs = info.get("worker_rng_b64") or []
     if len(rngs) == len(workers):
         # Every worker continues its own dropout stream (resuming with the same W).
-        workers.execute_each("set_rng_state", [(base64.b64decode(r),) for r in rngs])
+        workers.execute_each("set_rng_state", [(r,) for r in rngs])
+
+
+def resume_point(path: str) -> dict[str, Any]:
+    """The ``extra`` of the checkpoint ``--resume`` continues from, every file checked; before
+    any actor starts. A damaged latest checkpoint with a sound ``<path>.prev`` is moved aside
+    (so that :func:`restore` of ``path`` finds the previous one) and the console says so;
+    damaged without a sound previous one, it is a CheckpointDamaged naming the file."""
+    try:
+        root = checkpoint.verify(path)["root"]
+        if root != os.path.abspath(path):
+            print(
+                f"angelps: note: resuming from {root} (the latest save did not complete)",
+                file=sys.stderr,
+            )
+    except CheckpointDamaged as damaged:
+        prev = checkpoint.previous(path)
+        if prev is None or not os.path.isdir(path):
+            raise
+        try:
+            checkpoint.verify(prev)
+        except CheckpointDamaged as e:
+            raise CheckpointDamaged(
+                f"{damaged}; the previous checkpoint is damaged too: {e}"
+            ) from None
+        aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
+        os.rename(path, aside)
+        print(
+            f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
+            f"(the damaged one is kept as {aside})",
+            file=sys.stderr,
+        )
+    except checkpoint.CheckpointError:
+        pass  # not a checkpoint at all: read_extra below says so
+    return read_extra(Path(path))
 
 
 def read_extra(path: Path) -> dict[str, Any]:
-    """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none."""
+    """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none,
+    CheckpointDamaged (naming the file) when its manifest is damaged."""
     try:
         manifest = checkpoint.read_manifest(str(path))
+    except CheckpointDamaged:
+        raise
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not a saved angelps model: {e}") from None
     extra = dict(manifest.get("extra", {}))

@@ -7,6 +7,12 @@ actor handles itself.
 
 Invariant: actor ``i`` is worker ``i`` of ``len(group)`` (its data part and its PS client
 handle ``PSClient.for_worker(i)``).
+
+Errors: a worker that cannot read its data part keeps the error and raises it from its first
+call (``data_summary``; see :mod:`learners.data_part`). Ray hands such an error back wrapped in a
+``RayTaskError``; every call here raises a bad-input error (``DataError``, ``ConfigError``,
+``FileNotFoundError``) as itself, chained to the wrapper (its text holds the worker's
+traceback, shown with ANGELPS_DEBUG=1), so the command line prints its one line and exits 2.
 """
 
 from __future__ import annotations
@@ -15,19 +21,36 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 
 from angelps import PSClient
-from learners.data import DataOptions
+from angelps.config import ConfigError
+from learners.data import DataError, DataOptions
 from learners.plan import TrainPlan
+from learners.terminate import retake_sigterm
 from learners.worker import remote_worker_class
 
-__all__ = ["WorkerGroup"]
+__all__ = ["WorkerGroup", "get"]
+
+_BAD_INPUT = (DataError, ConfigError, FileNotFoundError)
+
+
+def get(refs: Any) -> Any:
+    """``ray.get(refs)``, with a worker's bad-input error raised as itself (not wrapped)."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, _BAD_INPUT):
+            raise cause from e
+        raise
 
 
 class WorkerGroup:
     """``plan.workers`` :class:`~learners.worker.TrainWorker` actors (each reads its data part)."""
 
     def __init__(self, plan: TrainPlan, data: DataOptions, read_data: bool = True) -> None:
+        retake_sigterm()  # Ray is up and took SIGTERM over: a kill unwinds the driver again
         cls = remote_worker_class(plan.worker_cpus, plan.worker_gpus)
         n = plan.workers
         self.actors: list[Any] = [cls.remote(plan, data, i, n, read_data) for i in range(n)]
@@ -41,17 +64,17 @@ class WorkerGroup:
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker and wait: the answers, in worker order."""
-        return ray.get(self.execute_async(method, *args, **kwargs))
+        return get(self.execute_async(method, *args, **kwargs))
 
     def execute_single(self, index: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on worker ``index`` and wait for its answer."""
-        return ray.get(getattr(self.actors[index], method).remote(*args, **kwargs))
+        return get(getattr(self.actors[index], method).remote(*args, **kwargs))
 
     def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
         if len(args) != len(self.actors):
             raise ValueError(f"{method}: {len(args)} argument tuples for {len(self)} workers")
-        return ray.get(
+        return get(
             [getattr(a, method).remote(*xs) for a, xs in zip(self.actors, args, strict=True)]
         )
 

@@ -1,7 +1,13 @@
 """The ``angelps`` entry point: the parser of every verb, and errors turned into exit codes.
 
-Exit codes: 0 success, 2 bad configuration or input, 1 failure while running, 130 interrupted.
-Errors are one clear line on stderr; set ANGELPS_DEBUG=1 to see the traceback too.
+Exit codes: 0 success, 2 bad configuration or input, 1 failure while running, 130 interrupted
+(Ctrl-C, SIGINT), 143 terminated (SIGTERM). Both signals stop the same way: the verb unwinds
+(Ray shut down, the last checkpoint left as it was) and one line says so.
+
+Errors are one line on stderr; set ANGELPS_DEBUG=1 to see the traceback too. The line is
+printable: control characters that came from an input file (escape sequences, NUL, carriage
+returns, newlines) are shown escaped, as ``repr`` writes them, and an error raised inside a Ray
+actor is reported as its last line (the original error), not as the actor's traceback.
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ from angelps.config import ConfigError
 from learners.cli import conf, schedule, train
 from learners.cli import plot as plot_verb
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED
-from learners.data.problems import DataError
+from learners.data.problems import DataError, printable
+from learners.terminate import Terminated, sigterm_unwinds
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_TERMINATED", "build_parser", "main"]
+
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
 # Errors that mean "your input is wrong" (exit 2) rather than "something failed" (exit 1).
 _BAD_INPUT = (ConfigError, DataError, FileNotFoundError)
@@ -63,6 +72,15 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _message(exc: BaseException) -> str:
+    """The one line that describes ``exc``: a Ray error's text is the remote traceback, whose
+    last line is the original error."""
+    text = str(exc)
+    if type(exc).__module__.startswith("ray.") and "\n" in text.strip():
+        text = text.strip().splitlines()[-1]
+    return printable(text)
+
+
 def _report(exc: Exception, debug: bool) -> int:
     """One line on stderr for ``exc``; the exit code it stands for."""
     root = _root_cause(exc)
@@ -70,9 +88,9 @@ def _report(exc: Exception, debug: bool) -> int:
         traceback.print_exc()
     if isinstance(root, _BAD_INPUT) or isinstance(exc, _BAD_INPUT):
         err = root if isinstance(root, _BAD_INPUT) else exc
-        print(f"angelps: error: {err}", file=sys.stderr)
+        print(f"angelps: error: {_message(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"angelps: failed: {type(root).__name__}: {root}", file=sys.stderr)
+    print(f"angelps: failed: {type(root).__name__}: {_message(root)}", file=sys.stderr)
     if not debug:
         print("angelps: set ANGELPS_DEBUG=1 for the traceback", file=sys.stderr)
     return EXIT_FAILURE
@@ -87,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
     try:
-        return int(args.func(args) or 0)
+        with sigterm_unwinds():
+            return int(args.func(args) or 0)
+    except Terminated:
+        print("angelps: terminated (SIGTERM); stopped cleanly", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("angelps: interrupted; stopped cleanly", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -2,23 +2,29 @@
 
 ``--steps N`` is both the number of updates printed and the total number of updates the
 schedule is told about (it fills ``ml.opt.decay.total.steps`` / ``.t.max`` when not set, as the
-learner does with epochs × updates per epoch).
+learner does with epochs × updates per epoch). The values are written as they are computed, a
+block at a time, so memory stays flat whatever N; ``--plot`` draws at most
+:data:`PLOT_MAX_STEPS` points.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import decay
 from angelps.config import ConfigError
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
+
+PLOT_MAX_STEPS = 1_000_000
+_BLOCK = 1 << 16  # values computed and written at a time
 
 _EXAMPLES = """\
 examples:
@@ -127,6 +133,35 @@ def _feed_plateau_example(sched: decay.ReduceLROnPlateau, steps: int) -> None:
         sched.step(1.0 / (1 + min(k, 8)))
 
 
+def _blocks(n: int) -> Iterator[range]:
+    for start in range(0, n, _BLOCK):
+        yield range(start, min(n, start + _BLOCK))
+
+
+def _write_csv(sched: StepSizeScheduler, n: int) -> None:
+    out = sys.stdout
+    out.write("step,lr\n")
+    for ks in _blocks(n):
+        out.write("".join(f"{k},{sched.lr_at(k)!r}\n" for k in ks))
+
+
+def _write_json(sched: StepSizeScheduler, n: int) -> None:
+    """The JSON object ``json.dumps`` writes for the whole lists, written a block at a time."""
+    out = sys.stdout
+    out.write(f'{{"schedule": {json.dumps(sched.describe())}, "steps": {n}, "lr": [')
+    for ks in _blocks(n):
+        sep = ", " if ks.start else ""
+        out.write(sep + ", ".join(json.dumps(sched.lr_at(k)) for k in ks))
+    out.write("]")
+    if n and sched.momentum_at(0) is not None:
+        out.write(', "momentum": [')
+        for ks in _blocks(n):
+            sep = ", " if ks.start else ""
+            out.write(sep + ", ".join(json.dumps(float(sched.momentum_at(k) or 0.0)) for k in ks))
+        out.write("]")
+    out.write("}\n")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print (and optionally plot) the schedule; returns the exit code."""
     if args.catalogue:
@@ -135,17 +170,22 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: expected an integer >= 0")
+    if args.plot and args.steps > PLOT_MAX_STEPS:
+        raise ConfigError(
+            f"--steps {args.steps} with --plot: at most {PLOT_MAX_STEPS} steps can be drawn "
+            "(print them without --plot)"
+        )
     sched = build(args)
     n = args.steps
-    lrs, moms = values(sched, n)
-    if args.format == "csv":
-        lines = ["step,lr"] + [f"{k},{lr!r}" for k, lr in enumerate(lrs)]
-        sys.stdout.write("\n".join(lines) + "\n")
-    else:
-        doc: dict[str, Any] = {"schedule": sched.describe(), "steps": n, "lr": lrs}
-        if moms is not None:
-            doc["momentum"] = moms
-        sys.stdout.write(json.dumps(doc) + "\n")
+    try:
+        if args.format == "csv":
+            _write_csv(sched, n)
+        else:
+            _write_json(sched, n)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`angelps schedule ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     if args.plot:
         plot(sched, n, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -99,7 +99,21 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=_evaluate)
 
 
+def _check_summary_json(name: str) -> None:
+    """--summary-json must name a file that can be written after training, checked before it."""
+    path = Path(name)
+    if path.is_dir():
+        raise ConfigError(f"--summary-json {name} is a directory: expected a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--summary-json {name}: {parent} is a file, not a directory")
+
+
 def _train(args: argparse.Namespace) -> int:
+    if args.summary_json:
+        _check_summary_json(args.summary_json)  # before training, not after it
     conf = load_job(args)  # a bad key or value answers before torch and Ray load
     from learners.learner import GraphLearner  # torch and Ray: only when training
 

@@ -134,3 +134,26 @@ def concat(batches: Sequence[Batch]) -> Batch:
         values=np.concatenate([b.values for b in batches]),
         row_index=np.concatenate([b.row_index for b in batches]),
     )
+
+
+def first_repeats(ids: np.ndarray, counts: np.ndarray) -> dict[int, int]:
+    """``{row: smallest id the row holds more than once}`` for the rows that repeat an id, of
+    ``ids`` laid out as CSR with ``counts`` features per row.
+
+    O(nnz) when every row's ids ascend (the usual case); only the other rows are sorted.
+    """
+    if ids.size < 2:
+        return {}
+    row_of = np.repeat(np.arange(counts.size), counts)
+    suspect = (row_of[1:] == row_of[:-1]) & (ids[1:] <= ids[:-1])
+    if not suspect.any():
+        return {}
+    picked = np.isin(row_of, row_of[1:][suspect])
+    r, i = row_of[picked], ids[picked]
+    order = np.lexsort((i, r))
+    r, i = r[order], i[order]
+    dup = (r[1:] == r[:-1]) & (i[1:] == i[:-1])
+    out: dict[int, int] = {}
+    for row, fid in zip(r[1:][dup].tolist(), i[1:][dup].tolist(), strict=True):
+        out.setdefault(int(row), int(fid))
+    return out

@@ -2,8 +2,8 @@
 and an optional list<float> values column (missing: every value is 1).
 
 The columns are named by ``ml.data.parquet.{label,ids,values}.col``. As with text, a bad row
-(a null or non-finite label or value, a negative or out-of-range id, ids and values of different
-lengths) is never raised here: :func:`parse_record_batch` returns the good rows and one message
+(a null or non-finite label or value, a negative or out-of-range id, an id repeated within the
+row, ids and values of different lengths) is never raised here: :func:`parse_record_batch` returns the good rows and one message
 per bad row (``file: row R: reason``, in row order, first problem of the row). A column of the
 wrong type or a file that is not Parquet is a schema problem and raises :class:`DataError`.
 """
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from learners.data.batch import Batch
+from learners.data.batch import Batch, first_repeats
 from learners.data.options import DataOptions
 from learners.data.problems import DataError
 
@@ -163,6 +163,9 @@ def _check_ids(ids: np.ndarray, counts: np.ndarray, opts: DataOptions, rows: _Ro
             f"a feature id is outside ml.feature.index.range={index_range} "
             f"(valid: 0..{index_range - 1})",
         )
+    repeats = first_repeats(ids, counts)
+    for r, fid in repeats.items():
+        rows.problems.setdefault(r, f"feature id {fid} appears more than once in the row")
     if opts.field_num > 0:
         rows.flag(
             counts != opts.field_num, f"expected exactly ml.fm.field.num={opts.field_num} features"

@@ -6,7 +6,8 @@ ml.data.validate.ratio)`` (``P = 1`` when the ratio is 0; :func:`split_period`).
 ``W`` reads the lines of the blocks ``b`` with ``b % W == w``, so every worker holds its share of
 the validation lines (the first of every block, :mod:`learners.data.split`) whatever ``W``.
 
-A chunk never holds more than ``chunk_rows`` rows; a malformed line goes to
+An input without a line (an empty file, a directory of empty files) is a :class:`DataError`. A
+chunk never holds more than ``chunk_rows`` rows; a malformed line goes to
 :func:`learners.data.problems.reject` (raise, or skip and count); labels go through
 ``ml.data.label.trans.class`` last.
 """
@@ -24,7 +25,7 @@ from learners.data.batch import Batch, concat
 from learners.data.labels import label_transform
 from learners.data.options import DataOptions, split_period
 from learners.data.parquet import open_parquet, parse_record_batch
-from learners.data.problems import DataError, ReadStats, reject
+from learners.data.problems import DataError, ReadStats, printable, reject
 from learners.data.text import TextParser, line_blocks
 
 __all__ = ["Reader", "input_files", "load_file", "read_file"]
@@ -44,6 +45,15 @@ def input_files(path: str) -> list[str]:
     if not os.path.exists(path):
         raise DataError(f"{path}: no such input file or directory")
     return [path]
+
+
+def _readable(file: str, blocks: Iterator[tuple[pa.Array, int]]) -> Iterator[tuple[pa.Array, int]]:
+    """``blocks``, with a file that cannot be read (permissions, a broken compressed stream) as a
+    DataError naming it."""
+    try:
+        yield from blocks
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{file}: cannot read the file ({printable(str(e))})") from None
 
 
 @dataclass
@@ -75,11 +85,19 @@ class Reader:
 
     def __iter__(self) -> Iterator[Batch]:
         offset = 0  # line index of the current file's first line within the whole input
-        for file in input_files(self.path):
+        files = input_files(self.path)
+        for file in files:
             if self.opts.kind == "parquet":
                 offset += yield from self._parquet(file, offset)
             else:
                 offset += yield from self._text(file, offset, TextParser(self.opts))
+        if offset == 0:
+            what = "rows" if self.opts.kind == "parquet" else "lines"
+            where = "the file holds" if files == [self.path] else f"its {len(files)} files hold"
+            raise DataError(
+                f"{self.path}: the input is empty: {where} no {what} "
+                f"(expected {self.opts.kind} data)"
+            )
 
     def _pieces(self, first_index: int, n: int) -> Iterator[np.ndarray]:
         """Positions (0..n-1) of this worker's lines among n lines starting at line index
@@ -108,7 +126,7 @@ class Reader:
         """Parsed chunks of this worker's lines of ``file``; returns the file's line count."""
         seen = 0
         step = self.rows * self.num_workers
-        for lines, first in line_blocks(file, self.block_bytes):
+        for lines, first in _readable(file, line_blocks(file, self.block_bytes)):
             for start in range(0, len(lines), step):
                 part = lines.slice(start, step)
                 for pos in self._pieces(offset + first + start, len(part)):

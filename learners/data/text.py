@@ -21,6 +21,10 @@ silently; they still count as lines for the line numbers. A separator of several
 The parser never raises for a bad line: :meth:`TextParser.parse` returns the good rows and one
 message per bad line (``file:line: reason``, 1-based, in line order) for
 :func:`learners.data.problems.reject`. A line has at most one message: its first problem.
+A line the format's regular expression rejects is explained by
+:func:`learners.data.diagnose.why_bad` (the first wrong field); the quoted line has its control
+characters escaped. A feature id repeated within a line is a bad line (not summed): each id
+appears at most once per line.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from learners.data.batch import Batch
+from learners.data.batch import Batch, first_repeats
+from learners.data.diagnose import why_bad
 from learners.data.options import DataOptions
+from learners.data.problems import printable
 
 __all__ = ["ParsedText", "TextFormat", "TextParser", "line_blocks"]
 
@@ -71,6 +77,7 @@ class TextFormat:
 
     kind: str
     has_label: bool
+    whitespace: bool  # fields separated by whitespace only
     sep: str  # regex between fields
     sep_bytes: bytes | None  # non-whitespace separator bytes when bytes can tokenize (fast path)
     index_range: int
@@ -93,6 +100,7 @@ class TextFormat:
         return cls(
             kind=kind,
             has_label=opts.has_label,
+            whitespace=whitespace,
             sep=sep,
             sep_bytes=sep_bytes,
             index_range=opts.index_range,
@@ -199,11 +207,12 @@ def _regex_tokenize(lines: pa.Array, fmt: TextFormat) -> tuple[pa.Array, np.ndar
 
 
 def _decode(raw: bytes | None) -> str:
-    return (raw or b"").decode("utf-8", errors="replace")
+    return (raw or b"").decode("utf-8", errors="backslashreplace")
 
 
 def _shorten(line: str, limit: int = 80) -> str:
-    line = line.rstrip("\r\n")
+    """A line as messages quote it: control characters escaped, at most ``limit`` characters."""
+    line = printable(line.rstrip("\r\n"))
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -319,9 +328,13 @@ class TextParser:
         good = good.to_numpy(zero_copy_only=False)
         if good.all():
             return
+        fmt = self.fmt
         for r in np.flatnonzero(~good):
             line = int(chunk.line_no[r])
-            problems.by_line[line] = f"expected {self.fmt.expected}, got '{chunk.shown(int(r))}'"
+            raw = chunk.lines[int(r)].as_py() or b""
+            why = why_bad(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
+            shape = f"expected {fmt.expected}, got '{chunk.shown(int(r))}'"
+            problems.by_line[line] = f"{why}; {shape}" if why else shape
         chunk.keep(good)
 
     def _tokens(self, chunk: _Lines) -> tuple[pa.Array, np.ndarray]:
@@ -402,12 +415,24 @@ class TextParser:
         base = 1 if kind == "libsvm" else 0
         if feats.too_long.any():
             problems.flag(
-                feats.rows_with(feats.too_long), "a feature id is too large for a 64-bit integer"
+                feats.rows_with(feats.too_long),
+                "a feature id has more than 18 digits (ids must fit a 64-bit integer)",
             )
         if kind == "libsvm":
             problems.flag(
                 feats.rows_with((feats.ids < 0) & ~feats.too_long),
                 "feature id 0: libsvm ids start at 1 (ml.data.type=dummy reads 0-based ids)",
+            )
+        repeats = first_repeats(feats.ids, feats.nfeat)
+        if repeats:
+            rows = np.zeros(feats.nfeat.size, bool)
+            rows[list(repeats)] = True
+            problems.flag(
+                rows,
+                lambda r: (
+                    f"feature id {repeats[r] + base} appears more than once "
+                    "(a line holds each id at most once)"
+                ),
             )
         if index_range <= 0:
             return

@@ -232,3 +232,207 @@ def test_crash_between_renames_is_recovered(tmp_path):
     # The next save cleans the leftovers.
     _save(first, tmp_path / "ck", extra={"v": 3})
     assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
+# --- integrity: checksums in the manifest, verified on every read -------------------------------
+
+
+def _flip(path, offset=None):
+    """Flip one byte of ``path`` (in the middle of the file unless ``offset``)."""
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_records_every_file_checksum_and_rows(tmp_path):
+    import hashlib
+
+    shards = _trained(2)
+    _save(shards, tmp_path / "ck")
+    m = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert m["version"] == 2 and len(m["manifest_sha256"]) == 64
+    assert sorted(m["files"]) == [
+        f"{t}/shard-{i}.parquet" for t in ("emb", "ft", "lin") for i in (0, 1)
+    ]
+    for rel, entry in m["files"].items():
+        data = (tmp_path / "ck" / rel).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert entry["bytes"] == len(data)
+        table, shard = rel.split("/")
+        assert entry["rows"] == shards[int(shard[6])].export(table)[0].size
+    assert "files" not in m["shards"][0]
+
+
+def test_flipped_byte_in_a_table_file_is_refused_naming_it(tmp_path):
+    _save(_trained(2), tmp_path / "ck")
+    bad = tmp_path / "ck" / "emb" / "shard-1.parquet"
+    _flip(bad)
+    with pytest.raises(
+        checkpoint.CheckpointDamaged,
+        match=rf"^checkpoint file {bad} is damaged: its SHA-256 does not match the manifest$",
+    ):
+        _load(2, tmp_path / "ck")
+    with pytest.raises(checkpoint.CheckpointDamaged, match=f"checkpoint file {bad} is damaged"):
+        checkpoint.verify(str(tmp_path / "ck"))
+    # A damaged checkpoint is a ConfigError: the command line answers it with exit code 2.
+    from angelps.config import ConfigError
+
+    assert issubclass(checkpoint.CheckpointDamaged, ConfigError)
+
+
+def test_page_checksums_catch_damage_without_the_manifest(tmp_path):
+    """Even read unchecked (a version 1 reader), a flipped data byte fails the page CRC."""
+    _save(_trained(1), tmp_path / "ck")
+    path = tmp_path / "ck" / "emb" / "shard-0.parquet"
+    keys, w, _ = checkpoint.read_table_file(str(path))
+    _flip(path, 200)  # inside the first column's data page
+    with pytest.raises(
+        checkpoint.CheckpointDamaged, match=rf"checkpoint file {path} is damaged or unreadable: "
+    ):
+        checkpoint.read_table_file(str(path))
+    assert len(keys) == len(w) > 0
+
+
+def test_row_count_and_missing_file_are_refused(tmp_path):
+    _save(_trained(1), tmp_path / "ck")
+    m = checkpoint.read_manifest(str(tmp_path / "ck"))
+    path = checkpoint.table_file(m["root"], "ft", 0)
+    entry = dict(checkpoint.file_entry(m, "ft", 0), rows=7)
+    with pytest.raises(
+        checkpoint.CheckpointDamaged, match=r"is damaged: \d+ rows, the manifest says 7"
+    ):
+        checkpoint.read_table_file(path, entry)
+    os.remove(path)
+    with pytest.raises(checkpoint.CheckpointDamaged, match=rf"^checkpoint file {path} is missing$"):
+        _load(1, tmp_path / "ck")
+
+
+def test_damaged_manifest_is_refused(tmp_path):
+    _save(_trained(1), tmp_path / "ck", extra={"epoch": 3})
+    p = tmp_path / "ck" / "manifest.json"
+    p.write_text(p.read_text().replace('"epoch": 3', '"epoch": 8'))
+    with pytest.raises(
+        checkpoint.CheckpointDamaged,
+        match=rf"^checkpoint file {p} is damaged: its checksum does not match$",
+    ):
+        checkpoint.read_manifest(str(tmp_path / "ck"))
+    p.write_text(p.read_text()[:-40])
+    with pytest.raises(
+        checkpoint.CheckpointDamaged, match=rf"checkpoint file {p} is damaged or unreadable"
+    ):
+        checkpoint.read_manifest(str(tmp_path / "ck"))
+
+
+def test_version_1_checkpoint_without_checksums_still_loads(tmp_path):
+    shards = _trained(2)
+    _save(shards, tmp_path / "ck", extra={"v": 1})
+    p = tmp_path / "ck" / "manifest.json"
+    m = json.loads(p.read_text())
+    for k in ("files", "manifest_sha256"):
+        del m[k]
+    m["version"] = 1
+    p.write_text(json.dumps(m, indent=1, sort_keys=True))
+    restored, m2 = _load(3, tmp_path / "ck")
+    assert m2["version"] == 1 and m2["extra"] == {"v": 1}
+    _assert_same(_union(shards), _union(restored))
+
+
+def test_backup_files_are_checked_on_restore(tmp_path):
+    shard = _trained(1)[0]
+    checkpoint.write_backup(str(tmp_path / "b"), shard, shard.backup_meta())
+    root, meta = checkpoint.read_backup(str(tmp_path / "b"))
+    fresh = ParameterShard(0, 1, TABLES)
+    fresh.load(root, meta)
+    _assert_same(_union([shard]), _union([fresh]))
+    _flip(tmp_path / "b" / os.path.basename(root) / "lin" / "shard-0.parquet")
+    with pytest.raises(checkpoint.CheckpointDamaged, match=r"lin/shard-0\.parquet is damaged"):
+        fresh.load(root, meta)
+
+
+# --- the save path and the previous checkpoint -------------------------------------------------
+
+
+def _tree(root):
+    """Every file under ``root`` with its bytes."""
+    return {
+        os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+        for d, _, fs in os.walk(root)
+        for f in fs
+    }
+
+
+def test_previous_checkpoint_is_kept_as_prev(tmp_path):
+    first, second, third = _trained(1, steps=1), _trained(1, steps=2), _trained(1, steps=3)
+    _save(first, tmp_path / "ck", extra={"v": 1})
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    _save(second, tmp_path / "ck", extra={"v": 2})
+    assert sorted(os.listdir(tmp_path)) == ["ck", "ck.prev"]
+    assert checkpoint.previous(str(tmp_path / "ck")) == str(tmp_path / "ck.prev")
+    _save(third, tmp_path / "ck", extra={"v": 3})
+    assert sorted(os.listdir(tmp_path)) == ["ck", "ck.prev"]
+    assert _load(1, tmp_path / "ck")[1]["extra"] == {"v": 3}
+    restored, m = _load(1, tmp_path / "ck.prev")
+    assert m["extra"] == {"v": 2}
+    _assert_same(_union(second), _union(restored))
+
+
+@pytest.mark.parametrize("stop", ["files", "manifest", "first-rename", "second-rename"])
+def test_crash_at_any_point_of_a_save_keeps_a_loadable_checkpoint(tmp_path, stop):
+    """A save stopped after each of its steps (the functions called in order, then nothing):
+    the last good checkpoint still loads, and the next save removes the leftovers."""
+    first, second = _trained(2, steps=2), _trained(2, steps=4)
+    _save(first, tmp_path / "ck", extra={"v": 1})
+    path = str(tmp_path / "ck")
+    tmp = checkpoint.new_tmp_dir(path)
+    infos = [s.save(tmp) for s in second]
+    if stop != "files":
+        checkpoint.write_manifest(
+            tmp, checkpoint.build_manifest(TABLES, 2, "hash", infos, {"v": 2})
+        )
+    if stop in ("first-rename", "second-rename"):
+        os.rename(path, path + ".prev")  # commit_dir's renames, one at a time
+    if stop == "second-rename":
+        os.rename(tmp, path)
+    restored, m = _load(2, tmp_path / "ck")
+    want, v = (second, 2) if stop == "second-rename" else (first, 1)
+    assert m["extra"] == {"v": v}
+    _assert_same(_union(want), _union(restored))
+    _save(second, tmp_path / "ck", extra={"v": 3})
+    assert sorted(os.listdir(tmp_path)) == ["ck", "ck.prev"]
+    assert _load(2, tmp_path / "ck")[1]["extra"] == {"v": 3}
+    assert _load(2, tmp_path / "ck.prev")[1]["extra"] == {"v": 1 if stop == "files" else v}
+
+
+@pytest.mark.parametrize("kind", ["file", "user-dir"])
+def test_save_refuses_a_file_or_a_directory_of_other_files(tmp_path, kind):
+    target = tmp_path / "out"
+    if kind == "file":
+        target.write_bytes(b"precious\x00bytes")
+        msg = rf"^{target} is a file, not a checkpoint directory: angelps will not replace it"
+    else:
+        (target / "sub").mkdir(parents=True)
+        (target / "notes.txt").write_text("mine")
+        (target / "sub" / "data.bin").write_bytes(b"\x01\x02")
+        msg = (
+            rf"^{target} is a non-empty directory without an angelps checkpoint \(manifest\.json\)"
+        )
+    before = _tree(tmp_path)
+    with pytest.raises(CheckpointError, match=msg):
+        _save(_trained(1), target)
+    assert _tree(tmp_path) == before  # nothing written, nothing renamed, byte for byte
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    # commit_dir refuses too, should the path change during a save.
+    tmp = checkpoint.new_tmp_dir(str(tmp_path / "ok"))
+    with pytest.raises(CheckpointError, match=msg):
+        checkpoint.commit_dir(tmp, str(target))
+    assert (_tree(tmp_path / "out") if kind != "file" else target.read_bytes()) == (
+        {k[4:]: v for k, v in before.items()} if kind != "file" else before["out"]
+    )
+
+
+def test_save_into_an_empty_directory(tmp_path):
+    (tmp_path / "ck").mkdir()
+    _save(_trained(1), tmp_path / "ck", extra={"v": 1})
+    assert _load(1, tmp_path / "ck")[1]["extra"] == {"v": 1}
+    assert sorted(os.listdir(tmp_path)) == ["ck"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 import threading
 
@@ -101,6 +102,7 @@ def test_calls_in_order_and_errors_as_replies(served_shard):
     srv, host, port = served_shard
     with socket.create_connection((host, port)) as s:
         s.sendall(b"t" * wire.TOKEN_BYTES)
+        assert wire.recv_exact(s, 1) == wire.ACK
         keys = np.array([4, 9])
         ok, (rows, _) = _send(
             s,
@@ -126,6 +128,50 @@ def test_a_wrong_token_is_disconnected_unanswered(served_shard):
         s.settimeout(10)
         assert s.recv(1) == b""  # closed by the shard
     assert srv.shard.clocks.pushed[0] == 0
+
+
+def _request(push: list | None, pull: list | None, body: bytes) -> tuple[bytes, bytes]:
+    h = {"w": 0, "c": 0, "lr": 0.1, "r": False, "push": push, "pull": pull}
+    return json.dumps(h).encode(), body
+
+
+@pytest.mark.parametrize(
+    ("header", "body", "match"),
+    [
+        (b"\xff\xfe garbage", b"", "malformed request header"),
+        (b"[1, 2]", b"", "malformed request header"),
+        (b'{"w": 0}', b"", "malformed request header"),
+        (*_request(None, [["emb", 3]], bytes(16)), "need more than the body's 16 bytes"),
+        (*_request(None, [["emb", 1]], bytes(16)), "hold 8 bytes, the body 16"),
+        (*_request([["emb", 2, 4, "<f4"]], None, bytes(40)), "need more than the body's 40"),
+        (*_request([["emb", 1, 1, "|O"]], None, bytes(16)), "malformed push of table 'emb'"),
+        (*_request([["emb", -1, 1, "<f4"]], None, b""), "malformed push of table 'emb'"),
+        (*_request(None, [["emb", 2**62]], b""), "need more than the body's 0 bytes"),
+        (*_request(None, [["emb", 1], ["emb", 1]], bytes(16)), "table 'emb' listed twice"),
+        (*_request(None, [["emb", "1"]], bytes(8)), "malformed pull of table 'emb'"),
+    ],
+)
+def test_a_malformed_request_is_a_value_error(header, body, match):
+    with pytest.raises(ValueError, match=match):
+        wire.decode_request(header, body)
+
+
+def test_bad_header_fields_are_refused():
+    ok = json.loads(_request(None, None, b"")[0])
+    for field, bad in (("w", "0"), ("c", -1), ("c", True), ("lr", "nan"), ("r", 1)):
+        h = dict(ok, **{field: bad})
+        with pytest.raises(ValueError, match="malformed request header"):
+            wire.decode_request(json.dumps(h).encode(), b"")
+
+
+def test_frame_limits_come_from_the_tables():
+    small = TableSpec("small", rows=100, cols=4)
+    limits = wire.FrameLimits.of([small, LIN], 2)
+    # 50 keys of `small` on one of 2 shards (push: 8 + 4*8 bytes, pull: 8), 10 of `lin`.
+    assert limits.max_body == 50 * (40 + 8) + 10 * (16 + 8)
+    assert limits.max_header == 1024 + 2 * len('"small"') + 192 + 2 * len('"lin"') + 192
+    assert wire.FrameLimits.of([EMB, LIN], 1).max_body == wire.MAX_CALL_BYTES
+    assert transport.SOCKET_MAX_BYTES <= wire.MAX_CALL_BYTES
 
 
 def _steps(seed: int = 0, n: int = 5):

@@ -157,7 +157,10 @@ def test_converter_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     src.write_text("1 0 3\nbad line\n0 2\n")
     dst = tmp_path / "out.parquet"
     assert main([str(src), str(dst), "--set", "ml.data.type=dummy"]) == 2
-    assert f"error: {src}:2: expected '<label> <id> ...' (dummy)" in capsys.readouterr().out
+    assert (
+        f"error: {src}:2: the label is 'bad', not a number; expected '<label> <id> ...' (dummy)"
+        in capsys.readouterr().out
+    )
     args = [
         str(src),
         str(dst),

@@ -114,7 +114,9 @@ def test_directory_input_continues_line_index(tmp_path: Path) -> None:
     (d / "a.libsvm").write_text("1 1:1\n\n-1 2:1\n")
     (d / "b.libsvm").write_text("1 3:1\n1 4:x\n")
     (d / "_SUCCESS").write_text("")
-    with pytest.raises(D.DataError, match=r"b\.libsvm:2: expected"):
+    with pytest.raises(
+        D.DataError, match=r"b\.libsvm:2: the value of feature 4 is .x., not a number; expected"
+    ):
         read_all(str(d), C())
     b = read_all(str(d), C(**{"ml.data.skip.bad.lines": True}))
     assert b.row_index.tolist() == [0, 2, 3]

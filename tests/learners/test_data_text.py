@@ -71,7 +71,7 @@ def test_no_label_and_custom_splitor(tmp_path: Path) -> None:
     p = write(tmp_path, "1;;1:0.5\n1;;;;3:1\n", "r2.txt")
     with pytest.raises(
         D.DataError,
-        match=r"r2\.txt:2: expected '<label> <id>:<value> \.\.\.' \(libsvm, separator ';;'\), "
+        match=r"r2\.txt:2: an empty field \(two separators in a row\); expected '<label> <id>:<value> \.\.\.' \(libsvm, separator ';;'\), "
         r"got '1;;;;3:1'",
     ):
         read_all(p, cfg)
@@ -121,15 +121,15 @@ def test_real_files_agree_across_formats() -> None:
 
 BAD_CASES = [
     # (format, extra conf, file text, message after "<path>:")
-    ("libsvm", {}, "1 1:1\n1 3:x\n", "2: expected '<label> <id>:<value> ...' (libsvm), got '1 3:x'"),
-    ("libsvm", {}, "1 3\n", "1: expected '<label> <id>:<value> ...' (libsvm), got '1 3'"),
-    ("libsvm", {}, "abc 3:1\n", "1: expected '<label> <id>:<value> ...' (libsvm), got 'abc 3:1'"),
-    ("libsvm", {}, "1 -3:1\n", "1: expected '<label> <id>:<value> ...' (libsvm), got '1 -3:1'"),
-    ("libsvm", {}, "nan 3:1\n", "1: expected '<label> <id>:<value> ...' (libsvm), got 'nan 3:1'"),
+    ("libsvm", {}, "1 1:1\n1 3:x\n", "2: the value of feature 3 is 'x', not a number; expected '<label> <id>:<value> ...' (libsvm), got '1 3:x'"),
+    ("libsvm", {}, "1 3\n", "1: feature '3' has no ':<value>'; expected '<label> <id>:<value> ...' (libsvm), got '1 3'"),
+    ("libsvm", {}, "abc 3:1\n", "1: the label is 'abc', not a number; expected '<label> <id>:<value> ...' (libsvm), got 'abc 3:1'"),
+    ("libsvm", {}, "1 -3:1\n", "1: feature id -3 is negative (libsvm ids start at 1); expected '<label> <id>:<value> ...' (libsvm), got '1 -3:1'"),
+    ("libsvm", {}, "nan 3:1\n", "1: the label is 'nan', not a finite number; expected '<label> <id>:<value> ...' (libsvm), got 'nan 3:1'"),
     ("libsvm", {}, "1 0:1\n", "1: feature id 0: libsvm ids start at 1 (ml.data.type=dummy reads 0-based ids)"),
     ("libsvm", {}, "1e999 3:1\n", "1: the label is not a finite number, got '1e999 3:1'"),
     ("libsvm", {}, "1 3:1e39\n", "1: a feature value is not a finite float32 number"),
-    ("libsvm", {}, "1 99999999999999999999:1\n", "1: a feature id is too large for a 64-bit integer"),
+    ("libsvm", {}, "1 99999999999999999999:1\n", "1: a feature id has more than 18 digits (ids must fit a 64-bit integer)"),
     (
         "libsvm",
         {"ml.feature.index.range": 10},
@@ -143,12 +143,32 @@ BAD_CASES = [
         "1: feature id 10 is outside ml.feature.index.range=10 (valid ids in a dummy file: 0..9)",
     ),
     ("libsvm", {"ml.fm.field.num": 2}, "1 1:1 2:1\n1 1:1\n", "2: expected exactly ml.fm.field.num=2 features, got 1"),
-    ("dummy", {}, "1 2 3:1\n", "1: expected '<label> <id> ...' (dummy), got '1 2 3:1'"),
-    ("dummy", {}, "1 2.5\n", "1: expected '<label> <id> ...' (dummy), got '1 2.5'"),
-    ("dense", {}, "1 2 x\n", "1: expected '<label> <value> ...' (dense), got '1 2 x'"),
+    ("dummy", {}, "1 2 3:1\n", "1: feature '3:1' is not an id (dummy lines hold ids without values); expected '<label> <id> ...' (dummy), got '1 2 3:1'"),
+    ("dummy", {}, "1 2.5\n", "1: feature id '2.5' is not an integer; expected '<label> <id> ...' (dummy), got '1 2.5'"),
+    ("dense", {}, "1 2 x\n", "1: a value is 'x', not a number; expected '<label> <value> ...' (dense), got '1 2 x'"),
     ("dense", {}, "1 2 3\n1 2\n", "2: expected 2 values (as the first row), got 1"),
     ("dense", {"ml.feature.index.range": 3}, "1 2 3\n", "1: expected 3 values (as ml.feature.index.range), got 2"),
-    ("libsvm", {"ml.data.has.label": False}, "1 3:1\n", "1: expected '<id>:<value> ...' (libsvm), got '1 3:1'"),
+    ("libsvm", {"ml.data.has.label": False}, "1 3:1\n", "1: feature '1' has no ':<value>'; expected '<id>:<value> ...' (libsvm), got '1 3:1'"),
+    ("libsvm", {}, "1 3: 5:1\n", "1: feature '3:' has no value; expected '<label> <id>:<value> ...' (libsvm), got '1 3: 5:1'"),
+    ("libsvm", {}, "1 3:inf\n", "1: the value of feature 3 is 'inf', not a finite number; expected '<label> <id>:<value> ...' (libsvm), got '1 3:inf'"),
+    ("libsvm", {}, "1 3:1 5:1 3:2\n", "1: feature id 3 appears more than once (a line holds each id at most once)"),
+    ("dummy", {}, "1 7 2 7\n", "1: feature id 7 appears more than once (a line holds each id at most once)"),
+    ("dummy", {}, "1 -2\n", "1: feature id -2 is negative (dummy ids start at 0); expected '<label> <id> ...' (dummy), got '1 -2'"),
+    ("dense", {}, "1 2 -inf\n", "1: a value is '-inf', not a finite number; expected '<label> <value> ...' (dense), got '1 2 -inf'"),
+    (
+        "libsvm",
+        {},
+        "1 3:1 \x1b[2J\r\x00\n",
+        "1: the line holds control characters or non-ASCII bytes (binary data?); expected "
+        "'<label> <id>:<value> ...' (libsvm), got '1 3:1 \\x1b[2J\\r\\x00'",
+    ),
+    (
+        "libsvm",
+        {},
+        b"1 \xff\xfe:1\n",
+        "1: the line holds control characters or non-ASCII bytes (binary data?); expected "
+        "'<label> <id>:<value> ...' (libsvm), got '1 \\xff\\xfe:1'",
+    ),
 ]  # fmt: skip
 
 
@@ -174,7 +194,7 @@ def test_bad_lines_skipped_and_counted(
     b = read_all(
         p, C(**{"ml.data.type": fmt, "ml.data.skip.bad.lines": True, **extra}), stats=stats
     )
-    n_lines = text.count("\n")
+    n_lines = text.count("\n" if isinstance(text, str) else b"\n")
     assert stats.bad_lines >= 1 and stats.lines == n_lines
     assert stats.rows == len(b) == n_lines - stats.bad_lines
     assert stats.bad_examples[0] == f"{p}:{message}"
@@ -183,10 +203,15 @@ def test_bad_lines_skipped_and_counted(
 
 def test_long_bad_line_is_truncated_and_invalid_utf8(tmp_path: Path) -> None:
     p = write(tmp_path, "1 " + "3:1 " * 40 + "oops\n")
-    with pytest.raises(D.DataError, match=r"f\.txt:1: expected .*got '1 3:1 3:1 .*\.\.\.'"):
+    with pytest.raises(
+        D.DataError,
+        match=r"f\.txt:1: feature 'oops' has no ':<value>'; expected .*got '1 3:1 3:1 .*\.\.\.'",
+    ):
         read_all(p, C())
     p = write(tmp_path, b"1 3:1\n1 \xff\xfe:1\n", "u.txt")
-    with pytest.raises(D.DataError, match=r"u\.txt:2: expected '<label> <id>:<value> \.\.\.'"):
+    with pytest.raises(
+        D.DataError, match=r"u\.txt:2: the line holds control .*got '1 \\xff\\xfe:1'"
+    ):
         read_all(p, C())
 
 

@@ -283,6 +283,23 @@ def test_resume_without_checkpoint_is_a_config_error(tmp_path):
         learner.shutdown()
 
 
+def test_save_path_equal_to_the_log_dir_fails_before_any_actor(tmp_path):
+    """The first checkpoint would replace metrics.jsonl: refused at once (ConfigError, exit 2)."""
+    from angelps.config import ConfigError
+
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "metrics.jsonl").write_text("{}\n")
+    learner = _learner("lr_a9a.properties", tmp_path, **{"angel.save.model.path": str(log)})
+    try:
+        with pytest.raises(ConfigError, match=r"is the log directory \(angel\.log\.path="):
+            learner.train()
+        assert learner._workers is None and learner._ps is None
+    finally:
+        learner.shutdown()
+    assert (log / "metrics.jsonl").read_text() == "{}\n"
+
+
 def _dense_arrays(blob: bytes) -> dict[str, bytes]:
     """The arrays of a worker's dense_state() but its RNG state, as bytes."""
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:

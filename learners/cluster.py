@@ -1,0 +1,200 @@
+"""Which Ray a job runs on, and whether that Ray can hold the job.
+
+- No ``--address`` and no ``RAY_ADDRESS`` (or the address ``local``): the job starts its own
+  private local Ray (``ray.init(address="local")``), whatever else runs on the machine. A plain
+  ``ray.init()`` would join a cluster that ``ray start --head`` left on the machine, and then
+  refuse the ``num_cpus`` a local start passes.
+- ``--address`` (``auto``, ``host:port``, ``ray://host:port``) or ``RAY_ADDRESS`` (as Ray sets
+  it inside ``ray job submit``): the job joins that cluster and asks it for no resources of its
+  own. The address is first probed with TCP connections for at most
+  ``angel.ray.connect.timeout.s``: an unreachable address is one clear error, not minutes of
+  Ray's connection warnings.
+
+Then, before any actor starts, :func:`check_fits` compares what the workers and shards ask for
+(CPUs, GPUs, shard memory) with what the cluster's live nodes have: an actor that no node can
+hold would wait forever, silently. :func:`shortfalls` is that comparison as a plain function.
+
+Invariant: nothing is launched on a cluster that cannot hold every actor of the job at once;
+each shortfall is named by the keys that ask for it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import ray
+from ray._private import services as ray_services
+
+from angelps import PSOptions
+from angelps.config import ConfigError
+from learners.plan import TrainPlan
+
+__all__ = ["Ask", "check_fits", "job_address", "probe", "shortfalls", "start_or_join"]
+
+NAMESPACE = "angelps"
+#: The key that bounds the wait for a cluster's address (its Key is in learners.plan).
+CONNECT_TIMEOUT_KEY = "angel.ray.connect.timeout.s"
+#: How a resource is counted in messages (anything else: a custom resource).
+_UNITS = {"CPU": "CPU(s)", "GPU": "GPU(s)", "memory": "MiB of memory"}
+
+
+def job_address(cli_address: str | None) -> tuple[str | None, str]:
+    """The cluster a job joins (None: a private local Ray) and where that came from."""
+    address: str | None = cli_address
+    source = "--address"
+    if not address:
+        address, source = os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS"
+    if address is None or address == "local":
+        return None, ""
+    return address, source
+
+
+def start_or_join(cli_address: str | None, timeout_s: float) -> None:
+    """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``."""
+    address, source = job_address(cli_address)
+    if address is None:
+        ray.init(
+            address="local",  # a new instance even when another Ray runs on this machine
+            num_cpus=os.cpu_count() or 1,
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+        return
+    what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
+    probe(_resolve(address, what), timeout_s, what)
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+
+
+def _resolve(address: str, what: str) -> str:
+    """``auto``: the address of the cluster Ray would pick (the latest ``ray start``)."""
+    if address != "auto":
+        return address
+    try:  # Ray's own lookup (no public API for it)
+        return str(ray_services.canonicalize_bootstrap_address_or_die("auto"))
+    except ConnectionError:
+        raise ConfigError(
+            f"{what}: no running Ray cluster found on this machine; start one "
+            f"(ray start --head) or leave out --address and RAY_ADDRESS for a private local Ray"
+        ) from None
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` of an address (``ray://`` allowed); None for a form Ray must judge."""
+    rest = address.removeprefix("ray://")
+    if "://" in rest:
+        return None
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def probe(address: str, timeout_s: float, what: str) -> None:
+    """Wait up to ``timeout_s`` until ``address`` accepts a TCP connection; else ConfigError."""
+    hp = _host_port(address)
+    if hp is None:
+        raise ConfigError(
+            f"{what}: not a Ray address; valid: auto, host:port or ray://host:port (or leave "
+            f"out --address and RAY_ADDRESS for a private local Ray)"
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection(hp, timeout=max(0.05, min(left, 5.0))):
+                return
+        except OSError as e:
+            reason = e.strerror or str(e) or type(e).__name__
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ConfigError(
+                f"{what}: no Ray cluster answers at {hp[0]}:{hp[1]} within "
+                f"{CONNECT_TIMEOUT_KEY}={timeout_s:g} s ({reason}); check the address and that "
+                f"the cluster runs, or leave out --address and RAY_ADDRESS for a private local Ray"
+            )
+        time.sleep(min(0.25, left))
+
+
+@dataclass(frozen=True)
+class Ask:
+    """``count`` actors of one kind (``what``: "worker", "shard"), each asking Ray for
+    ``each`` (resource name → amount; memory in MiB); ``keys`` names the key of each amount."""
+
+    what: str
+    count: int
+    each: Mapping[str, float]
+    keys: Mapping[str, str]
+
+
+def shortfalls(asks: Sequence[Ask], nodes: Sequence[Mapping[str, float]]) -> list[str]:
+    """What the cluster (its live nodes' resources, memory in MiB) lacks to hold every actor
+    of ``asks`` at once: one sentence per resource, naming the keys; [] when it fits."""
+    out = []
+    names = dict.fromkeys(r for a in asks for r, v in a.each.items() if v > 0)
+    for r in names:
+        unit = _UNITS.get(r, f"of resource {r!r}")
+        parts = [a for a in asks if a.each.get(r, 0) > 0]
+        total = sum(a.count * a.each[r] for a in parts)
+        have = sum(float(n.get(r, 0)) for n in nodes)
+        if total > have + 1e-9:
+            asked = " and ".join(
+                f"{a.keys[r]}={a.each[r]:g} with {a.count} {a.what}(s)" for a in parts
+            )
+            out.append(f"{asked} needs {total:g} {unit} but the Ray cluster has {have:g}")
+            continue
+        largest = max((float(n.get(r, 0)) for n in nodes), default=0.0)
+        for a in parts:
+            if a.each[r] > largest + 1e-9:
+                out.append(
+                    f"{a.keys[r]}={a.each[r]:g}: no node of the Ray cluster has {a.each[r]:g} "
+                    f"{unit} for one {a.what} (the largest has {largest:g})"
+                )
+    return out
+
+
+def job_asks(plan: TrainPlan, ps: PSOptions) -> list[Ask]:
+    """What the job's workers and shards ask Ray for (as angelps.launch and the workers do)."""
+    return [
+        Ask(
+            "worker",
+            plan.workers,
+            {"CPU": plan.worker_cpus, "GPU": plan.worker_gpus},
+            {"CPU": "angel.worker.cpus", "GPU": "angel.worker.gpus"},
+        ),
+        Ask(
+            "shard",
+            ps.num_shards,
+            {"CPU": ps.cpus, "GPU": ps.gpus, "memory": float(ps.memory_mib)},
+            {"CPU": "angel.ps.cpus", "GPU": "angel.ps.gpus", "memory": "angel.ps.memory"},
+        ),
+    ]
+
+
+def node_resources() -> list[dict[str, float]]:
+    """Each live node's resources (memory in MiB, as angel.ps.memory counts it)."""
+    out = []
+    for n in ray.nodes():
+        if n.get("Alive"):
+            res = {k: float(v) for k, v in dict(n.get("Resources", {})).items()}
+            if "memory" in res:
+                res["memory"] /= 2**20
+            out.append(res)
+    return out
+
+
+def check_fits(plan: TrainPlan, ps: PSOptions) -> None:
+    """ConfigError when the Ray cluster cannot hold the job's workers and shards at once."""
+    missing = shortfalls(job_asks(plan, ps), node_resources())
+    if missing:
+        raise ConfigError(
+            "the Ray cluster cannot hold this job (its actors would wait forever): "
+            + "; ".join(missing)
+            + "; lower angel.workergroup.number, angel.ps.number or what each asks for, "
+            "or join a larger cluster with --address (docs/cluster.md)"
+        )

@@ -1,0 +1,58 @@
+"""SIGTERM stops the driver as Ctrl-C does: :class:`Terminated` raised in the main thread.
+
+The command line installs the handler for the time a verb runs (:func:`sigterm_unwinds`), so a
+``kill`` unwinds the verb (Ray shut down, the last checkpoint kept) and exits 143 with one
+line. ``ray.init`` puts its own SIGTERM handling in place (a Python ``sys.exit(15)`` behind a C++
+handler that prints a stack dump), so the driver takes SIGTERM back once Ray is up
+(:func:`retake_sigterm`, called where the workers start). Standard library only: the
+config-only verbs import this without Ray.
+
+Invariant: the handler is only ever installed from the main thread, and only while
+:func:`sigterm_unwinds` is active (outside it, e.g. the Python API, SIGTERM is left as it is).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+__all__ = ["Terminated", "retake_sigterm", "sigterm_unwinds"]
+
+_active = False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that the running verb unwinds as after Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While active, SIGTERM raises :class:`Terminated` (main thread only)."""
+    global _active
+    if not _main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _active = True
+    try:
+        yield
+    finally:
+        _active = False
+        signal.signal(signal.SIGTERM, previous)
+
+
+def retake_sigterm() -> None:
+    """Put the handler back after ``ray.init`` replaced it (no-op outside :func:`sigterm_unwinds`)."""
+    if _active and _main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
