@@ -123,10 +123,15 @@ def test_calls_in_order_and_errors_as_replies(served_shard):
 def test_a_wrong_token_is_disconnected_unanswered(served_shard):
     srv, host, port = served_shard
     with socket.create_connection((host, port)) as s:
-        s.sendall(b"x" * wire.TOKEN_BYTES)
-        s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
         s.settimeout(10)
-        assert s.recv(1) == b""  # closed by the shard
+        s.sendall(b"x" * wire.TOKEN_BYTES)
+        try:
+            s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
+            # Closed by the shard: an orderly close, or a reset when our request was still
+            # unread in its buffer (both are "no reply").
+            assert s.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            pass
     assert srv.shard.clocks.pushed[0] == 0
 
 
