@@ -1,8 +1,12 @@
-"""Shared fixtures: one private local Ray per test module that asks for it."""
+"""Shared fixtures: one private local Ray per test module that asks for it; a probe of what a
+fresh interpreter loads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +25,25 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     )
     yield
     ray.shutdown()
+
+
+HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def heavy_after() -> Callable[[str], list[str]]:
+    """Runs Python ``code`` in a fresh interpreter at the repo root; returns the heavy libraries
+    (numpy, torch, Ray, pyarrow, pandas) it left loaded. The config-only paths (the key modules,
+    the package faces, `angelps conf`) must leave none."""
+
+    def run(code: str) -> list[str]:
+        probe = f"{code}\nimport sys\nprint('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+        out = subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        last = out.stdout.strip().splitlines()[-1]
+        assert last.startswith("HEAVY="), out.stdout
+        return [m for m in last.removeprefix("HEAVY=").split(",") if m]
+
+    return run

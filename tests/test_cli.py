@@ -162,19 +162,7 @@ def test_asking_for_gpus_the_cluster_lacks_is_bad_input(capsys: pytest.CaptureFi
     ],
     ids=["conf", "conf-keys", "schedule", "typo", "help"],
 )
-def test_config_only_verbs_import_neither_torch_nor_ray(argv: list[str]) -> None:
+def test_config_only_verbs_import_neither_torch_nor_ray(argv: list[str], heavy_after) -> None:
     """`angelps conf`, `schedule`, `--help` and a typo's error answer without the heavy stack."""
-    code = (
-        "import sys\n"
-        "from learners.cli.main import main\n"
-        "try:\n"
-        f"    main({argv!r})\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = [m for m in ('torch', 'ray', 'numpy', 'pyarrow', 'pandas') if m in sys.modules]\n"
-        "print('HEAVY=' + ','.join(heavy))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+    code = f"from learners.cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    assert heavy_after(code) == []

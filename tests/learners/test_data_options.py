@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from angelps.config import ConfigError
 from learners.data.options import KEYS, DataOptions, split_period
-from tests.learners.data_helpers import REPO, C, conf
+from tests.learners.data_helpers import C, conf
 
 
 def test_keys_check_values() -> None:
@@ -57,12 +54,5 @@ def test_options_from_a_plain_mapping_are_checked(kv: dict[str, object], message
         DataOptions.from_config(kv)
 
 
-def test_options_module_imports_neither_numpy_nor_pyarrow() -> None:
-    code = (
-        "import sys, learners.data.options; "
-        "print(sorted(m for m in ('numpy', 'pyarrow', 'torch', 'ray') if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"
+def test_options_module_imports_neither_numpy_nor_pyarrow(heavy_after) -> None:
+    assert heavy_after("import learners.data.options") == []
