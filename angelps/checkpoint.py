@@ -6,10 +6,12 @@ Layout of a checkpoint directory (format version 2)::
                                   extra, files (SHA-256, rows, bytes of every table file),
                                   manifest_sha256 (of the manifest's own content)
     <table>/shard-<i>.parquet     columns: key (int64), w (fixed_size_list<dtype>[cols]),
-                                  one fixed_size_list column per optimizer slot (state.<slot>)
+                                  one fixed_size_list column per optimizer slot (state.<slot>);
+                                  keys ascending, one row group per chunk of rows
 
-Nothing is pickled. Values are stored in their own dtype, so a restore is bit-identical. Each
-shard writes its own files (with Parquet page checksums, fsynced) and reports their SHA-256 and
+Nothing is pickled. Values are stored in their own dtype, so a restore is bit-identical. A
+table is written and read in chunks of rows (:func:`write_table_chunks`, :func:`iter_table_file`),
+so a large table never needs a second full copy in memory. Each shard writes its own files (with Parquet page checksums, fsynced) and reports their SHA-256 and
 row counts; the client writes the manifest last. Where the directory goes and how it is
 committed (a temporary sibling, renames, the previous checkpoint kept as ``<path>.prev``) is
 :mod:`angelps.checkpoint_dir`.
@@ -34,7 +36,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,7 @@ __all__ = [
     "check_target",
     "commit_dir",
     "file_entry",
+    "iter_table_file",
     "new_tmp_dir",
     "previous",
     "read_backup",
@@ -75,12 +78,15 @@ __all__ = [
     "verify",
     "write_backup",
     "write_manifest",
+    "write_table_chunks",
     "write_table_file",
 ]
 
 VERSION = 2
 READABLE = (1, 2)  # version 1: no checksums (read unchecked)
 _SELF_SUM = "manifest_sha256"
+#: Rows per chunk when a table file is read back (bounds a restore's memory).
+READ_CHUNK_ROWS = 1 << 20
 
 
 def table_file(root: str, table: str, shard: int) -> str:
@@ -100,17 +106,74 @@ def write_table_file(
 ) -> dict[str, Any]:
     """Write one shard's rows of one table (page checksums on, fsynced); returns the file's
     manifest entry: ``rows``, ``sha256``, ``bytes``."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return write_table_chunks(path, [(keys, w, state)])
+
+
+def _chunk_table(keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> pa.Table:
     cols: dict[str, pa.Array] = {"key": pa.array(np.ascontiguousarray(keys, dtype=np.int64))}
     for name, arr in [("w", w), *((f"state.{k}", v) for k, v in sorted(state.items()))]:
         a = np.ascontiguousarray(arr)
         cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), a.shape[1])
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table(cols), sink, write_page_checksum=True)
-    data = memoryview(sink.getvalue())
-    write_durably(path, data)
+    return pa.table(cols)
+
+
+class _HashingFile:
+    """A binary file that hashes (SHA-256) and counts what is written to it."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.size += view.nbytes
+        return int(self.f.write(view))
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def tell(self) -> int:
+        return self.size
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+def write_table_chunks(
+    path: str, chunks: Iterable[tuple[np.ndarray, np.ndarray, Mapping[str, np.ndarray]]]
+) -> dict[str, Any]:
+    """Write one shard's rows of one table from (keys, w, state) chunks, one Parquet row group
+    each, so a large table is never copied whole; hashed while written, page checksums on,
+    fsynced. Returns the file's manifest entry: ``rows``, ``sha256``, ``bytes``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rows = 0
+    with open(path, "wb") as f:
+        sink = _HashingFile(f)
+        writer: pq.ParquetWriter | None = None
+        for keys, w, state in chunks:
+            part = _chunk_table(keys, w, state)
+            if writer is None:
+                writer = pq.ParquetWriter(
+                    pa.PythonFile(sink, mode="w"), part.schema, write_page_checksum=True
+                )
+            writer.write_table(part)
+            rows += len(keys)
+        if writer is None:
+            raise ValueError(f"checkpoint file {path}: no chunk to write (not even an empty one)")
+        writer.close()
+        f.flush()
+        os.fsync(f.fileno())
     fsync_dir(os.path.dirname(path))
-    return {"rows": len(keys), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return {"rows": rows, "sha256": sink.sha.hexdigest(), "bytes": sink.size}
 
 
 def file_entry(manifest: Mapping[str, Any], table: str, shard: int) -> Mapping[str, Any] | None:
@@ -128,18 +191,52 @@ def file_entry(manifest: Mapping[str, Any], table: str, shard: int) -> Mapping[s
 
 
 def _file_bytes(path: str, expect: Mapping[str, Any] | None) -> bytes:
+    data = _open_checked(path, expect, keep=True)
+    assert data is not None
+    return data
+
+
+def _open_checked(path: str, expect: Mapping[str, Any] | None, keep: bool) -> bytes | None:
+    """The file's SHA-256 checked against ``expect`` (read in blocks); its bytes if ``keep``."""
+    sha = hashlib.sha256()
+    parts: list[bytes] = []
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            while block := f.read(1 << 24):
+                sha.update(block)
+                if keep:
+                    parts.append(block)
     except FileNotFoundError:
         raise CheckpointDamaged(f"checkpoint file {path} is missing") from None
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint file {path}: {e}") from None
-    if expect is not None and hashlib.sha256(data).hexdigest() != expect["sha256"]:
+    if expect is not None and sha.hexdigest() != expect["sha256"]:
         raise CheckpointDamaged(
             f"checkpoint file {path} is damaged: its SHA-256 does not match the manifest"
         )
-    return data
+    return b"".join(parts) if keep else None
+
+
+def _damaged(path: str, e: BaseException) -> CheckpointDamaged:
+    why = " ".join(str(e).split()) or type(e).__name__
+    return CheckpointDamaged(f"checkpoint file {path} is damaged or unreadable: {why}")
+
+
+_READ_ERRORS = (OSError, KeyError, IndexError, ValueError, AttributeError, pa.ArrowException)
+
+
+def _columns(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def matrix(name: str) -> np.ndarray:
+        col = t.column(name)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        width = col.type.list_size
+        return col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+
+    names = t.schema.names
+    keys = t.column("key").to_numpy().astype(np.int64, copy=False)
+    state = {n[len("state.") :]: matrix(n) for n in names if n.startswith("state.")}
+    return keys, matrix("w"), state
 
 
 def read_table_file(
@@ -150,25 +247,41 @@ def read_table_file(
     checksums."""
     data = _file_bytes(path, expect)
     try:
-        t = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
-
-        def matrix(name: str) -> np.ndarray:
-            col = t.column(name).combine_chunks()
-            width = col.type.list_size
-            return col.values.to_numpy(zero_copy_only=False).reshape(-1, width)
-
-        keys = t.column("key").to_numpy().astype(np.int64, copy=False)
-        state = {n[len("state.") :]: matrix(n) for n in t.column_names if n.startswith("state.")}
-        w = matrix("w")
-    except (OSError, KeyError, IndexError, ValueError, AttributeError, pa.ArrowException) as e:
-        why = " ".join(str(e).split()) or type(e).__name__
-        raise CheckpointDamaged(f"checkpoint file {path} is damaged or unreadable: {why}") from None
-    if expect is not None and len(keys) != int(expect["rows"]):
-        raise CheckpointDamaged(
-            f"checkpoint file {path} is damaged: {len(keys)} rows, the manifest says "
-            f"{expect['rows']}"
+        keys, w, state = _columns(
+            pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
         )
+    except _READ_ERRORS as e:
+        raise _damaged(path, e) from None
+    _check_rows(path, len(keys), expect)
     return keys, w, state
+
+
+def iter_table_file(
+    path: str, expect: Mapping[str, Any] | None = None, chunk: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """(keys, w, state) chunks of about ``chunk`` rows of one table file, with the checks of
+    :func:`read_table_file` (the SHA-256 over the whole file first, read in blocks; the page
+    checksums and the row count as the chunks are read): memory bounded by a chunk."""
+    _open_checked(path, expect, keep=False)
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        _check_rows(path, pf.metadata.num_rows, expect)
+        batches = pf.iter_batches(batch_size=chunk or READ_CHUNK_ROWS)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            yield _columns(batch)
+    except _READ_ERRORS as e:
+        raise _damaged(path, e) from None
+
+
+def _check_rows(path: str, rows: int, expect: Mapping[str, Any] | None) -> None:
+    if expect is not None and rows != int(expect["rows"]):
+        raise CheckpointDamaged(
+            f"checkpoint file {path} is damaged: {rows} rows, the manifest says {expect['rows']}"
+        )
 
 
 def build_manifest(
@@ -264,7 +377,7 @@ def verify(path: str) -> dict[str, Any]:
     for spec in manifest.get("tables", []):
         for shard in range(int(manifest["num_shards"])):
             entry = file_entry(manifest, spec["name"], shard)
-            _file_bytes(table_file(root, spec["name"], shard), entry)
+            _open_checked(table_file(root, spec["name"], shard), entry, keep=False)
     return manifest
 
 

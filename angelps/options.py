@@ -183,6 +183,26 @@ TIMEOUT_MS = Key(
     check=lambda v: None if v > 0 else "an integer > 0",
 )
 
+ADMISSION_MIN_COUNT = Key(
+    "angel.ps.admission.min.count",
+    "int",
+    0,
+    "Feature admission of sparse tables: a key gets a row only in the update that sees it "
+    "for the N-th time (its pushes counted once per update); before that its pull returns "
+    "the initial value and its gradient is dropped and counted. 0 or 1: off (a row at the "
+    "first pull or push).",
+    check=non_negative,
+)
+EVICTION_TTL_UPDATES = Key(
+    "angel.ps.eviction.ttl.updates",
+    "int",
+    0,
+    "Expiry of sparse rows: at every checkpoint (and backup) a shard removes the rows of a "
+    "table not updated in its last T updates; a removed key starts again as a new row. "
+    "0: off.",
+    check=non_negative,
+)
+
 _OPT_CHOICES = tuple(OPTIMIZERS.values())
 
 #: Keys naming a table kind's optimizer (``OptimizerSpec.from_conf(conf, name_key)``).
@@ -274,9 +294,20 @@ KEYS = [
     NAN_POLICY,
     STALENESS,
     TIMEOUT_MS,
+    ADMISSION_MIN_COUNT,
+    EVICTION_TTL_UPDATES,
     *OPTIMIZER_NAME_KEYS,
     *OPTIMIZER_KEYS.values(),
 ]
+
+
+def _check_storage(min_count: int, ttl: int) -> None:
+    """Admission and expiry: whole numbers >= 0 (a ValueError naming the key)."""
+    for key, value in ((ADMISSION_MIN_COUNT, min_count), (EVICTION_TTL_UPDATES, ttl)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"{key.name}={value!r} is not valid: expected an integer >= 0 (0: off)"
+            )
 
 
 @dataclass(frozen=True)
@@ -299,8 +330,11 @@ class PSOptions:
     timeout_ms: int
     max_connections: int
     token_timeout_ms: int
+    admission_min_count: int = ADMISSION_MIN_COUNT.default
+    eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default
 
     def __post_init__(self) -> None:
+        _check_storage(self.admission_min_count, self.eviction_ttl_updates)
         if not self.job or "/" in self.job:
             raise ValueError(f"angel.job.name={self.job!r} must be a non-empty name without '/'")
         if self.num_shards < 1:
@@ -337,6 +371,8 @@ class PSOptions:
             timeout_ms=int(TIMEOUT_MS.read(conf)),
             max_connections=int(MAX_CONNECTIONS.read(conf)),
             token_timeout_ms=int(TOKEN_TIMEOUT_MS.read(conf)),
+            admission_min_count=int(ADMISSION_MIN_COUNT.read(conf)),
+            eviction_ttl_updates=int(EVICTION_TTL_UPDATES.read(conf)),
         )
 
     @property
@@ -365,8 +401,11 @@ class ShardOptions:
     max_connections: int
     token_timeout_ms: int
     device: str | None
+    admission_min_count: int = ADMISSION_MIN_COUNT.default
+    eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default
 
     def __post_init__(self) -> None:
+        _check_storage(self.admission_min_count, self.eviction_ttl_updates)
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         object.__setattr__(
@@ -399,6 +438,8 @@ class ShardOptions:
             max_connections=ps.max_connections,
             token_timeout_ms=ps.token_timeout_ms,
             device=device,
+            admission_min_count=ps.admission_min_count,
+            eviction_ttl_updates=ps.eviction_ttl_updates,
         )
 
     @classmethod

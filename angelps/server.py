@@ -81,6 +81,8 @@ class ShardServer:
             staleness=options.staleness,
             nan_policy=options.nan_policy,
             device=options.device,
+            admission_min_count=options.admission_min_count,
+            eviction_ttl_updates=options.eviction_ttl_updates,
         )
         self.timeout_s = options.timeout_s
         self.backup_interval = options.backup_interval

@@ -25,14 +25,16 @@ from numpy.typing import ArrayLike
 from angelps.checkpoint import (
     CheckpointError,
     file_entry,
-    read_table_file,
+    iter_table_file,
     table_file,
     table_rel,
-    write_table_file,
+    write_table_chunks,
 )
 from angelps.consistency import ClockTable
 from angelps.dedup import dedup, segment_sum, strictly_increasing
 from angelps.options import (
+    ADMISSION_MIN_COUNT,
+    EVICTION_TTL_UPDATES,
     NAN_POLICIES,
     NAN_POLICY,
     PARTITIONER,
@@ -161,6 +163,8 @@ class ParameterShard:
         staleness: int = STALENESS.default,
         nan_policy: str = NAN_POLICY.default,
         device: str | None = None,
+        admission_min_count: int = ADMISSION_MIN_COUNT.default,
+        eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default,
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard id {shard_id} is out of range for {num_shards} shards")
@@ -180,6 +184,8 @@ class ParameterShard:
                     f"CUDA is not available on this node"
                 )
         self.device = device
+        self.min_count = _count_option(ADMISSION_MIN_COUNT.name, admission_min_count)
+        self.ttl = _count_option(EVICTION_TTL_UPDATES.name, eviction_ttl_updates)
         self.clocks: ClockTable = ClockTable(num_workers, staleness)
         self.reset(self.clocks)
 
@@ -197,7 +203,7 @@ class ParameterShard:
 
     def _new_table(self, spec: TableSpec) -> Table:
         part = Partitioner(spec, self.num_shards, self.partitioner)
-        return new_table(spec, part, self.shard_id, self.device)
+        return new_table(spec, part, self.shard_id, self.device, self.min_count, self.ttl)
 
     # --- validation ----------------------------------------------------------------------------
 
@@ -316,19 +322,26 @@ class ParameterShard:
         t.check_owned(k)
         t.assign(k, w, state)
 
+    def evict(self) -> dict[str, int]:
+        """Remove the rows that expiry (``angel.ps.eviction.ttl.updates``) says are stale, and
+        forget admitted keys' counts; returns the rows removed per table. Run at every save."""
+        return {name: t.evict() for name, t in self.tables.items()}
+
     def save(self, root: str) -> dict[str, Any]:
-        """Write this shard's rows and optimizer state of every table under ``root``; returns
-        its manifest info: rows per table, clocks, and ``files`` (each file's SHA-256, rows and
+        """Write this shard's rows and optimizer state of every table under ``root`` (in
+        chunks of rows: no second copy of a table), after expiry; returns its manifest info:
+        rows per table, rows evicted now, clocks, and ``files`` (each file's SHA-256, rows and
         bytes, for the manifest)."""
+        evicted = self.evict()
         rows, files = {}, {}
         for name, t in self.tables.items():
-            keys, w, state = t.export()
-            entry = write_table_file(table_file(root, name, self.shard_id), keys, w, state)
+            entry = write_table_chunks(table_file(root, name, self.shard_id), t.export_chunks())
             rows[name] = entry["rows"]
             files[table_rel(name, self.shard_id)] = entry
         return {
             "shard": self.shard_id,
             "rows": rows,
+            "evicted": evicted,
             "clocks": self.clocks.to_dict(),
             "files": files,
         }
@@ -336,8 +349,8 @@ class ParameterShard:
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace this shard's content with the rows that the current layout routes here
         from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
-        Every file read is checked against the manifest (``checkpoint.read_table_file``).
-        Returns the rows restored per table."""
+        Files are read in chunks of rows, each checked against the manifest
+        (``checkpoint.iter_table_file``). Returns the rows restored per table."""
         saved_shards = int(manifest["num_shards"])
         same_layout = (
             saved_shards == self.num_shards and manifest["partitioner"] == self.partitioner
@@ -351,22 +364,34 @@ class ParameterShard:
             sources = [self.shard_id] if same_layout else range(saved_shards)
             for j in sources:
                 path = table_file(root, name, j)
-                keys, w, state = read_table_file(path, file_entry(manifest, name, j))
-                if not same_layout:
-                    mine = t.part.owns(self.shard_id, keys)
-                    keys, w = keys[mine], w[mine]
-                    state = {k: v[mine] for k, v in state.items()}
-                missing = set(t.state) - set(state)
-                if missing or w.shape[1:] != (t.spec.cols,):
-                    raise CheckpointError(
-                        f"checkpoint file {path} does not match table {name!r} "
-                        f"(state slots {sorted(state)}, width {w.shape[1:]})"
-                    )
-                if len(keys):
-                    t.assign(keys, w.astype(t.dtype, copy=False), state)
-                n += len(keys)
+                for keys, w, state in iter_table_file(path, file_entry(manifest, name, j)):
+                    n += self._load_chunk(t, path, keys, w, state, same_layout)
             restored[name] = n
         return restored
+
+    def _load_chunk(
+        self,
+        t: Table,
+        path: str,
+        keys: np.ndarray,
+        w: np.ndarray,
+        state: dict[str, np.ndarray],
+        same_layout: bool,
+    ) -> int:
+        """Restore one chunk of a table file (the rows this shard owns); rows restored."""
+        if not same_layout:
+            mine = t.part.owns(self.shard_id, keys)
+            keys, w = keys[mine], w[mine]
+            state = {k: v[mine] for k, v in state.items()}
+        missing = set(t.slots) - set(state)
+        if missing or w.shape[1:] != (t.spec.cols,):
+            raise CheckpointError(
+                f"checkpoint file {path} does not match table {t.spec.name!r} "
+                f"(state slots {sorted(state)}, width {w.shape[1:]})"
+            )
+        if len(keys):
+            t.assign(keys, w.astype(t.dtype, copy=False), state)
+        return len(keys)
 
     def backup_meta(self) -> dict[str, Any]:
         """Clocks and counters for a backup. Under BSP, pushes buffered for an incomplete clock
@@ -391,14 +416,39 @@ class ParameterShard:
         self.skipped.update({k: int(v) for k, v in meta.get("skipped", {}).items()})
 
     def stats(self) -> dict[str, Any]:
-        """Rows held, updates applied, skipped (non-finite) pushes, clocks."""
+        """Rows held, memory (bytes per table and per row), updates applied, skipped
+        (non-finite) pushes, rows evicted by expiry, admission counts, clocks."""
+        tables = self.tables.values()
+        nbytes = {t.spec.name: t.nbytes() for t in tables}
         return {
             "shard": self.shard_id,
-            "rows": {n: t.num_rows() for n, t in self.tables.items()},
+            "rows": {t.spec.name: t.num_rows() for t in tables},
+            "bytes": nbytes,
+            "bytes_per_row": {
+                t.spec.name: nbytes[t.spec.name] / max(t.num_rows(), 1) for t in tables
+            },
+            "index": {t.spec.name: t.index_kind for t in tables},
             "updates": self.updates,
             "skipped": dict(self.skipped),
+            "evicted": {t.spec.name: t.evicted for t in tables},
+            "admission": {
+                t.spec.name: {
+                    "dropped": t.admission.dropped,
+                    "admitted": t.admission.admitted,
+                    "pending": t.admission.pending(),
+                }
+                for t in tables
+                if t.admission is not None
+            },
             "clocks": self.clocks.to_dict(),
         }
+
+
+def _count_option(key: str, value: Any) -> int:
+    """A whole number >= 0 for ``key`` (admission count, expiry), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{key}={value!r} is not valid: expected an integer >= 0 (0: off)")
+    return int(value)
 
 
 class ShardRestarted(Exception):

@@ -1,25 +1,25 @@
 """Row storage of one shard: the rows of one table that a shard holds, and their optimizer state.
 
-:class:`Table` keeps them in numpy arrays; :class:`TorchTable` as torch tensors on a device (a
-CUDA device for shards with ``angel.ps.gpus > 0``). Layout:
+Each row's weights and optimizer slots are stored side by side in one row of width
+``cols + sum(slot widths)`` (:mod:`angelps.rows`: host numpy pages, or one torch tensor on a
+device for shards with ``angel.ps.gpus > 0``), so an update gathers, updates and scatters one
+block. Layout:
 
-* dense: one contiguous block ``[lo, hi)`` (local row = key - lo);
-* sparse: rows stored in insertion order (``keys[slot]`` is the key of each storage slot, the
-  capacity doubling as rows arrive) and found through one of two key indexes, chosen per table
-  when the shard is built:
+* dense: one block of the shard's key range ``[lo, hi)`` (local row = key - lo);
+* sparse: rows in creation order by slot, ``keys`` holding each slot's key, found through the
+  table's key index (:mod:`angelps.index`: a khash table for any int64 key, or a direct array
+  for a small bounded span). Growth adds pages and never copies the table; creating ``m`` rows
+  costs O(m).
 
-  - direct (bounded tables, ``rows > 0``, whose key span on this shard is at most
-    ``DIRECT_MAX`` keys): an array over the span holding ``slot + 1`` per key (0 = absent),
-    so a lookup is one gather instead of a binary search (lookups run on every pull and push;
-    docs/benchmarks-ps.md has the figures). It is allocated zeroed (calloc), so only the pages
-    that keys land in take memory;
-  - sorted (``rows == -1``, any int64 key, or a span too large): a sorted key array searched
-    with ``searchsorted`` (the client sends each shard its keys sorted, which keeps the
-    lookups cache-friendly).
+A row is created on its first pull or push (or, with admission on, by the update that admits
+its key: :mod:`angelps.admission`) with :func:`angelps.table.init_rows`, so its initial value
+depends only on (seed, key): a row removed by expiry and created again starts exactly like a
+new one. The rows new in one call are created in sorted key order, so both indexes give the
+same storage layout, rows and checkpoints.
 
-  A row is created on its first pull or push with :func:`angelps.table.init_rows`, so its
-  initial value depends only on (seed, key); the rows new in one call are created in sorted
-  key order, so both indexes give the same storage layout, rows and checkpoints.
+Expiry (``ttl`` > 0): each row keeps the table's update count at its last update (or its
+creation); :meth:`Table.evict` (called at checkpoint time) removes the rows not updated for
+``ttl`` updates and compacts the rest.
 
 Invariants: callers pass keys that are unique and strictly increasing, already checked against
 the table (:mod:`angelps.shard` validates); an update gathers the rows, applies the table's
@@ -28,317 +28,313 @@ optimizer (:func:`angelps.optim.apply`) and scatters them back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
+from angelps.admission import Admission
+from angelps.dedup import strictly_increasing
+from angelps.index import DIRECT_MAX, new_index
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
+from angelps.rows import PagedRows, TorchRows
 from angelps.table import TableSpec, init_rows
 
-__all__ = ["DIRECT_MAX", "Table", "TorchTable", "new_table"]
+__all__ = ["CHUNK_ROWS", "DIRECT_MAX", "Table", "new_table"]
 
-# Dense blocks are initialised in chunks to bound the float64 temporaries.
-_INIT_CHUNK = 1 << 18
+#: Rows per chunk of a dense table's initialisation and of a checkpoint's export.
+CHUNK_ROWS = 1 << 20
 
-# The largest key span (keys) of a bounded sparse table on one shard that gets a direct index
-# (8 bytes a key of address space, materialised only where keys land); larger spans, and
-# unbounded tables, use the sorted index.
-DIRECT_MAX = 1 << 30
+Rows = PagedRows | TorchRows
 
 
 class Table:
     """The rows of one table held by one shard, and their optimizer state."""
 
-    def __init__(self, spec: TableSpec, part: Partitioner, shard_id: int) -> None:
+    def __init__(
+        self,
+        spec: TableSpec,
+        part: Partitioner,
+        shard_id: int,
+        device: str | None = None,
+        min_count: int = 0,
+        ttl: int = 0,
+    ) -> None:
         self.spec = spec
         self.part = part
+        self.device = device
         self.dtype = np.dtype(spec.dtype)
         self.widths = slot_widths(spec.optimizer, spec.cols)
-        # numpy arrays here; torch tensors in TorchTable.
-        self.w: Any
-        self.state: dict[str, Any]
-        # Sparse tables: key of each storage slot (insertion order, capacity grown with the rows).
-        self.keys = np.zeros(0, dtype=np.int64)
-        self.index_kind = "dense"
+        self.cols = spec.cols
+        self.slots: dict[str, tuple[int, int]] = {}  # optimizer slot -> its columns
+        c = spec.cols
+        for k, width in self.widths.items():
+            self.slots[k] = (c, c + width)
+            c += width
+        self.width = c
+        self.updates = 0  # optimizer updates applied to this table
+        self.evicted = 0  # rows removed by expiry
+        self.ttl = int(ttl)
+        self.admission = Admission(min_count) if spec.sparse and min_count > 1 else None
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # last pull: keys, slots
+        self.stamps: PagedRows | None = None
         if spec.sparse:
-            self.lo = self.hi = 0
-            self.n = 0
-            span = _direct_span(spec, part, shard_id)
-            if span is not None:
-                self.index_kind = "direct"
-                self.base = span[0]  # index[key - base] = slot + 1, 0 = row absent
-                # np.zeros is calloc: the pages of the index are only materialised when a key
-                # lands in them, so an index over a large but sparsely touched range costs
-                # little real memory. int32 (a shard holds < DIRECT_MAX rows of a table) halves
-                # it: under hash partitioning every shard's index spans all of [0, rows).
-                self.index = np.zeros(span[1] - span[0], dtype=np.int32)
-            else:
-                self.index_kind = "sorted"
-                self.skeys = np.zeros(0, dtype=np.int64)  # sorted keys
-                self.sslot = np.zeros(0, dtype=np.int64)  # storage slot of skeys[i]
-            self.w = np.zeros((0, spec.cols), dtype=self.dtype)
-            self.state = {k: np.zeros((0, w), dtype=self.dtype) for k, w in self.widths.items()}
+            self.lo = self.hi = self.n = 0
+            self.index = new_index(spec, part, shard_id)
+            self.index_kind = self.index.kind
+            self.rows: Rows = self._new_rows()
+            self.keys = PagedRows(1, np.int64)  # key of each slot
+            if self.ttl > 0:
+                self.stamps = PagedRows(1, np.uint32)
         else:
+            self.index_kind = "dense"
             self.lo, self.hi = part.row_range(shard_id)
             self.n = self.hi - self.lo
-            self.w = np.empty((self.n, spec.cols), dtype=self.dtype)
-            for a in range(0, self.n, _INIT_CHUNK):
-                b = min(a + _INIT_CHUNK, self.n)
-                self.w[a:b] = init_rows(spec, np.arange(self.lo + a, self.lo + b))
-            self.state = {
-                k: np.zeros((self.n, w), dtype=self.dtype) for k, w in self.widths.items()
-            }
+            self.rows = self._new_rows(self.n)
+            for a in range(0, self.n, CHUNK_ROWS):
+                b = min(a + CHUNK_ROWS, self.n)
+                self.rows.write(a, self._fresh(np.arange(self.lo + a, self.lo + b)))
+
+    def _new_rows(self, fixed: int = -1) -> Rows:
+        if self.device is not None:
+            rows = TorchRows(self.width, self.dtype, self.device)
+            if fixed >= 0:
+                rows.reserve(fixed)
+            return rows
+        if fixed >= 0:
+            return PagedRows.fixed(fixed, self.width, self.dtype)
+        return PagedRows(self.width, self.dtype)
+
+    def _fresh(self, keys: np.ndarray) -> np.ndarray:
+        """New rows of ``keys``: initial weights, zero optimizer state."""
+        block = np.zeros((len(keys), self.width), dtype=self.dtype)
+        block[:, : self.cols] = init_rows(self.spec, keys)
+        return block
 
     # --- lookup --------------------------------------------------------------------------------
 
     def check_owned(self, keys: np.ndarray) -> None:
         if not keys.size:
             return
-        if self.index_kind == "direct":
-            # Keys outside the span of a direct index (a range-partitioned table's key sent to
-            # the wrong shard) have no index entry: reject them before anything changes.
-            lo, hi = int(keys.min()), int(keys.max())
-            end = self.base + len(self.index)
-            if lo < self.base or hi >= end:
-                bad = lo if lo < self.base else hi
-                raise ValueError(
-                    f"table {self.spec.name!r}: key {bad} is not held by this shard "
-                    f"(keys [{self.base}, {end}))"
-                )
+        if self.spec.sparse:
+            self.index.check_owned(self.spec.name, keys)
             return
-        if not self.spec.sparse:
-            lo, hi = int(keys.min()), int(keys.max())
-            if lo < self.lo or hi >= self.hi:
-                bad = lo if lo < self.lo else hi
-                raise ValueError(
-                    f"table {self.spec.name!r}: key {bad} is not held by this shard "
-                    f"(rows [{self.lo}, {self.hi}))"
-                )
-
-    def _grow(self, need: int) -> None:
-        """Capacity for ``need`` sparse rows: slot keys, rows and optimizer state."""
-        cap = len(self.keys)
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap, 1024)
-        keys = np.empty(new_cap, dtype=np.int64)
-        keys[: self.n] = self.keys[: self.n]
-        self.keys = keys
-        self._grow_rows(new_cap)
-
-    def _grow_rows(self, new_cap: int) -> None:
-        w = np.empty((new_cap, self.spec.cols), dtype=self.dtype)
-        w[: self.n] = self.w[: self.n]
-        self.w = w
-        for k, width in self.widths.items():
-            s = np.zeros((new_cap, width), dtype=self.dtype)
-            s[: self.n] = self.state[k][: self.n]
-            self.state[k] = s
-
-    def _write_new(self, start: int, values: np.ndarray) -> None:
-        """Initial values (and zero optimizer state) of newly created rows from ``start``."""
-        end = start + len(values)
-        self.w[start:end] = values
-        for k in self.state:
-            self.state[k][start:end] = 0
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo < self.lo or hi >= self.hi:
+            bad = lo if lo < self.lo else hi
+            raise ValueError(
+                f"table {self.spec.name!r}: key {bad} is not held by this shard "
+                f"(rows [{self.lo}, {self.hi}))"
+            )
 
     def locate(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        """Storage slots of unique ``keys``; sparse rows missing are created (initialised)."""
+        """Storage slots of unique ``keys``; sparse rows missing are created (initialised)
+        unless ``create`` is False (then their slot is -1)."""
         if not self.spec.sparse:
             return keys - self.lo
-        if self.index_kind == "direct":
-            slots = (self.index[keys - self.base] if self.base else self.index[keys]).astype(
-                np.int64
-            )
-            found = slots > 0
-            slots -= 1
-        else:
-            n = len(self.skeys)
-            pos = np.searchsorted(self.skeys, keys)
-            if n:
-                found = self.skeys[np.minimum(pos, n - 1)] == keys
-            else:
-                found = np.zeros(len(keys), dtype=bool)
-            slots = np.empty(len(keys), dtype=np.int64)
-            slots[found] = self.sslot[pos[found]]
-        if found.all():
-            return slots
-        if not create:
-            raise KeyError("missing sparse rows")
-        missing = ~found
-        new_keys = keys[missing]
-        order = np.argsort(new_keys, kind="stable")
-        new_sorted = new_keys[order]
-        m = len(new_keys)
-        self._grow(self.n + m)
-        new_slots = np.arange(self.n, self.n + m, dtype=np.int64)
-        self._write_new(self.n, init_rows(self.spec, new_sorted))
-        self.keys[self.n : self.n + m] = new_sorted
-        self.n += m
-        if self.index_kind == "direct":
-            self.index[new_sorted - self.base] = new_slots + 1
-        else:
-            ins = np.searchsorted(self.skeys, new_sorted)
-            self.skeys = np.insert(self.skeys, ins, new_sorted)
-            self.sslot = np.insert(self.sslot, ins, new_slots)
-        got = np.empty(m, dtype=np.int64)
-        got[order] = new_slots
-        slots[missing] = got
+        slots = self.index.lookup(keys)
+        missing = slots < 0
+        if create and missing.any():
+            slots[missing] = self._create(keys[missing])
         return slots
 
-    def sorted_slots(self) -> np.ndarray:
-        """Storage slots of the sparse rows held, in ascending key order."""
-        if self.index_kind == "sorted":
-            return self.sslot  # the sorted index is that order already: no sort needed
-        return np.argsort(self.keys[: self.n], kind="stable")
+    def _create(self, keys: np.ndarray) -> np.ndarray:
+        """Rows for the absent unique ``keys`` (created in ascending key order); their slots."""
+        order = None
+        if not strictly_increasing(keys):
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+        m, start = len(keys), self.n
+        end = start + m
+        for store in self._stores():
+            store.reserve(end)
+        self.rows.write(start, self._fresh(keys))
+        self.keys.write(start, keys.reshape(-1, 1))
+        if self.stamps is not None:
+            self.stamps.write(start, np.full((m, 1), self._stamp(), dtype=np.uint32))
+        slots = np.arange(start, end, dtype=np.int64)
+        self.index.insert(keys, slots)
+        self.n = end
+        if order is None:
+            return slots
+        out = np.empty(m, dtype=np.int64)
+        out[order] = slots
+        return out
+
+    def _stamp(self) -> int:
+        """The update count as a row stamp (uint32: ages are computed modulo 2^32)."""
+        return self.updates & 0xFFFFFFFF
+
+    def _stores(self) -> list[Any]:
+        stores: list[Any] = [self.rows, self.keys]
+        if self.stamps is not None:
+            stores.append(self.stamps)
+        return stores
+
+    def slot_keys(self) -> np.ndarray:
+        """The key of every slot, in creation order (sparse tables)."""
+        return self.keys.read(0, self.n)[:, 0] if self.n else np.zeros(0, np.int64)
 
     # --- operations ----------------------------------------------------------------------------
 
     def read(self, keys: np.ndarray | None) -> np.ndarray:
+        """The weights of ``keys`` (None: a dense table's whole block)."""
         if keys is None:
             if self.spec.sparse:
                 raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
-            return self.w.copy()
+            return self.rows.gather(np.arange(self.n), self.cols)
         if not self.spec.sparse and len(keys) and _is_range(keys):
             a = int(keys[0]) - self.lo
-            return self.w[a : a + len(keys)].copy()  # a contiguous block: a copy, no gather
-        slots = self.locate(keys)  # first: creating rows may reallocate self.w
-        return self.w[slots]
+            return self.rows.gather(np.arange(a, a + len(keys)), self.cols)
+        slots = self.locate(keys, create=self.admission is None)
+        if self.admission is None:
+            self._last = (keys.copy(), slots)  # a copy: the caller may reuse its array
+            return self.rows.gather(slots, self.cols)
+        absent = slots < 0
+        if not absent.any():
+            return self.rows.gather(slots, self.cols)
+        out = init_rows(self.spec, keys)  # keys without a row read their initial value
+        held = ~absent
+        if held.any():
+            out[held] = self.rows.gather(slots[held], self.cols)
+        return out
+
+    def _slots_for_update(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of the keys of an update: the last pull's when it asked for the same keys
+        (a training step pushes the rows it pulled), else looked up; rows created. With
+        admission on, -1 for keys not admitted yet."""
+        last = self._last
+        if last is not None and len(last[0]) == len(keys) and np.array_equal(last[0], keys):
+            return last[1]
+        slots = self.index.lookup(keys)
+        missing = slots < 0
+        if not missing.any():
+            return slots
+        new = keys[missing]
+        if self.admission is not None:
+            admit = self.admission.see(new)
+            got = np.full(len(new), -1, dtype=np.int64)
+            if admit.any():
+                got[admit] = self._create(new[admit])
+            slots[missing] = got
+        else:
+            slots[missing] = self._create(new)
+        return slots
 
     def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        if not self.spec.sparse and len(keys) and _is_range(keys):
-            # A contiguous block of a dense table: update views in place, no gather/scatter.
-            a = int(keys[0]) - self.lo
-            b = a + len(keys)
-            view = {k: v[a:b] for k, v in self.state.items()}
-            apply(self.spec.optimizer, self.w[a:b], view, grads, lr)
+        """One optimizer update of the rows ``keys`` with their summed gradients."""
+        self.updates += 1
+        if not self.spec.sparse:
+            if len(keys) and _is_range(keys):
+                # A contiguous block: update views in place, no gather/scatter.
+                a = int(keys[0]) - self.lo
+                self._apply(self.rows.block(a, a + len(keys)), grads, lr)
+                return
+            slots = keys - self.lo
+        else:
+            slots = self._slots_for_update(keys)
+            if self.admission is not None:
+                keep = slots >= 0
+                if not keep.all():
+                    slots, grads = slots[keep], grads[keep]
+            if self.stamps is not None:
+                self.stamps.scatter(slots, np.full((len(slots), 1), self._stamp(), np.uint32))
+        if isinstance(self.rows, TorchRows):
+            tblock = self.rows.gather_t(slots)
+            self._apply(tblock, grads, lr)
+            self.rows.scatter_t(slots, tblock)
             return
-        slots = self.locate(keys)
-        w = self.w[slots]
-        state = {k: v[slots] for k, v in self.state.items()}
-        apply(self.spec.optimizer, w, state, grads, lr)
-        self.w[slots] = w
-        for k, v in state.items():
-            self.state[k][slots] = v
+        block = self.rows.gather(slots)
+        self._apply(block, grads, lr)
+        self.rows.scatter(slots, block)
+
+    def _apply(self, block: Any, grads: np.ndarray, lr: float) -> None:
+        """The optimizer on a block of whole rows (weights and slots), in place."""
+        state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
+        g = self.rows.tensor(grads) if isinstance(self.rows, TorchRows) else grads
+        apply(self.spec.optimizer, block[:, : self.cols], state, g, lr)
+
+    def evict(self) -> int:
+        """Remove the rows not updated (nor created) in the last ``ttl`` updates and compact
+        the rest; returns how many were removed. O(rows), in chunks (checkpoint time)."""
+        if self.admission is not None:
+            self.admission.compact()
+        if self.stamps is None or not self.n:
+            return 0
+        keep = np.empty(self.n, dtype=bool)
+        now = np.uint32(self._stamp())
+        for a in range(0, self.n, CHUNK_ROWS):
+            b = min(a + CHUNK_ROWS, self.n)
+            age = now - self.stamps.read(a, b)[:, 0]  # uint32: wraps like the stamps
+            keep[a:b] = age < self.ttl
+        src = np.flatnonzero(keep)
+        gone = self.n - len(src)
+        if gone:
+            dst = np.arange(len(src), dtype=np.int64)
+            first = int(np.argmax(src != dst)) if (src != dst).any() else len(src)
+            for store in self._stores():
+                store.move(dst[first:], src[first:])
+                store.truncate(len(src))
+            self.n = len(src)
+            self.index.rebuild(self.slot_keys())
+            self.evicted += gone
+            self._last = None
+        return gone
+
+    def export_chunks(
+        self, chunk: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """(keys, rows, state) of everything this shard holds, in ascending key order, in
+        chunks of ``chunk`` rows (default :data:`CHUNK_ROWS`; at least one chunk, maybe
+        empty): no full second copy."""
+        chunk = chunk or CHUNK_ROWS
+        if self.spec.sparse:
+            keys = self.slot_keys()
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+        else:
+            keys = np.arange(self.lo, self.hi, dtype=np.int64)
+            order = np.arange(self.n, dtype=np.int64)
+        for a in range(0, max(self.n, 1), chunk):
+            block = self.rows.gather(order[a : a + chunk])
+            state = {k: np.ascontiguousarray(block[:, x:y]) for k, (x, y) in self.slots.items()}
+            yield keys[a : a + chunk], np.ascontiguousarray(block[:, : self.cols]), state
 
     def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(keys sorted, rows, state) copies of everything this shard holds."""
-        if self.spec.sparse:
-            slots = self.sorted_slots()
-            return (
-                self.keys[slots],
-                self.w[slots],
-                {k: v[slots] for k, v in self.state.items()},
-            )
-        keys = np.arange(self.lo, self.hi, dtype=np.int64)
-        return keys, self.w.copy(), {k: v.copy() for k, v in self.state.items()}
+        parts = list(self.export_chunks())
+        if len(parts) == 1:
+            return parts[0]
+        return (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            {k: np.concatenate([p[2][k] for p in parts]) for k in self.slots},
+        )
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Overwrite rows (and state) of unique ``keys`` (checkpoint restore)."""
         slots = self.locate(keys)
-        self.w[slots] = w
-        for k in self.state:
-            self.state[k][slots] = state[k]
+        block = np.empty((len(keys), self.width), dtype=self.dtype)
+        block[:, : self.cols] = w
+        for k, (a, b) in self.slots.items():
+            block[:, a:b] = state[k]
+        self.rows.scatter(slots, block)
+        self._last = None
 
     def num_rows(self) -> int:
         return self.n
 
-
-class TorchTable(Table):
-    """A table whose rows and optimizer state are torch tensors on ``device`` (a CUDA device for
-    shards with ``angel.ps.gpus > 0``): the sparse key index stays in host numpy, gathers,
-    scatters and optimizer updates run on the device, and rows cross to the host only when
-    pulled."""
-
-    def __init__(self, spec: TableSpec, part: Partitioner, shard_id: int, device: str) -> None:
-        super().__init__(spec, part, shard_id)
-        self.device = torch.device(device)
-        self.w = torch.from_numpy(self.w).to(self.device)  # type: ignore[assignment]
-        self.state = {
-            k: torch.from_numpy(v).to(self.device)  # type: ignore[misc]
-            for k, v in self.state.items()
-        }
-
-    def _index(self, slots: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(slots)).to(self.device)
-
-    def _grow_rows(self, new_cap: int) -> None:
-        w = torch.empty((new_cap, self.spec.cols), dtype=self.w.dtype, device=self.device)
-        w[: self.n] = self.w[: self.n]
-        self.w = w  # type: ignore[assignment]
-        for k, width in self.widths.items():
-            st = torch.zeros((new_cap, width), dtype=self.w.dtype, device=self.device)
-            st[: self.n] = self.state[k][: self.n]
-            self.state[k] = st  # type: ignore[assignment]
-
-    def _write_new(self, start: int, values: np.ndarray) -> None:
-        end = start + len(values)
-        self.w[start:end] = torch.from_numpy(values).to(self.device)
-        for k in self.state:
-            self.state[k][start:end] = 0
-
-    def read(self, keys: np.ndarray | None) -> np.ndarray:
-        if keys is None:
-            if self.spec.sparse:
-                raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
-            return _host(self.w)
-        if not self.spec.sparse and len(keys) and _is_range(keys):
-            a = int(keys[0]) - self.lo
-            return _host(self.w[a : a + len(keys)])
-        idx = self._index(self.locate(keys))
-        return _host(self.w.index_select(0, idx))
-
-    def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        g = torch.from_numpy(np.ascontiguousarray(grads)).to(self.device)
-        if not self.spec.sparse and len(keys) and _is_range(keys):
-            a = int(keys[0]) - self.lo
-            b = a + len(keys)
-            view = {k: v[a:b] for k, v in self.state.items()}
-            apply(self.spec.optimizer, self.w[a:b], view, g, lr)
-            return
-        idx = self._index(self.locate(keys))
-        w = self.w.index_select(0, idx)
-        state = {k: v.index_select(0, idx) for k, v in self.state.items()}
-        apply(self.spec.optimizer, w, state, g, lr)
-        self.w.index_copy_(0, idx, w)
-        for k, v in state.items():
-            self.state[k].index_copy_(0, idx, v)
-
-    def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def nbytes(self) -> int:
+        """Memory this table takes on the shard: rows and state, keys, index, admission."""
+        total = self.rows.nbytes()
         if self.spec.sparse:
-            slots = self.sorted_slots()
-            idx = self._index(slots)
-            return (
-                self.keys[slots],
-                _host(self.w.index_select(0, idx)),
-                {k: _host(v.index_select(0, idx)) for k, v in self.state.items()},
-            )
-        keys = np.arange(self.lo, self.hi, dtype=np.int64)
-        return keys, _host(self.w), {k: _host(v) for k, v in self.state.items()}
-
-    def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
-        idx = self._index(self.locate(keys))
-        self.w.index_copy_(0, idx, torch.from_numpy(np.ascontiguousarray(w)).to(self.device))
-        for k in self.state:
-            src = torch.from_numpy(np.ascontiguousarray(state[k])).to(self.device)
-            self.state[k].index_copy_(0, idx, src)
-
-
-def _direct_span(spec: TableSpec, part: Partitioner, shard_id: int) -> tuple[int, int] | None:
-    """``[lo, hi)`` of the keys a bounded sparse table can send this shard, when it is small
-    enough for a direct index (``DIRECT_MAX``); None otherwise (and for ``rows == -1``)."""
-    if not (spec.sparse and spec.rows > 0):
-        return None
-    lo, hi = part.row_range(shard_id) if part.kind == "range" else (0, spec.rows)
-    return (lo, hi) if hi - lo <= DIRECT_MAX else None
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    """A host numpy copy (never a view of the table, also for tensors already on the CPU)."""
-    return t.to("cpu", copy=True).numpy()  # type: ignore[no-any-return]
+            total += self.keys.nbytes() + self.index.nbytes()
+            if self.stamps is not None:
+                total += self.stamps.nbytes()
+            if self.admission is not None:
+                total += self.admission.nbytes()
+        return total
 
 
 def _is_range(keys: np.ndarray) -> bool:
@@ -346,8 +342,14 @@ def _is_range(keys: np.ndarray) -> bool:
     return int(keys[-1]) - int(keys[0]) == len(keys) - 1
 
 
-def new_table(spec: TableSpec, part: Partitioner, shard_id: int, device: str | None) -> Table:
-    """Host numpy storage (``device`` None) or torch tensors on ``device``."""
-    if device is None:
-        return Table(spec, part, shard_id)
-    return TorchTable(spec, part, shard_id, device)
+def new_table(
+    spec: TableSpec,
+    part: Partitioner,
+    shard_id: int,
+    device: str | None,
+    min_count: int = 0,
+    ttl: int = 0,
+) -> Table:
+    """Host numpy storage (``device`` None) or torch tensors on ``device``; ``min_count`` > 1
+    turns admission on, ``ttl`` > 0 expiry (sparse tables)."""
+    return Table(spec, part, shard_id, device, min_count, ttl)

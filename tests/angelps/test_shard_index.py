@@ -1,12 +1,12 @@
-"""The two sparse key indexes of a shard table (direct for bounded tables, sorted otherwise) give
-bit-identical rows, optimizer state and checkpoint exports."""
+"""The two sparse key indexes of a shard table (direct for small bounded spans, hash otherwise)
+give bit-identical rows, optimizer state and checkpoint exports."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from angelps import storage
+from angelps import index
 from angelps.partition import Partitioner
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows
@@ -78,7 +78,7 @@ def test_bounded_and_unbounded_tables_are_bit_identical(n, partitioner, device):
     pulls_b, (kb, wb, sb), shards_b = _run(BOUNDED, n, partitioner, device)
     pulls_u, (ku, wu, su), shards_u = _run(UNBOUNDED, n, partitioner, device)
     assert {s.tables["emb"].index_kind for s in shards_b} == {"direct"}
-    assert {s.tables["emb"].index_kind for s in shards_u} == {"sorted"}
+    assert {s.tables["emb"].index_kind for s in shards_u} == {"hash"}
     for a, b in zip(pulls_b, pulls_u, strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(kb, ku)
@@ -92,18 +92,18 @@ def test_index_kind_follows_the_table_bound_and_span(monkeypatch):
     def table(spec, n=1, partitioner="hash", shard=0):
         return ParameterShard(shard, n, [spec], partitioner=partitioner).tables["emb"]
 
-    assert storage.DIRECT_MAX == 1 << 30
+    assert index.DIRECT_MAX == 1 << 24
     assert table(BOUNDED).index_kind == "direct"
-    assert table(UNBOUNDED).index_kind == "sorted"
+    assert table(UNBOUNDED).index_kind == "hash"
     assert table(TableSpec("emb", rows=10, cols=2)).index_kind == "dense"
-    # A span above the cap gets the sorted index, unless range partitioning splits the key
+    # A span above the cap gets the hash index, unless range partitioning splits the key
     # range into shard spans small enough (a small cap keeps the test's allocations small).
-    monkeypatch.setattr(storage, "DIRECT_MAX", 100)
+    monkeypatch.setattr(index, "DIRECT_MAX", 100)
     big = TableSpec("emb", rows=200, cols=1, sparse=True)
-    assert table(big).index_kind == "sorted"
-    assert table(big, n=4, partitioner="hash").index_kind == "sorted"  # span [0, rows)
+    assert table(big).index_kind == "hash"
+    assert table(big, n=4, partitioner="hash").index_kind == "hash"  # span [0, rows)
     t = table(big, n=4, partitioner="range", shard=3)
-    assert t.index_kind == "direct" and (t.base, t.base + len(t.index)) == (150, 200)
+    assert t.index_kind == "direct" and t.index.span == (150, 200)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -115,7 +115,7 @@ def test_range_partitioned_bounded_table_keeps_each_shard_in_its_range(device):
     _pull(shards, BOUNDED, "range", keys)
     grads = rng.normal(size=(len(keys), BOUNDED.cols)).astype(np.float32)
     _push(shards, BOUNDED, "range", 0, keys, grads)
-    ref = _shards(UNBOUNDED, 1, device=device)[0]  # the same work on one sorted-index shard
+    ref = _shards(UNBOUNDED, 1, device=device)[0]  # the same work on one hash-index shard
     ref.pull({"emb": keys})
     ref.push(0, 0, {"emb": (keys, grads)}, 0.05)
     rk, rw, rs = ref.export("emb")
@@ -123,7 +123,7 @@ def test_range_partitioned_bounded_table_keeps_each_shard_in_its_range(device):
     for i, s in enumerate(shards):
         t = s.tables["emb"]
         lo, hi = part.row_range(i)
-        assert t.index_kind == "direct" and (t.base, t.base + len(t.index)) == (lo, hi)
+        assert t.index_kind == "direct" and t.index.span == (lo, hi)
         k, w, st = s.export("emb")
         assert (np.diff(k) > 0).all() and (k >= lo).all() and (k < hi).all()
         np.testing.assert_array_equal(k, np.sort(keys[(keys >= lo) & (keys < hi)]))
@@ -153,7 +153,7 @@ def test_key_outside_a_direct_index_span_is_refused_before_any_change():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("spec", [BOUNDED, UNBOUNDED], ids=["direct", "sorted"])
+@pytest.mark.parametrize("spec", [BOUNDED, UNBOUNDED], ids=["direct", "hash"])
 def test_rows_created_over_many_calls_in_random_order_export_sorted(spec, device):
     (s,) = _shards(spec, device=device)
     rng = np.random.default_rng(2)
@@ -171,4 +171,5 @@ def test_rows_created_over_many_calls_in_random_order_export_sorted(spec, device
     assert s.stats()["rows"] == {"emb": len(seen)}
     # The slots themselves are in creation order, not key order: export sorted them.
     t = s.tables["emb"]
-    assert sorted(t.keys[: t.n].tolist()) == k.tolist() and t.keys[: t.n].tolist() != k.tolist()
+    slot_keys = t.slot_keys().tolist()
+    assert sorted(slot_keys) == k.tolist() and slot_keys != k.tolist()

@@ -1,0 +1,126 @@
+"""The key index of a sparse table on one shard: key -> storage slot, for a whole batch at once.
+
+Two kinds, chosen per table when the shard is built (:func:`new_index`):
+
+* :class:`HashIndex` (every table whose keys are not a small bounded span: ``rows == -1``, any
+  int64 key, negatives too): pandas' khash ``Int64HashTable`` (C, open addressing, vectorized
+  ``lookup`` and ``map_keys_to_values`` over a whole batch, no Python loop over keys). Lookups
+  and inserts cost O(batch) whatever the number of rows held (docs/benchmarks-ps.md). khash
+  has no delete: removing keys (expiry) rebuilds the index from the keys that stay.
+* :class:`DirectIndex` (bounded tables whose key span on this shard is at most
+  :data:`DIRECT_MAX` keys): an int32 array over the span holding ``slot + 1`` (0 = absent), so a
+  lookup is one gather. It is allocated zeroed (calloc): only the pages keys land in take
+  memory, and with the span capped that is at most ``4 * DIRECT_MAX`` bytes.
+
+Both answer ``lookup(keys) -> slots`` with -1 for absent keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pandas._libs.hashtable import Int64HashTable
+
+from angelps.partition import Partitioner
+from angelps.table import TableSpec
+
+__all__ = ["DIRECT_MAX", "DirectIndex", "HashIndex", "KeyIndex", "direct_span", "new_index"]
+
+# The largest key span of a bounded sparse table on one shard that gets a direct index: 64 MiB
+# of int32 at most. A direct lookup is a plain gather (0.1-0.4 ms for 50k keys against 3-5 ms
+# for the hash index), but each new key may fault in a 4 KiB page of the index; over a larger
+# span those faults cost more than the hash (docs/benchmarks-ps.md).
+DIRECT_MAX = 1 << 24
+
+
+class HashIndex:
+    """key -> slot in a khash table (any int64 key)."""
+
+    kind = "hash"
+
+    def __init__(self, size_hint: int = 0) -> None:
+        self._table = Int64HashTable(max(int(size_hint), 1))
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of ``keys`` (int64), -1 where absent."""
+        return self._table.lookup(np.ascontiguousarray(keys, dtype=np.int64))  # type: ignore[no-any-return]
+
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Map the (absent, unique) ``keys`` to ``slots``."""
+        self._table.map_keys_to_values(
+            np.ascontiguousarray(keys, dtype=np.int64), np.ascontiguousarray(slots, dtype=np.int64)
+        )
+
+    def rebuild(self, keys: np.ndarray) -> None:
+        """Only ``keys[i] -> i`` (after rows were removed and the rest renumbered)."""
+        self._table = Int64HashTable(max(len(keys), 1))
+        if len(keys):
+            self.insert(keys, np.arange(len(keys), dtype=np.int64))
+
+    def check_owned(self, name: str, keys: np.ndarray) -> None:
+        """Any int64 key may be held."""
+
+    def nbytes(self) -> int:
+        return int(self._table.sizeof())
+
+
+class DirectIndex:
+    """key -> slot as ``index[key - base] - 1`` over the span ``[base, base + len)``."""
+
+    kind = "direct"
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.base = lo
+        # int32: a shard holds fewer than DIRECT_MAX rows of such a table.
+        self.index = np.zeros(hi - lo, dtype=np.int32)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.base, self.base + len(self.index)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        pos = keys - self.base if self.base else keys
+        slots = self.index.take(pos).astype(np.int64)
+        slots -= 1
+        return slots
+
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        self.index[keys - self.base] = slots + 1
+
+    def rebuild(self, keys: np.ndarray) -> None:
+        self.index[:] = 0
+        if len(keys):
+            self.insert(keys, np.arange(len(keys), dtype=np.int64))
+
+    def check_owned(self, name: str, keys: np.ndarray) -> None:
+        """Keys outside the span (a range-partitioned table's key sent to the wrong shard) have
+        no entry: reject them before anything changes."""
+        if not keys.size:
+            return
+        lo, hi = int(keys.min()), int(keys.max())
+        base, end = self.span
+        if lo < base or hi >= end:
+            bad = lo if lo < base else hi
+            raise ValueError(
+                f"table {name!r}: key {bad} is not held by this shard (keys [{base}, {end}))"
+            )
+
+    def nbytes(self) -> int:
+        return int(self.index.nbytes)
+
+
+KeyIndex = HashIndex | DirectIndex
+
+
+def direct_span(spec: TableSpec, part: Partitioner, shard_id: int) -> tuple[int, int] | None:
+    """``[lo, hi)`` of the keys a bounded sparse table can send this shard, when it is small
+    enough for a direct index (:data:`DIRECT_MAX`); None otherwise (and for ``rows == -1``)."""
+    if not (spec.sparse and spec.rows > 0):
+        return None
+    lo, hi = part.row_range(shard_id) if part.kind == "range" else (0, spec.rows)
+    return (lo, hi) if hi - lo <= DIRECT_MAX else None
+
+
+def new_index(spec: TableSpec, part: Partitioner, shard_id: int) -> KeyIndex:
+    """The index of a sparse table on shard ``shard_id``: direct where the span allows."""
+    span = direct_span(spec, part, shard_id)
+    return HashIndex() if span is None else DirectIndex(*span)

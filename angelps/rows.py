@@ -1,0 +1,206 @@
+"""Row storage by slot: ``[slots, width]`` of one dtype, each row's weights and optimizer state
+side by side (one gather fetches both).
+
+:class:`PagedRows` (host numpy) keeps the rows in pages of a fixed number of rows (about
+:data:`PAGE_BYTES` each); the first page grows by doubling up to that size, so small tables stay
+small, and after it growth only adds zeroed pages: it never copies the table. A page comes from
+``np.zeros`` (calloc), so a slot's memory is faulted in when it is first written. A gather or
+scatter over several pages groups the slots by page (a radix sort of 16-bit page numbers) and
+works page by page. :class:`TorchRows` keeps one tensor on a torch device (a GPU shard), grown
+by doubling.
+
+Both offer the same few operations on slot arrays: ``gather``, ``scatter``, ``write`` (a
+contiguous range), ``move`` (compaction after rows are removed), ``reserve``,
+``truncate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["PAGE_BYTES", "PagedRows", "TorchRows"]
+
+#: Bytes of one page of rows (the page holds the largest power-of-two rows that fit).
+PAGE_BYTES = 1 << 28
+_FIRST = 1024  # rows of the first page when it is first allocated
+
+
+class PagedRows:
+    """``[capacity, width]`` rows of ``dtype`` in pages of ``page_rows`` rows."""
+
+    def __init__(self, width: int, dtype: Any, page_rows: int | None = None) -> None:
+        self.width = width
+        self.dtype = np.dtype(dtype)
+        if page_rows is None:
+            page_rows = 1 << max(4, (PAGE_BYTES // (width * self.dtype.itemsize)).bit_length() - 1)
+        self.shift = page_rows.bit_length() - 1
+        self.page_rows = 1 << self.shift
+        self.mask = self.page_rows - 1
+        self.pages: list[np.ndarray] = []
+
+    @classmethod
+    def fixed(cls, n: int, width: int, dtype: Any) -> PagedRows:
+        """Exactly ``n`` zero rows in one page (a dense table's block)."""
+        rows = cls(width, dtype, page_rows=1 << max(0, (n - 1).bit_length()))
+        rows.pages = [np.zeros((n, width), dtype=rows.dtype)]
+        return rows
+
+    @property
+    def capacity(self) -> int:
+        if len(self.pages) <= 1:
+            return len(self.pages[0]) if self.pages else 0
+        return len(self.pages) * self.page_rows
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pages)
+
+    def reserve(self, n: int) -> None:
+        """Capacity for at least ``n`` rows (the rows added are zero)."""
+        need = ((n - 1) >> self.shift) + 1 if n > 0 else 0
+        if need == 0 or (need <= len(self.pages) and n <= self.capacity):
+            return
+        if len(self.pages) == 1 and len(self.pages[0]) < self.page_rows:
+            first = self.pages[0]  # still doubling: copy the (small) first page
+            rows = self.page_rows if need > 1 else min(self.page_rows, max(2 * len(first), n))
+            grown = np.zeros((rows, self.width), dtype=self.dtype)
+            grown[: len(first)] = first
+            self.pages[0] = grown
+        elif not self.pages:
+            rows = self.page_rows if need > 1 else min(self.page_rows, max(_FIRST, n))
+            self.pages.append(np.zeros((rows, self.width), dtype=self.dtype))
+        while len(self.pages) < need:
+            self.pages.append(np.zeros((self.page_rows, self.width), dtype=self.dtype))
+
+    def truncate(self, n: int) -> None:
+        """Drop the pages past the first ``n`` rows."""
+        need = ((n - 1) >> self.shift) + 1 if n > 0 else 0
+        del self.pages[need:]
+
+    def block(self, a: int, b: int) -> np.ndarray:
+        """A view of rows ``[a, b)`` inside one page (dense tables: one page)."""
+        return self.pages[0][a:b]
+
+    def _by_page(self, slots: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        """``order`` grouping ``slots`` by page, and (page, start, end) runs of ``order``."""
+        page = (slots >> self.shift).astype(np.uint16)
+        order = np.argsort(page, kind="stable")  # a radix sort for 16-bit values
+        counts = np.bincount(page, minlength=len(self.pages))
+        ends = np.cumsum(counts)
+        runs = [(int(p), int(ends[p] - counts[p]), int(ends[p])) for p in np.flatnonzero(counts)]
+        return order, runs
+
+    def gather(self, slots: np.ndarray, cols: int | None = None) -> np.ndarray:
+        """Rows ``slots`` (their first ``cols`` columns), a new contiguous array."""
+        if len(self.pages) == 1:
+            src = self.pages[0] if cols is None else self.pages[0][:, :cols]
+            return src.take(slots, axis=0)
+        out = np.empty((len(slots), self.width if cols is None else cols), dtype=self.dtype)
+        order, runs = self._by_page(slots)
+        for p, a, b in runs:
+            sel = order[a:b]
+            src = self.pages[p] if cols is None else self.pages[p][:, :cols]
+            out[sel] = src.take(slots[sel] & self.mask, axis=0)
+        return out
+
+    def scatter(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """``rows[slots] = values``."""
+        if len(self.pages) == 1:
+            self.pages[0][slots] = values
+            return
+        order, runs = self._by_page(slots)
+        for p, a, b in runs:
+            sel = order[a:b]
+            self.pages[p][slots[sel] & self.mask] = values[sel]
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """``rows[start : start + len(values)] = values`` (capacity must be there)."""
+        pos = 0
+        while pos < len(values):
+            slot = start + pos
+            p, off = slot >> self.shift, slot & self.mask
+            take = min(len(values) - pos, len(self.pages[p]) - off)
+            self.pages[p][off : off + take] = values[pos : pos + take]
+            pos += take
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        """A copy of ``rows[start:end]``."""
+        return self.gather(np.arange(start, end, dtype=np.int64))
+
+    def move(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """``rows[dst] = rows[src]`` where ``dst[i] <= src[i]`` and both increase (compaction):
+        in chunks, so no second copy of the table is made."""
+        chunk = self.page_rows
+        for a in range(0, len(src), chunk):
+            self.scatter(dst[a : a + chunk], self.gather(src[a : a + chunk]))
+
+
+class TorchRows:
+    """``[capacity, width]`` rows as one tensor on ``device``, grown by doubling."""
+
+    def __init__(self, width: int, dtype: Any, device: str) -> None:
+        self.width = width
+        self.dtype = np.dtype(dtype)
+        self.device = torch.device(device)
+        self.t = torch.zeros((0, width), dtype=_torch_dtype(self.dtype), device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.t.shape[0])
+
+    def nbytes(self) -> int:
+        return int(self.t.numel() * self.t.element_size())
+
+    def reserve(self, n: int) -> None:
+        cap = self.capacity
+        if n <= cap:
+            return
+        grown = torch.zeros((max(n, 2 * cap, _FIRST), self.width), dtype=self.t.dtype)
+        grown = grown.to(self.device)
+        grown[:cap] = self.t
+        self.t = grown
+
+    def truncate(self, n: int) -> None:
+        """Rows past ``n`` stay allocated (device memory is grown by doubling only)."""
+
+    def block(self, a: int, b: int) -> torch.Tensor:
+        return self.t[a:b]
+
+    def _idx(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
+
+    def gather_t(self, slots: np.ndarray) -> torch.Tensor:
+        return self.t.index_select(0, self._idx(slots))
+
+    def scatter_t(self, slots: np.ndarray, values: torch.Tensor) -> None:
+        self.t.index_copy_(0, self._idx(slots), values)
+
+    def gather(self, slots: np.ndarray, cols: int | None = None) -> np.ndarray:
+        out = self.gather_t(slots)
+        return host(out if cols is None else out[:, :cols])
+
+    def scatter(self, slots: np.ndarray, values: np.ndarray) -> None:
+        self.scatter_t(slots, self.tensor(values))
+
+    def tensor(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(values)).to(self.device)
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        self.t[start : start + len(values)] = self.tensor(values)
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        return host(self.t[start:end])
+
+    def move(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self.scatter_t(dst, self.gather_t(src))
+
+
+def host(t: torch.Tensor) -> np.ndarray:
+    """A host numpy copy (never a view of the table, also for tensors already on the CPU)."""
+    return t.to("cpu", copy=True).contiguous().numpy()  # type: ignore[no-any-return]
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
