@@ -391,7 +391,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
     cases = []
     for model in ("FM", "DeepFM"):
         for b in batches:
-            for system in (*FEED_SYSTEMS, *ANGELPS):
+            for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS)):
                 if want(system, system in FEED_SYSTEMS):
                     cases.append(
                         {
