@@ -65,7 +65,9 @@ ANGELPS = {
     "angelps-ssp-w1s1": (2, 1, 1),
 }
 #: Extra keys of the systems named ``<angelps system>-<variant>``.
-VARIANTS: dict[str, list[str]] = {}
+VARIANTS: dict[str, list[str]] = {
+    "cache": ["angel.worker.cache.enable=true", "angel.worker.cache.capacity=262144"],
+}
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
 
@@ -185,6 +187,9 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         sets += [f"angel.worker.device={case['device']}", "angel.worker.gpus=1"]
     if case["system"].endswith("-cache"):
         sets += VARIANTS["cache"]
+    if staleness > 0 and case["suite"] == "feed":
+        # SSP: keep as many batches in flight as the staleness allows
+        sets.append(f"angel.worker.prefetch.depth={staleness}")
     sets += case.get("extra_sets", [])
     t0 = time.time()
     try:
@@ -194,6 +199,7 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             result = learner.train()
         finally:
             learner.shutdown()
+        feed = _feed_metrics(Path(log_dir) / "metrics.jsonl")
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     s = result.summary
@@ -216,7 +222,21 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             }
         )
     startup = epochs[0]["wall_s"] - epochs[0]["train_s"] if epochs else math.nan
-    return {"epochs": epochs, "startup_s": startup, "summary": s}
+    return {"epochs": epochs, "startup_s": startup, "summary": s, **feed}
+
+
+def _feed_metrics(path: Path) -> dict[str, Any]:
+    """Mean bytes per step and cache hit rate of the step records after the first epoch."""
+    steps = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    steps = [x for x in steps if x.get("kind") == "step"]
+    later = [x for x in steps if x["epoch"] > 0] or steps
+    out: dict[str, Any] = {}
+    if later:
+        out["bytes_per_step"] = statistics.mean(x.get("bytes_per_step", 0) for x in later)
+        rates = [x["cache_hit_rate"] for x in later if x.get("cache_hit_rate") is not None]
+        if rates:
+            out["cache_hit_rate"] = statistics.mean(rates)
+    return out
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -381,7 +401,7 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return cases
 
 
-FEED_SYSTEMS = ("torch", "angelps-bsp-w1s1")
+FEED_SYSTEMS = ("torch", "angelps-bsp-w1s1", "angelps-bsp-w1s1-cache", "angelps-ssp-w1s1-cache")
 
 
 def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
@@ -632,8 +652,9 @@ def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
         return []
     out = [
         "\n### synthetic data (10^6 ids), B=8192: samples/s (ratio to plain PyTorch), AUC\n",
-        "| model | device | system | samples/s | ratio | AUC after the last epoch |",
-        "|---|---|---|---:|---:|---:|",
+        "| model | device | system | samples/s | ratio | AUC after the last epoch "
+        "| MB per step | cache hit rate |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in feed:
         c = r["case"]
@@ -649,9 +670,11 @@ def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
             None,
         )
         ratio = f"{r['median_samples_per_s'] / base['median_samples_per_s']:.2f}" if base else "-"
+        mb = f"{r['bytes_per_step'] / 1e6:.2f}" if "bytes_per_step" in r else "-"
+        hit = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else "-"
         out.append(
             f"| {c['model']} | {c.get('device', 'cpu')} | {c['system']} | "
-            f"{_fmt_sps(r['median_samples_per_s'])} | {ratio} | {r['final_auc']:.4f} |"
+            f"{_fmt_sps(r['median_samples_per_s'])} | {ratio} | {r['final_auc']:.4f} | {mb} | {hit} |"
         )
     return out
 

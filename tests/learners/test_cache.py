@@ -196,3 +196,27 @@ def test_bsp_with_the_cache_is_bit_identical(tmp_path, local_ray, workers):
     assert all("cache_hit_rate" in s for s in on_steps)
     assert not any("cache_hit_rate" in s for s in off_steps)
     assert all(s["bytes_per_step"] > 0 for s in on_steps + off_steps)
+
+
+@pytest.mark.slow
+def test_ssp_with_prefetch_and_cache_learns_like_bsp(tmp_path, local_ray):
+    """Staleness 2, two batches in flight, the cache on: it serves rows (hit rate > 0), moves
+    fewer bytes per step, and reaches BSP's validation AUC closely on the same epochs."""
+    bsp, bsp_steps = _train(tmp_path, "bsp")
+    ssp, ssp_steps = _train(
+        tmp_path,
+        "ssp",
+        **{
+            "angel.staleness": 2,
+            "angel.worker.prefetch.depth": 2,
+            "angel.worker.cache.enable": True,
+        },
+    )
+    assert abs(ssp["valid_auc"] - bsp["valid_auc"]) < 0.01
+    rates = [s["cache_hit_rate"] for s in ssp_steps]
+    # (None: a chunk that looked nothing up, the last one of the job)
+    assert sum(r for r in rates if r is not None) / len(rates) > 0.3
+    late = slice(len(bsp_steps) // 2, None)
+    assert sum(s["bytes_per_step"] for s in ssp_steps[late]) < 0.85 * sum(
+        s["bytes_per_step"] for s in bsp_steps[late]
+    )
