@@ -294,3 +294,25 @@ def test_frames_split_a_long_body_and_rejoin():
     assert body == b"".join(bytes(b) for b in bufs)
     with pytest.raises(ValueError, match="announcing a 5-byte call after a 9-byte frame"):
         wire.stream_length(json.dumps({"n": 5}).encode(), 9)
+
+
+def test_a_prefetch_pull_needs_staleness(ray_local):
+    """A pull for a later clock (ahead) is served under SSP; under BSP it is refused, naming
+    the key that sets the depth."""
+    for staleness in (0, 2):
+        c = PSClient.launch(
+            [EMB, LIN],
+            PSOptions.from_config(
+                {"angel.job.name": f"wire-ahead{staleness}", "angel.staleness": staleness}
+            ),
+        )
+        try:
+            keys = np.array([1, 2])
+            fut = c.push_pull_async({"lin": (keys, np.ones((2, 1)))}, 0.5, {"lin": keys}, ahead=1)
+            if staleness == 0:
+                with pytest.raises(ValueError, match=r"angel\.worker\.prefetch\.depth=1"):
+                    fut.result()
+            else:
+                np.testing.assert_array_equal(fut.result()["lin"], [[-0.5], [-0.5]])
+        finally:
+            c.shutdown()

@@ -4,7 +4,7 @@ bit-identical with and without the cache on a real local Ray."""
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from angelps.config import ConfigError, load_config
 from learners.cache import RowCache
 from learners.keys import all_keys
 from learners.plan import FeedOptions
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -145,11 +146,11 @@ def test_capacity_in_bytes_and_rows():
 def local_ray():
     import ray
 
-    # A short temp dir: Ray's socket paths must stay under 107 bytes.
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
+    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
     yield
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _train(tmp_path: Path, name: str, **sets) -> tuple[dict, list[dict]]:
