@@ -205,11 +205,14 @@ class PSClient:
         lr: float,
         pull: list[Routed],
         pull_dense: Sequence[str] = (),
+        ahead: int = 0,
     ) -> list[Call]:
         """One ``step`` call per shard that has something to do (every shard for a push: it is
-        this worker's clock tick)."""
+        this worker's clock tick). ``ahead``: the pull is for the batch of ``ahead`` clocks
+        later (a prefetch, SSP/ASP)."""
         clock = self._clock
         pull_clock = clock + 1 if push is not None else clock
+        prefetch = pull_clock + ahead if ahead > 0 else None
         calls: list[Call] = []
         for s in range(self.num_shards):
             pushes: Pushes | None = None
@@ -223,8 +226,9 @@ class PSClient:
                 pulls[name] = None
             if pushes is None and not pulls:
                 continue
-            args = (self.worker_id, clock, pushes, lr, pulls or None)
+            args = (self.worker_id, clock, pushes, lr, pulls or None, False, prefetch)
             nbytes = call_bytes(self.specs, self.num_shards, pushes, pulls)
+            # (recovery redoes a lost pull at pull_clock: rows as fresh as a prefetch's, or more)
             calls.append(Call(s, self.net.call(s, args, nbytes), pull_clock, pulls or None))
         if push is not None:
             self._clock += 1
@@ -310,13 +314,20 @@ class PSClient:
         self.push_many({table: (keys, grads)}, lr)
 
     def push_pull_async(
-        self, updates: Mapping[str, Update], lr: float, requests: Mapping[str, ArrayLike]
+        self,
+        updates: Mapping[str, Update],
+        lr: float,
+        requests: Mapping[str, ArrayLike],
+        ahead: int = 0,
     ) -> PSFuture[dict[str, np.ndarray]]:
-        """Future of :meth:`push_pull`."""
+        """Future of :meth:`push_pull`. ``ahead > 0`` (SSP within its staleness, or ASP): the
+        rows are for the step ``ahead`` clocks after the next one, and the shard serves them
+        with the waits SSP asks for at that clock (they may miss this worker's own pushes of
+        the clocks in between)."""
         lr = check_lr(lr)
         routed_push = self._route_push(updates)
         routed_pull = [self._route(t, k) for t, k in requests.items()]
-        calls = self._submit(routed_push, lr, routed_pull)
+        calls = self._submit(routed_push, lr, routed_pull, ahead=ahead)
         return PSFuture(self, calls, lambda vals: self._assemble(routed_pull, calls, vals))
 
     def push_pull(
@@ -392,6 +403,11 @@ class PSClient:
         self._clock = 0
         self._log.clear()  # the shards backed up the loaded model at clock 0
         return dict(manifest.get("extra", {}))
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes of the step calls this client made (requests and replies)."""
+        return self.net.moved
 
     @property
     def step_count(self) -> int:

@@ -43,7 +43,7 @@ except ImportError:  # not a Unix: no open-file limit to read
 __all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
 
 #: Reply bytes a connection may leave unread before the shard stops reading its next calls.
-MAX_UNREAD = 16 * wire.MAX_CALL_BYTES
+MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
 #: What a backup's LATEST file may hold: the name of a version directory (checkpoint.py's).
 _VERSION = re.compile(r"b-[0-9]{1,24}")
 
@@ -177,9 +177,14 @@ class ShardServer:
         lr: float,
         pulls: Mapping[str, Any] | None,
         recovering: bool = False,
+        pull_clock: int | None = None,
     ) -> tuple[dict[str, np.ndarray] | None, int]:
         """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
         (rows or None, the clock of this worker held by the latest backup).
+
+        ``pull_clock`` (SSP, ASP): a prefetch, the rows of a batch the worker computes at that
+        later clock; it waits as SSP asks for a read at that clock, but only for this worker's
+        pushes so far (the calls of its later clocks come behind it on the same connection).
 
         After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
         arrives that its client sent knowing of the restart (``recovering``: a replayed push
@@ -207,10 +212,16 @@ class ShardServer:
         backed_up = self.backup_clocks[worker]
         if not pulls:
             return None, backed_up
-        await self._wait(
-            lambda: shard.clocks.can_pull(worker, clock),
-            f"worker {worker}'s pull at clock {clock}",
-        )
+        if pull_clock is not None and pull_clock > clock:
+            await self._wait(
+                lambda: _can_prefetch(shard.clocks, pull_clock),
+                f"worker {worker}'s prefetch for clock {pull_clock}",
+            )
+        else:
+            await self._wait(
+                lambda: shard.clocks.can_pull(worker, clock),
+                f"worker {worker}'s pull at clock {clock}",
+            )
         return shard.pull(pulls), backed_up
 
     async def clock_of(self, worker: int) -> int:
@@ -298,19 +309,16 @@ class ShardServer:
     async def _serve_calls(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Frames until the peer goes away or announces one over the limits."""
-        limits = self._limits
+        """Calls until the peer goes away or announces a frame over the limits."""
         while True:
             try:
-                prefix = await reader.readexactly(wire.PREFIX.size)
+                call = await self._read_call(reader)
             except asyncio.IncompleteReadError:
                 return  # the client went away
-            hlen, blen = wire.PREFIX.unpack(prefix)
-            if hlen > limits.max_header or blen > limits.max_body:
+            if call is None:
                 self._conns["dropped"] += 1
-                return  # not a frame of ours: drop the connection, read nothing of it
-            header = await reader.readexactly(hlen)
-            body = await reader.readexactly(blen) if blen else b""
+                return  # not a frame of ours: drop the connection, read no more of it
+            header, body = call
             # No drain() per reply: the client may be sending its next call while this reply
             # waits to be read; blocking here would stop reading and deadlock both. Only a
             # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
@@ -318,7 +326,31 @@ class ShardServer:
             if writer.transport.get_write_buffer_size() > MAX_UNREAD:
                 await writer.drain()
 
-    async def _answer(self, header: bytes, body: bytes) -> list[bytes]:
+    async def _read_call(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+        """One call's header and body (its frames joined), or None for a frame over the limits
+        (checked before each frame is read; a body is kept only as its frames arrive)."""
+        limits = self._limits
+        hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+        if hlen > limits.max_header or blen > limits.max_frame:
+            return None
+        header = await reader.readexactly(hlen)
+        try:
+            total = wire.stream_length(header, blen)
+        except ValueError:
+            return None
+        if total > limits.max_body:
+            return None
+        chunks = [await reader.readexactly(blen) if blen else b""]
+        got = blen
+        while got < total:
+            hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+            if hlen != 0 or not 0 < blen <= min(limits.max_frame, total - got):
+                return None
+            chunks.append(await reader.readexactly(blen))
+            got += blen
+        return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
             rows, backed_up = await self.step(**wire.decode_request(header, body))
@@ -329,6 +361,19 @@ class ShardServer:
             return wire.encode_error(type(e).__name__, str(e), [])
         except Exception as e:  # reported to the caller, not lost in the actor's log
             return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+
+
+def _can_prefetch(clocks: Any, pull_clock: int) -> bool:
+    """A prefetch read for ``pull_clock`` may be served: SSP's bound at that clock over every
+    worker's pushes (ASP: always). BSP has no prefetch (angel.worker.prefetch.depth is 1)."""
+    if clocks.staleness < 0:
+        return True
+    if clocks.staleness == 0:
+        raise ValueError(
+            "a prefetch (a pull for a later clock) needs angel.staleness != 0: under BSP set "
+            "angel.worker.prefetch.depth=1"
+        )
+    return bool(min(clocks.pushed) >= pull_clock - clocks.staleness)
 
 
 def _connection_cap(wanted: int) -> int:

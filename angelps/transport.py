@@ -1,11 +1,14 @@
 """How a client process reaches the shards: the client side of the data plane.
 
 Every per-step ``step`` call goes either over this process's TCP connection to the shard
-(:class:`Channel`, frames of :mod:`angelps.wire`; ``angel.ps.transport=socket``) or as a Ray
-actor call (``ray``, or when no connection can be opened). :class:`Transport` picks the path
-per call: calls moving more than :data:`SOCKET_MAX_BYTES` take Ray, whose object store moves
-large arrays without copies (docs/benchmarks-ps.md has the crossover). Control calls (save,
-load, stats, recovery) always use Ray and do not pass through here.
+(:class:`Channel`, frames of :mod:`angelps.wire`; ``angel.ps.transport=socket``), whatever its
+size (a large call streams in bounded frames), or as a Ray actor call (``ray``, or when no
+connection can be opened: the fallback). Control calls (save, load, stats, recovery) always
+use Ray and do not pass through here.
+
+Each connection has a reader thread that reads replies as they arrive, so a client sending a
+large call never waits on a shard that waits for it to read a large reply, and the replies of
+all shards are received while the worker computes.
 
 Invariants: a caller's calls to one shard are served in the order sent, whatever their path
 (before changing path, the calls in flight on the other path are waited for); a reply is read
@@ -16,6 +19,7 @@ the process that opened them (never pickled).
 from __future__ import annotations
 
 import socket
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
@@ -31,7 +35,6 @@ from angelps.shard import ShardRestarted
 from angelps.table import TableSpec
 
 __all__ = [
-    "SOCKET_MAX_BYTES",
     "Channel",
     "ChannelDown",
     "Pulls",
@@ -51,18 +54,15 @@ Pulls: TypeAlias = dict[str, np.ndarray | None]
 #: What a shard's ``step`` returns: (rows or None, this worker's clock held by its backup).
 Reply: TypeAlias = tuple[dict[str, np.ndarray] | None, int]
 
-# Calls moving more than this go through Ray even on the socket data plane (a shard drops a
-# connection whose frame is longer than wire.MAX_CALL_BYTES: never raise this above it).
-SOCKET_MAX_BYTES = wire.MAX_CALL_BYTES
-
 
 class ChannelDown(Exception):
     """The TCP connection to a shard broke (the shard died): recovered like RayActorError."""
 
 
 class Channel:
-    """A client's TCP connection to one shard (angelps.wire): calls are sent at once and their
-    replies read in order, so several calls can be in flight, as with Ray's actor calls."""
+    """A client's TCP connection to one shard (angelps.wire): calls are sent at once, and a
+    reader thread reads their replies in order, so several calls can be in flight, as with
+    Ray's actor calls."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -70,22 +70,32 @@ class Channel:
         self.received = 0
         self.replies: dict[int, tuple[bool, Any]] = {}
         self.dead = False
+        self._why = ""
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True, name="angelps-rx")
+        self._reader.start()
 
     def send(self, frame: Sequence[bytes | memoryview]) -> SockRef:
-        if self.dead:
-            raise ChannelDown("connection already broken")
-        try:
-            self.sock.sendall(b"".join(frame))
-        except OSError as e:
-            self.dead = True
-            raise ChannelDown(str(e)) from None
-        ref = SockRef(self, self.sent)
-        self.sent += 1
-        return ref
+        with self._send_lock:
+            if self.dead:
+                raise ChannelDown("connection already broken")
+            try:
+                wire.send_buffers(self.sock, frame)
+            except OSError as e:
+                self._die(str(e))
+                raise ChannelDown(str(e)) from None
+            ref = SockRef(self, self.sent)
+            self.sent += 1
+            return ref
 
     def result(self, seq: int) -> Reply:
-        self._read_until(seq)
-        ok, value = self.replies.pop(seq)
+        with self._cond:
+            while seq not in self.replies:
+                if self.dead:
+                    raise ChannelDown(f"connection broken ({self._why})")
+                self._cond.wait()
+            ok, value = self.replies.pop(seq)
         if ok:
             return value  # type: ignore[no-any-return]
         kind, msg, args = value
@@ -95,32 +105,39 @@ class Channel:
         raise exc.get(kind, RuntimeError)(msg)
 
     def drain(self) -> None:
-        """Read the replies of every call sent so far (kept for their refs): after this, the
-        shard has served them all."""
-        if self.sent:
-            try:
-                self._read_until(self.sent - 1)
-            except ChannelDown:
-                pass  # their refs raise it; recovery takes over there
+        """Wait for the replies of every call sent so far (kept for their refs): after this,
+        the shard has served them all (or the connection broke)."""
+        with self._cond:
+            while self.received < self.sent and not self.dead:
+                self._cond.wait()
 
-    def _read_until(self, seq: int) -> None:
-        while self.received <= seq:
-            if self.dead:
-                raise ChannelDown("connection broken")
+    def _read_loop(self) -> None:
+        """The reader thread: every reply, in order, until the connection closes."""
+        while True:
             try:
-                hlen, blen = wire.PREFIX.unpack(wire.recv_exact(self.sock, wire.PREFIX.size))
-                if hlen > wire.MAX_HEADER:
-                    raise ConnectionError(f"not an angelps reply (a {hlen}-byte header)")
-                header = wire.recv_exact(self.sock, hlen)
-                body = wire.recv_exact(self.sock, blen) if blen else bytearray()
-            except OSError as e:
+                header, body = wire.recv_call(self.sock, wire.MAX_HEADER)
+                reply = wire.decode_reply(header, body)
+            except (OSError, ValueError) as e:
+                self._die(str(e) or type(e).__name__)
+                return
+            with self._cond:
+                self.replies[self.received] = reply
+                self.received += 1
+                self._cond.notify_all()
+
+    def _die(self, why: str) -> None:
+        with self._cond:
+            if not self.dead:
                 self.dead = True
-                raise ChannelDown(str(e)) from None
-            self.replies[self.received] = wire.decode_reply(bytes(header), body)
-            self.received += 1
+                self._why = why
+            self._cond.notify_all()
 
     def close(self) -> None:
-        self.dead = True
+        self._die("closed")
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -173,8 +190,10 @@ class Transport:
         self.options = options
         # None: not opened yet; False: this shard is reached through Ray actor calls.
         self.chans: list[Channel | bool | None] = [None] * len(self.handles)
-        # Ray calls to each shard not known to be served yet (large calls take Ray).
+        # Ray calls to each shard not known to be served yet (the fallback after a broken send).
         self.ray_refs: list[list[ray.ObjectRef[Reply]]] = [[] for _ in self.handles]
+        #: Bytes of the step calls made so far (request and reply, as :func:`call_bytes`).
+        self.moved = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -185,13 +204,15 @@ class Transport:
     def call(
         self,
         shard: int,
-        args: tuple[int, int, Pushes | None, float, Pulls | None],
+        args: tuple[int, int, Pushes | None, float, Pulls | None, bool, int | None],
         nbytes: int,
     ) -> Ref:
-        """Send one ``step`` call of ``nbytes`` (request and reply): over the connection when
-        it is small enough, else via Ray (waiting first for the calls in flight on the other
-        path, so that the shard serves them in order)."""
-        chan = self._channel(shard) if nbytes <= SOCKET_MAX_BYTES else None
+        """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over
+        the connection, whatever its size, or via Ray where the shard cannot be reached
+        directly (waiting first for the calls in flight on the other path, so that the shard
+        serves them in order)."""
+        self.moved += nbytes
+        chan = self._channel(shard)
         if chan is not None:
             if self.ray_refs[shard]:
                 ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))

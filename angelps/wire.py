@@ -10,12 +10,16 @@ actor also listens on a TCP port (opened on request, see
 stats and recovery go through actor calls).
 
 Frames (little-endian): ``u32 header length, u64 body length``, a JSON header, then the body:
-the raw bytes of the numpy arrays the header lists, in order. No pickle crosses the wire.
+the raw bytes of the numpy arrays the header lists, in order. No pickle crosses the wire. A call
+of any size streams in bounded frames: a body longer than :data:`MAX_FRAME_BYTES` is split, the
+first frame's header says the whole body's length (``"n"``) and continuation frames (header
+length 0) carry the rest, each at most :data:`MAX_FRAME_BYTES` (:func:`frames`).
 
 * request: ``{"w": worker, "c": clock, "lr": lr, "r": recovering, "push": [[table, n, cols,
-  dtype], ...] | null, "pull": [[table, n], ...] | null}``; the body holds, per push, the
-  ``n`` int64 keys then the ``[n, cols]`` gradients, and per pull its ``n`` int64 keys
-  (``n = -1``: all rows of a dense table, no keys);
+  dtype], ...] | null, "pull": [[table, n], ...] | null}`` and optionally ``"pc"``: the clock
+  the pull is served at (default: the clock after the push; a prefetch names a later one); the
+  body holds, per push, the ``n`` int64 keys then the ``[n, cols]`` gradients, and per pull
+  its ``n`` int64 keys (``n = -1``: all rows of a dense table, no keys);
 * reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` and
   the rows, or ``{"ok": false, "kind": ..., "msg": ..., "args": [...]}``.
 
@@ -25,8 +29,9 @@ the token to can talk to a shard. Calls on one connection are served one after a
 order: the per-caller ordering that BSP's fused push-pull relies on, as with Ray's actor calls.
 
 Invariants (a hostile peer): the two lengths of a frame are checked against
-:class:`FrameLimits` (derived from the shard's tables and :data:`MAX_CALL_BYTES`) before
-anything is allocated; :func:`decode_request` accepts only a header of the shape above whose
+:class:`FrameLimits` (derived from the shard's tables, :data:`MAX_FRAME_BYTES` and
+:data:`MAX_CALL_BYTES`) before anything is allocated, and a streamed body is kept only as its
+frames arrive (never allocated from an announced length); :func:`decode_request` accepts only a header of the shape above whose
 arrays exactly fill the body, and raises ValueError for anything else.
 """
 
@@ -45,6 +50,7 @@ __all__ = [
     "ACK",
     "DTYPES",
     "MAX_CALL_BYTES",
+    "MAX_FRAME_BYTES",
     "MAX_HEADER",
     "PREFIX",
     "TOKEN_BYTES",
@@ -54,7 +60,11 @@ __all__ = [
     "encode_error",
     "encode_reply",
     "encode_request",
+    "frames",
+    "recv_call",
     "recv_exact",
+    "send_buffers",
+    "stream_length",
 ]
 
 PREFIX = struct.Struct("<IQ")
@@ -63,9 +73,11 @@ TOKEN_BYTES = 32
 ACK = b"\x01"
 #: A reply's header lists a few tables; a client drops a stream announcing a longer one.
 MAX_HEADER = 1 << 20
-#: The largest call (request and reply bytes) a client sends over a connection; larger calls
-#: take a Ray actor call (angelps.transport), so no legal request body is longer.
-MAX_CALL_BYTES = 1 << 22
+#: The longest body of one frame: longer calls stream in several frames.
+MAX_FRAME_BYTES = 1 << 22
+#: The longest body of one call (all its frames) to a shard with an unbounded table (rows=-1);
+#: bounded tables give a shard a tighter limit (:class:`FrameLimits`).
+MAX_CALL_BYTES = 1 << 36
 #: The gradient dtypes a push may carry (little-endian float32 and float64).
 DTYPES = ("<f4", "<f8")
 _ROW_BYTES = 8  # the widest value a push may carry (float64)
@@ -73,18 +85,24 @@ _ROW_BYTES = 8  # the widest value a push may carry (float64)
 
 @dataclass(frozen=True)
 class FrameLimits:
-    """The longest header and body of a legal request to one shard, from its tables: a shard
-    drops a connection whose frame announces more, before reading or allocating it."""
+    """The longest header, frame body and call body of a legal request to one shard, from its
+    tables: a shard drops a connection whose frame announces more, before reading it."""
 
     max_header: int
     max_body: int
+
+    @property
+    def max_frame(self) -> int:
+        """The longest body of one frame."""
+        return min(self.max_body, MAX_FRAME_BYTES)
 
     @classmethod
     def of(cls, tables: Sequence[Any], num_shards: int) -> FrameLimits:
         """From the shard's :class:`~angelps.table.TableSpec` list: every table pushed (keys
         and float64 gradients) and pulled (keys) at once, with as many distinct keys as one
         shard can hold (a dense block, a sparse index range; unbounded for ``rows=-1``),
-        capped by :data:`MAX_CALL_BYTES`."""
+        capped by :data:`MAX_CALL_BYTES` (and streamed in frames of at most
+        :data:`MAX_FRAME_BYTES`)."""
         header = 1024 + sum(2 * len(json.dumps(t.name)) + 192 for t in tables)
         body = 0
         for t in tables:
@@ -102,8 +120,9 @@ def encode_request(
     lr: float,
     pulls: Mapping[str, np.ndarray | None] | None,
     recovering: bool = False,
+    pull_clock: int | None = None,
 ) -> list[bytes | memoryview]:
-    """The frame of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied)."""
+    """The frames of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied)."""
     bufs: list[bytes | memoryview] = []
     push_h = None
     if pushes is not None:
@@ -123,11 +142,56 @@ def encode_request(
             pk = np.ascontiguousarray(wanted, dtype=np.int64)
             pull_h.append([name, int(pk.size)])
             bufs.append(pk.data)
-    header = json.dumps(
-        {"w": worker, "c": clock, "lr": lr, "r": recovering, "push": push_h, "pull": pull_h}
-    ).encode()
-    body_len = sum(memoryview(b).nbytes for b in bufs)  # (len() of a typed view counts items)
-    return [PREFIX.pack(len(header), body_len), header, *bufs]
+    head: dict[str, Any] = {
+        "w": worker,
+        "c": clock,
+        "lr": lr,
+        "r": recovering,
+        "push": push_h,
+        "pull": pull_h,
+    }
+    if pull_clock is not None:
+        head["pc"] = pull_clock
+    return frames(head, bufs)
+
+
+def frames(head: dict[str, Any], bufs: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``head`` (JSON) and the body ``bufs`` as frames: one when the body fits in
+    :data:`MAX_FRAME_BYTES`, else the first frame's header gets ``"n"`` (the whole body's
+    length) and continuation frames (header length 0) follow. Buffers are sliced, not copied."""
+    views = [_byte_view(b) for b in bufs]
+    total = sum(v.nbytes for v in views)
+    if total > MAX_FRAME_BYTES:
+        head = dict(head, n=total)
+    header = json.dumps(head).encode()
+    out: list[bytes | memoryview] = [PREFIX.pack(len(header), min(total, MAX_FRAME_BYTES)), header]
+    room = MAX_FRAME_BYTES  # bytes left in the current frame
+    left = total
+    for v in views:
+        while v.nbytes:
+            if room == 0:
+                room = min(left, MAX_FRAME_BYTES)
+                out.append(PREFIX.pack(0, room))
+            take = min(room, v.nbytes)
+            out.append(v[:take])
+            v = v[take:]
+            room -= take
+            left -= take
+    return out
+
+
+def stream_length(header: bytes, first: int) -> int:
+    """The whole body length of a call whose first frame has ``header`` and a ``first``-byte
+    body: its ``"n"`` (ValueError if that is not an integer >= ``first``), else ``first``.
+    A header that is not JSON is left to :func:`decode_request` (its body is the one frame)."""
+    try:
+        h = json.loads(header)
+    except (ValueError, UnicodeDecodeError):
+        return first
+    n = h.get("n", first) if isinstance(h, dict) else first
+    if not _is_int(n) or n < first:
+        raise ValueError(f"a frame announcing a {n!r}-byte call after a {first}-byte frame")
+    return int(n)
 
 
 def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
@@ -140,12 +204,15 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
         h = json.loads(header)
         worker, clock, lr, recovering = h["w"], h["c"], h["lr"], h["r"]
         push_h, pull_h = h["push"], h["pull"]
+        pull_clock = h.get("pc")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise ValueError("malformed request header (not an angelps frame)") from None
     if not (_is_int(worker) and _is_int(clock) and clock >= 0):
         raise ValueError("malformed request header: worker and clock must be integers >= 0")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not isinstance(recovering, bool):
         raise ValueError("malformed request header: lr must be a number, r a boolean")
+    if pull_clock is not None and not (_is_int(pull_clock) and pull_clock >= 0):
+        raise ValueError("malformed request header: pc must be an integer >= 0")
     off = 0
     pushes: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     if push_h is not None:
@@ -181,6 +248,7 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
         "lr": float(lr),
         "pulls": pulls,
         "recovering": recovering,
+        "pull_clock": pull_clock,
     }
 
 
@@ -207,18 +275,17 @@ def _check_fits(off: int, need: int, size: int) -> None:
         raise ValueError(f"malformed request: its arrays need more than the body's {size} bytes")
 
 
-def encode_reply(rows: Mapping[str, np.ndarray] | None, backed_up: int) -> list[bytes]:
-    """The frame of a successful ``step``: its rows (or none) and the backup clock."""
-    bufs: list[bytes] = []
+def encode_reply(rows: Mapping[str, np.ndarray] | None, backed_up: int) -> list[bytes | memoryview]:
+    """The frames of a successful ``step``: its rows (or none) and the backup clock."""
+    bufs: list[bytes | memoryview] = []
     rows_h = None
     if rows is not None:
         rows_h = []
         for name, r in rows.items():
             a = np.ascontiguousarray(r)
             rows_h.append([name, int(a.shape[0]), int(a.shape[1]), a.dtype.str])
-            bufs.append(a.tobytes())
-    header = json.dumps({"ok": True, "b": backed_up, "rows": rows_h}).encode()
-    return [PREFIX.pack(len(header), sum(len(b) for b in bufs)), header, *bufs]
+            bufs.append(a.data)
+    return frames({"ok": True, "b": backed_up, "rows": rows_h}, bufs)
 
 
 def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
@@ -241,6 +308,66 @@ def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
             rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
             off += dt.itemsize * n * cols
     return True, (rows, int(h["b"]))
+
+
+def recv_call(
+    sock: socket.socket, max_header: int, max_frame: int = MAX_FRAME_BYTES
+) -> tuple[bytes, bytearray]:
+    """The header and whole body of one streamed reply from a blocking socket (its frames
+    joined into one buffer, allocated as the first frame announces: the peer is the shard this
+    client authenticated to). ConnectionError on a header over ``max_header`` bytes."""
+    hlen, blen = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+    if hlen > max_header or blen > max_frame:
+        raise ConnectionError(f"not an angelps reply (a {hlen}-byte header, {blen}-byte body)")
+    header = bytes(recv_exact(sock, hlen))
+    try:
+        total = stream_length(header, blen)
+    except ValueError as e:
+        raise ConnectionError(str(e)) from None
+    body = bytearray(total)
+    view = memoryview(body)
+    _recv_into(sock, view[:blen])
+    got = blen
+    while got < total:
+        hlen, blen = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+        if hlen != 0 or blen > min(max_frame, total - got) or blen == 0:
+            raise ConnectionError("a broken continuation frame in a reply")
+        _recv_into(sock, view[got : got + blen])
+        got += blen
+    return header, body
+
+
+def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> None:
+    """Send every buffer in order with ``sendmsg`` (no join: large arrays are not copied)."""
+    views = [_byte_view(b) for b in bufs]
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i : i + 256])
+        while sent:
+            n = views[i].nbytes
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        while i < len(views) and views[i].nbytes == 0:
+            i += 1
+
+
+def _byte_view(b: bytes | memoryview) -> memoryview:
+    """``b`` as a flat view of bytes (an empty array's view cannot be cast)."""
+    v = memoryview(b)
+    return v.cast("B") if v.nbytes else memoryview(b"")
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < view.nbytes:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the shard closed the connection")
+        got += k
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:

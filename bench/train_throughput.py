@@ -3,13 +3,20 @@
     python bench/train_throughput.py --quick          # a few minutes
     python bench/train_throughput.py                  # the full matrix (tens of minutes)
     python bench/train_throughput.py --suite census --systems torch,angelps-bsp-w1s1 --batches 2048
+    python bench/train_throughput.py --suite feed                  # FM, DeepFM at B=8192
+    python bench/train_throughput.py --suite feed --device cuda    # the same on a GPU
 
-Three suites:
+Four suites:
 
 - ``census``: data/census (13 fields, 148 ids, every 10th row validates), FM rank 8 and DeepFM
   (FM + MLP 104-400-400-1), SGD momentum 0.9, lr 0.1, constant.
 - ``synthetic``: power-law click data (bench/synthetic.py: 26 fields, 10^5..10^7 ids, Zipf 1.1,
   labels from a teacher FM whose AUC on the validation rows is the best reachable), FM.
+- ``feed``: the synthetic data at 10^6 ids (500,000 training rows), FM and DeepFM
+  (MLP 208-400-400-1) at batch 8192: plain PyTorch in one process (the table in memory, on the
+  GPU with ``--device cuda``) against angelps with 1 worker and 1 shard, with and without the
+  worker cache (``-cache``), BSP and staleness 2 (``ssp``). Sized for a minute or two a run on
+  two cores.
 - ``table``: angelps FM while the sparse table grows from 64 MB to 1 GB (weights and momentum
   state, 72 bytes an id): every id is touched in each epoch, samples/s of the later epochs.
 
@@ -55,6 +62,11 @@ ANGELPS = {
     "angelps-bsp-w2s2": (0, 2, 2),
     "angelps-ssp-w2s1": (2, 2, 1),
     "angelps-ssp-w2s2": (2, 2, 2),
+    "angelps-ssp-w1s1": (2, 1, 1),
+}
+#: Extra keys of the systems named ``<angelps system>-<variant>``.
+VARIANTS: dict[str, list[str]] = {
+    "cache": ["angel.worker.cache.enable=true", "angel.worker.cache.capacity=262144"],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -126,7 +138,7 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
     from learners.keys import all_keys
     from learners.learner import GraphLearner
 
-    staleness, workers, shards = ANGELPS[case["system"]]
+    staleness, workers, shards = ANGELPS[case["system"].removesuffix("-cache")]
     threads = case["threads"] if workers == 1 else 1
     log_dir = tempfile.mkdtemp(prefix="bench-angelps-")
     sets = [
@@ -171,6 +183,13 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             f"ml.feature.index.range={d['num_ids']}",
             f"ml.fm.field.num={d['fields']}",
         ]
+    if case.get("device", "cpu") != "cpu":
+        sets += [f"angel.worker.device={case['device']}", "angel.worker.gpus=1"]
+    if case["system"].endswith("-cache"):
+        sets += VARIANTS["cache"]
+    if staleness > 0 and case["suite"] == "feed":
+        # SSP: keep as many batches in flight as the staleness allows
+        sets.append(f"angel.worker.prefetch.depth={staleness}")
     sets += case.get("extra_sets", [])
     t0 = time.time()
     try:
@@ -180,6 +199,7 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             result = learner.train()
         finally:
             learner.shutdown()
+        feed = _feed_metrics(Path(log_dir) / "metrics.jsonl")
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     s = result.summary
@@ -202,7 +222,21 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             }
         )
     startup = epochs[0]["wall_s"] - epochs[0]["train_s"] if epochs else math.nan
-    return {"epochs": epochs, "startup_s": startup, "summary": s}
+    return {"epochs": epochs, "startup_s": startup, "summary": s, **feed}
+
+
+def _feed_metrics(path: Path) -> dict[str, Any]:
+    """Mean bytes per step and cache hit rate of the step records after the first epoch."""
+    steps = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    steps = [x for x in steps if x.get("kind") == "step"]
+    later = [x for x in steps if x["epoch"] > 0] or steps
+    out: dict[str, Any] = {}
+    if later:
+        out["bytes_per_step"] = statistics.mean(x.get("bytes_per_step", 0) for x in later)
+        rates = [x["cache_hit_rate"] for x in later if x.get("cache_hit_rate") is not None]
+        if rates:
+            out["cache_hit_rate"] = statistics.mean(rates)
+    return out
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +253,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "epochs": case["epochs"],
         "threads": case["threads"] if case["system"] in ("torch", "torch_sparse") else 1,
         "seed": 0,
+        "device": case.get("device", "cpu"),
     }
     return run_baseline(case["system"], data, cfg)
 
@@ -358,9 +393,40 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "table_mb": mb,
                         }
                     )
+    if "feed" in suites:
+        cases += _feed_cases(args, want)
     # The suites the targets depend on first, so that a cut-short run still answers them.
-    order = {"census": 0, "table": 1, "synthetic": 2}
+    order = {"census": 0, "feed": 1, "table": 2, "synthetic": 3}
     cases.sort(key=lambda c: order[c["suite"]])
+    return cases
+
+
+FEED_SYSTEMS = ("torch", "angelps-bsp-w1s1", "angelps-bsp-w1s1-cache", "angelps-ssp-w1s1-cache")
+
+
+def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
+    """FM and DeepFM on the synthetic data (10^6 ids) at B=8192 (the issue's GPU matrix)."""
+    data = synthetic_paths(10**6, 500_000, 50_000)
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else [8192]
+    cases = []
+    for model in ("FM", "DeepFM"):
+        for b in batches:
+            for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS)):
+                if want(system, system in FEED_SYSTEMS):
+                    cases.append(
+                        {
+                            "suite": "feed",
+                            "model": model,
+                            "batch": b,
+                            "system": system,
+                            "epochs": args.epochs or 3,
+                            "lr": 0.1,
+                            "threads": args.threads,
+                            "data": data,
+                            "num_ids": 10**6,
+                            "device": args.device,
+                        }
+                    )
     return cases
 
 
@@ -532,6 +598,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{r['final_auc']:.4f} | {r['best_auc']:.4f} | "
                 f"{'-' if ttt is None else format(ttt, '.2f')} | {r.get('startup_s', math.nan):.1f} |"
             )
+    out += _feed_markdown(results)
     syn = [r for r in results if r["case"]["suite"] == "synthetic"]
     if syn:
         out.append("\n### synthetic power-law data, FM: samples/s, AUC against the teacher's\n")
@@ -576,6 +643,40 @@ def markdown(report: dict[str, Any]) -> str:
             why = (r.get("error") or "no epochs").strip().splitlines()[-1][:160]
             out.append(f"- {c['suite']} {c['model']} B={c['batch']} {c['system']}: {why}")
     return "\n".join(out) + "\n"
+
+
+def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
+    """The feed suite: samples/s, ratio to plain PyTorch on the same device, AUC."""
+    feed = [r for r in results if r["case"]["suite"] == "feed"]
+    if not feed:
+        return []
+    out = [
+        "\n### synthetic data (10^6 ids), B=8192: samples/s (ratio to plain PyTorch), AUC\n",
+        "| model | device | system | samples/s | ratio | AUC after the last epoch "
+        "| MB per step | cache hit rate |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in feed:
+        c = r["case"]
+        base = next(
+            (
+                b
+                for b in feed
+                if b["case"]["system"] == "torch"
+                and b["case"]["model"] == c["model"]
+                and b["case"]["batch"] == c["batch"]
+                and b["case"].get("device") == c.get("device")
+            ),
+            None,
+        )
+        ratio = f"{r['median_samples_per_s'] / base['median_samples_per_s']:.2f}" if base else "-"
+        mb = f"{r['bytes_per_step'] / 1e6:.2f}" if "bytes_per_step" in r else "-"
+        hit = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else "-"
+        out.append(
+            f"| {c['model']} | {c.get('device', 'cpu')} | {c['system']} | "
+            f"{_fmt_sps(r['median_samples_per_s'])} | {ratio} | {r['final_auc']:.4f} | {mb} | {hit} |"
+        )
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -625,6 +726,12 @@ def main() -> int:
         default=1,
         help="torch threads of the one-process baselines and of a lone angelps worker (default 1: "
         "on a busy 2-core machine a second OpenMP thread spins and slows DeepFM down 5-10x)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="feed suite: where plain PyTorch keeps its table and angelps workers compute",
     )
     p.add_argument("--timeout", type=float, default=None, help="seconds per run")
     p.add_argument(

@@ -77,17 +77,21 @@ class BatchInput:
         )
         return x, (self.labels(batch) if labels else None)
 
-    def attach(self, x: SparseInput, pulled: Mapping[str, np.ndarray]) -> SparseInput:
-        """The pulled rows as leaf tensors (the worker-side copies of dense PS tables updated)."""
+    def attach(self, x: SparseInput, pulled: Mapping[str, np.ndarray | Tensor]) -> SparseInput:
+        """The pulled rows as leaf tensors (the worker-side copies of dense PS tables updated).
+        A table's rows may also come as a float32 tensor the caller owns (the worker cache's)."""
         if self.ps_dense:
             with torch.no_grad():
                 for name, p in self.ps_dense:
                     v = torch.from_numpy(np.asarray(pulled[name], dtype=np.float32))
                     p.copy_(v.view_as(p))
         for t in self.tables:
-            # A copy: rows that came through the object store are read-only.
-            r = torch.from_numpy(np.array(pulled[t.name], dtype=np.float32, copy=True))
-            r = r.to(self.device)
+            got = pulled[t.name]
+            if isinstance(got, Tensor):
+                r = got.to(self.device)
+            else:
+                # A copy: rows that came through the object store are read-only.
+                r = torch.from_numpy(np.array(got, dtype=np.float32, copy=True)).to(self.device)
             x.rows[t.name] = r.requires_grad_(
                 t.name.lower() not in self.frozen and torch.is_grad_enabled()
             )

@@ -103,7 +103,21 @@ def step_record(
         "wait_s": o0["wait_s"],
         "elapsed_s": o0["elapsed_s"],
         "skipped": o0["skipped"],
+        **feed_record(updates, outs),
     }
+
+
+def feed_record(updates: int, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The data plane's share of a step record: bytes of step calls per update (all workers,
+    requests and replies), and the worker cache's hit rate when it is on."""
+    rec: dict[str, Any] = {
+        "bytes_per_step": sum(o.get("bytes_moved", 0) for o in outs) / max(updates, 1)
+    }
+    if any(o.get("cache_on") for o in outs):
+        lookups = sum(o.get("cache_lookups", 0) for o in outs)
+        hits = sum(o.get("cache_hits", 0) for o in outs)
+        rec["cache_hit_rate"] = hits / lookups if lookups else None
+    return rec
 
 
 def banner(

@@ -21,11 +21,13 @@ then (:meth:`TrainWorker.build`) the :class:`~learners.model_config.ModelConfig`
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -40,6 +42,7 @@ from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler
 from learners.batch_input import BatchInput
+from learners.cache import RowCache, Split, cached_tables
 from learners.data import Batch, DataOptions, binary_labels01
 from learners.data_part import DataPart
 from learners.dense import (
@@ -76,21 +79,30 @@ class StepStats:
     wait_s: float = 0.0
     elapsed_s: float = 0.0
     last_lr: float = 0.0
+    #: rows looked up in / served by the worker cache, and step-call bytes moved
+    cache_on: bool = False
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    bytes_moved: int = 0
+
+
+#: A table's rows for a batch: as pulled (numpy), or assembled by the worker cache (a tensor).
+_RowMap = Mapping[str, "np.ndarray | Tensor"]
 
 
 class _Rows(Protocol):
     """A pending pull: the rows of every requested table once ``result()`` returns."""
 
-    def result(self) -> Mapping[str, np.ndarray]: ...
+    def result(self) -> _RowMap: ...
 
 
 class _Resolved:
     """A future whose value is already here (rows prefetched by the previous ``run_steps``)."""
 
-    def __init__(self, value: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, value: _RowMap) -> None:
         self.value = value
 
-    def result(self) -> Mapping[str, np.ndarray]:
+    def result(self) -> _RowMap:
         return self.value
 
 
@@ -132,9 +144,11 @@ class TrainWorker:
         self.opt: DenseOptimizer | None = None
         self.sched: StepSizeScheduler | None = None
         self._iter: Iterator[Batch] | None = None
-        # The first batch of the next run_steps, with its rows already pulled (by the fused call
-        # of the previous run_steps's last update), and the epoch whose iterator it came from.
-        self._ready: _Prefetched | None = None
+        # The next batches with their rows in flight (angel.worker.prefetch.depth of them at
+        # most); between run_steps, the first batch of the next one, its rows already pulled
+        # (by the fused call of the previous run_steps's last update), and its epoch.
+        self._ready: collections.deque[_Prefetched] = collections.deque()
+        self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
 
@@ -202,8 +216,22 @@ class TrainWorker:
         return int(sum(p.numel() for p in self.model.parameters()))
 
     def set_ps(self, ps: PSClient) -> None:
-        """The PS client handle of this worker (``PSClient.for_worker(i)``)."""
+        """The PS client handle of this worker (``PSClient.for_worker(i)``); a fresh worker
+        cache with it (its clocks are this client's)."""
         self.ps = ps
+        feed = self.plan.feed
+        if feed.cache and self.model is not None:
+            tables = cached_tables([(t.name, t.cols, t.sparse) for t in self.tables])
+            self.cache = RowCache(
+                tables,
+                self.num_features,
+                feed.capacity,
+                feed.capacity_bytes,
+                feed.admit,
+                feed.staleness,
+                self.num_workers,
+                self.device,
+            )
 
     def setup_dist(self, master_addr: str, master_port: int) -> None:
         """Join the process group of the dense all-reduce (:func:`learners.dense.join_group`)."""
@@ -223,10 +251,32 @@ class TrainWorker:
         assert self.ps is not None
         slots, req = self.inputs.request(batch)
         t0 = time.perf_counter()
-        pulled = self.ps.pull_many(req)
+        want, sp = self._cache_split(req, self.ps.step_count)
+        pulled = self._cache_fill(sp, self.ps.pull_many(want))
         pull_s = time.perf_counter() - t0
         x, y = self.inputs.prepare(batch, slots, labels)
         return self.inputs.attach(x, pulled), y, req, pull_s
+
+    def _cache_split(
+        self, req: dict[str, np.ndarray], clock: int, use_clock: int | None = None
+    ) -> tuple[dict[str, np.ndarray], Split | None]:
+        """The rows to pull for ``req`` once the worker cache has served what it may."""
+        if self.cache is None:
+            return req, None
+        names = [t for t in self.cache.cols if t in req]
+        if not names:
+            return req, None
+        sp = self.cache.split(req[names[0]], clock, use_clock)
+        miss = req[names[0]][~sp.hit]
+        return {t: (miss if t in self.cache.cols else k) for t, k in req.items()}, sp
+
+    def _cache_fill(self, sp: Split | None, pulled: Mapping[str, np.ndarray]) -> _RowMap:
+        """The batch's rows: pulled ones and (with a split) those the cache served."""
+        if sp is None or self.cache is None:
+            return pulled
+        rows: dict[str, np.ndarray | Tensor] = dict(pulled)
+        rows.update(self.cache.fill(sp, pulled))
+        return rows
 
     def begin_epoch(self, epoch: int, sched: StepSizeScheduler) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
@@ -235,9 +285,9 @@ class TrainWorker:
         decay this copy advances once per applied update and ``run_steps`` returns its state.
         Returns the number of batches of this worker's part.
         """
-        if self._ready is None or self._ready_epoch != epoch:
+        if not self._ready or self._ready_epoch != epoch:
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
-            self._ready = None
+            self._ready = collections.deque()
             self._iter = self._minibatches(epoch, self.part.opts.use_shuffle)
         self._epoch = epoch
         self.sched = sched
@@ -265,23 +315,32 @@ class TrainWorker:
         the next step would pull anyway.
         """
         assert self.model is not None and self._iter is not None and self.sched is not None
+        assert self.ps is not None
         stats = StepStats()
         t_start = time.perf_counter()
+        moved = self.ps.bytes_moved
         self.model.train()
-        # The next update's first micro-batch, prepared while this update's push is in
-        # flight: one fused push_pull call per shard per step instead of a push and a pull.
-        pending, self._ready = self._ready, None
+        # The next updates' first micro-batches, prepared while their rows are in flight: the
+        # next one's come with this update's push (one fused push_pull call per shard per
+        # step); under SSP up to angel.worker.prefetch.depth batches are in flight.
+        queue, self._ready = self._ready, collections.deque()
+        depth = self.plan.feed.prefetch_depth
         for u in range(n_updates):
             lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
             last = u + 1 == n_updates
-            fetch = self.plan.fused and (not last or prefetch)
-            pending = self._update(lr, pending, stats, fetch, last, next_epoch)
-        if pending is not None:
-            # The last update's fused call (prefetch): wait for it here, after the dense step.
-            t0 = time.perf_counter()
-            self._ready = pending._replace(rows=_Resolved(pending.rows.result()))
-            stats.wait_s += time.perf_counter() - t0
+            # batches to have in flight after this update: those of this chunk, and the next
+            # chunk's first one after the last update (prefetch)
+            want = 1 if last and prefetch else min(depth, n_updates - u - 1)
+            self._update(lr, queue, stats, want if self.plan.fused else 0, last, next_epoch)
+        # The last update's fused call (prefetch): wait for it here, after the dense step.
+        t0 = time.perf_counter()
+        self._ready = collections.deque(p._replace(rows=_Resolved(p.rows.result())) for p in queue)
+        stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
+        stats.bytes_moved = self.ps.bytes_moved - moved
+        if self.cache is not None:
+            cs = self.cache.take_stats()
+            stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
@@ -289,16 +348,17 @@ class TrainWorker:
     def _update(
         self,
         lr: float,
-        pending: _Prefetched | None,
+        queue: collections.deque[_Prefetched],
         stats: StepStats,
-        fetch: bool,
+        want: int,
         last: bool,
         next_epoch: int | None,
-    ) -> _Prefetched | None:
-        """One optimizer update at step size ``lr``; with ``fetch``, the push also pulls the
-        rows of the next micro-batch, which is returned (prepared, its rows in flight)."""
+    ) -> None:
+        """One optimizer update at step size ``lr`` on the first batch of ``queue`` (or a batch
+        pulled now); its push also pulls the rows of the next batch while fewer than ``want``
+        are in flight (appended to ``queue``, prepared, their rows in flight)."""
         assert self.ps is not None and self.sched is not None
-        parts = self._accumulate(pending, stats)
+        parts = self._accumulate(queue, stats)
         t0 = time.perf_counter()
         grads = {name: merge_rows(p) for name, p in parts.items() if p}
         assert self.model is not None
@@ -308,15 +368,16 @@ class TrainWorker:
         stats.compute_s += time.perf_counter() - t0
         if not ok:
             self._skip(stats)
-            return None
+            return
         scale = coef / self.num_workers
         t0 = time.perf_counter()
         update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
-        nxt = None
-        if fetch:
+        if self.cache is not None:
+            self.cache.note_push(update, lr, self.ps.step_count)
+        if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
             # those after this push (and, under BSP, after every worker's push).
-            nxt = self._push_and_fetch(update, lr, last, next_epoch)
+            self._push_and_fetch(update, lr, last, next_epoch, queue, want)
         else:
             self.ps.push_many(update, lr=lr)
         stats.push_s += time.perf_counter() - t0
@@ -331,10 +392,9 @@ class TrainWorker:
                 self.loss_scale *= 2.0
         if self.plan.decay_on_batch:
             self.sched.advance()
-        return nxt
 
     def _accumulate(
-        self, pending: _Prefetched | None, stats: StepStats
+        self, queue: collections.deque[_Prefetched], stats: StepStats
     ) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
         """Forward and backward of ``accum`` micro-batches: the row gradients of each table
         (one part per micro-batch); dense gradients accumulate in the parameters."""
@@ -342,11 +402,10 @@ class TrainWorker:
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
             t.name: [] for t in self.push_tables
         }
-        for _m in range(self.plan.accum):
+        for m in range(self.plan.accum):
             t0 = time.perf_counter()
-            if pending is not None:
-                batch, x, y, req, rows = pending
-                pending = None
+            if m == 0 and queue:
+                batch, x, y, req, rows = queue.popleft()
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
                 x = self.inputs.attach(x, pulled)
@@ -396,23 +455,42 @@ class TrainWorker:
         lr: float,
         last: bool,
         next_epoch: int | None,
-    ) -> _Prefetched:
-        """Push ``update`` and pull the next micro-batch's rows in one fused call per shard.
+        queue: collections.deque[_Prefetched],
+        want: int,
+    ) -> None:
+        """Push ``update`` and pull the next micro-batch's rows in one fused call per shard,
+        then (SSP, the first update of a chunk) pull more batches until ``want`` are in flight.
 
         The next micro-batch is of this chunk, or (``last``) of the next ``run_steps``: of this
-        epoch, or of ``next_epoch``, whose iterator starts here."""
+        epoch, or of ``next_epoch``, whose iterator starts here. A batch ``k`` places down the
+        queue is computed ``k`` clocks after the next one: its pull says so (``ahead``), and
+        the shard serves it with SSP's waits for that clock."""
         assert self.ps is not None
         if last and next_epoch is not None:
             self._iter = self._minibatches(next_epoch, self.part.opts.use_shuffle)
             self._epoch = self._ready_epoch = next_epoch
         elif last:
             self._ready_epoch = self._epoch
-        nb = self._next_batch()
-        n_slots, n_req = self.inputs.request(nb)
-        rows = self.ps.push_pull_async(update, lr, n_req)
-        # While the call is in flight: the next batch's input minus its rows.
-        nx, ny = self.inputs.prepare(nb, n_slots)
-        return _Prefetched(nb, nx, ny, n_req, rows)
+        clock = self.ps.step_count + 1  # after this push
+        first = True
+        while len(queue) < want:
+            nb = self._next_batch()
+            n_slots, n_req = self.inputs.request(nb)
+            ahead = len(queue)
+            pull, sp = self._cache_split(n_req, clock, clock + ahead)
+            if first:
+                fut = (
+                    self.ps.push_pull_async(update, lr, pull, ahead=ahead)
+                    if ahead
+                    else self.ps.push_pull_async(update, lr, pull)
+                )
+                first = False
+            else:
+                fut = self.ps.pull_many_async(pull)
+            rows: _Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
+            # While the call is in flight: the next batch's input minus its rows.
+            nx, ny = self.inputs.prepare(nb, n_slots)
+            queue.append(_Prefetched(nb, nx, ny, n_req, rows))
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
         return self.part.minibatches(self.batch_size, epoch, shuffle, self.plan.seed)

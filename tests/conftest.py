@@ -3,6 +3,7 @@ fresh interpreter loads."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -10,21 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.short_tmp import short_tmp
+
 
 @pytest.fixture(scope="module")
-def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A local Ray for this module: 2 CPUs, no dashboard, its own temp dir, namespace angelps."""
+def ray_local() -> Iterator[None]:
+    """A local Ray for this module: 2 CPUs, no dashboard, its own short temp dir (see
+    :func:`short_tmp`), namespace angelps."""
     import ray
 
+    tmp = short_tmp()
     ray.init(
         num_cpus=2,
+        num_gpus=0,  # the same cluster on a CUDA machine: tests pin "no GPU" errors
         include_dashboard=False,
         namespace="angelps",
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        _temp_dir=tmp,
         log_to_driver=False,
     )
     yield
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")

@@ -107,18 +107,21 @@ def test_cuda_rows_match_numpy_rows(opt):
 
 @needs_cuda
 @pytest.mark.gpu
-def test_gpu_shards_on_ray(tmp_path):
+def test_gpu_shards_on_ray():
+    import shutil
+
     import ray
 
     from angelps.client import PSClient
     from angelps.options import PSOptions
+    from tests.short_tmp import short_tmp
 
     ray.init(
         num_cpus=2,
         num_gpus=1,
         include_dashboard=False,
         namespace="angelps",
-        _temp_dir=str(tmp_path / "ray"),
+        _temp_dir=(tmp := short_tmp()),  # a deep tmp_path gives Unix sockets > 107 bytes
         log_to_driver=False,
     )
     try:
@@ -140,3 +143,4 @@ def test_gpu_shards_on_ray(tmp_path):
             c.shutdown()
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -112,7 +112,7 @@ def test_a_wrong_token_is_closed_unanswered(job: Job) -> None:
     [
         wire.PREFIX.pack(16, 2**62),  # a 2^62-byte body
         wire.PREFIX.pack(2**31, 0),  # a 2 GiB header
-        wire.PREFIX.pack(16, wire.MAX_CALL_BYTES + 1),  # just over the largest legal body
+        wire.PREFIX.pack(16, wire.MAX_FRAME_BYTES + 1),  # just over the longest frame
         b"\xde\xad\xbe\xef" * 3,  # garbage
     ],
     ids=["2^62-body", "2GiB-header", "over-the-limit", "garbage"],

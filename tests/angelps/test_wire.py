@@ -175,8 +175,10 @@ def test_frame_limits_come_from_the_tables():
     # 50 keys of `small` on one of 2 shards (push: 8 + 4*8 bytes, pull: 8), 10 of `lin`.
     assert limits.max_body == 50 * (40 + 8) + 10 * (16 + 8)
     assert limits.max_header == 1024 + 2 * len('"small"') + 192 + 2 * len('"lin"') + 192
-    assert wire.FrameLimits.of([EMB, LIN], 1).max_body == wire.MAX_CALL_BYTES
-    assert transport.SOCKET_MAX_BYTES <= wire.MAX_CALL_BYTES
+    assert limits.max_frame == limits.max_body
+    unbounded = wire.FrameLimits.of([EMB, LIN], 1)
+    assert unbounded.max_body == wire.MAX_CALL_BYTES
+    assert unbounded.max_frame == wire.MAX_FRAME_BYTES
 
 
 def _steps(seed: int = 0, n: int = 5):
@@ -237,32 +239,80 @@ def test_unreachable_data_plane_falls_back_to_ray_calls(ray_local):
         c.shutdown()
 
 
-def test_large_calls_take_ray_and_order_is_kept(ray_local, monkeypatch):
-    """Calls above the size limit go through Ray, small ones through the socket; switching
-    between them waits for the other path, so a caller's calls stay in order."""
-    monkeypatch.setattr(transport, "SOCKET_MAX_BYTES", 600)
+def test_large_calls_stream_over_the_socket_in_frames(ray_local, monkeypatch):
+    """Calls far above one frame stream over the connection (no Ray call), pushes and pulls
+    alike, interleaved with small ones, and give exactly the rows of a reference shard."""
+    monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 512)  # this process's (the client's) frames
     c = PSClient.launch(
-        [EMB, LIN], PSOptions.from_config({"angel.job.name": "wire-mixed", "angel.ps.number": 1})
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": "wire-stream", "angel.ps.number": 1})
     )
     ref = ParameterShard(0, 1, [EMB, LIN])
     rng = np.random.default_rng(3)
     try:
-        for i in range(8):
-            n = 4 if i % 2 else 60  # 60 keys x (8 + 16 bytes + 16 grad bytes) > 600
-            keys = rng.integers(-50, 50, n)
-            keys = np.unique(keys)
+        for i in range(6):
+            n = 4 if i % 2 else 3000  # 3000 keys: 72 KB a push, streamed in 512-byte frames
+            keys = np.unique(rng.integers(-5000, 5000, n))
             grads = rng.standard_normal((len(keys), 4)).astype(np.float32)
             c.push("emb", keys, grads, 0.1)  # not waited for
             ref.push(0, ref.clocks.pushed[0], {"emb": (keys, grads)}, 0.1)
-            if i == 2:
-                assert c.net.ray_refs[0], "a large push went through Ray"
             small = np.array([keys[0]])
             np.testing.assert_array_equal(c.pull("emb", small), ref.pull({"emb": small})["emb"])
-        everything = np.arange(-50, 50)
+        everything = np.arange(-5000, 5000)
         np.testing.assert_array_equal(
             c.pull("emb", everything), ref.pull({"emb": everything})["emb"]
         )
+        assert c.net.ray_refs == [[]], "no call took Ray"
         chan = c.net.chans[0]
-        assert isinstance(chan, transport.Channel) and chan.sent > 0
+        assert isinstance(chan, transport.Channel) and chan.sent == 13
+        assert c.bytes_moved > 2 * 3000 * (8 + 16)
     finally:
         c.shutdown()
+
+
+def test_frames_split_a_long_body_and_rejoin():
+    bufs = [np.arange(700, dtype=np.int64).data, b"xyz", np.ones((3, 4), np.float32).data]
+    total = 700 * 8 + 3 + 48
+    old = wire.MAX_FRAME_BYTES
+    wire.MAX_FRAME_BYTES = 1000
+    try:
+        out = wire.frames({"ok": True}, bufs)
+    finally:
+        wire.MAX_FRAME_BYTES = old
+    raw = b"".join(bytes(b) for b in out)
+    hlen, blen = wire.PREFIX.unpack(raw[:12])
+    header = raw[12 : 12 + hlen]
+    assert json.loads(header) == {"ok": True, "n": total} and blen == 1000
+    body, pos = bytearray(raw[12 + hlen : 12 + hlen + blen]), 12 + hlen + blen
+    frames = 1
+    while pos < len(raw):
+        hlen, blen = wire.PREFIX.unpack(raw[pos : pos + 12])
+        assert hlen == 0 and 0 < blen <= 1000
+        body += raw[pos + 12 : pos + 12 + blen]
+        pos += 12 + blen
+        frames += 1
+    assert frames == 6 and len(body) == total
+    assert body == b"".join(bytes(b) for b in bufs)
+    with pytest.raises(ValueError, match="announcing a 5-byte call after a 9-byte frame"):
+        wire.stream_length(json.dumps({"n": 5}).encode(), 9)
+
+
+def test_a_prefetch_pull_needs_staleness(ray_local):
+    """A pull for a later clock (ahead) is served under SSP; under BSP it is refused, naming
+    the key that sets the depth."""
+    for staleness in (0, 2):
+        c = PSClient.launch(
+            [EMB, LIN],
+            PSOptions.from_config(
+                {"angel.job.name": f"wire-ahead{staleness}", "angel.staleness": staleness}
+            ),
+        )
+        try:
+            keys = np.array([1, 2])
+            fut = c.push_pull_async({"lin": (keys, np.ones((2, 1)))}, 0.5, {"lin": keys}, ahead=1)
+            if staleness == 0:
+                with pytest.raises(ValueError, match=r"angel\.worker\.prefetch\.depth=1"):
+                    fut.result()
+            else:
+                np.testing.assert_array_equal(fut.result()["lin"], [[-0.5], [-0.5]])
+        finally:
+            c.shutdown()

@@ -16,6 +16,17 @@ from angelps.optim import apply, slot_widths
 from angelps.table import TableSpec, init_rows
 
 
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+    def map(self, f: Any) -> _Done:
+        return _Done(f(self.value))
+
+
 class LocalPS:
     """Dense in-memory tables; one optimizer update per push (one worker, BSP trivially)."""
 
@@ -36,6 +47,18 @@ class LocalPS:
     def pull_many(self, req: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: self.w[name][np.asarray(ids)].copy() for name, ids in req.items()}
 
+    def pull_many_async(self, req: Mapping[str, np.ndarray]) -> _Done:
+        return _Done(self.pull_many(req))
+
+    @property
+    def step_count(self) -> int:
+        """This worker's clock: its pushes and clock() calls."""
+        return len(self.pushes) + self.clocks
+
+    @property
+    def bytes_moved(self) -> int:
+        return 0  # nothing crosses a wire
+
     def clock(self) -> None:
         """End a step without gradients (a skipped update)."""
         self.clocks += 1
@@ -55,16 +78,11 @@ class LocalPS:
                 self.state[name][k][ids] = v
 
 
-class _Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def result(self) -> Any:
-        return self.value
-
-
-def _push_pull_async(self: LocalPS, updates: Any, lr: float, requests: Any) -> _Done:
-    """Fused step: apply the push, then return the rows the next step needs."""
+def _push_pull_async(
+    self: LocalPS, updates: Any, lr: float, requests: Any, ahead: int = 0
+) -> _Done:
+    """Fused step: apply the push, then return the rows the next step needs (in one process
+    a prefetch ``ahead`` gets the freshest rows)."""
     self.push_many(updates, lr)
     return _Done(self.pull_many(requests))
 

@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +15,18 @@ import ray
 
 from learners.cli import train as cli_train
 from learners.learner import GraphLearner
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), namespace="angelps")
+def local_ray():
+    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
     yield
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _learner(conf: str, tmp_path: Path, **overrides) -> GraphLearner:
