@@ -33,7 +33,15 @@ from angelps import PSOptions
 from angelps.config import ConfigError
 from learners.plan import TrainPlan
 
-__all__ = ["Ask", "check_fits", "job_address", "probe", "shortfalls", "start_or_join"]
+__all__ = [
+    "Ask",
+    "check_fits",
+    "job_address",
+    "probe",
+    "shortfalls",
+    "start_label",
+    "start_or_join",
+]
 
 NAMESPACE = "angelps"
 #: The key that bounds the wait for a cluster's address (its Key is in learners.plan).
@@ -51,6 +59,14 @@ def job_address(cli_address: str | None) -> tuple[str | None, str]:
     if address is None or address == "local":
         return None, ""
     return address, source
+
+
+def start_label(cli_address: str | None) -> str:
+    """The start-up line of :func:`start_or_join` (learners.startup)."""
+    address, source = job_address(cli_address)
+    if address is None:
+        return "starting a private local Ray"
+    return f"joining the Ray cluster at {address} ({source})"
 
 
 def start_or_join(cli_address: str | None, timeout_s: float) -> None:

@@ -90,10 +90,12 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Leave the process group and stop every actor (errors of dead actors are ignored)."""
-        for a in self.actors:
+        done = [a.shutdown.remote() for a in self.actors]
+        for ref in done:  # one by one: a dead actor's error must not hide the others'
             try:
-                ray.get(a.shutdown.remote())
-                ray.kill(a)
+                ray.get(ref)
             except Exception:
                 pass
+        for a in self.actors:
+            ray.kill(a)
         self.actors = []
