@@ -19,7 +19,7 @@ import os
 import secrets
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -116,9 +116,16 @@ class PendingShards:
             ray.kill(h)
 
 
-def start_shards(tables: Sequence[TableSpec], ps: PSOptions, num_workers: int) -> PendingShards:
+def start_shards(
+    tables: Sequence[TableSpec],
+    ps: PSOptions,
+    num_workers: int,
+    placement: Sequence[Mapping[str, Any]] | None = None,
+) -> PendingShards:
     """Create the shard actors (Ray must be initialised) without waiting for them, so that a
-    job can start its workers at the same time; :func:`wait_started` then waits."""
+    job can start its workers at the same time; :func:`wait_started` then waits.
+    ``placement[i]``: Ray actor options that place shard ``i`` (custom ``resources``, a
+    ``scheduling_strategy``)."""
     if not ray.is_initialized():
         raise RuntimeError("PSClient.launch needs a running Ray: call ray.init() first")
     check_unique_names(tables)
@@ -135,7 +142,8 @@ def start_shards(tables: Sequence[TableSpec], ps: PSOptions, num_workers: int) -
     pending = PendingShards([], options, [], ps)
     try:
         for i in range(ps.num_shards):
-            handle = _start(i, list(tables), ps, options.shard, actor_opts)
+            where = dict(placement[i]) if placement is not None else {}
+            handle = _start(i, list(tables), ps, options.shard, actor_opts | where)
             pending.handles.append(handle)
             pending.pings.append(handle.ping.remote())
     except BaseException:

@@ -37,6 +37,7 @@ from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
 from learners.models import build_model, model_class
+from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import check_job, lower_is_better, watched_metric
 from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
@@ -97,6 +98,7 @@ class GraphLearner:
         self.quiet = quiet
         self._ray_started = False
         self._phases = Phases(quiet)
+        self._layout: Layout | None = None
         self._ps: PSClient | None = None
         self._workers: WorkerGroup | None = None
         self._tables: list[TableSpec] = []
@@ -124,7 +126,7 @@ class GraphLearner:
             with self._phases.phase(cluster.start_label(self.address)):
                 cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
             self._ray_started = True
-        cluster.check_fits(self.plan, self.ps_options)
+        cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
 
     def _start_workers(self) -> WorkerGroup:
         """Create the worker actors (each loads its part of the data) and, when the tables'
@@ -136,12 +138,12 @@ class GraphLearner:
         what = f"loading data on {plural(plan.workers, 'worker')}"
         if early is not None:
             what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
+        layout = self._reserve()
         with self._phases.phase(what):
-            workers = self._workers = WorkerGroup(plan, data)
+            workers = self._workers = WorkerGroup(plan, data, layout=layout)
             summaries = workers.execute_async("data_summary")
             if early is not None:  # shards start while the workers read their data
-                handles, opts = wait_started(start_shards(early, self.ps_options, plan.workers))
-                self._ps = PSClient(early, handles, opts, 0, owner=True)
+                self._ps = self._launch(early, layout)
             size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
         with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
             model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
@@ -160,8 +162,29 @@ class GraphLearner:
             self._ps = None
         if self._ps is None:
             with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
-                self._ps = PSClient.launch(self._tables, self.ps_options, len(workers))
+                self._ps = self._launch(self._tables, workers.layout)
         workers.attach_ps(self._ps)
+
+    def _reserve(self) -> Layout:
+        """The job's placement (learners.placement): a placement group reserved when
+        angel.placement.strategy asks for one."""
+        place = Placement.from_config(self.conf)
+        asks = cluster.job_asks(self.plan, self.ps_options, place)
+        if place.strategy == "none":
+            return reserve(place, [], self.plan.workers, 0.0)
+        with self._phases.phase(f"reserving a placement group ({place.strategy})"):
+            self._layout = reserve(
+                place, cluster.bundles(asks), self.plan.workers, self.ps_options.timeout_s
+            )
+        return self._layout
+
+    def _launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
+        """Start the shards of ``tables`` where ``layout`` puts them and wait for them."""
+        n = self.ps_options.num_shards
+        where = [layout.shard(i) for i in range(n)] if layout is not None else None
+        pending = start_shards(tables, self.ps_options, self.plan.workers, where)
+        handles, opts = wait_started(pending)
+        return PSClient(tables, handles, opts, 0, owner=True)
 
     # --- training ----------------------------------------------------------------------------
 
@@ -457,6 +480,8 @@ class GraphLearner:
         if self._ps is not None:
             self._ps.shutdown()
             self._ps = None
+        release(self._layout)
+        self._layout = None
         if self._ray_started and ray.is_initialized():
             ray.shutdown()
             self._ray_started = False
