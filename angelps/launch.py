@@ -19,7 +19,8 @@ import os
 import secrets
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import ray
@@ -32,7 +33,15 @@ from angelps.server import ShardServer, private_dir
 from angelps.table import TableSpec, check_unique_names
 from angelps.transport import remote_error
 
-__all__ = ["NAMESPACE", "actor_name", "launch_shards", "shard_options"]
+__all__ = [
+    "NAMESPACE",
+    "PendingShards",
+    "actor_name",
+    "launch_shards",
+    "shard_options",
+    "start_shards",
+    "wait_started",
+]
 
 NAMESPACE = "angelps"
 
@@ -91,10 +100,32 @@ def _actor_options(ps: PSOptions) -> dict[str, Any]:
     return opts
 
 
-def launch_shards(
-    tables: Sequence[TableSpec], ps: PSOptions, num_workers: int
-) -> tuple[list[ActorHandle], ClientOptions]:
-    """Start the shard actors (Ray must be initialised) and wait until they answer."""
+@dataclass
+class PendingShards:
+    """Shard actors created but perhaps not started yet (:func:`start_shards`): their handles,
+    the options their clients share, and one ``ping`` per shard that answers once it runs."""
+
+    handles: list[ActorHandle]
+    options: ClientOptions
+    pings: list[ray.ObjectRef]
+    ps: PSOptions
+
+    def kill(self) -> None:
+        """End every shard of this launch (those already running and those still starting)."""
+        for h in self.handles:
+            ray.kill(h)
+
+
+def start_shards(
+    tables: Sequence[TableSpec],
+    ps: PSOptions,
+    num_workers: int,
+    placement: Sequence[Mapping[str, Any]] | None = None,
+) -> PendingShards:
+    """Create the shard actors (Ray must be initialised) without waiting for them, so that a
+    job can start its workers at the same time; :func:`wait_started` then waits.
+    ``placement[i]``: Ray actor options that place shard ``i`` (custom ``resources``, a
+    ``scheduling_strategy``)."""
     if not ray.is_initialized():
         raise RuntimeError("PSClient.launch needs a running Ray: call ray.init() first")
     check_unique_names(tables)
@@ -108,16 +139,35 @@ def launch_shards(
         data_host="127.0.0.1" if _single_node() else "",
     )
     actor_opts = _actor_options(ps)
-    handles: list[ActorHandle] = []
+    pending = PendingShards([], options, [], ps)
     try:
         for i in range(ps.num_shards):
-            handles.append(_start(i, list(tables), ps, options.shard, actor_opts))
-        _wait_started(handles, ps)
+            where = dict(placement[i]) if placement is not None else {}
+            handle = _start(i, list(tables), ps, options.shard, actor_opts | where)
+            pending.handles.append(handle)
+            pending.pings.append(handle.ping.remote())
     except BaseException:
-        for h in handles:
-            ray.kill(h)
+        pending.kill()
         raise
-    return handles, options
+    return pending
+
+
+def wait_started(pending: PendingShards) -> tuple[list[ActorHandle], ClientOptions]:
+    """Wait until every shard of ``pending`` answers (at most ``angel.ps.timeout``); on any
+    failure end them all. Their handles and the options their clients share."""
+    try:
+        _wait_started(pending.pings, pending.ps)
+    except BaseException:
+        pending.kill()
+        raise
+    return pending.handles, pending.options
+
+
+def launch_shards(
+    tables: Sequence[TableSpec], ps: PSOptions, num_workers: int
+) -> tuple[list[ActorHandle], ClientOptions]:
+    """Start the shard actors (Ray must be initialised) and wait until they answer."""
+    return wait_started(start_shards(tables, ps, num_workers))
 
 
 def _start(
@@ -141,9 +191,9 @@ def _start(
     return cast(ActorHandle, handle)
 
 
-def _wait_started(handles: list[ActorHandle], ps: PSOptions) -> None:
+def _wait_started(pings: list[ray.ObjectRef], ps: PSOptions) -> None:
     try:
-        ray.get([h.ping.remote() for h in handles], timeout=ps.timeout_s)
+        ray.get(pings, timeout=ps.timeout_s)
     except GetTimeoutError:
         raise RuntimeError(
             f"the {ps.num_shards} shard actor(s) did not start within {ps.timeout_s:g} s: can "

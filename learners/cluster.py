@@ -31,9 +31,20 @@ from ray._private import services as ray_services
 
 from angelps import PSOptions
 from angelps.config import ConfigError
-from learners.plan import TrainPlan
+from learners.placement import Placement
+from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
 
-__all__ = ["Ask", "check_fits", "job_address", "probe", "shortfalls", "start_or_join"]
+__all__ = [
+    "Ask",
+    "bundles",
+    "check_fits",
+    "job_address",
+    "job_asks",
+    "probe",
+    "shortfalls",
+    "start_label",
+    "start_or_join",
+]
 
 NAMESPACE = "angelps"
 #: The key that bounds the wait for a cluster's address (its Key is in learners.plan).
@@ -51,6 +62,14 @@ def job_address(cli_address: str | None) -> tuple[str | None, str]:
     if address is None or address == "local":
         return None, ""
     return address, source
+
+
+def start_label(cli_address: str | None) -> str:
+    """The start-up line of :func:`start_or_join` (learners.startup)."""
+    address, source = job_address(cli_address)
+    if address is None:
+        return "starting a private local Ray"
+    return f"joining the Ray cluster at {address} ({source})"
 
 
 def start_or_join(cli_address: str | None, timeout_s: float) -> None:
@@ -143,35 +162,55 @@ def shortfalls(asks: Sequence[Ask], nodes: Sequence[Mapping[str, float]]) -> lis
         total = sum(a.count * a.each[r] for a in parts)
         have = sum(float(n.get(r, 0)) for n in nodes)
         if total > have + 1e-9:
-            asked = " and ".join(
-                f"{a.keys[r]}={a.each[r]:g} with {a.count} {a.what}(s)" for a in parts
-            )
+            asked = " and ".join(f"{_setting(a, r)} with {a.count} {a.what}(s)" for a in parts)
             out.append(f"{asked} needs {total:g} {unit} but the Ray cluster has {have:g}")
             continue
         largest = max((float(n.get(r, 0)) for n in nodes), default=0.0)
         for a in parts:
             if a.each[r] > largest + 1e-9:
                 out.append(
-                    f"{a.keys[r]}={a.each[r]:g}: no node of the Ray cluster has {a.each[r]:g} "
+                    f"{_setting(a, r)}: no node of the Ray cluster has {a.each[r]:g} "
                     f"{unit} for one {a.what} (the largest has {largest:g})"
                 )
     return out
 
 
-def job_asks(plan: TrainPlan, ps: PSOptions) -> list[Ask]:
-    """What the job's workers and shards ask Ray for (as angelps.launch and the workers do)."""
+def _setting(a: Ask, resource: str) -> str:
+    """The key and value that ask for ``resource``: ``angel.ps.cpus=2``, ``angel.ps.resources=ps:1``."""
+    if resource in _UNITS:
+        return f"{a.keys[resource]}={a.each[resource]:g}"
+    return f"{a.keys[resource]}={resource}:{a.each[resource]:g}"
+
+
+def bundles(asks: Sequence[Ask]) -> list[dict[str, float]]:
+    """A placement group's bundles for ``asks``: one per actor, in order (memory in bytes; an
+    actor that asks for nothing gets a token CPU share, as a bundle cannot be empty)."""
+    out: list[dict[str, float]] = []
+    for a in asks:
+        b = {r: v * 2**20 if r == "memory" else v for r, v in a.each.items() if v > 0}
+        out += [b or {"CPU": 0.01}] * a.count
+    return out
+
+
+def job_asks(plan: TrainPlan, ps: PSOptions, placement: Placement | None = None) -> list[Ask]:
+    """What the job's workers and shards ask Ray for (as angelps.launch and the workers do),
+    their custom resources (angel.worker.resources, angel.ps.resources) included."""
+    place = placement or Placement()
+    wres, pres = place.worker_resources, place.ps_resources
     return [
         Ask(
             "worker",
             plan.workers,
-            {"CPU": plan.worker_cpus, "GPU": plan.worker_gpus},
-            {"CPU": "angel.worker.cpus", "GPU": "angel.worker.gpus"},
+            {"CPU": plan.worker_cpus, "GPU": plan.worker_gpus, **wres},
+            {"CPU": "angel.worker.cpus", "GPU": "angel.worker.gpus"}
+            | dict.fromkeys(wres, WORKER_RESOURCES.name),
         ),
         Ask(
             "shard",
             ps.num_shards,
-            {"CPU": ps.cpus, "GPU": ps.gpus, "memory": float(ps.memory_mib)},
-            {"CPU": "angel.ps.cpus", "GPU": "angel.ps.gpus", "memory": "angel.ps.memory"},
+            {"CPU": ps.cpus, "GPU": ps.gpus, "memory": float(ps.memory_mib), **pres},
+            {"CPU": "angel.ps.cpus", "GPU": "angel.ps.gpus", "memory": "angel.ps.memory"}
+            | dict.fromkeys(pres, PS_RESOURCES.name),
         ),
     ]
 
@@ -188,13 +227,28 @@ def node_resources() -> list[dict[str, float]]:
     return out
 
 
-def check_fits(plan: TrainPlan, ps: PSOptions) -> None:
-    """ConfigError when the Ray cluster cannot hold the job's workers and shards at once."""
-    missing = shortfalls(job_asks(plan, ps), node_resources())
+def check_fits(plan: TrainPlan, ps: PSOptions, placement: Placement | None = None) -> None:
+    """ConfigError when the Ray cluster cannot hold the job's workers and shards at once
+    (a custom resource that no node has included)."""
+    missing = shortfalls(job_asks(plan, ps, placement), node_resources())
     if missing:
+        custom = any(f"={r}:" in m for m in missing for r in _custom(placement))
         raise ConfigError(
             "the Ray cluster cannot hold this job (its actors would wait forever): "
             + "; ".join(missing)
-            + "; lower angel.workergroup.number, angel.ps.number or what each asks for, "
-            "or join a larger cluster with --address (docs/cluster.md)"
+            + (
+                "; start nodes with the custom resources (ray start --resources) or change "
+                "angel.ps.resources / angel.worker.resources"
+                if custom
+                else "; lower angel.workergroup.number, angel.ps.number or what each asks "
+                "for, or join a larger cluster with --address"
+            )
+            + " (docs/cluster.md)"
         )
+
+
+def _custom(placement: Placement | None) -> set[str]:
+    """The custom resources a job's placement names."""
+    if placement is None:
+        return set()
+    return set(placement.ps_resources) | set(placement.worker_resources)

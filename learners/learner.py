@@ -29,18 +29,21 @@ import ray
 
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.config import Config, ConfigError, load_config
+from angelps.launch import start_shards, wait_started
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, saved_model
 from learners.data import DataOptions
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
-from learners.models import model_class
+from learners.models import build_model, model_class
+from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import check_job, lower_is_better, watched_metric
 from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
+from learners.startup import Phases, plural
 from learners.tables import table_specs
-from learners.worker_group import WorkerGroup
+from learners.worker_group import WorkerGroup, get
 
 __all__ = ["GraphLearner", "TrainResult"]
 
@@ -94,6 +97,8 @@ class GraphLearner:
         self.address = address
         self.quiet = quiet
         self._ray_started = False
+        self._phases = Phases(quiet)
+        self._layout: Layout | None = None
         self._ps: PSClient | None = None
         self._workers: WorkerGroup | None = None
         self._tables: list[TableSpec] = []
@@ -118,23 +123,32 @@ class GraphLearner:
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.cluster);
         then make sure it can hold the job's workers and shards before any of them starts."""
         if not ray.is_initialized():
-            cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
+            with self._phases.phase(cluster.start_label(self.address)):
+                cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
             self._ray_started = True
-        cluster.check_fits(self.plan, self.ps_options)
+        cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
 
     def _start_workers(self) -> WorkerGroup:
-        """Create the worker actors (each loads its part of the data), size the job, build the
-        model on every worker and launch the PS tables it declares."""
+        """Create the worker actors (each loads its part of the data) and, when the tables'
+        sizes are known without the data, the shards at the same time; size the job, build
+        the model on every worker and hand each its PS client."""
         conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
         data = DataOptions.from_config(conf)
-        workers = self._workers = WorkerGroup(plan, data)
-        size = JobSize.of_parts(
-            plan, workers.execute("data_summary"), data.index_range, data.field_num
-        )
-        self._build(
-            workers, ModelConfig.from_config(conf, size.num_features, size.num_fields), size
-        )
-        workers.join_process_group()
+        early = _tables_up_front(conf, plan, data)
+        what = f"loading data on {plural(plan.workers, 'worker')}"
+        if early is not None:
+            what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
+        layout = self._reserve()
+        with self._phases.phase(what):
+            workers = self._workers = WorkerGroup(plan, data, layout=layout)
+            summaries = workers.execute_async("data_summary")
+            if early is not None:  # shards start while the workers read their data
+                self._ps = self._launch(early, layout)
+            size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
+        with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
+            model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+            self._build(workers, model, size)
+            workers.join_process_group()
         return workers
 
     def _build(self, workers: WorkerGroup, model: ModelConfig, size: JobSize) -> None:
@@ -143,8 +157,34 @@ class GraphLearner:
         decls = workers.execute("build", model, size, dense)[0]
         self._model, self._size = model, size
         self._tables = table_specs(self.conf, decls)
-        self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=len(workers))
+        if self._ps is not None and list(self._ps.specs.values()) != self._tables:
+            self._ps.shutdown()  # launched early with other tables: start them again
+            self._ps = None
+        if self._ps is None:
+            with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
+                self._ps = self._launch(self._tables, workers.layout)
         workers.attach_ps(self._ps)
+
+    def _reserve(self) -> Layout:
+        """The job's placement (learners.placement): a placement group reserved when
+        angel.placement.strategy asks for one."""
+        place = Placement.from_config(self.conf)
+        asks = cluster.job_asks(self.plan, self.ps_options, place)
+        if place.strategy == "none":
+            return reserve(place, [], self.plan.workers, 0.0)
+        with self._phases.phase(f"reserving a placement group ({place.strategy})"):
+            self._layout = reserve(
+                place, cluster.bundles(asks), self.plan.workers, self.ps_options.timeout_s
+            )
+        return self._layout
+
+    def _launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
+        """Start the shards of ``tables`` where ``layout`` puts them and wait for them."""
+        n = self.ps_options.num_shards
+        where = [layout.shard(i) for i in range(n)] if layout is not None else None
+        pending = start_shards(tables, self.ps_options, self.plan.workers, where)
+        handles, opts = wait_started(pending)
+        return PSClient(tables, handles, opts, 0, owner=True)
 
     # --- training ----------------------------------------------------------------------------
 
@@ -440,6 +480,8 @@ class GraphLearner:
         if self._ps is not None:
             self._ps.shutdown()
             self._ps = None
+        release(self._layout)
+        self._layout = None
         if self._ray_started and ray.is_initialized():
             ray.shutdown()
             self._ray_started = False
@@ -449,6 +491,22 @@ class GraphLearner:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[TableSpec] | None:
+    """The PS tables when the configuration alone sizes them (``ml.feature.index.range`` set,
+    ``ml.fm.field.num`` too for a model with fields, dense layers on the workers), so that the
+    shards start with the workers; None when the workers' data must be read first."""
+    if data.index_range <= 0 or plan.dense_placement != "worker":
+        return None
+    fields = data.field_num if data.field_num > 0 else None
+    if model_class(_model_name(conf)).needs_fields and fields is None:
+        return None
+    try:
+        model = build_model(ModelConfig.from_config(conf, data.index_range, fields), plan.seed)
+    except ConfigError:
+        return None  # the workers' own build reports it
+    return table_specs(conf, model.tables())
 
 
 def _check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:

@@ -87,6 +87,70 @@ RAY_CONNECT_TIMEOUT = Key(
     "before failing with an error naming the address (docs/cluster.md).",
     check=positive,
 )
+#: Resources with keys of their own (angel.*.cpus, .gpus, angel.ps.memory).
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """``"ps:1,ssd:0.5"`` → ``{"ps": 1.0, "ssd": 0.5}`` (Ray custom resources); ValueError
+    saying what is wrong."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, amount = (x.strip() for x in item.partition(":"))
+        if not sep or not name:
+            raise ValueError(f"{item.strip()!r} is not NAME:AMOUNT")
+        if name in _BUILTIN_RESOURCES:
+            raise ValueError(f"{name} has a key of its own (angel.*.cpus, .gpus, angel.ps.memory)")
+        try:
+            value = float(amount)
+        except ValueError:
+            raise ValueError(f"{name}: {amount!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: the amount must be a number > 0")
+        if name in out:
+            raise ValueError(f"{name} is named twice")
+        out[name] = value
+    return out
+
+
+def _resources_check(value: str) -> str | None:
+    try:
+        parse_resources(value)
+    except ValueError as e:
+        return (
+            "Ray custom resources as NAME:AMOUNT pairs separated by commas, such as ps:1 "
+            f"(named by `ray start --resources`); {e}"
+        )
+    return None
+
+
+PS_RESOURCES = Key(
+    "angel.ps.resources",
+    "str",
+    "",
+    "Ray custom resources each shard asks for, NAME:AMOUNT[,NAME:AMOUNT...] (e.g. ps:1): "
+    "shards go only to nodes started with them (ray start --resources '{\"ps\": 4}').",
+    check=_resources_check,
+)
+WORKER_RESOURCES = Key(
+    "angel.worker.resources",
+    "str",
+    "",
+    "Ray custom resources each worker asks for, NAME:AMOUNT[,...] (e.g. worker:1): workers go "
+    "only to nodes started with them.",
+    check=_resources_check,
+)
+PLACEMENT = Key(
+    "angel.placement.strategy",
+    "str",
+    "none",
+    "How shards and workers are laid out over the nodes: none (each actor where Ray finds "
+    "room), pack (one Ray placement group, as few nodes as possible) or spread (one placement "
+    "group, as many nodes as possible).",
+    choices=("none", "pack", "spread"),
+)
 FUSED = Key(
     "angel.worker.fused.push.pull",
     "bool",
@@ -225,6 +289,9 @@ KEYS = [
     DEVICE,
     WORKER_GPUS,
     RAY_CONNECT_TIMEOUT,
+    PS_RESOURCES,
+    WORKER_RESOURCES,
+    PLACEMENT,
     FUSED,
     DENSE_PLACEMENT,
     LOG_PATH,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -591,8 +590,8 @@ def _num_rows(batch: Batch) -> int:
 
 def remote_worker_class(num_cpus: float = 1, num_gpus: float = 0) -> Any:
     """``TrainWorker`` as a Ray actor class."""
-    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-    if not os.environ.get("OMP_NUM_THREADS"):
-        # One OpenMP thread: spinning extra threads costs throughput on few cores.
-        opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1"}}
-    return ray.remote(**opts)(TrainWorker)
+    # No runtime_env: an actor with one of its own cannot use the worker processes Ray starts
+    # in advance (a fresh process, seconds of start-up). Threads are set inside the actor
+    # (torch.set_num_threads in TrainWorker.__init__; Ray sets OMP_NUM_THREADS to the CPUs
+    # of an actor when unset).
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainWorker)

@@ -26,6 +26,7 @@ from ray.exceptions import RayTaskError
 from angelps import PSClient
 from angelps.config import ConfigError
 from learners.data import DataError, DataOptions
+from learners.placement import Layout
 from learners.plan import TrainPlan
 from learners.terminate import retake_sigterm
 from learners.worker import remote_worker_class
@@ -49,11 +50,23 @@ def get(refs: Any) -> Any:
 class WorkerGroup:
     """``plan.workers`` :class:`~learners.worker.TrainWorker` actors (each reads its data part)."""
 
-    def __init__(self, plan: TrainPlan, data: DataOptions, read_data: bool = True) -> None:
+    def __init__(
+        self,
+        plan: TrainPlan,
+        data: DataOptions,
+        read_data: bool = True,
+        layout: Layout | None = None,
+    ) -> None:
+        """``layout``: where each worker goes (custom resources, placement group bundle)."""
         retake_sigterm()  # Ray is up and took SIGTERM over: a kill unwinds the driver again
         cls = remote_worker_class(plan.worker_cpus, plan.worker_gpus)
         n = plan.workers
-        self.actors: list[Any] = [cls.remote(plan, data, i, n, read_data) for i in range(n)]
+        self.layout = layout
+        # Every actor is created before any answer is awaited: they start in parallel.
+        self.actors: list[Any] = [
+            cls.options(**(layout.worker(i) if layout else {})).remote(plan, data, i, n, read_data)
+            for i in range(n)
+        ]
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -90,10 +103,12 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Leave the process group and stop every actor (errors of dead actors are ignored)."""
-        for a in self.actors:
+        done = [a.shutdown.remote() for a in self.actors]
+        for ref in done:  # one by one: a dead actor's error must not hide the others'
             try:
-                ray.get(a.shutdown.remote())
-                ray.kill(a)
+                ray.get(ref)
             except Exception:
                 pass
+        for a in self.actors:
+            ray.kill(a)
         self.actors = []

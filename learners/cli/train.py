@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from angelps.config import ConfigError
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
+from learners.job_paths import absolute, absolute_paths
 
 if TYPE_CHECKING:
     from learners.learner import GraphLearner
@@ -114,7 +115,9 @@ def _check_summary_json(name: str) -> None:
 def _train(args: argparse.Namespace) -> int:
     if args.summary_json:
         _check_summary_json(args.summary_json)  # before training, not after it
-    conf = load_job(args)  # a bad key or value answers before torch and Ray load
+    # A bad key or value answers before torch and Ray load; relative paths mean the
+    # command's directory, on every node (learners.job_paths).
+    conf = absolute_paths(load_job(args))
     from learners.learner import GraphLearner  # torch and Ray: only when training
 
     learner = GraphLearner(conf, address=args.address)
@@ -146,7 +149,9 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 def _loaded(args: argparse.Namespace) -> GraphLearner:
     _check_paths(args)
-    conf = load_job(args)  # a bad key or value answers before torch and Ray load
+    # Relative paths mean the command's directory, also for actors on other nodes.
+    args.model, args.input = absolute(args.model), absolute(args.input)
+    conf = absolute_paths(load_job(args))  # a bad key or value answers before torch and Ray
     from learners.learner import GraphLearner  # torch and Ray: only when predicting
 
     return GraphLearner(conf, address=args.address, quiet=True).load(args.model)

@@ -1,0 +1,57 @@
+"""The path keys of a job, made absolute on the driver before any actor sees them.
+
+A worker or a shard runs in a directory of Ray's choosing (on another node, inside the job's
+unpacked working directory under ``ray job submit``, or wherever the raylet runs), so a path
+such as ``data/a9a/a9a_123d_train.libsvm`` means what the user meant only in the directory of
+the command. :func:`absolute_paths` resolves every path key against that directory (under
+``ray job submit`` the driver runs in the job's working directory, so the same rule holds
+there) and keeps where each value came from, for error messages.
+
+Standard library only: the command line calls it before torch and Ray load.
+"""
+
+from __future__ import annotations
+
+import os
+
+from angelps.config import Config
+from learners.keys import all_keys
+
+__all__ = ["PATH_KEYS", "absolute", "absolute_paths"]
+
+#: Every key whose value is a file or directory read or written by the job.
+PATH_KEYS = (
+    "angel.train.data.path",
+    "angel.validate.data.path",
+    "angel.predict.data.path",
+    "angel.save.model.path",
+    "angel.load.model.path",
+    "angel.log.path",
+    "angel.ps.backup.path",
+)
+
+
+def absolute(path: str, base: str | None = None) -> str:
+    """``path`` against ``base`` (default: the current directory); ``~`` expanded; a URL
+    (``scheme://...``) is left as it is."""
+    if "://" in path:
+        return path
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    return os.path.normpath(os.path.join(base or os.getcwd(), path))
+
+
+def absolute_paths(conf: Config, base: str | None = None) -> Config:
+    """``conf`` with every non-empty relative path key made absolute against ``base``
+    (default: the current directory). Each value keeps its source."""
+    changed = {
+        k: absolute(v, base)
+        for k in PATH_KEYS
+        if k in conf and isinstance(v := conf[k], str) and v and absolute(v, base) != v
+    }
+    if not changed:
+        return conf
+    values = {k: changed.get(k, conf[k]) for k in conf}
+    sources = {k: conf.source(k) for k in conf if conf.is_set(k)}
+    return Config(values, sources, all_keys())
