@@ -32,6 +32,7 @@ from angelps.config import Config, ConfigError, load_config
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, saved_model
 from learners.data import DataOptions
+from learners.inputs import InMemory, is_path, to_batch
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
@@ -369,20 +370,30 @@ class GraphLearner:
             raise RuntimeError("save(): nothing trained or loaded yet")
         self.checkpoint(str(path), self.epoch, _Progress())
 
-    def load(self, path: str | os.PathLike[str]) -> GraphLearner:
-        """Load a saved model for evaluation or prediction (starts Ray, one worker and the PS)."""
-        p = Path(path)
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        conf: Config | Mapping[str, Any] | None = None,
+        *,
+        address: str | None = None,
+        quiet: bool = True,
+    ) -> GraphLearner:
+        """A learner holding the saved model of ``path``, ready to ``predict``/``evaluate``
+        (starts Ray, one worker and the PS). ``conf`` (a Config or a mapping of keys) is the
+        job: the model's own ``ml.*`` settings apply where it does not set them; a job whose
+        model does not match the saved tables is a ConfigError naming the path."""
+        learner = cls({} if conf is None else conf, address=address, quiet=quiet)
+        try:
+            return learner._load(Path(path))
+        except BaseException:
+            learner.shutdown()
+            raise
+
+    def _load(self, p: Path) -> GraphLearner:
+        """Start one worker and the PS from the saved model in ``p``."""
         info = saved_model.read_extra(p)["learner"]
-        # The model's own settings (ml.*: data format, label transform, model shape) apply
-        # unless this configuration sets them, so `predict --model DIR` needs no --conf.
-        saved = {
-            k: v
-            for k, v in dict(info.get("conf", {})).items()
-            if k.startswith("ml.") and not self.conf.is_set(k) and k in self.conf
-        }
-        conf = self.conf.with_overrides(
-            {**saved, "angel.workergroup.number": 1, "ml.model.class.name": info["model"]}
-        )
+        conf = saved_model.inference_conf(self.conf, info, str(p))
         self.conf = conf
         self.plan = TrainPlan.from_config(conf).for_inference(
             str(info.get("dense_placement", "worker"))
@@ -397,7 +408,10 @@ class GraphLearner:
             updates_per_epoch=0,
         )
         model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
-        workers.execute("build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer"))
+        decls = workers.execute(
+            "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
+        )[0]
+        saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
         self._model, self._size = model, size
         self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
         self.ps_options = PSOptions.from_config(conf)
@@ -407,29 +421,53 @@ class GraphLearner:
         saved_model.load_dense(info, workers, str(p))
         return self
 
-    def evaluate(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Metrics of the current model on a labelled file."""
+    def _predict_outs(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
+    ) -> list[dict[str, Any]]:
+        """Every worker's predictions of ``data`` (a path: each reads its part; in memory: the
+        rows split into one contiguous part per worker)."""
         if not self._workers:
-            raise RuntimeError("evaluate(): train() or load() first")
-        outs = self._workers.execute("predict_file", str(path))
-        if any(o["labels"] is None for o in outs):
-            raise ConfigError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
-        return {
-            k.removeprefix("valid_"): v
-            for k, v in jsonable(validation_metrics(self._model_task(), outs)).items()
-        }
+            raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
+        if is_path(data):
+            if labels is not None:
+                raise TypeError(f"{verb}(): labels= goes with in-memory data, not a path")
+            return self._workers.execute("predict_file", os.fspath(data))
+        batch = to_batch(data, DataOptions.from_config(self.conf), labels)
+        parts = np.array_split(np.arange(len(batch)), len(self._workers))
+        chunk = self.plan.minibatch_size * 16
+        return self._workers.execute_each(
+            "predict_batch", [(batch.take(rows), chunk) for rows in parts]
+        )
 
-    def predict(self, path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-        """One prediction per input row, in input order: ``pred`` (and ``label`` if present)."""
-        if not self._workers:
-            raise RuntimeError("predict(): train() or load() first")
-        outs = self._workers.execute("predict_file", str(path))
+    def evaluate(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, Any]:
+        """Metrics of the current model on labelled data (a path, a pyarrow Table, a pandas
+        DataFrame, or a numpy array with ``labels``; see learners/inputs.py), named as the
+        training's validation metrics: ``valid_auc``, ``valid_logloss``, ..."""
+        outs = [o for o in self._predict_outs(data, labels, "evaluate") if o["rows"]]
+        if not outs or any(o["labels"] is None or np.isnan(o["labels"]).all() for o in outs):
+            what = data if is_path(data) else type(data).__name__
+            raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
+        return jsonable(validation_metrics(self._model_task(), outs))
+
+    def predict(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
+        ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
+        (learners/inputs.py says which columns)."""
+        outs = [o for o in self._predict_outs(data, labels, "predict") if o["rows"]]
+        if not outs:
+            return {"pred": np.zeros(0, np.float32)}
         row_index = np.concatenate([o["row_index"] for o in outs])
         order = np.argsort(row_index, kind="stable")
         out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
-        labels = [o["labels"] for o in outs]
-        if all(lab is not None for lab in labels) and not np.isnan(np.concatenate(labels)).all():
-            out["label"] = np.concatenate(labels)[order]
+        labels_out = [o["labels"] for o in outs]
+        if all(lab is not None for lab in labels_out):
+            joined = np.concatenate(labels_out)
+            if not np.isnan(joined).all():
+                out["label"] = joined[order]
         return out
 
     def shutdown(self) -> None:

@@ -26,12 +26,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from angelps import PSClient, checkpoint
+from angelps import PSClient, TableSpec, checkpoint
 from angelps.checkpoint import CheckpointDamaged
-from angelps.config import ConfigError
+from angelps.config import Config, ConfigError
+from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
 
-__all__ = ["load_dense", "read_extra", "restore", "resume_point", "save"]
+_LOAD = "angel.load.model.path"
+_MODEL = "ml.model.class.name"
+
+__all__ = [
+    "check_tables",
+    "inference_conf",
+    "load_dense",
+    "read_extra",
+    "restore",
+    "resume_point",
+    "save",
+]
 
 
 def save(path: str, ps: PSClient, workers: WorkerGroup, section: Mapping[str, Any]) -> None:
@@ -123,3 +135,54 @@ def read_extra(path: Path) -> dict[str, Any]:
     if "learner" not in extra:
         raise ConfigError(f"{path} is a PS checkpoint without a model (no learner section)")
     return extra
+
+
+def inference_conf(conf: Config, info: Mapping[str, Any], where: str) -> Config:
+    """The job ``conf`` as the saved model of ``where`` (learner section ``info``) runs it: the
+    model's own ``ml.*`` settings (data format, label transform, shape) where the job does not
+    set them, one worker. A job that names another model is a ConfigError."""
+    saved = str(info["model"])
+    if conf.is_set(_MODEL) and model_name(str(conf[_MODEL])).lower() != saved.lower():
+        raise ConfigError(
+            f"{_LOAD}={where} holds a {saved} model, but {_MODEL}={conf[_MODEL]} "
+            f"({conf.source(_MODEL)}): load a {conf[_MODEL]} model or set {_MODEL}={saved}"
+        )
+    own = {
+        k: v
+        for k, v in dict(info.get("conf", {})).items()
+        if k.startswith("ml.") and not conf.is_set(k) and k in conf
+    }
+    return conf.with_overrides({**own, "angel.workergroup.number": 1, _MODEL: saved})
+
+
+def _shape(t: TableSpec | Mapping[str, Any]) -> str:
+    d = t.to_dict() if isinstance(t, TableSpec) else t
+    return f"{'sparse' if d.get('sparse') else 'dense'} {d['rows']} x {d['cols']}"
+
+
+def check_tables(built: list[TableSpec], info: Mapping[str, Any], conf: Config, where: str) -> None:
+    """ConfigError when the tables of the job's model (``built``) are not the saved ones:
+    names, rows and columns; the message names the path and the job's keys that differ."""
+    saved = {str(d["name"]): _shape(d) for d in info["tables"]}
+    wanted = {t.name: _shape(t) for t in built}
+    if saved == wanted:
+        return
+    diff = [
+        f"{name}: {saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here"
+        for name in sorted(set(saved) | set(wanted))
+        if saved.get(name) != wanted.get(name)
+    ]
+    own, props = dict(info.get("conf", {})), conf.to_properties()
+    keys = [
+        f"{k}={props.get(k, '')} ({conf.source(k)})"
+        for k in conf
+        if k.startswith("ml.")
+        and conf.is_set(k)
+        and conf.source(k) != "program"
+        and str(own.get(k, "")) != props.get(k, "")
+    ]
+    because = f"; the job sets {', '.join(keys)}" if keys else ""
+    raise ConfigError(
+        f"{_LOAD}={where}: the saved {info['model']} model's tables do not match the job's "
+        f"model ({'; '.join(diff)}){because}"
+    )
