@@ -11,7 +11,7 @@ import pytest
 from learners.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-VERBS = ("train", "predict", "evaluate", "submit", "schedule", "conf", "plot")
+VERBS = ("train", "predict", "evaluate", "submit", "export", "schedule", "conf", "plot")
 
 
 def test_every_verb_is_registered_and_has_examples() -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from angelps import __version__
 from angelps.config import ConfigError
 from learners.cli import conf, predict, schedule, train
+from learners.cli import export as export_verb
 from learners.cli import plot as plot_verb
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, key_options
 from learners.data.problems import DataError, printable
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"angelps {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in (train, predict, schedule, plot_verb, conf):
+    for verb in (train, predict, export_verb, schedule, plot_verb, conf):
         verb.register(sub)
     return parser
 
