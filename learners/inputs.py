@@ -15,8 +15,10 @@ Labels go through ``ml.data.label.trans.class`` as a file's labels do; a bad row
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +29,10 @@ from learners.data.labels import label_transform
 from learners.data.parquet import parse_record_batch
 from learners.data.problems import DataError, ReadStats, reject
 
-__all__ = ["InMemory", "is_path", "to_batch"]
+if TYPE_CHECKING:
+    from learners.worker_group import WorkerGroup
+
+__all__ = ["InMemory", "in_input_order", "is_path", "predict_parts", "to_batch"]
 
 #: What ``predict``/``evaluate`` take besides a path.
 InMemory = Any  # pa.Table | pandas.DataFrame | np.ndarray (pandas stays an optional import)
@@ -104,3 +109,33 @@ def to_batch(data: InMemory, opts: DataOptions, labels: Any = None) -> Batch:
     if has and len(batch) and opts.label_trans.lower() != "notrans":
         batch.labels = label_transform(batch.labels, opts.label_trans, opts.label_threshold)
     return batch
+
+
+def predict_parts(
+    workers: WorkerGroup, data: Any, labels: Any, opts: DataOptions
+) -> list[dict[str, Any]]:
+    """Every worker's predictions of ``data``: a path (each worker reads its part), or rows in
+    memory split into one contiguous part per worker (one call per worker)."""
+    if is_path(data):
+        if labels is not None:
+            raise TypeError("labels= goes with in-memory data, not with a path")
+        return workers.execute("predict_file", os.fspath(data))
+    batch = to_batch(data, opts, labels)
+    parts = np.array_split(np.arange(len(batch)), len(workers))
+    return workers.execute_each("predict_batch", [(batch.take(rows),) for rows in parts])
+
+
+def in_input_order(outs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The workers' predictions as one ``pred`` array in input order (and ``label`` when the
+    rows have labels)."""
+    outs = [o for o in outs if o["rows"]]
+    if not outs:
+        return {"pred": np.zeros(0, np.float32)}
+    order = np.argsort(np.concatenate([o["row_index"] for o in outs]), kind="stable")
+    out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
+    labels = [o["labels"] for o in outs]
+    if all(lab is not None for lab in labels):
+        joined = np.concatenate(labels)
+        if not np.isnan(joined).all():
+            out["label"] = joined[order]
+    return out

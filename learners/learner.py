@@ -32,7 +32,7 @@ from angelps.config import Config, ConfigError, load_config
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, saved_model
 from learners.data import DataOptions
-from learners.inputs import InMemory, is_path, to_batch
+from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
@@ -424,20 +424,10 @@ class GraphLearner:
     def _predict_outs(
         self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
     ) -> list[dict[str, Any]]:
-        """Every worker's predictions of ``data`` (a path: each reads its part; in memory: the
-        rows split into one contiguous part per worker)."""
+        """Every worker's predictions of ``data`` (learners/inputs.py)."""
         if not self._workers:
             raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
-        if is_path(data):
-            if labels is not None:
-                raise TypeError(f"{verb}(): labels= goes with in-memory data, not a path")
-            return self._workers.execute("predict_file", os.fspath(data))
-        batch = to_batch(data, DataOptions.from_config(self.conf), labels)
-        parts = np.array_split(np.arange(len(batch)), len(self._workers))
-        chunk = self.plan.minibatch_size * 16
-        return self._workers.execute_each(
-            "predict_batch", [(batch.take(rows), chunk) for rows in parts]
-        )
+        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
 
     def evaluate(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None
@@ -457,18 +447,7 @@ class GraphLearner:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
         ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
         (learners/inputs.py says which columns)."""
-        outs = [o for o in self._predict_outs(data, labels, "predict") if o["rows"]]
-        if not outs:
-            return {"pred": np.zeros(0, np.float32)}
-        row_index = np.concatenate([o["row_index"] for o in outs])
-        order = np.argsort(row_index, kind="stable")
-        out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
-        labels_out = [o["labels"] for o in outs]
-        if all(lab is not None for lab in labels_out):
-            joined = np.concatenate(labels_out)
-            if not np.isnan(joined).all():
-                out["label"] = joined[order]
-        return out
+        return in_input_order(self._predict_outs(data, labels, "predict"))
 
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""

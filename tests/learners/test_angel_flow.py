@@ -235,3 +235,17 @@ def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tm
     for name in names:
         with pytest.raises(ConfigError, match=f"unknown key {re.escape(name)}"):
             load_config(None, [f"{name}=1"], all_keys())
+
+
+def test_angels_qualified_class_names_are_aliases() -> None:
+    from learners.model_config import ANGEL_CLASSES, model_name
+    from learners.models import MODELS, model_class
+
+    assert model_class(LR_CLASS) is MODELS["LogisticRegression"]
+    assert model_class("com.tencent.angel.ml.regression.RobustRegression").task == "regression"
+    assert model_name("COM.TENCENT.ANGEL.ML.CLASSIFICATION.DEEPFM") == "DeepFM"
+    assert set(ANGEL_CLASSES.values()) == set(MODELS) - {"DNN"}
+    with pytest.raises(
+        ValueError, match=r"com\.tencent\.angel\.ml\.classification\.FM is not a known"
+    ):
+        model_class("com.tencent.angel.ml.classification.FM")
