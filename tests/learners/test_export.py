@@ -151,3 +151,18 @@ def test_export_over_the_size_limit_is_refused(models, tmp_path, capsys) -> None
     assert err.startswith(f"angelps: error: the model in {models['deepfm'][0]} takes ")
     assert "over the limit of 1048 bytes (--max-mb): raise --max-mb" in err
     assert out.read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_a_job_whose_tables_differ_from_the_saved_model_is_refused(models, tmp_path, capsys):
+    model, data = models["deepfm"]
+    out = tmp_path / "p.csv"
+    argv = ["predict", "--model", str(model), "--input", str(data), "--out", str(out)]
+    assert main([*argv, "--ml.fm.rank", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"angelps: error: angel.load.model.path={model}: the saved DeepFM model's tables do not "
+        "match the job's model (embedding: sparse 148 x 8 there, sparse 148 x 4 here); the job "
+        "sets ml.fm.rank=4 (command line)\n"
+    )
+    assert not out.exists()
