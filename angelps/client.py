@@ -17,6 +17,7 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -28,6 +29,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 
 from angelps import checkpoint
+from angelps.checkpoint_dir import write_durably
 from angelps.launch import launch_shards
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
@@ -355,9 +357,16 @@ class PSClient:
         refs: list[ray.ObjectRef[dict[str, Any]]] = [h.stats.remote() for h in self.handles]
         return self._get(refs)
 
-    def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self,
+        path: str,
+        extra: Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Checkpoint every shard's rows and optimizer state under directory ``path``, with
-        ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest.
+        ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest and
+        ``files`` (name -> bytes: the caller's own files, whose checksums it keeps in
+        ``extra``) beside the tables, inside the same atomic commit.
         Atomic and durable: written to a temporary directory (every file fsynced, the manifest
         with every file's SHA-256 last), then renamed into place, the previous checkpoint kept
         as ``<path>.prev`` (see angelps.checkpoint_dir). A ``path`` that is a file or a
@@ -368,6 +377,8 @@ class PSClient:
         tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
         try:
             refs: list[ray.ObjectRef[dict[str, Any]]] = [h.save.remote(tmp) for h in self.handles]
+            for name, data in (files or {}).items():
+                write_durably(os.path.join(tmp, os.path.basename(name)), data)
             infos = self._get(refs)
             manifest = checkpoint.build_manifest(
                 list(self.specs.values()),

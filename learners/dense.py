@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from angelps.optim import DenseOptimizer
 from learners.tables import TableDecl
 
-__all__ = ["finish_grads", "load_dense", "save_dense"]
+__all__ = ["finish_grads", "load_dense", "read_dense", "save_dense"]
 
 
 def finish_grads(
@@ -105,11 +105,15 @@ def _all_reduce(t: Tensor) -> Tensor:
 def save_dense(
     model: nn.Module, opt: DenseOptimizer | None, loss_scale: float, good_steps: int
 ) -> bytes:
-    """Dense layers, dense optimizer state, loss scale and RNG state as one ``.npz`` (no
-    pickle): ``model/<name>``, ``opt/<param>/<state>`` arrays and a JSON ``meta``."""
+    """Dense layers, dense optimizer state, loss scale and RNG state as one safetensors file
+    (readable by ``safetensors.torch.load``): tensors ``model/<name>`` (the module's
+    state_dict), ``opt/<param>/<state>`` and ``rng/torch``, with a JSON ``meta`` (optimizer
+    groups and scalars, loss scale) in the file's metadata."""
+    from safetensors.numpy import save  # only when a checkpoint is written
+
     arrays: dict[str, np.ndarray] = {}
     for k, v in model.state_dict().items():
-        arrays[f"model/{k}"] = v.detach().cpu().numpy()
+        arrays[f"model/{k}"] = np.ascontiguousarray(v.detach().cpu().numpy())
     meta: dict[str, Any] = {"param_groups": [], "state_keys": {}}
     if opt is not None:
         sd = opt.state_dict()
@@ -118,7 +122,7 @@ def save_dense(
             keys = []
             for name, val in st.items():
                 if isinstance(val, Tensor):
-                    arrays[f"opt/{idx}/{name}"] = val.detach().cpu().numpy()
+                    arrays[f"opt/{idx}/{name}"] = np.ascontiguousarray(val.detach().cpu().numpy())
                     keys.append([name, "tensor"])
                 else:
                     meta.setdefault("scalars", {})[f"{idx}/{name}"] = val
@@ -127,10 +131,22 @@ def save_dense(
     meta["loss_scale"] = loss_scale
     meta["good_steps"] = good_steps
     arrays["rng/torch"] = torch.get_rng_state().numpy()
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    return buf.getvalue()
+    return bytes(save(arrays, metadata={"meta": json.dumps(meta)}))
+
+
+def read_dense(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and the ``meta`` of a :func:`save_dense` file: safetensors, or the ``.npz``
+    of checkpoints written before it (its ``meta`` an array), which are still read."""
+    if blob[:2] == b"PK":  # a zip: the older .npz
+        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return arrays, json.loads(bytes(arrays.pop("meta")).decode())
+    from safetensors.numpy import load
+
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + n].decode())
+    meta = json.loads(header.get("__metadata__", {}).get("meta", "{}"))
+    return load(blob), meta
 
 
 def load_dense(
@@ -138,9 +154,7 @@ def load_dense(
 ) -> tuple[float, int]:
     """Restore what :func:`save_dense` wrote into ``model`` and ``opt`` (and the torch RNG);
     returns the saved (loss scale, good steps), ``loss_scale`` when the blob has none."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    meta = json.loads(bytes(arrays.pop("meta")).decode())
+    arrays, meta = read_dense(blob)
     model_sd = {
         k[len("model/") :]: torch.from_numpy(v.copy())
         for k, v in arrays.items()

@@ -24,6 +24,7 @@ PATH_KEYS = (
     "angel.train.data.path",
     "angel.validate.data.path",
     "angel.predict.data.path",
+    "angel.predict.out.path",
     "angel.save.model.path",
     "angel.load.model.path",
     "angel.log.path",

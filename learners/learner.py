@@ -33,6 +33,7 @@ from angelps.launch import start_shards, wait_started
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, saved_model
 from learners.data import DataOptions
+from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
@@ -409,20 +410,30 @@ class GraphLearner:
             raise RuntimeError("save(): nothing trained or loaded yet")
         self.checkpoint(str(path), self.epoch, _Progress())
 
-    def load(self, path: str | os.PathLike[str]) -> GraphLearner:
-        """Load a saved model for evaluation or prediction (starts Ray, one worker and the PS)."""
-        p = Path(path)
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        conf: Config | Mapping[str, Any] | None = None,
+        *,
+        address: str | None = None,
+        quiet: bool = True,
+    ) -> GraphLearner:
+        """A learner holding the saved model of ``path``, ready to ``predict``/``evaluate``
+        (starts Ray, one worker and the PS). ``conf`` (a Config or a mapping of keys) is the
+        job: the model's own ``ml.*`` settings apply where it does not set them; a job whose
+        model does not match the saved tables is a ConfigError naming the path."""
+        learner = cls({} if conf is None else conf, address=address, quiet=quiet)
+        try:
+            return learner._load(Path(path))
+        except BaseException:
+            learner.shutdown()
+            raise
+
+    def _load(self, p: Path) -> GraphLearner:
+        """Start one worker and the PS from the saved model in ``p``."""
         info = saved_model.read_extra(p)["learner"]
-        # The model's own settings (ml.*: data format, label transform, model shape) apply
-        # unless this configuration sets them, so `predict --model DIR` needs no --conf.
-        saved = {
-            k: v
-            for k, v in dict(info.get("conf", {})).items()
-            if k.startswith("ml.") and not self.conf.is_set(k) and k in self.conf
-        }
-        conf = self.conf.with_overrides(
-            {**saved, "angel.workergroup.number": 1, "ml.model.class.name": info["model"]}
-        )
+        conf = saved_model.inference_conf(self.conf, info, str(p))
         self.conf = conf
         self.plan = TrainPlan.from_config(conf).for_inference(
             str(info.get("dense_placement", "worker"))
@@ -437,7 +448,10 @@ class GraphLearner:
             updates_per_epoch=0,
         )
         model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
-        workers.execute("build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer"))
+        decls = workers.execute(
+            "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
+        )[0]
+        saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
         self._model, self._size = model, size
         self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
         self.ps_options = PSOptions.from_config(conf)
@@ -447,30 +461,33 @@ class GraphLearner:
         saved_model.load_dense(info, workers, str(p))
         return self
 
-    def evaluate(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Metrics of the current model on a labelled file."""
+    def _predict_outs(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
+    ) -> list[dict[str, Any]]:
+        """Every worker's predictions of ``data`` (learners/inputs.py)."""
         if not self._workers:
-            raise RuntimeError("evaluate(): train() or load() first")
-        outs = self._workers.execute("predict_file", str(path))
-        if any(o["labels"] is None for o in outs):
-            raise ConfigError(f"{path}: evaluation needs labels (ml.data.has.label=true)")
-        return {
-            k.removeprefix("valid_"): v
-            for k, v in jsonable(validation_metrics(self._model_task(), outs)).items()
-        }
+            raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
+        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
 
-    def predict(self, path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-        """One prediction per input row, in input order: ``pred`` (and ``label`` if present)."""
-        if not self._workers:
-            raise RuntimeError("predict(): train() or load() first")
-        outs = self._workers.execute("predict_file", str(path))
-        row_index = np.concatenate([o["row_index"] for o in outs])
-        order = np.argsort(row_index, kind="stable")
-        out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
-        labels = [o["labels"] for o in outs]
-        if all(lab is not None for lab in labels) and not np.isnan(np.concatenate(labels)).all():
-            out["label"] = np.concatenate(labels)[order]
-        return out
+    def evaluate(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, Any]:
+        """Metrics of the current model on labelled data (a path, a pyarrow Table, a pandas
+        DataFrame, or a numpy array with ``labels``; see learners/inputs.py), named as the
+        training's validation metrics: ``valid_auc``, ``valid_logloss``, ..."""
+        outs = [o for o in self._predict_outs(data, labels, "evaluate") if o["rows"]]
+        if not outs or any(o["labels"] is None or np.isnan(o["labels"]).all() for o in outs):
+            what = data if is_path(data) else type(data).__name__
+            raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
+        return jsonable(validation_metrics(self._model_task(), outs))
+
+    def predict(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
+        ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
+        (learners/inputs.py says which columns)."""
+        return in_input_order(self._predict_outs(data, labels, "predict"))
 
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""

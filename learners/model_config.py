@@ -19,7 +19,7 @@ from typing import Any
 
 from angelps.config import Key, positive
 
-__all__ = ["ACTIVATIONS", "KEYS", "ModelConfig"]
+__all__ = ["ACTIVATIONS", "ANGEL_CLASSES", "KEYS", "ModelConfig", "model_name"]
 
 #: The activation names ``ml.model.activations`` accepts (lower case).
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "identity", "gelu", "leaky_relu")
@@ -38,11 +38,46 @@ def _non_negative_float(v: float) -> str | None:
     return None if v >= 0 and math.isfinite(v) else "a finite number >= 0"
 
 
+#: Angel's fully qualified class names (angel-ps/mllib/.../ml/{classification,regression}/),
+#: accepted as aliases of the model names, so an Angel job file's ml.model.class.name works.
+#: (Angel's DNN is the generic JSON-driven GraphModel: no class name maps to angelps's DNN.)
+ANGEL_CLASSES = {
+    f"com.tencent.angel.ml.{package}.{name}": name
+    for package, names in (
+        (
+            "classification",
+            (
+                "LogisticRegression",
+                "SupportVectorMachine",
+                "SoftmaxRegression",
+                "MixedLogisticRegression",
+                "FactorizationMachines",
+                "DeepFM",
+                "WideAndDeep",
+                "NeuralFactorizationMachines",
+                "ProductNeuralNetwork",
+            ),
+        ),
+        ("regression", ("LinearRegression", "RobustRegression")),
+    )
+    for name in names
+}
+
+
+def model_name(name: str) -> str:
+    """The model name of ``ml.model.class.name``: Angel's fully qualified class name becomes
+    its simple name (case-insensitive); any other name is returned stripped, as it is."""
+    stripped = name.strip()
+    by_lower = {k.lower(): v for k, v in ANGEL_CLASSES.items()}
+    return by_lower.get(stripped.lower(), stripped)
+
+
 MODEL_CLASS_NAME = Key(
     "ml.model.class.name",
     "str",
     "LogisticRegression",
-    "Model to train (Angel's class names, case-insensitive); see docs/models.md.",
+    "Model to train (Angel's class names, case-insensitive, simple or fully qualified as "
+    "com.tencent.angel.ml.classification.LogisticRegression); see docs/models.md.",
 )
 NUM_CLASS = Key("ml.num.class", "int", 2, "Number of classes (SoftmaxRegression).", check=positive)
 FM_RANK = Key(
@@ -147,7 +182,7 @@ class ModelConfig:
         hidden = HIDDEN_LAYERS.read(conf)
         activations = ACTIVATION_NAMES.read(conf)
         return cls(
-            model=str(MODEL_CLASS_NAME.read(conf)),
+            model=model_name(str(MODEL_CLASS_NAME.read(conf))),
             num_features=int(num_features),
             num_fields=None if num_fields is None else int(num_fields),
             num_class=int(NUM_CLASS.read(conf)),

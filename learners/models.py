@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from angelps.config import ConfigError
-from learners.model_config import ModelConfig
+from learners.model_config import ModelConfig, model_name
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl
 
@@ -449,7 +449,7 @@ MODELS: dict[str, type[BaseModel]] = {
 def model_class(name: str) -> type[BaseModel]:
     """The model class for an Angel name (case-insensitive); unknown names list the valid ones."""
     by_lower = {k.lower(): v for k, v in MODELS.items()}
-    cls = by_lower.get(name.strip().lower())
+    cls = by_lower.get(model_name(name).lower())  # Angel's qualified names are aliases
     if cls is not None:
         return cls
     ranked = difflib.get_close_matches(name, list(MODELS), n=len(MODELS), cutoff=0.0)

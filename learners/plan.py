@@ -22,7 +22,7 @@ from typing import Any
 
 from angelps.config import Config, ConfigError, Key, at_least, non_negative, positive
 
-__all__ = ["KEYS", "FeedOptions", "JobSize", "TrainPlan"]
+__all__ = ["ACTIONS", "KEYS", "FeedOptions", "JobAction", "JobSize", "TrainPlan"]
 
 EPOCHS = Key("ml.epoch.num", "int", 30, "Training epochs (Angel's default 30).", check=at_least(1))
 MINIBATCH_SIZE = Key(
@@ -277,8 +277,31 @@ CACHE_ADMIT = Key(
 )
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _MAX_CACHE_ROWS = 2**31 - 1  # slots are int32
+#: The values of ``action.type``: what ``angelps submit`` runs (Angel's submit's actions).
+ACTIONS = ("train", "predict", "evaluate", "train_predict")
+ACTION_TYPE = Key(
+    "action.type",
+    "str",
+    "train",
+    "What the job does (Angel's submit): train; predict (angel.load.model.path on "
+    "angel.predict.data.path into angel.predict.out.path); evaluate (the metrics of "
+    "angel.load.model.path on the labelled angel.predict.data.path); train_predict (train, then "
+    "predict with the trained model). Read by angelps submit; angelps train also predicts "
+    "after training when it is train_predict (docs/angel-migration.md).",
+    choices=ACTIONS,
+)
+PREDICT_OUT_PATH = Key(
+    "angel.predict.out.path",
+    "str",
+    None,
+    "Output of prediction: a .csv or .parquet file (by its suffix; another name is a "
+    "directory that gets predictions.csv) with a pred column, one row per input row in "
+    "input order; its directory must exist.",
+)
 
 KEYS = [
+    ACTION_TYPE,
+    PREDICT_OUT_PATH,
     EPOCHS,
     MINIBATCH_SIZE,
     UPDATES_PER_EPOCH,
@@ -316,6 +339,7 @@ KEYS = [
 _DECAY_ON_BATCH = "ml.opt.decay.on.batch"
 _JOB_NAME = "angel.job.name"
 _STALENESS = "angel.staleness"
+_PREDICT_PATH = "angel.predict.data.path"
 
 
 def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
@@ -489,6 +513,28 @@ def _host_memory() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+class JobAction:
+    """What the job does and on which paths: ``action.type`` and the prediction keys."""
+
+    action: str
+    #: angel.load.model.path: the saved model that predicts or evaluates
+    model_path: str | None
+    #: angel.predict.data.path: the input of prediction and evaluation
+    data_path: str | None
+    #: angel.predict.out.path: where predictions go
+    out_path: str | None
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
+        """The action of a job (a Config or a mapping; a missing key takes its default)."""
+        return cls(
+            action=str(ACTION_TYPE.read(conf)),
+            model_path=LOAD_PATH.read(conf) or None,
+            data_path=conf.get(_PREDICT_PATH) or None,
+            out_path=PREDICT_OUT_PATH.read(conf) or None,
+        )
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,16 @@
 A saved model is a PS checkpoint (``angelps.checkpoint``: the tables with their optimizer
 state, renamed into place whole) whose manifest carries a ``learner`` section in its ``extra``:
 the epoch, scheduler state, history, early-stopping state, the model's shape and table specs,
-the job's explicitly set keys, and the worker-side state (dense layers, their optimizer state
-and every worker's RNG stream, base64 inside the manifest). Invariant: because the worker-side
-state travels inside the manifest, the PS checkpoint's atomic rename covers both halves, so a
-reader never sees a new PS half with an old worker half.
+the job's explicitly set keys, every worker's RNG stream, and the SHA-256 of
+``dense.safetensors``: the worker-side state (dense layers, their optimizer state), a
+safetensors file beside the Parquet tables that ``safetensors.torch.load_file`` reads.
+Invariant: the dense file is written inside the PS checkpoint's temporary directory, before the
+manifest and the atomic rename, so a reader never sees a new PS half with an old worker half.
+Checkpoints written before the dense file (an ``.npz`` in base64 inside the manifest) are still
+read.
 
-Nothing damaged is used: the manifest and every table file are checked against their SHA-256
+Nothing damaged is used: the manifest, every table file and the dense file are checked against
+their SHA-256
 (``angelps.checkpoint``) whenever they are read. :func:`resume_point` checks the whole checkpoint
 before anything starts; when the latest is damaged and ``<path>.prev`` (the previous good
 checkpoint, kept by every save) is sound, it moves the damaged one aside to
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import sys
 import uuid
@@ -26,25 +31,41 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from angelps import PSClient, checkpoint
+from angelps import PSClient, TableSpec, checkpoint
 from angelps.checkpoint import CheckpointDamaged
-from angelps.config import ConfigError
+from angelps.config import Config, ConfigError
+from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
 
-__all__ = ["load_dense", "read_extra", "restore", "resume_point", "save"]
+_LOAD = "angel.load.model.path"
+#: The worker-side (dense) layers' file beside the tables: safetensors.
+DENSE_FILE = "dense.safetensors"
+_MODEL = "ml.model.class.name"
+
+__all__ = [
+    "DENSE_FILE",
+    "check_tables",
+    "dense_blob",
+    "inference_conf",
+    "load_dense",
+    "read_extra",
+    "restore",
+    "resume_point",
+    "save",
+]
 
 
 def save(path: str, ps: PSClient, workers: WorkerGroup, section: Mapping[str, Any]) -> None:
     """Checkpoint the PS tables and the workers' state, with ``section`` as the learner's part
     of the manifest (JSON-safe)."""
     info = dict(section)
-    # The worker-side layers travel inside the manifest (an .npz, base64), so the PS
-    # checkpoint's atomic rename covers them too: no window with mismatched halves.
+    # The worker-side layers go to dense.safetensors beside the tables, inside the PS
+    # checkpoint's atomic commit; its SHA-256 is in the manifest, which checks itself.
     blob = workers.execute_single(0, "dense_state")
-    info["dense_npz_b64"] = base64.b64encode(blob).decode("ascii")
+    info["dense"] = {"file": DENSE_FILE, "sha256": hashlib.sha256(blob).hexdigest()}
     rngs = workers.execute("rng_state")
     info["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
-    ps.save(path, {"learner": info})
+    ps.save(path, {"learner": info}, files={DENSE_FILE: blob})
 
 
 def restore(path: str, ps: PSClient, workers: WorkerGroup) -> dict[str, Any]:
@@ -59,16 +80,39 @@ def restore(path: str, ps: PSClient, workers: WorkerGroup) -> dict[str, Any]:
     return info
 
 
-def load_dense(info: Mapping[str, Any], workers: WorkerGroup, where: str = "checkpoint") -> None:
-    """The worker-side layers of a learner section into every worker (and, when the number of
-    workers is the one that saved it, every worker's own RNG stream); ``where`` names the
-    checkpoint in errors."""
+def dense_blob(info: Mapping[str, Any], where: str) -> bytes:
+    """The worker-side layers of the checkpoint at ``where`` (learner section ``info``),
+    checked against their SHA-256: ``dense.safetensors``, or the base64 ``.npz`` inside the
+    manifest of checkpoints written before it (still read)."""
+    entry = info.get("dense")
+    if entry is None:
+        try:
+            return base64.b64decode(info["dense_npz_b64"], validate=True)
+        except (KeyError, TypeError, binascii.Error) as e:
+            raise CheckpointDamaged(
+                f"checkpoint {where}: the worker-side layers in its manifest are damaged ({e})"
+            ) from None
+    file = Path(checkpoint.read_manifest(where)["root"]) / str(entry["file"])
     try:
-        blob = base64.b64decode(info["dense_npz_b64"], validate=True)
-        rngs = [base64.b64decode(r, validate=True) for r in info.get("worker_rng_b64") or []]
-    except (KeyError, TypeError, binascii.Error) as e:
+        blob = file.read_bytes()
+    except OSError as e:
+        raise CheckpointDamaged(f"checkpoint file {file} is missing ({e.strerror})") from None
+    if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         raise CheckpointDamaged(
-            f"checkpoint {where}: the worker-side layers in its manifest are damaged ({e})"
+            f"checkpoint file {file} is damaged: its SHA-256 does not match the manifest"
+        )
+    return blob
+
+
+def load_dense(info: Mapping[str, Any], workers: WorkerGroup, where: str = "checkpoint") -> None:
+    """The worker-side layers of the checkpoint at ``where`` into every worker (and, when the
+    number of workers is the one that saved it, every worker's own RNG stream)."""
+    blob = dense_blob(info, where)
+    try:
+        rngs = [base64.b64decode(r, validate=True) for r in info.get("worker_rng_b64") or []]
+    except (TypeError, binascii.Error) as e:
+        raise CheckpointDamaged(
+            f"checkpoint {where}: the worker RNG states in its manifest are damaged ({e})"
         ) from None
     workers.execute("load_dense_state", blob)
     if len(rngs) == len(workers):
@@ -82,7 +126,7 @@ def resume_point(path: str) -> dict[str, Any]:
     (so that :func:`restore` of ``path`` finds the previous one) and the console says so;
     damaged without a sound previous one, it is a CheckpointDamaged naming the file."""
     try:
-        root = checkpoint.verify(path)["root"]
+        root = _verify(path)["root"]
         if root != os.path.abspath(path):
             print(
                 f"angelps: note: resuming from {root} (the latest save did not complete)",
@@ -93,7 +137,7 @@ def resume_point(path: str) -> dict[str, Any]:
         if prev is None or not os.path.isdir(path):
             raise
         try:
-            checkpoint.verify(prev)
+            _verify(prev)
         except CheckpointDamaged as e:
             raise CheckpointDamaged(
                 f"{damaged}; the previous checkpoint is damaged too: {e}"
@@ -110,6 +154,15 @@ def resume_point(path: str) -> dict[str, Any]:
     return read_extra(Path(path))
 
 
+def _verify(path: str) -> dict[str, Any]:
+    """The manifest of ``path`` after checking every table file and the dense file."""
+    manifest = checkpoint.verify(path)
+    learner = manifest.get("extra", {}).get("learner")
+    if learner is not None:
+        dense_blob(learner, path)
+    return manifest
+
+
 def read_extra(path: Path) -> dict[str, Any]:
     """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none,
     CheckpointDamaged (naming the file) when its manifest is damaged."""
@@ -123,3 +176,54 @@ def read_extra(path: Path) -> dict[str, Any]:
     if "learner" not in extra:
         raise ConfigError(f"{path} is a PS checkpoint without a model (no learner section)")
     return extra
+
+
+def inference_conf(conf: Config, info: Mapping[str, Any], where: str) -> Config:
+    """The job ``conf`` as the saved model of ``where`` (learner section ``info``) runs it: the
+    model's own ``ml.*`` settings (data format, label transform, shape) where the job does not
+    set them, one worker. A job that names another model is a ConfigError."""
+    saved = str(info["model"])
+    if conf.is_set(_MODEL) and model_name(str(conf[_MODEL])).lower() != saved.lower():
+        raise ConfigError(
+            f"{_LOAD}={where} holds a {saved} model, but {_MODEL}={conf[_MODEL]} "
+            f"({conf.source(_MODEL)}): load a {conf[_MODEL]} model or set {_MODEL}={saved}"
+        )
+    own = {
+        k: v
+        for k, v in dict(info.get("conf", {})).items()
+        if k.startswith("ml.") and not conf.is_set(k) and k in conf
+    }
+    return conf.with_overrides({**own, "angel.workergroup.number": 1, _MODEL: saved})
+
+
+def _shape(t: TableSpec | Mapping[str, Any]) -> str:
+    d = t.to_dict() if isinstance(t, TableSpec) else t
+    return f"{'sparse' if d.get('sparse') else 'dense'} {d['rows']} x {d['cols']}"
+
+
+def check_tables(built: list[TableSpec], info: Mapping[str, Any], conf: Config, where: str) -> None:
+    """ConfigError when the tables of the job's model (``built``) are not the saved ones:
+    names, rows and columns; the message names the path and the job's keys that differ."""
+    saved = {str(d["name"]): _shape(d) for d in info["tables"]}
+    wanted = {t.name: _shape(t) for t in built}
+    if saved == wanted:
+        return
+    diff = [
+        f"{name}: {saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here"
+        for name in sorted(set(saved) | set(wanted))
+        if saved.get(name) != wanted.get(name)
+    ]
+    own, props = dict(info.get("conf", {})), conf.to_properties()
+    keys = [
+        f"{k}={props.get(k, '')} ({conf.source(k)})"
+        for k in conf
+        if k.startswith("ml.")
+        and conf.is_set(k)
+        and conf.source(k) != "program"
+        and str(own.get(k, "")) != props.get(k, "")
+    ]
+    because = f"; the job sets {', '.join(keys)}" if keys else ""
+    raise ConfigError(
+        f"{_LOAD}={where}: the saved {info['model']} model's tables do not match the job's "
+        f"model ({'; '.join(diff)}){because}"
+    )

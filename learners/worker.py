@@ -525,7 +525,9 @@ class TrainWorker:
         preds: list[np.ndarray] = []
         scores_out: list[np.ndarray] = []
         loss_sum = 0.0
-        has_labels = getattr(data, "labels", None) is not None and n > 0
+        raw = getattr(data, "labels", None)
+        # Unlabelled rows (ml.data.has.label=false, in-memory inputs) carry NaN labels.
+        has_labels = raw is not None and n > 0 and not bool(np.isnan(raw).all())
         with torch.inference_mode():
             for lo in range(0, n, chunk):
                 b = data.take(np.arange(lo, min(n, lo + chunk)))

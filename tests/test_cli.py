@@ -11,7 +11,7 @@ import pytest
 from learners.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-VERBS = ("train", "predict", "evaluate", "schedule", "conf", "plot")
+VERBS = ("train", "predict", "evaluate", "submit", "export", "schedule", "conf", "plot")
 
 
 def test_every_verb_is_registered_and_has_examples() -> None:
@@ -157,10 +157,12 @@ def test_asking_for_gpus_the_cluster_lacks_is_bad_input(capsys: pytest.CaptureFi
         ["conf", "--conf", "conf/lr_a9a.properties"],
         ["conf", "--keys"],
         ["schedule", "--conf", "conf/lr_a9a.properties", "--steps", "3"],
+        ["schedule", "--conf", "conf/lr_a9a.properties", "--ml.opt.decay.on.batch", "true"],
         ["train", "--conf", "conf/lr_a9a.properties", "--set", "ml.no.such.key=1"],
+        ["predict", "--conf", "conf/lr_a9a.properties", "--action.type", "nonsense"],
         ["--help"],
     ],
-    ids=["conf", "conf-keys", "schedule", "typo", "help"],
+    ids=["conf", "conf-keys", "schedule", "schedule-per-update", "typo", "bad-action", "help"],
 )
 def test_config_only_verbs_import_neither_torch_nor_ray(argv: list[str], heavy_after) -> None:
     """`angelps conf`, `schedule`, `--help` and a typo's error answer without the heavy stack."""

@@ -61,4 +61,4 @@ def test_sigint_stops_cleanly_and_keeps_the_checkpoint(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert ev.returncode == 0, ev.stderr
-    assert json.loads(ev.stdout.strip().splitlines()[-1])["auc"] > 0.88
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["valid_auc"] > 0.88

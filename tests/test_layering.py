@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 PROJECT = {"decay", "angelps", "learners"}
-THIRD_PARTY = {"ray", "torch", "numpy", "pyarrow", "pandas", "tqdm", "matplotlib"}
+THIRD_PARTY = {"ray", "torch", "numpy", "pyarrow", "pandas", "tqdm", "matplotlib", "safetensors"}
 
 ALLOWED = {
     "decay": STDLIB | {"decay"},

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 from angelps import __version__
 from angelps.config import ConfigError
-from learners.cli import conf, schedule, train
+from learners.cli import conf, predict, schedule, train
+from learners.cli import export as export_verb
 from learners.cli import plot as plot_verb
-from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED
+from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, key_options
 from learners.data.problems import DataError, printable
 from learners.terminate import Terminated, sigterm_unwinds
 
@@ -37,6 +38,10 @@ _EPILOG = """\
 examples:
   angelps train --conf conf/lr_a9a.properties
   angelps train --conf conf/lr_a9a.properties --set ml.epoch.num=5 --summary-json out.json
+  angelps train --conf conf/lr_a9a.properties --ml.epoch.num 5 --angel.save.model.path runs/lr/model
+  angelps predict --conf conf/lr_a9a.properties --angel.load.model.path runs/lr/model \
+      --angel.predict.data.path data/a9a/a9a_123d_train.libsvm --angel.predict.out.path pred.csv
+  angelps submit --conf job.properties --action.type train_predict
   angelps schedule --set ml.opt.decay.class.name=CosineAnnealingLR --set ml.opt.decay.t.max=100 --steps 5
   angelps conf --conf conf/lr_a9a.properties --set ml.learn.rate=0.1
   angelps conf --keys
@@ -54,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"angelps {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in (train, schedule, plot_verb, conf):
+    for verb in (train, predict, export_verb, schedule, plot_verb, conf):
         verb.register(sub)
     return parser
 
@@ -96,15 +101,25 @@ def _report(exc: Exception, debug: bool) -> int:
     return EXIT_FAILURE
 
 
+def _verb_options(parser: argparse.ArgumentParser, verb: str) -> list[str]:
+    """The option strings of ``verb``'s sub-command (for the suggestion of a mistyped one)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [o for a in sub.choices[verb]._actions for o in a.option_strings if o.startswith("--")]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "set"):
+        parser.parse_args(argv)  # a verb without keys: argparse's own error (exit 2)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
     debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
     try:
+        if extra:  # Angel's submit style: --KEY VALUE for any declared key, after --set
+            args.set = [*args.set, *key_options(extra, _verb_options(parser, args.verb))]
         with sigterm_unwinds():
             return int(args.func(args) or 0)
     except Terminated:

@@ -1,10 +1,15 @@
 """The ``angelps schedule`` verb: print or plot the step sizes a configuration's schedule gives.
 
-``--steps N`` is both the number of updates printed and the total number of updates the
-schedule is told about (it fills ``ml.opt.decay.total.steps`` / ``.t.max`` when not set, as the
-learner does with epochs × updates per epoch). The values are written as they are computed, a
-block at a time, so memory stays flat whatever N; ``--plot`` draws at most
-:data:`PLOT_MAX_STEPS` points.
+With ``--conf job.properties`` it shows the sequence the job will use: one value per epoch
+(``ml.opt.decay.on.batch=false``, ``ml.epoch.num`` values) or per update (``ml.epoch.num`` ×
+updates per epoch, counted from the training input by :mod:`learners.schedule_length`, or
+``--updates-per-epoch``), numbered from 1 as the console counts (``epoch,lr`` or ``update,lr``),
+the schedule told that total as the learner tells it. ``--steps N`` overrides the length.
+
+Without ``--conf``: ``--steps N`` (100) values ``step,lr`` for k = 0..N-1, N being the total the
+schedule is told about (it fills ``ml.opt.decay.total.steps`` / ``.t.max`` when not set). The
+values are written as they are computed, a block at a time, so memory stays flat whatever N;
+``--plot`` draws at most :data:`PLOT_MAX_STEPS` points.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import decay
@@ -28,6 +34,8 @@ _BLOCK = 1 << 16  # values computed and written at a time
 
 _EXAMPLES = """\
 examples:
+  angelps schedule --conf conf/lr_a9a.properties
+  angelps schedule --conf conf/lr_a9a.properties --ml.opt.decay.on.batch true --plot lr.png
   angelps schedule --set ml.opt.decay.class.name=StepLR --set ml.opt.decay.step.size=3 --steps 10
   angelps schedule --conf conf/lr_a9a.properties --steps 30 --format json
   angelps schedule --set ml.opt.decay.class.name=OneCycleLR --steps 1000 --plot onecycle.png
@@ -35,7 +43,9 @@ examples:
       --set ml.opt.decay.schedulers=LinearLR,CosineAnnealingLR --set ml.opt.decay.milestones=10 \\
       --set ml.opt.decay.0.start.factor=0.1 --set ml.opt.decay.0.total.iters=10 --steps 100
 
-CSV output is the header `step,lr` and one line `k,lr_at(k)` per update k = 0..N-1 (full
+With --conf: the job's sequence, `epoch,lr` (epochs 1..ml.epoch.num) or `update,lr` (updates
+1..epochs x updates per epoch when ml.opt.decay.on.batch=true), and on stderr where the length
+comes from. Without: the header `step,lr` and one line `k,lr_at(k)` per update k = 0..N-1 (full
 precision). docs/decay.md lists every schedule and key.
 """
 
@@ -54,9 +64,17 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--steps",
         type=int,
-        default=100,
+        default=None,
         metavar="N",
-        help="number of updates to print, and the schedule's total number of updates (default 100)",
+        help="number of values to print, and the schedule's total (default: the job's length "
+        "with --conf, else 100)",
+    )
+    p.add_argument(
+        "--updates-per-epoch",
+        type=int,
+        default=None,
+        metavar="U",
+        help="per-update jobs: the updates per epoch, instead of counting the training input",
     )
     p.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (csv)")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curve into this PNG file")
@@ -68,11 +86,43 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def build(args: argparse.Namespace) -> StepSizeScheduler:
-    """The schedule of ``--conf``/``--set`` told about ``--steps`` updates."""
+@dataclass(frozen=True)
+class Preview:
+    """The schedule to show: its values' count, their unit and first index, and why."""
+
+    sched: StepSizeScheduler
+    steps: int
+    #: "epoch" or "update" (a job's sequence, numbered from 1), or "step" (from 0)
+    unit: str
+    why: str | None = None
+    #: updates per epoch of a per-update job (the plot marks the epochs' ends)
+    per_epoch: int | None = None
+
+    @property
+    def first(self) -> int:
+        return 0 if self.unit == "step" else 1
+
+
+def build(args: argparse.Namespace) -> Preview:
+    """The schedule of ``--conf``/``--set``: the job's sequence with --conf, else ``--steps``."""
     conf = load_job(args)
+    why, per_epoch = None, None
+    if args.conf is None:
+        unit, steps = "step", 100 if args.steps is None else args.steps
+    elif args.steps is not None:
+        unit = "update" if conf["ml.opt.decay.on.batch"] else "epoch"
+        steps = args.steps
+    else:
+        from learners.schedule_length import schedule_length
+
+        if args.updates_per_epoch is not None and args.updates_per_epoch < 1:
+            raise ConfigError(f"--updates-per-epoch {args.updates_per_epoch}: expected >= 1")
+        length = schedule_length(conf, args.updates_per_epoch)
+        unit, steps, why = length.unit, length.total, length.why
+        per_epoch = length.updates_per_epoch
     try:
-        return decay.from_conf(conf, total_steps=args.steps)
+        sched = decay.from_conf(conf, total_steps=max(steps, 1))
+        return Preview(sched, steps, unit, why, per_epoch if args.conf and why else None)
     except ConfigError:
         raise
     except ValueError as e:  # a bad schedule parameter is bad input, like a bad key
@@ -88,22 +138,36 @@ def values(sched: StepSizeScheduler, steps: int) -> tuple[list[float], list[floa
     return lrs, [float(m) for m in moms if m is not None]
 
 
-def plot(sched: StepSizeScheduler, steps: int, out: str | Path, title: str | None = None) -> None:
-    """Draw lr (and momentum, on a second axis) against the update index into a PNG."""
+def plot(
+    sched: StepSizeScheduler,
+    steps: int,
+    out: str | Path,
+    title: str | None = None,
+    unit: str = "step",
+    per_epoch: int | None = None,
+) -> None:
+    """Draw lr (and momentum, on a second axis) against the update index into a PNG; a job's
+    sequence (``unit`` epoch or update) is numbered from 1 and its axis says which."""
     import matplotlib  # only when drawing: the config-only verb stays fast
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lrs, moms = values(sched, steps)
+    xs = range(steps) if unit == "step" else range(1, steps + 1)
     fig, ax = plt.subplots(figsize=(7.0, 3.6), dpi=100)
-    ax.plot(range(steps), lrs, color="tab:blue", lw=1.6, label="lr")
-    ax.set_xlabel("update k")
-    ax.set_ylabel("lr_at(k)", color="tab:blue")
+    ax.plot(
+        xs, lrs, color="tab:blue", lw=1.6, label="lr", marker="o" if steps <= 60 else None, ms=3
+    )
+    ax.set_xlabel({"step": "update k", "epoch": "epoch", "update": "update"}[unit])
+    ax.set_ylabel("lr_at(k)" if unit == "step" else f"lr of the {unit}", color="tab:blue")
+    if per_epoch and steps // per_epoch <= 50:  # where each epoch ends
+        for e in range(1, steps // per_epoch):
+            ax.axvline(e * per_epoch + 0.5, color="0.6", lw=0.6, ls=":")
     ax.grid(alpha=0.3)
     if moms is not None:
         ax2 = ax.twinx()
-        ax2.plot(range(steps), moms, color="tab:orange", lw=1.0, ls="--", label="momentum")
+        ax2.plot(xs, moms, color="tab:orange", lw=1.0, ls="--", label="momentum")
         ax2.set_ylabel("momentum_at(k)", color="tab:orange")
     text = title or sched.describe()
     ax.set_title("\n".join(textwrap.wrap(text, 80)), fontsize=8)
@@ -138,17 +202,18 @@ def _blocks(n: int) -> Iterator[range]:
         yield range(start, min(n, start + _BLOCK))
 
 
-def _write_csv(sched: StepSizeScheduler, n: int) -> None:
-    out = sys.stdout
-    out.write("step,lr\n")
-    for ks in _blocks(n):
-        out.write("".join(f"{k},{sched.lr_at(k)!r}\n" for k in ks))
+def _write_csv(p: Preview) -> None:
+    out, sched = sys.stdout, p.sched
+    out.write(f"{p.unit},lr\n")
+    for ks in _blocks(p.steps):
+        out.write("".join(f"{k + p.first},{sched.lr_at(k)!r}\n" for k in ks))
 
 
-def _write_json(sched: StepSizeScheduler, n: int) -> None:
+def _write_json(p: Preview) -> None:
     """The JSON object ``json.dumps`` writes for the whole lists, written a block at a time."""
-    out = sys.stdout
-    out.write(f'{{"schedule": {json.dumps(sched.describe())}, "steps": {n}, "lr": [')
+    out, sched, n = sys.stdout, p.sched, p.steps
+    head = f'{{"schedule": {json.dumps(sched.describe())}, "unit": "{p.unit}", '
+    out.write(f'{head}"first": {p.first}, "steps": {n}, "lr": [')
     for ks in _blocks(n):
         sep = ", " if ks.start else ""
         out.write(sep + ", ".join(json.dumps(sched.lr_at(k)) for k in ks))
@@ -168,25 +233,27 @@ def run(args: argparse.Namespace) -> int:
         for path in catalogue(args.catalogue):
             print(path)
         return EXIT_OK
-    if args.steps < 0:
+    if args.steps is not None and args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: expected an integer >= 0")
-    if args.plot and args.steps > PLOT_MAX_STEPS:
+    p = build(args)
+    if args.plot and p.steps > PLOT_MAX_STEPS:
         raise ConfigError(
-            f"--steps {args.steps} with --plot: at most {PLOT_MAX_STEPS} steps can be drawn "
+            f"--steps {p.steps} with --plot: at most {PLOT_MAX_STEPS} steps can be drawn "
             "(print them without --plot)"
         )
-    sched = build(args)
-    n = args.steps
+    if p.why:
+        print(f"# {p.why}", file=sys.stderr)
     try:
         if args.format == "csv":
-            _write_csv(sched, n)
+            _write_csv(p)
         else:
-            _write_json(sched, n)
+            _write_json(p)
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`angelps schedule ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     if args.plot:
-        plot(sched, n, args.plot)
+        title = f"{p.sched.describe()}; {p.why}" if p.why else None
+        plot(p.sched, p.steps, args.plot, title, p.unit, p.per_epoch)
         print(f"wrote {args.plot}", file=sys.stderr)
     return EXIT_OK

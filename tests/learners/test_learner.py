@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import shutil
@@ -14,6 +13,7 @@ import pytest
 import ray
 
 from learners.cli import train as cli_train
+from learners.cli.main import main
 from learners.learner import GraphLearner
 from tests.short_tmp import short_tmp
 
@@ -233,12 +233,10 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     assert (model / "manifest.json").exists()
     copy = json.loads((tmp_path / "copy" / "manifest.json").read_text())["extra"]["learner"]
     assert copy["model"] == "LogisticRegression" and copy["num_features"] == 123
-    ns = argparse.Namespace(conf=str(ROOT / "conf" / "lr_a9a.properties"), set=[], address=None)
+    conf = str(ROOT / "conf" / "lr_a9a.properties")
     out = tmp_path / "pred.csv"
     assert (
-        cli_train._predict(
-            argparse.Namespace(**vars(ns), model=str(model), input=data, out=str(out))
-        )
+        main(["predict", "--conf", conf, "--model", str(model), "--input", data, "--out", str(out)])
         == 0
     )
     import pyarrow.csv as pacsv
@@ -250,25 +248,16 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     # Labels in input order (a9a's first line is -1: label 0).
     assert table["label"].to_numpy()[0] == 0.0
     # Without --conf the saved model's own data settings apply; Parquet by the suffix.
-    bare = argparse.Namespace(conf=None, set=[], address=None)
     outp = tmp_path / "pred.parquet"
-    assert (
-        cli_train._predict(
-            argparse.Namespace(**vars(bare), model=str(model), input=data, out=str(outp))
-        )
-        == 0
-    )
+    assert main(["predict", "--model", str(model), "--input", data, "--out", str(outp)]) == 0
     import pyarrow.parquet as pq
 
     np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct["pred"], rtol=1e-6)
     capsys.readouterr()
-    assert (
-        cli_train._evaluate(argparse.Namespace(**vars(ns), model=str(model), input=data, json=True))
-        == 0
-    )
+    assert main(["evaluate", "--conf", conf, "--model", str(model), "--input", data, "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert metrics["rows"] == 3000
-    assert 0.85 < metrics["auc"] < 1.0
+    assert metrics["valid_rows"] == 3000
+    assert 0.85 < metrics["valid_auc"] < 1.0
     # The model saved after the last epoch: its validation rows are part of the input.
     assert result.summary["epochs"] == 2
 
@@ -305,8 +294,10 @@ def test_save_path_equal_to_the_log_dir_fails_before_any_actor(tmp_path):
 
 def _dense_arrays(blob: bytes) -> dict[str, bytes]:
     """The arrays of a worker's dense_state() but its RNG state, as bytes."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        return {k: z[k].tobytes() for k in z.files if k != "rng/torch"}
+    from learners.dense import read_dense
+
+    arrays, _meta = read_dense(blob)
+    return {k: v.tobytes() for k, v in arrays.items() if k != "rng/torch"}
 
 
 @pytest.mark.slow

@@ -185,7 +185,13 @@ def test_dense_state_round_trip(census_256, local_ps_class):
     w.begin_epoch(0, StandardDecay(0.05))
     w.run_steps(2, None)
     blob = w.dense_state()
-    assert not blob.startswith(b"\x80")  # an .npz (zip), not a pickle
+    # safetensors: the ecosystem reads it; model/<name> is the module's own state_dict
+    from safetensors.torch import load
+
+    tensors = load(blob)
+    for name, v in w.model.state_dict().items():
+        assert torch.equal(tensors[f"model/{name}"], v)
+    assert any(k.startswith("opt/") for k in tensors) and "rng/torch" in tensors
     w2, _ = _worker(census_256, DEEPFM, {"seed": 99}, local_ps_class, 13)
     w2.load_dense_state(blob)
     for p, q in zip(w.model.parameters(), w2.model.parameters(), strict=True):

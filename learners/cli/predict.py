@@ -1,0 +1,276 @@
+"""The ``predict``, ``evaluate`` and ``submit`` verbs: Angel's flow from a job file's keys.
+
+``angelps predict --conf job.properties`` needs nothing else: the saved model is
+``angel.load.model.path``, the input ``angel.predict.data.path`` and the output
+``angel.predict.out.path``; ``--model``, ``--input`` and ``--out`` override them (they are set
+as those keys, after the file). ``angelps submit`` runs what ``action.type`` says, as Angel's
+submit does. Every path is checked before Ray or torch starts, and the predictions are written
+to a temporary file renamed into place, so a failed job overwrites nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from angelps.config import Config, ConfigError
+from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
+from learners.job_paths import absolute_paths
+from learners.plan import JobAction
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from learners.learner import GraphLearner
+
+__all__ = [
+    "check_input",
+    "check_out",
+    "register",
+    "run_action",
+    "write_predictions",
+]
+
+_LOAD, _DATA, _OUT = "angel.load.model.path", "angel.predict.data.path", "angel.predict.out.path"
+#: The file written into an angel.predict.out.path that is a directory (Angel's layout).
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        default=None,
+        help="join this Ray cluster (default: RAY_ADDRESS, else start a local Ray)",
+    )
+    p.add_argument("--model", metavar="DIR", help=f"a saved model directory (sets {_LOAD})")
+    p.add_argument("--input", metavar="PATH", help=f"input file or directory (sets {_DATA})")
+
+
+def register(sub: Subparsers) -> None:
+    """Add the ``predict``, ``evaluate`` and ``submit`` sub-commands."""
+    p = add_verb(
+        sub,
+        "predict",
+        help="write one prediction per input row with a saved model",
+        description=f"Load the saved model of {_LOAD} (or --model) and write one prediction "
+        f"per row of {_DATA} (or --input), in input order, to {_OUT} (or --out): a .csv or "
+        f".parquet file by its suffix, or a directory that gets {PREDICTIONS_FILE}. Columns: "
+        "pred (P(y=1) for binary models, the class for multi-class, the value for "
+        "regression) and label when the input has labels.",
+        examples=[
+            "angelps predict --conf conf/lr_a9a.properties "
+            "--angel.load.model.path runs/lr_a9a/model "
+            "--angel.predict.data.path data/a9a/a9a_123d_train.libsvm "
+            "--angel.predict.out.path pred.csv",
+            "angelps predict --model runs/lr_a9a/model "
+            "--input data/a9a/a9a_123d_train.libsvm --out pred.parquet",
+        ],
+    )
+    _common(p)
+    p.add_argument(
+        "--out", metavar="PATH", help=f"output .csv, .parquet or directory (sets {_OUT})"
+    )
+    p.set_defaults(func=_predict)
+
+    p = add_verb(
+        sub,
+        "evaluate",
+        help="print the metrics of a saved model on a labelled input",
+        description=f"Load the saved model of {_LOAD} (or --model) and print its metrics on the "
+        f"labelled {_DATA} (or --input), named as training's validation metrics (valid_auc, ...).",
+        examples=[
+            "angelps evaluate --model runs/lr_a9a/model --input data/a9a/a9a_123d_train.libsvm",
+            "angelps evaluate --conf conf/fm_census.properties --angel.load.model.path runs/fm "
+            "--angel.predict.data.path data/census/census_148d_train.dummy --json",
+        ],
+    )
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.set_defaults(func=_evaluate)
+
+    p = add_verb(
+        sub,
+        "submit",
+        help="run what action.type says (train, predict, evaluate, train_predict), as Angel's submit",
+        description="Angel's submit: every key as --KEY VALUE (or in --conf); action.type "
+        "chooses train, predict, evaluate or train_predict (train, then predict "
+        f"{_DATA} into {_OUT} with the trained model).",
+        examples=[
+            "angelps submit --conf conf/lr_a9a.properties --action.type train",
+            "angelps submit --action.type predict "
+            "--ml.model.class.name com.tencent.angel.ml.classification.LogisticRegression "
+            "--angel.load.model.path runs/lr_a9a/model "
+            "--angel.predict.data.path data/a9a/a9a_123d_train.libsvm "
+            "--angel.predict.out.path pred.csv",
+        ],
+    )
+    add_config_arguments(p)
+    p.add_argument("--address", metavar="ADDR", default=None, help="join this Ray cluster")
+    p.add_argument("--summary-json", metavar="PATH", help="training: write the summary as JSON")
+    p.add_argument("--json", action="store_true", help="evaluate: print one JSON object")
+    p.set_defaults(func=_submit, model=None, input=None, out=None, resume=False)
+
+
+# --- the job's paths, checked before anything starts ------------------------------------------
+
+
+def _job(args: argparse.Namespace) -> tuple[Config, JobAction]:
+    """The job with --model/--input/--out set as the keys they stand for (after the file)."""
+    flags = {_LOAD: args.model, _DATA: args.input, _OUT: getattr(args, "out", None)}
+    # Relative paths mean the command's directory, also for actors on other nodes.
+    conf = absolute_paths(load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None]))
+    return conf, JobAction.from_config(conf)
+
+
+def _shown(conf: Config, key: str) -> str:
+    """``key=value (where it was set)`` for an error line."""
+    return f"{key}={conf[key]} ({conf.source(key)})"
+
+
+def check_model(conf: Config, action: JobAction, verb: str) -> str:
+    """The saved model's directory: set and present, else a ConfigError naming the key."""
+    if action.model_path is None:
+        raise ConfigError(
+            f"{_LOAD} is not set: {verb} needs a saved model "
+            f"(--{_LOAD} DIR, --model DIR or {_LOAD} in the job file)"
+        )
+    if not Path(action.model_path).is_dir():
+        raise ConfigError(f"{_shown(conf, _LOAD)}: no saved model there (no such directory)")
+    return action.model_path
+
+
+def check_input(conf: Config, action: JobAction, verb: str) -> str:
+    """The input of prediction or evaluation: set and present."""
+    if action.data_path is None:
+        raise ConfigError(
+            f"{_DATA} is not set: {verb} needs an input "
+            f"(--{_DATA} PATH, --input PATH or {_DATA} in the job file)"
+        )
+    if not Path(action.data_path).exists():
+        raise ConfigError(f"{_shown(conf, _DATA)}: no such file or directory")
+    return action.data_path
+
+
+def check_out(conf: Config, action: JobAction) -> Path:
+    """The file the predictions go to: a .csv/.parquet name whose directory exists and is
+    writable, or a directory (created when its parent exists) that gets predictions.csv."""
+    if action.out_path is None:
+        raise ConfigError(
+            f"{_OUT} is not set: prediction needs an output "
+            f"(--{_OUT} FILE.csv, --out FILE.csv or {_OUT} in the job file)"
+        )
+    out = Path(action.out_path)
+    is_file = out.suffix.lower() in (".csv", ".parquet")
+    if is_file and out.is_dir():
+        raise ConfigError(f"{_shown(conf, _OUT)} is a directory: expected a .csv or .parquet name")
+    if not is_file and out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"{_shown(conf, _OUT)} is a file without a .csv or .parquet suffix: name a .csv or "
+            ".parquet file, or a directory"
+        )
+    parent = out.parent if is_file or not out.is_dir() else out
+    if not parent.is_dir():
+        raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} is not writable")
+    return out if is_file else out / PREDICTIONS_FILE
+
+
+def write_predictions(pred: Mapping[str, np.ndarray], out: Path) -> int:
+    """``pred`` (pred, label) as CSV or Parquet by ``out``'s suffix, written to a temporary
+    file renamed into place; the number of rows."""
+    import pyarrow as pa  # only when predicting
+
+    out.parent.mkdir(exist_ok=True)  # a directory output whose parent exists (checked)
+    table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        if out.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, tmp)
+        else:
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(table, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return int(table.num_rows)
+
+
+# --- the verbs ------------------------------------------------------------------------------
+
+
+def _loaded(conf: Config, model: str, address: str | None) -> GraphLearner:
+    from learners.learner import GraphLearner  # torch and Ray: only when predicting
+
+    return GraphLearner.load(model, conf, address=address, quiet=True)
+
+
+def predict_job(conf: Config, action: JobAction, address: str | None) -> int:
+    """Predict ``angel.predict.data.path`` with the model of ``angel.load.model.path``."""
+    model, data = check_model(conf, action, "predict"), check_input(conf, action, "predict")
+    out = check_out(conf, action)
+    learner = _loaded(conf, model, address)
+    try:
+        pred = learner.predict(data)
+    finally:
+        learner.shutdown()
+    rows = write_predictions(pred, out)
+    print(f"wrote {rows} predictions to {out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def evaluate_job(conf: Config, action: JobAction, address: str | None, as_json: bool) -> int:
+    """Print the metrics of the model of ``angel.load.model.path`` on the labelled input."""
+    model, data = check_model(conf, action, "evaluate"), check_input(conf, action, "evaluate")
+    learner = _loaded(conf, model, address)
+    try:
+        metrics = learner.evaluate(data)
+    finally:
+        learner.shutdown()
+    if as_json:
+        print(json.dumps(metrics))
+        return EXIT_OK
+    for k, v in metrics.items():
+        shown = f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else str(v)
+        print(f"{k:<20} {shown}")
+    return EXIT_OK
+
+
+def _predict(args: argparse.Namespace) -> int:
+    conf, action = _job(args)
+    return predict_job(conf, action, args.address)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    conf, action = _job(args)
+    return evaluate_job(conf, action, args.address, bool(args.json))
+
+
+def run_action(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
+    """Run ``action.type``: predict and evaluate here, train and train_predict in train."""
+    if action.action == "predict":
+        return predict_job(conf, action, args.address)
+    if action.action == "evaluate":
+        return evaluate_job(conf, action, args.address, bool(getattr(args, "json", False)))
+    from learners.cli.train import train_job
+
+    return train_job(args, conf, action)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    conf, action = _job(args)
+    return run_action(args, conf, action)

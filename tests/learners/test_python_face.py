@@ -1,0 +1,130 @@
+"""The Python face: ``GraphLearner.load(path)``, predict/evaluate on paths, pyarrow Tables,
+pandas DataFrames and numpy arrays, with the metric names training uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+from angelps.config import ConfigError
+from learners import GraphLearner
+from learners.data.problems import DataError
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = 800
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """LR trained on a slice of a9a and saved; the slice as a file and as parsed rows."""
+    tmp = tmp_path_factory.mktemp("face")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp / "ray"), namespace="angelps")
+    lines = (ROOT / "data/a9a/a9a_123d_train.libsvm").read_text().splitlines()[:ROWS]
+    data = tmp / "a9a.libsvm"
+    data.write_text("\n".join(lines) + "\n")
+    learner = GraphLearner.from_properties(
+        ROOT / "conf" / "lr_a9a.properties",
+        {
+            "angel.train.data.path": str(data),
+            "ml.epoch.num": 2,
+            "angel.save.model.path": str(tmp / "model"),
+            "angel.log.path": str(tmp / "log"),
+            "angel.job.name": "face",
+        },
+        quiet=True,
+    )
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    rows = [line.split() for line in lines]
+    labels = np.array([float(r[0]) for r in rows])
+    ids = [[int(t.split(":")[0]) - 1 for t in r[1:]] for r in rows]
+    values = [[float(t.split(":")[1]) for t in r[1:]] for r in rows]
+    dense = np.zeros((ROWS, 123))
+    for i, (row_ids, row_values) in enumerate(zip(ids, values, strict=True)):
+        dense[i, row_ids] = row_values
+    yield {
+        "model": tmp / "model",
+        "data": str(data),
+        "summary": result.summary,
+        "labels": labels,
+        "ids": ids,
+        "values": values,
+        "dense": dense,
+    }
+    ray.shutdown()
+
+
+def _features(path: str) -> list[list[str]]:
+    """The lines of a libsvm file without their labels."""
+    return [line.split()[1:] for line in Path(path).read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_load_is_a_class_method_and_every_input_kind_agrees(trained) -> None:
+    learner = GraphLearner.load(trained["model"])
+    try:
+        from_file = learner.predict(trained["data"])
+        table = pa.table(
+            {"label": trained["labels"], "ids": trained["ids"], "values": trained["values"]}
+        )
+        from_table = learner.predict(table)
+        from_frame = learner.predict(table.to_pandas())
+        from_array = learner.predict(trained["dense"])
+        unlabelled = learner.predict(table.drop_columns(["label"]))
+        metrics_file = learner.evaluate(trained["data"])
+        metrics_array = learner.evaluate(trained["dense"], labels=trained["labels"])
+        metrics_frame = learner.evaluate(pd.DataFrame(table.to_pydict()))
+        with pytest.raises(ConfigError, match="evaluation needs labels"):
+            learner.evaluate(trained["dense"])
+        with pytest.raises(DataError, match="labels: 3 labels for 800 rows"):
+            learner.predict(trained["dense"], labels=[1, 0, 1])
+    finally:
+        learner.shutdown()
+    bare = Path(trained["data"]).with_suffix(".nolabel")
+    bare.write_text("".join(" ".join(r) + "\n" for r in _features(trained["data"])))
+    with GraphLearner.load(trained["model"], {"ml.data.has.label": False}) as learner:
+        from_bare = learner.predict(bare)
+    pred = from_file["pred"]
+    np.testing.assert_allclose(from_bare["pred"], pred, rtol=1e-6)
+    assert "label" not in from_bare
+    assert pred.shape == (ROWS,)
+    for other in (from_table, from_frame, from_array, unlabelled):
+        np.testing.assert_allclose(other["pred"], pred, rtol=1e-6)
+    np.testing.assert_array_equal(from_table["label"], (trained["labels"] > 0).astype(np.float32))
+    assert "label" not in unlabelled and "label" not in from_array
+    # The names training uses, the same values whichever way the rows came.
+    assert {"valid_auc", "valid_logloss", "valid_accuracy", "valid_rows"} <= set(metrics_file)
+    assert metrics_file["valid_rows"] == ROWS
+    for other in (metrics_array, metrics_frame):
+        assert set(other) == set(metrics_file)
+        assert other["valid_auc"] == pytest.approx(metrics_file["valid_auc"], rel=1e-9)
+    assert set(metrics_file) & set(trained["summary"]) >= {"valid_auc", "valid_logloss"}
+
+
+def test_inputs_follow_the_parquet_column_conventions() -> None:
+    from learners.data import DataOptions
+    from learners.inputs import to_batch
+
+    opts = DataOptions(label_trans="PosNegTrans")
+    b = to_batch(pa.table({"label": [0.0, 1.0], "ids": [[3, 1], []]}), opts)
+    assert b.indptr.tolist() == [0, 2, 2] and b.ids.tolist() == [3, 1]
+    assert b.values.tolist() == [1.0, 1.0]  # no values column: every value is 1
+    assert b.labels.tolist() == [-1.0, 1.0]  # the job's label transform applies
+    d = to_batch(np.array([[0.0, 2.5, 0.0], [1.0, 0.0, 0.0]]), DataOptions(), labels=[1, 0])
+    assert d.ids.tolist() == [1, 0] and d.values.tolist() == [2.5, 1.0]
+    assert d.labels.tolist() == [1.0, 0.0] and d.row_index.tolist() == [0, 1]
+    with pytest.raises(DataError, match="no column ids"):
+        to_batch(pa.table({"x": [1]}), DataOptions())
+    with pytest.raises(DataError, match=r"table: row 0: a feature id is negative"):
+        to_batch(pa.table({"ids": [[-1]]}), DataOptions())
+    with pytest.raises(DataError, match="numpy input: row 1: a value is not finite"):
+        to_batch(np.array([[1.0], [np.nan]]), DataOptions())
+    with pytest.raises(TypeError, match="got list"):
+        to_batch([[1, 2]], DataOptions())
