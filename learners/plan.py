@@ -179,6 +179,15 @@ FREEZE_LAYERS = Key(
     "Layers left untouched: PS table names (weight, bias, wide, wide_bias, embedding, "
     "input, input_bias, ...) or worker-side module names (mlp).",
 )
+MAX_WORKER_RESTARTS = Key(
+    "angel.worker.max.restarts",
+    "int",
+    3,
+    "Times a training job restarts itself after one of its workers died (every worker and "
+    "shard started again from the last checkpoint in angel.save.model.path, or from the "
+    "beginning without one; see docs/checkpoints.md); 0: a dead worker fails the job.",
+    check=non_negative,
+)
 
 KEYS = [
     EPOCHS,
@@ -205,6 +214,7 @@ KEYS = [
     EARLY_STOP_PATIENCE,
     EARLY_STOP_METRIC,
     FREEZE_LAYERS,
+    MAX_WORKER_RESTARTS,
 ]
 
 # Keys other key modules declare that the loop reads (a full Config holds every declared key).

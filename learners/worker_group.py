@@ -26,6 +26,7 @@ from ray.exceptions import RayTaskError
 from angelps import PSClient
 from angelps.config import ConfigError
 from learners.data import DataError, DataOptions
+from learners.failover import gather
 from learners.plan import TrainPlan
 from learners.terminate import retake_sigterm
 from learners.worker import remote_worker_class
@@ -35,10 +36,12 @@ __all__ = ["WorkerGroup", "get"]
 _BAD_INPUT = (DataError, ConfigError, FileNotFoundError)
 
 
-def get(refs: Any) -> Any:
-    """``ray.get(refs)``, with a worker's bad-input error raised as itself (not wrapped)."""
+def get(refs: list[ray.ObjectRef], workers: Sequence[int] | None = None) -> list[Any]:
+    """The answers of calls to ``workers`` (default 0, 1, ...), with a worker's bad-input
+    error raised as itself (not wrapped); a dead worker raises ``WorkerDied`` at once
+    (:func:`learners.failover.gather`)."""
     try:
-        return ray.get(refs)
+        return gather(refs, workers)
     except RayTaskError as e:
         cause = getattr(e, "cause", None)
         if isinstance(cause, _BAD_INPUT):
@@ -68,7 +71,7 @@ class WorkerGroup:
 
     def execute_single(self, index: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on worker ``index`` and wait for its answer."""
-        return get(getattr(self.actors[index], method).remote(*args, **kwargs))
+        return get([getattr(self.actors[index], method).remote(*args, **kwargs)], [index])[0]
 
     def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
