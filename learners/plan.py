@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from angelps.config import Config, Key, at_least, non_negative, positive
+from angelps.config import Config, ConfigError, Key, at_least, non_negative, positive
 
 __all__ = ["KEYS", "JobSize", "TrainPlan"]
 
@@ -349,6 +349,17 @@ class JobSize:
         """
         max_id = max(s[p]["max_id"] for s in summaries for p in ("train", "valid"))
         train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
+        if sum(train_rows) == 0:  # (more workers would not help: say what is wrong)
+            valid = sum(int(s["valid"]["rows"]) for s in summaries)
+            raise ConfigError(
+                "angel.train.data.path: the training input has no rows"
+                + (
+                    f" left for training (its {valid} row(s) all went to validation: "
+                    "ml.data.validate.ratio)"
+                    if valid
+                    else " (its lines are all blank)"
+                )
+            )
         if min(train_rows) == 0:
             raise ValueError(
                 f"worker {train_rows.index(0)} has no training rows: the input has "
