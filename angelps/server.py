@@ -54,9 +54,9 @@ class ShardServer:
     condition variable without blocking the actor. ``step`` is the one call per shard per step:
     apply a push (if any), then serve a pull (if any).
 
-    Backups (``angel.ps.backup.interval`` > 0): every ``interval`` applied updates the shard
-    writes its partition, optimizer state and clocks under its backup directory (Parquet, a new
-    version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
+    Backups (``angel.ps.backup.interval`` > 0): at start, then every ``interval`` applied
+    updates, the shard writes its partition, optimizer state and clocks under its backup
+    directory (Parquet, a new version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
     constructor restores the latest backup, and every worker whose calls are ahead of the
     restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
     logged since that backup (the client learns the backup clock from each reply and trims its
