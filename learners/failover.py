@@ -137,6 +137,7 @@ class WorkerFailover:
         restarts ``angel.worker.max.restarts`` allows are used up."""
         limit = self.options.max_restarts
         if self.restarts >= limit:
+            _kill_workers(learner)  # the live ones may wait for the dead one: do not ask them
             raise WorkerDied(
                 died.index,
                 f"{died.reason}; the job has restarted {self.restarts} time(s), as many as "
@@ -177,15 +178,20 @@ class WorkerFailover:
         return int(saved_model.resume_point(self.save_path)["learner"]["next_epoch"])
 
 
-def _stop(learner: Any) -> None:
-    """Kill the workers (without asking them: the live ones may be blocked waiting for the dead
-    one) and the shards, and wait until the shards' names are free for the new launch."""
-    workers, ps = learner._workers, learner._ps
-    learner._workers = learner._ps = None
+def _kill_workers(learner: Any) -> None:
+    """Kill every worker actor of ``learner`` at once."""
+    workers, learner._workers = learner._workers, None
     if workers is not None:
         for a in workers.actors:
             ray.kill(a)
         workers.actors = []
+
+
+def _stop(learner: Any) -> None:
+    """Kill the workers (without asking them: the live ones may be blocked waiting for the dead
+    one) and the shards, and wait until the shards' names are free for the new launch."""
+    _kill_workers(learner)
+    ps, learner._ps = learner._ps, None
     if ps is None:
         return
     job, n = learner.ps_options.job, ps.num_shards

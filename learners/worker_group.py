@@ -95,7 +95,11 @@ class WorkerGroup:
         """Leave the process group and stop every actor (errors of dead actors are ignored)."""
         for a in self.actors:
             try:
-                ray.get(a.shutdown.remote())
+                # Bounded: a worker still waiting for a dead peer (BSP, all-reduce) is killed.
+                ray.get(a.shutdown.remote(), timeout=10)
+            except Exception:
+                pass
+            try:
                 ray.kill(a)
             except Exception:
                 pass
