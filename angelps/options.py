@@ -112,7 +112,7 @@ GPUS = Key(
 BACKUP_INTERVAL = Key(
     "angel.ps.backup.interval",
     "int",
-    200,
+    500,
     "Updates applied by a shard between two backups of its partition, optimizer state and "
     "clocks, so that Ray can restart a dead shard and the job goes on (docs/checkpoints.md: "
     "the default costs under 5% of training time on the example jobs). 0 turns backups off: "
