@@ -11,7 +11,8 @@ the same local disk as the job's log directory (where the default puts them).
 Training time is the time of the epochs' updates only (``GraphLearner.run_epoch``: start-up,
 validation and shutdown excluded). Prints, per job and interval, the median training seconds,
 their range and the cost against backups off; and, from the shard's own account (``stats()``:
-the backups it wrote and the seconds they took), the seconds per backup, the milliseconds per
+the backups it wrote during training and the seconds they took; not the one it writes at
+start-up), the seconds per backup, the milliseconds per
 update without them and the backups' share of the training time. On a loaded machine the
 accounted share is the steadier figure: the cost of interval N is about
 ``s/backup / (N x ms/update)``.
