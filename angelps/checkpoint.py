@@ -63,6 +63,7 @@ __all__ = [
     "VERSION",
     "CheckpointDamaged",
     "CheckpointError",
+    "backup_version",
     "build_manifest",
     "check_layout",
     "check_target",
@@ -439,12 +440,35 @@ def write_backup(backup_dir: str, shard: Any, meta: Mapping[str, Any]) -> str:
     return version
 
 
-def read_backup(backup_dir: str) -> tuple[str, dict[str, Any]] | None:
-    """(directory, meta) of the latest backup under ``backup_dir``, or None if there is none."""
+def backup_version(backup_dir: str) -> str | None:
+    """The version directory named by ``backup_dir``'s ``LATEST`` file (None without one).
+
+    Only a plain name (``b-<digits>``, what :func:`write_backup` writes) is accepted: a pointer
+    that could lead out of the backup directory (``../x``, an absolute path, a separator) is
+    refused with a CheckpointError naming the file, never joined into a path."""
+    pointer = os.path.join(backup_dir, _LATEST)
     try:
-        with open(os.path.join(backup_dir, _LATEST), encoding="utf-8") as f:
-            version = f.read().strip()
+        with open(pointer, encoding="utf-8", errors="replace") as f:
+            text = f.read(64)
     except FileNotFoundError:
+        return None
+    version = text.strip()
+    digits = version[2:]
+    if not (
+        version.startswith("b-") and 0 < len(digits) <= 24 and digits.isascii() and digits.isdigit()
+    ):
+        raise CheckpointError(
+            f"backup pointer {pointer} holds {text[:40]!r}, not a backup version name "
+            f"(b-<digits>, a directory inside {backup_dir}); refusing to restore from it"
+        )
+    return version
+
+
+def read_backup(backup_dir: str) -> tuple[str, dict[str, Any]] | None:
+    """(directory, meta) of the latest backup under ``backup_dir``, or None if there is none;
+    ``LATEST`` checked by :func:`backup_version`, the manifest by its checksum."""
+    version = backup_version(backup_dir)
+    if version is None:
         return None
     root = os.path.join(backup_dir, version)
     return root, load_manifest_file(root)

@@ -16,6 +16,7 @@ restored clock is an error, as is a second failure during recovery.
 from __future__ import annotations
 
 import collections
+import sys
 import time
 from collections.abc import Sequence
 
@@ -136,7 +137,16 @@ class ReplayLog:
             )
         for s in sorted(failed):
             net.reconnect(s)
-            self._replay(s, clock)
+            start, replayed = self._replay(s, clock)
+            # What failed and what was done, on the console (a worker's stderr reaches the
+            # driver's through Ray).
+            print(
+                f"angelps: warning: parameter shard {s} died; Ray restarted it and it restored "
+                f"its backup at clock {start} of worker {self.worker_id}, which replayed "
+                f"{replayed} push(es) since; training goes on",
+                file=sys.stderr,
+                flush=True,
+            )
         out: list[Reply] = []
         for c, r in zip(calls, results, strict=True):
             if r is None and c.pulls:
@@ -185,7 +195,9 @@ class ReplayLog:
                     ) from None
                 time.sleep(0.2)
 
-    def _replay(self, shard: int, clock: int) -> None:
+    def _replay(self, shard: int, clock: int) -> tuple[int, int]:
+        """Replay the logged pushes to ``shard`` from the clock it came back at; returns
+        (that clock, the pushes replayed)."""
         start = self._restored_clock(shard)
         entries = [e for e in self.entries[shard] if e.clock >= start]
         first = entries[0].clock if entries else clock
@@ -200,3 +212,4 @@ class ReplayLog:
             ray.get(refs)
         except RayTaskError as e:
             raise remote_error(e) from None
+        return start, len(entries)

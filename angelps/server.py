@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
-import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +30,7 @@ import numpy as np
 import ray
 
 from angelps import wire
-from angelps.checkpoint import CheckpointError, read_backup, write_backup
+from angelps.checkpoint import CheckpointError, backup_version, read_backup, write_backup
 from angelps.options import ShardOptions
 from angelps.shard import ParameterShard, ShardRestarted
 from angelps.table import TableSpec
@@ -44,8 +44,6 @@ __all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
 
 #: Reply bytes a connection may leave unread before the shard stops reading its next calls.
 MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
-#: What a backup's LATEST file may hold: the name of a version directory (checkpoint.py's).
-_VERSION = re.compile(r"b-[0-9]{1,24}")
 
 
 class ShardServer:
@@ -56,9 +54,9 @@ class ShardServer:
     condition variable without blocking the actor. ``step`` is the one call per shard per step:
     apply a push (if any), then serve a pull (if any).
 
-    Backups (``angel.ps.backup.interval`` > 0): every ``interval`` applied updates the shard
-    writes its partition, optimizer state and clocks under its backup directory (Parquet, a new
-    version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
+    Backups (``angel.ps.backup.interval`` > 0): at start, then every ``interval`` applied
+    updates, the shard writes its partition, optimizer state and clocks under its backup
+    directory (Parquet, a new version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
     constructor restores the latest backup, and every worker whose calls are ahead of the
     restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
     logged since that backup (the client learns the backup clock from each reply and trims its
@@ -92,6 +90,7 @@ class ShardServer:
             private_dir(root)
             private_dir(self.backup_dir)
         self._since_backup = 0
+        self._backups = {"count": 0, "seconds": 0.0, "start_s": 0.0}
         self.backup_clocks = [0] * self.shard.clocks.num_workers
         self.restarted = False
         self._awaiting_replay: set[int] = set()
@@ -105,15 +104,19 @@ class ShardServer:
         self._conns = {"open": 0, "refused": 0, "dropped": 0}
         if self.backup_dir and _was_restarted():
             self._restore_backup()
+        elif self.backup_dir:
+            # A first backup (clock 0) now: its one-time cost (~0.3 s: Parquet's writer warming
+            # up) is paid at start-up, not in the middle of training (bench/backup_cost.py).
+            self.backup()
+            start_s = self._backups["seconds"]
+            self._backups = {"count": 0, "seconds": 0.0, "start_s": start_s}
 
     # --- backups -------------------------------------------------------------------------------
 
     def _restore_backup(self) -> None:
         self.restarted = True
         self._awaiting_replay = set(range(self.shard.clocks.num_workers))
-        if backup_version(self.backup_dir) is None:
-            return  # died before its first backup: clients replay from clock 0
-        info = read_backup(self.backup_dir)
+        info = read_backup(self.backup_dir)  # LATEST checked: it names a version in the dir
         if info is None:
             return  # died before its first backup: clients replay from clock 0
         root, meta = info
@@ -128,10 +131,14 @@ class ShardServer:
                 "shard backups are off: set angel.ps.backup.interval > 0 (and "
                 "angel.ps.backup.path) to enable them"
             )
+        t0 = time.perf_counter()
         meta = self.shard.backup_meta()
         write_backup(self.backup_dir, self.shard, meta)
         self.backup_clocks = list(meta["clocks"]["pushed"])
         self._since_backup = 0
+        # What backups cost this shard (stats(); bench/backup_cost.py reads it).
+        self._backups["count"] += 1
+        self._backups["seconds"] += time.perf_counter() - t0
         return self.backup_clocks
 
     def _after_push(self) -> None:
@@ -235,6 +242,9 @@ class ShardServer:
         st = self.shard.stats()
         st["restarted"] = self.restarted
         st["backup_clocks"] = list(self.backup_clocks)
+        # Backups written by this process since its start-up one: count, seconds (and the
+        # seconds of that one, start_s).
+        st["backups"] = dict(self._backups)
         st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
         # The data plane: connections open now, refused over the cap, dropped (no token in
         # time, a wrong token, a frame over the limits).
@@ -407,27 +417,6 @@ def private_dir(path: str) -> None:
         )
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
-
-
-def backup_version(backup_dir: str) -> str | None:
-    """The version directory named by ``backup_dir``'s LATEST file (None without one).
-
-    Only a plain name of the form ``b-<digits>`` is accepted: a pointer that could lead out of
-    the backup directory (``../x``, an absolute path, a separator) is refused with a
-    CheckpointError naming the file, never joined into a path."""
-    pointer = os.path.join(backup_dir, "LATEST")
-    try:
-        with open(pointer, encoding="utf-8", errors="replace") as f:
-            text = f.read(64)
-    except FileNotFoundError:
-        return None
-    version = text.strip()
-    if not _VERSION.fullmatch(version):
-        raise CheckpointError(
-            f"backup pointer {pointer} holds {text[:40]!r}, not a backup version name "
-            f"(b-<digits>, a directory inside {backup_dir}); refusing to restore from it"
-        )
-    return version
 
 
 def _was_restarted() -> bool:

@@ -20,6 +20,7 @@ each shortfall is named by the keys that ask for it.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -76,14 +77,22 @@ def start_or_join(cli_address: str | None, timeout_s: float) -> None:
     """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``."""
     address, source = job_address(cli_address)
     if address is None:
-        ray.init(
-            address="local",  # a new instance even when another Ray runs on this machine
-            num_cpus=os.cpu_count() or 1,
-            include_dashboard=False,
-            namespace=NAMESPACE,
-            log_to_driver=True,
-            configure_logging=False,
-        )
+        # Ray warns, at every start, that a new local instance enables token authentication:
+        # that is how a private Ray should be, and nothing the user must act on.
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = auth_log.level
+        auth_log.setLevel(logging.ERROR)
+        try:
+            ray.init(
+                address="local",  # a new instance even when another Ray runs on this machine
+                num_cpus=os.cpu_count() or 1,
+                include_dashboard=False,
+                namespace=NAMESPACE,
+                log_to_driver=True,
+                configure_logging=False,
+            )
+        finally:
+            auth_log.setLevel(level)
         return
     what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
     probe(_resolve(address, what), timeout_s, what)

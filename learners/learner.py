@@ -31,7 +31,7 @@ from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.config import Config, ConfigError, load_config
 from angelps.launch import start_shards, wait_started
 from decay import StepSizeScheduler, from_conf
-from learners import cluster, saved_model
+from learners import cluster, failover, saved_model
 from learners.data import DataOptions
 from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.keys import all_keys
@@ -198,12 +198,24 @@ class GraphLearner:
             _check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
         log = RunLog(Path(plan.log_dir), self.quiet, plan.tensorboard)
+        # Failover (learners.failover): shard backups under the job's own path; a dead worker
+        # restarts the job from its last checkpoint.
+        self.ps_options = failover.backup_options(self.ps_options, plan.log_dir)
+        restarts = failover.WorkerFailover(
+            failover.FailoverOptions.from_config(self.conf), plan.save_path
+        )
         try:
             progress = self._prepare(resume, log)
-            for epoch in range(progress.next_epoch, plan.epochs):
+            epoch = progress.next_epoch
+            while epoch < plan.epochs:
                 self.epoch = epoch
-                row = self.run_epoch(epoch, log, progress)
-                row.update(self.validate())
+                try:
+                    row = self.run_epoch(epoch, log, progress)
+                    row.update(self.validate())
+                except failover.WorkerDied as died:
+                    progress = restarts.restart(self, died, log, progress)
+                    epoch = progress.next_epoch
+                    continue
                 self._schedule_epoch(row)
                 self._track(row, progress)
                 row["elapsed_s"] = time.perf_counter() - t_start
@@ -214,6 +226,7 @@ class GraphLearner:
                     self.checkpoint(plan.save_path, epoch, progress)
                 if self.early_stop(progress, log):
                     break
+                epoch += 1
             summary = self._summary(progress, time.perf_counter() - t_start)
             log.record({"kind": "summary", **summary})
             return TrainResult(history=progress.history, summary=jsonable(summary))
@@ -497,6 +510,7 @@ class GraphLearner:
         if self._ps is not None:
             self._ps.shutdown()
             self._ps = None
+            failover.remove_backup_root(self.ps_options, self.plan.log_dir)
         release(self._layout)
         self._layout = None
         if self._ray_started and ray.is_initialized():

@@ -244,6 +244,15 @@ FREEZE_LAYERS = Key(
     "Layers left untouched: PS table names (weight, bias, wide, wide_bias, embedding, "
     "input, input_bias, ...) or worker-side module names (mlp).",
 )
+MAX_WORKER_RESTARTS = Key(
+    "angel.worker.max.restarts",
+    "int",
+    3,
+    "Times a training job restarts itself after one of its workers died (every worker and "
+    "shard started again from the last checkpoint in angel.save.model.path, or from the "
+    "beginning without one; see docs/checkpoints.md); 0: a dead worker fails the job.",
+    check=non_negative,
+)
 
 # --- feeding the workers: prefetch depth and the worker-side row cache ------------------------
 PREFETCH_DEPTH = Key(
@@ -333,6 +342,7 @@ KEYS = [
     CACHE_ENABLE,
     CACHE_CAPACITY,
     CACHE_ADMIT,
+    MAX_WORKER_RESTARTS,
 ]
 
 # Keys other key modules declare that the loop reads (a full Config holds every declared key).
@@ -567,6 +577,17 @@ class JobSize:
         """
         max_id = max(s[p]["max_id"] for s in summaries for p in ("train", "valid"))
         train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
+        if sum(train_rows) == 0:  # (more workers would not help: say what is wrong)
+            valid = sum(int(s["valid"]["rows"]) for s in summaries)
+            raise ConfigError(
+                "angel.train.data.path: the training input has no rows"
+                + (
+                    f" left for training (its {valid} row(s) all went to validation: "
+                    "ml.data.validate.ratio)"
+                    if valid
+                    else " (its lines are all blank)"
+                )
+            )
         if min(train_rows) == 0:
             raise ValueError(
                 f"worker {train_rows.index(0)} has no training rows: the input has "

@@ -26,6 +26,7 @@ from ray.exceptions import RayTaskError
 from angelps import PSClient
 from angelps.config import ConfigError
 from learners.data import DataError, DataOptions
+from learners.failover import gather
 from learners.placement import Layout
 from learners.plan import TrainPlan
 from learners.terminate import retake_sigterm
@@ -36,10 +37,12 @@ __all__ = ["WorkerGroup", "get"]
 _BAD_INPUT = (DataError, ConfigError, FileNotFoundError)
 
 
-def get(refs: Any) -> Any:
-    """``ray.get(refs)``, with a worker's bad-input error raised as itself (not wrapped)."""
+def get(refs: list[ray.ObjectRef], workers: Sequence[int] | None = None) -> list[Any]:
+    """The answers of calls to ``workers`` (default 0, 1, ...), with a worker's bad-input
+    error raised as itself (not wrapped); a dead worker raises ``WorkerDied`` at once
+    (:func:`learners.failover.gather`)."""
     try:
-        return ray.get(refs)
+        return gather(refs, workers)
     except RayTaskError as e:
         cause = getattr(e, "cause", None)
         if isinstance(cause, _BAD_INPUT):
@@ -81,7 +84,7 @@ class WorkerGroup:
 
     def execute_single(self, index: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on worker ``index`` and wait for its answer."""
-        return get(getattr(self.actors[index], method).remote(*args, **kwargs))
+        return get([getattr(self.actors[index], method).remote(*args, **kwargs)], [index])[0]
 
     def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
@@ -104,11 +107,12 @@ class WorkerGroup:
     def shutdown(self) -> None:
         """Leave the process group and stop every actor (errors of dead actors are ignored)."""
         done = [a.shutdown.remote() for a in self.actors]
-        for ref in done:  # one by one: a dead actor's error must not hide the others'
+        # Bounded: a worker still waiting for a dead peer (BSP, all-reduce) is killed below;
+        # ray.wait does not raise, so a dead actor's error hides nothing.
+        ray.wait(done, num_returns=len(done), timeout=10)
+        for a in self.actors:
             try:
-                ray.get(ref)
+                ray.kill(a)
             except Exception:
                 pass
-        for a in self.actors:
-            ray.kill(a)
         self.actors = []

@@ -5,6 +5,7 @@ where an uninterrupted run ends."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -86,7 +87,7 @@ def uninterrupted(ray_local, tmp_path_factory):
 
 
 @pytest.mark.parametrize("fused", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path, fused):
+def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path, fused, capsys):
     ref, ref_losses = uninterrupted
     job = f"chaos{fused:d}"
     c = _launch(job, tmp_path)
@@ -98,6 +99,13 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
         # and the client replayed pushes 10..12 (then training went on to 24).
         assert stats[1]["clocks"]["pushed"] == [STEPS]
         backup_dir = c.options.shard.backup_dir
+        # (ray.kill returns before the process is gone: the call that fails is push 13 or 14)
+        assert re.fullmatch(
+            r"angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
+            r"backup at clock 10 of worker 0, which replayed [45] push\(es\) since; training "
+            r"goes on\n",
+            capsys.readouterr().err,
+        )
         assert read_backup(os.path.join(backup_dir, "shard-1")) is not None
     finally:
         c.shutdown()
@@ -111,7 +119,10 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
 
 def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
     c = PSClient.launch(
-        [W, B], PSOptions.from_config({"angel.job.name": "nobackup", "angel.ps.number": 2})
+        [W, B],
+        PSOptions.from_config(
+            {"angel.job.name": "nobackup", "angel.ps.number": 2, "angel.ps.backup.interval": 0}
+        ),
     )
     try:
         c.push("w", np.array([1, 2, 3]), np.ones(3), 0.1)

@@ -1,0 +1,139 @@
+"""Cost of shard backups (``angel.ps.backup.interval``) in a real training job.
+
+    python bench/backup_cost.py [--epochs 3] [--repeat 3] [--intervals 0,10,50,100,200]
+
+Trains conf/lr_a9a.properties (LogisticRegression, Adam) and conf/fm_census.properties
+(FactorizationMachines rank 8, Adam) on one private local Ray (2 CPUs), BSP, one worker and one
+shard, ``ml.seed=0``, no checkpoints, once per backup interval (0: backups off), the intervals
+interleaved and the whole round repeated ``--repeat`` times. The backups go to a directory on
+the same local disk as the job's log directory (where the default puts them).
+
+Training time is the time of the epochs' updates only (``GraphLearner.run_epoch``: start-up,
+validation and shutdown excluded). Prints, per job and interval, the median training seconds,
+their range and the cost against backups off; and, from the shard's own account (``stats()``:
+the backups it wrote during training and the seconds they took; not the one it writes at
+start-up), the seconds per backup, the milliseconds per
+update without them and the backups' share of the training time. On a loaded machine the
+accounted share is the steadier figure: the cost of interval N is about
+``s/backup / (N x ms/update)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+JOBS = {"lr_a9a": "conf/lr_a9a.properties", "fm_census": "conf/fm_census.properties"}
+
+
+def _train(job: str, interval: int, epochs: int, root: str) -> dict[str, Any]:
+    """One job's summary with backups every ``interval`` updates (0: off)."""
+    from learners.learner import GraphLearner
+
+    d = tempfile.mkdtemp(dir=root)
+    sets: dict[str, Any] = {
+        "ml.epoch.num": epochs,
+        "ml.seed": 0,
+        "angel.save.model.path": "",
+        "angel.log.path": os.path.join(d, "log"),
+        "angel.job.name": f"bench-{job}-{interval}",
+        "angel.ps.backup.interval": interval,
+        "angel.ps.backup.path": os.path.join(d, "backup"),
+    }
+    learner = GraphLearner.from_properties(REPO / JOBS[job], sets, quiet=True)
+    epoch_s: list[float] = []
+    run_epoch = learner.run_epoch
+
+    def timed(*a: Any, **kw: Any) -> dict[str, Any]:
+        t = time.perf_counter()
+        row = run_epoch(*a, **kw)
+        epoch_s.append(time.perf_counter() - t)
+        return row
+
+    learner.run_epoch = timed  # type: ignore[method-assign]
+    try:
+        result = learner.train()
+        assert learner._size is not None and learner._ps is not None
+        updates = learner._size.updates_per_epoch * epochs
+        backups = learner._ps.stats()[0]["backups"]
+    finally:
+        learner.shutdown()
+    assert len(epoch_s) == epochs
+    return {
+        "train_s": sum(epoch_s),
+        "updates": updates,
+        "auc": result.summary["valid_auc"],
+        "backups": backups["count"],
+        "backup_s": backups["seconds"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--intervals", default="0,10,50,100,200")
+    ap.add_argument("--jobs", default=",".join(JOBS))
+    args = ap.parse_args()
+    intervals = [int(x) for x in args.intervals.split(",")]
+    jobs = args.jobs.split(",")
+
+    import ray
+
+    os.chdir(REPO)
+    with tempfile.TemporaryDirectory(prefix="bc-") as root:
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            namespace="angelps",
+            log_to_driver=False,
+            _temp_dir=os.path.join(root, "ray"),
+        )
+        try:
+            runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            for _ in range(args.repeat):
+                for job in jobs:
+                    for n in intervals:
+                        runs.setdefault((job, n), []).append(_train(job, n, args.epochs, root))
+        finally:
+            ray.shutdown()
+    print(
+        f"{args.epochs} epochs, BSP, 1 worker, 1 shard, seed 0; median of {args.repeat} "
+        "(range); cost: against backups off; accounted: the shard's own backup seconds over "
+        "the rest of the training time"
+    )
+    print(
+        f"{'job':10} {'interval':>8} {'train s':>8} {'range':>15} {'cost':>7} "
+        f"{'backups':>7} {'s/backup':>8} {'ms/update':>9} {'accounted':>9}"
+    )
+    for job in jobs:
+        base = statistics.median(r["train_s"] for r in runs[(job, 0)]) if 0 in intervals else 0
+        for n in intervals:
+            rs = runs[(job, n)]
+            ts = [r["train_s"] for r in rs]
+            med = statistics.median(ts)
+            cost = f"{(med / base - 1) * 100:+.1f}%" if base else "-"
+            count = statistics.median(r["backups"] for r in rs)
+            per = statistics.median(r["backup_s"] / max(r["backups"], 1) for r in rs)
+            step_ms = statistics.median(
+                (r["train_s"] - r["backup_s"]) / r["updates"] * 1e3 for r in rs
+            )
+            share = statistics.median(r["backup_s"] / (r["train_s"] - r["backup_s"]) for r in rs)
+            print(
+                f"{job:10} {n:>8} {med:8.3f} {min(ts):7.3f}-{max(ts):<7.3f} {cost:>7} "
+                f"{count:>7g} {per:8.4f} {step_ms:9.2f} {share * 100:8.1f}%"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Fault matrix: a shard or a worker killed in the middle of training, default failover settings.
+
+On a real local Ray, conf/lr_a9a.properties (LogisticRegression on a9a, BSP, ``ml.seed`` 0) with
+nothing about failover set: shard backups every ``angel.ps.backup.interval`` updates under
+``<angel.log.path>/ps-backup``, ``angel.worker.max.restarts`` restarts. A thread kills, while the
+job trains,
+
+- its shard (after its first backup), by Ray (``ray.kill``) or by SIGKILL of its process: Ray
+  restarts it, it restores its backup, the worker replays its pushes since;
+- one of its two workers (once the first epoch's checkpoint is written), by Ray or by SIGKILL:
+  the job restarts every worker and shard from that checkpoint and says so on the console.
+
+Each job finishes with exactly the per-epoch metrics (validation AUC and logloss, training loss)
+of the uninterrupted run: these faults are bit-exact (docs/checkpoints.md). One of each kind runs
+by default, the other variants are slow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from angelps.launch import actor_name
+from angelps.options import BACKUP_INTERVAL
+from learners.learner import GraphLearner
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf" / "lr_a9a.properties"
+EPOCHS = 4  # of the worker faults
+METRICS = ("epoch", "train_loss", "valid_auc", "valid_logloss", "lr")
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _sets(d: Path, job: str, workers: int, epochs: int, save: bool = True) -> dict[str, Any]:
+    return {
+        "angel.train.data.path": str(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm"),
+        "angel.save.model.path": str(d / "model") if save else "",
+        "angel.log.path": str(d / "log"),
+        "angel.job.name": job,
+        "angel.workergroup.number": workers,
+        "ml.epoch.num": epochs,
+    }
+
+
+def _metrics(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: row[k] for k in METRICS} for row in history]
+
+
+class Killer(threading.Thread):
+    """Calls ``kill`` once ``ready()`` is true (polled every 20 ms while the job trains)."""
+
+    def __init__(self, ready: Callable[[], bool], kill: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.ready, self.kill = ready, kill
+        self.killed = False
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                if self.ready():
+                    self.kill()
+                    self.killed = True
+                    return
+            except (ValueError, AttributeError, ray.exceptions.RayError):
+                pass  # the actors are not up yet
+            time.sleep(0.02)
+
+
+def _run(d: Path, sets: dict[str, Any], killer: Callable[[GraphLearner], Killer] | None) -> Any:
+    """Train; returns (history, the shards' stats at the end, the killer)."""
+    learner = GraphLearner.from_properties(CONF, sets, quiet=True)
+    k = killer(learner) if killer else None
+    if k:
+        k.start()
+    try:
+        result = learner.train()
+        assert learner._ps is not None
+        stats = learner._ps.stats()
+    finally:
+        if k:
+            k.stop.set()
+        learner.shutdown()
+    return result.history, stats, k
+
+
+_REF: dict[tuple[int, int], list[dict[str, Any]]] = {}
+
+
+def _reference(tmp_path_factory: pytest.TempPathFactory, workers: int, epochs: int) -> Any:
+    """The uninterrupted run's metrics (one per worker count and epochs, per module)."""
+    if (workers, epochs) not in _REF:
+        d = tmp_path_factory.mktemp(f"ref{workers}")
+        history, _, _ = _run(d, _sets(d, f"ref{workers}", workers, epochs), None)
+        _REF[(workers, epochs)] = _metrics(history)
+    return _REF[(workers, epochs)]
+
+
+# --- a shard ---------------------------------------------------------------------------------
+
+
+def _shard_killer(job: str, how: str, seen: dict[str, Any]) -> Callable[[GraphLearner], Killer]:
+    def make(learner: GraphLearner) -> Killer:
+        shard = {}
+
+        def ready() -> bool:
+            h = ray.get_actor(actor_name(job, 0), namespace="angelps")
+            st = ray.get(h.stats.remote(), timeout=10)
+            if st["backup_clocks"][0] == 0:
+                return False  # no backup yet
+            assert learner._ps is not None
+            seen["backup_dir"] = learner._ps.options.shard.backup_dir
+            seen["mode"] = stat.S_IMODE(os.stat(seen["backup_dir"]).st_mode)
+            seen["killed_at"] = st["clocks"]["pushed"][0]
+            shard.update(handle=h, pid=st["pid"])
+            return True
+
+        def kill() -> None:
+            if how == "sigkill":
+                os.kill(shard["pid"], signal.SIGKILL)
+            else:
+                ray.kill(shard["handle"], no_restart=False)
+
+        return Killer(ready, kill)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "how,workers,epochs",
+    [
+        ("sigkill", 1, 8),
+        pytest.param("ray", 1, 8, marks=pytest.mark.slow),
+        pytest.param("sigkill", 2, 14, marks=pytest.mark.slow),
+    ],
+)
+def test_a_killed_shard_is_restored_and_the_job_ends_as_if_uninterrupted(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, how: str, workers: int, epochs: int
+) -> None:
+    ref = _reference(tmp_path_factory, workers, epochs)
+    job, seen = f"shard-{how}-{workers}", {}
+    sets = _sets(tmp_path, job, workers, epochs)
+    history, stats, killer = _run(tmp_path, sets, _shard_killer(job, how, seen))
+    assert killer is not None and killer.killed
+    # Killed mid-training (a9a: 115 updates an epoch with one worker, 58 with two), after its
+    # first backup of training, and restarted by Ray from it.
+    assert BACKUP_INTERVAL.default <= seen["killed_at"] < epochs * (115 // workers)
+    assert [s["restarted"] for s in stats] == [True]
+    # The backups lived in a private directory under the job's log directory, removed at the end.
+    backups = Path(seen["backup_dir"])
+    assert backups.parent == tmp_path / "log" / "ps-backup"
+    assert backups.name.startswith(f"{job}-") and seen["mode"] == 0o700
+    assert not (tmp_path / "log" / "ps-backup").exists()
+    assert _metrics(history) == ref
+
+
+# --- a worker --------------------------------------------------------------------------------
+
+
+def _worker_pid(actor: Any) -> int:
+    from ray._private import state
+
+    return int(state.actors(actor._actor_id.hex())["Pid"])
+
+
+def _worker_killer(d: Path, how: str, when: str = "checkpoint") -> Callable[[GraphLearner], Killer]:
+    def make(learner: GraphLearner) -> Killer:
+        def ready() -> bool:
+            if learner._workers is None or len(learner._workers.actors) < 2:
+                return False
+            if when == "checkpoint":
+                return (d / "model" / "manifest.json").exists()
+            log = d / "log" / "metrics.jsonl"
+            return log.exists() and '"kind": "step"' in log.read_text()
+
+        def kill() -> None:
+            assert learner._workers is not None
+            victim = learner._workers.actors[1]
+            if how == "sigkill":
+                os.kill(_worker_pid(victim), signal.SIGKILL)
+            else:
+                ray.kill(victim)
+
+        return Killer(ready, kill)
+
+    return make
+
+
+@pytest.mark.parametrize("how", ["ray", pytest.param("sigkill", marks=pytest.mark.slow)])
+def test_a_killed_worker_restarts_the_job_from_its_checkpoint(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    ref = _reference(tmp_path_factory, 2, EPOCHS)
+    sets = _sets(tmp_path, f"worker-{how}", 2, EPOCHS)
+    history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, how))
+    assert killer is not None and killer.killed
+    err = capsys.readouterr().err
+    assert "angelps: warning: worker 1 died (" in err, err
+    assert (
+        f"); restarting the workers and parameter shards from the checkpoint "
+        f"{tmp_path / 'model'} (epoch 1 done), restart 1 of angel.worker.max.restarts=3\n"
+    ) in err
+    assert _metrics(history) == ref
+
+
+@pytest.mark.slow
+def test_without_a_checkpoint_a_killed_worker_restarts_the_job_from_the_beginning(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = _reference(tmp_path_factory, 2, EPOCHS)
+    sets = _sets(tmp_path, "worker-nosave", 2, EPOCHS, save=False)
+    history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, "ray", when="step"))
+    assert killer is not None and killer.killed
+    err = capsys.readouterr().err
+    assert (
+        "); restarting the workers and parameter shards from the beginning (no checkpoint "
+        "yet: angel.save.model.path is not set), restart 1 of angel.worker.max.restarts=3\n"
+    ) in err
+    assert _metrics(history) == ref
+
+
+@pytest.mark.slow
+def test_a_dead_worker_beyond_the_allowed_restarts_fails_the_job_with_one_line(
+    tmp_path: Path,
+) -> None:
+    sets = {**_sets(tmp_path, "worker-norestart", 2, EPOCHS), "angel.worker.max.restarts": 0}
+    with pytest.raises(RuntimeError) as e:
+        _run(tmp_path, sets, _worker_killer(tmp_path, "ray"))
+    msg = str(e.value)
+    assert msg.startswith("worker 1 died: The actor is dead because"), msg
+    assert msg.endswith(
+        "; the job has restarted 0 time(s), as many as angel.worker.max.restarts=0 allows"
+    ), msg
+    assert "\n" not in msg
