@@ -409,7 +409,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
     data = synthetic_paths(10**6, 500_000, 50_000)
     batches = [int(b) for b in args.batches.split(",")] if args.batches else [8192]
     cases = []
-    for model in ("FM", "DeepFM"):
+    for model in args.models.split(","):
         for b in batches:
             for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS)):
                 if want(system, system in FEED_SYSTEMS):
@@ -727,6 +727,7 @@ def main() -> int:
         help="torch threads of the one-process baselines and of a lone angelps worker (default 1: "
         "on a busy 2-core machine a second OpenMP thread spins and slows DeepFM down 5-10x)",
     )
+    p.add_argument("--models", default="FM,DeepFM", help="feed suite: FM,DeepFM")
     p.add_argument(
         "--device",
         default="cpu",

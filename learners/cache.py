@@ -35,7 +35,7 @@ from torch import Tensor
 
 from angelps.config import ConfigError
 
-__all__ = ["CacheStats", "RowCache", "Split"]
+__all__ = ["CacheStats", "RowCache", "Split", "cached_tables", "fill_rows", "split_request"]
 
 _SLOT_BYTES = 8 + 8 + 8 + 4  # key, fetched, pushed (int64), index (int32)
 
@@ -209,3 +209,29 @@ class RowCache:
 def cached_tables(tables: Sequence[tuple[str, int, bool]]) -> dict[str, int]:
     """The tables a cache holds: the sparse ones (name, cols, sparse) -> cols."""
     return {name: cols for name, cols, sparse in tables if sparse}
+
+
+def split_request(
+    cache: RowCache | None, req: dict[str, np.ndarray], clock: int, use_clock: int | None = None
+) -> tuple[dict[str, np.ndarray], Split | None]:
+    """A batch's request (table -> ids; the sparse tables share one sorted id set) less the
+    rows ``cache`` serves: (what to pull, the split to :func:`fill_rows` with)."""
+    if cache is None:
+        return req, None
+    names = [t for t in cache.cols if t in req]
+    if not names:
+        return req, None
+    sp = cache.split(req[names[0]], clock, use_clock)
+    miss = req[names[0]][~sp.hit]
+    return {t: (miss if t in cache.cols else k) for t, k in req.items()}, sp
+
+
+def fill_rows(
+    cache: RowCache | None, sp: Split | None, pulled: Mapping[str, np.ndarray]
+) -> Mapping[str, np.ndarray | Tensor]:
+    """The batch's rows: as pulled, with the cached tables' rows completed by ``sp``."""
+    if sp is None or cache is None:
+        return pulled
+    rows: dict[str, np.ndarray | Tensor] = dict(pulled)
+    rows.update(cache.fill(sp, pulled))
+    return rows

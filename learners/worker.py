@@ -41,7 +41,7 @@ from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler
 from learners.batch_input import BatchInput
-from learners.cache import RowCache, Split, cached_tables
+from learners.cache import RowCache, Split, cached_tables, fill_rows, split_request
 from learners.data import Batch, DataOptions, binary_labels01
 from learners.data_part import DataPart
 from learners.dense import (
@@ -260,22 +260,11 @@ class TrainWorker:
         self, req: dict[str, np.ndarray], clock: int, use_clock: int | None = None
     ) -> tuple[dict[str, np.ndarray], Split | None]:
         """The rows to pull for ``req`` once the worker cache has served what it may."""
-        if self.cache is None:
-            return req, None
-        names = [t for t in self.cache.cols if t in req]
-        if not names:
-            return req, None
-        sp = self.cache.split(req[names[0]], clock, use_clock)
-        miss = req[names[0]][~sp.hit]
-        return {t: (miss if t in self.cache.cols else k) for t, k in req.items()}, sp
+        return split_request(self.cache, req, clock, use_clock)
 
     def _cache_fill(self, sp: Split | None, pulled: Mapping[str, np.ndarray]) -> _RowMap:
         """The batch's rows: pulled ones and (with a split) those the cache served."""
-        if sp is None or self.cache is None:
-            return pulled
-        rows: dict[str, np.ndarray | Tensor] = dict(pulled)
-        rows.update(self.cache.fill(sp, pulled))
-        return rows
+        return fill_rows(self.cache, sp, pulled)
 
     def begin_epoch(self, epoch: int, sched: StepSizeScheduler) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.

@@ -316,3 +316,22 @@ def test_a_prefetch_pull_needs_staleness(ray_local):
                 np.testing.assert_array_equal(fut.result()["lin"], [[-0.5], [-0.5]])
         finally:
             c.shutdown()
+
+
+def test_a_call_over_one_frame_streams_both_ways(ray_local):
+    """A 7 MB push and a 5 MB reply (more than one 4 MiB frame each, at the real frame size)
+    take the connection and give the rows of a reference shard."""
+    c = PSClient.launch(
+        [EMB], PSOptions.from_config({"angel.job.name": "wire-big", "angel.ps.number": 1})
+    )
+    ref = ParameterShard(0, 1, [EMB])
+    try:
+        keys = np.arange(300_000, dtype=np.int64) * 7 - 1_000_000
+        grads = np.random.default_rng(5).standard_normal((keys.size, 4)).astype(np.float32)
+        assert keys.nbytes + grads.nbytes > wire.MAX_FRAME_BYTES
+        rows = c.push_pull({"emb": (keys, grads)}, 0.1, {"emb": keys})["emb"]
+        ref.push(0, 0, {"emb": (keys, grads)}, 0.1)
+        np.testing.assert_array_equal(rows, ref.pull({"emb": keys})["emb"])
+        assert c.net.ray_refs == [[]] and c.net.chans[0].sent == 1
+    finally:
+        c.shutdown()
