@@ -71,9 +71,7 @@ def _check_summary_json(name: str) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    # A bad key or value answers before torch and Ray load; relative paths mean the
-    # command's directory, on every node (learners.job_paths).
-    conf = absolute_paths(load_job(args))
+    conf = load_job(args)  # a bad key or value answers before torch and Ray load
     action = JobAction.from_config(conf)
     if action.action in ("predict", "evaluate"):
         raise ConfigError(
@@ -94,7 +92,14 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
         check_input(conf, action, "train_predict")
         out = check_out(conf, action)
     from learners.learner import GraphLearner  # torch and Ray: only when training
+    from learners.plan import TrainPlan
+    from learners.preflight import check_job
 
+    # Checked as written (errors name the paths the user gave), then relative paths made
+    # absolute against the command's directory, as every node must read them.
+    check_job(conf, TrainPlan.from_config(conf), bool(args.resume))
+    conf = absolute_paths(conf)
+    action = JobAction.from_config(conf)  # its paths absolute too
     learner = GraphLearner(conf, address=args.address)
     try:
         result = learner.train(resume=bool(args.resume))

@@ -135,17 +135,25 @@ class TwoNodes:
         )
 
     def stop(self) -> None:
-        """End the process groups this test started, the second node first."""
-        for p in reversed(self.procs):
+        """End the process groups this test started (and only those): SIGTERM, then what is
+        left of each group after 5 s gets SIGKILL."""
+        for p in self.procs:
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self.procs:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            try:
-                p.wait(timeout=30)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                pass
+            _signal_group(p.pid, signal.SIGKILL)  # Ray's processes left in the group
+            p.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +236,22 @@ def test_shards_on_one_node_workers_on_the_other_equal_single_node(
     for k in ("valid_auc", "valid_logloss", "valid_accuracy", "train_loss", "updates_per_epoch"):
         assert cluster_run[k] == single[k], k
     assert cluster_run["valid_auc"] > 0.85
+
+
+@pytest.mark.slow
+def test_an_actor_error_is_one_line(two_nodes: TwoNodes, tmp_path: Path) -> None:
+    """The worker (on the second node) cannot find the validation file: one line naming the
+    absolute path, exit 2; the traceback only with ANGELPS_DEBUG=1."""
+    cwd = _job_dir(tmp_path / "job")
+    args = ["--address", two_nodes.address, "--set", "angel.worker.resources=worker:1",
+            "--set", "angel.validate.data.path=data/missing.libsvm"]  # fmt: skip
+    r = _train(cwd, two_nodes.env, *args)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("angelps:")]
+    assert errors == [
+        f"angelps: error: {cwd / 'data' / 'missing.libsvm'}: no such input file or directory"
+    ]
+    assert "Traceback" not in r.stderr
+    r = _train(cwd, {**two_nodes.env, "ANGELPS_DEBUG": "1"}, *args)
+    assert r.returncode == 2
+    assert "Traceback" in r.stderr

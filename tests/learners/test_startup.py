@@ -104,6 +104,8 @@ def test_train_verb_hands_the_learner_absolute_paths(
 
     monkeypatch.setattr(learners.learner, "GraphLearner", Spy)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.libsvm").write_text("1 1:1\n")
     args = argparse.Namespace(
         conf=None,
         set=["angel.train.data.path=data/t.libsvm", "angel.save.model.path=out/m"],
