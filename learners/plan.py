@@ -525,6 +525,7 @@ def _host_memory() -> int:
         return 0
 
 
+@dataclass(frozen=True)
 class JobAction:
     """What the job does and on which paths: ``action.type`` and the prediction keys."""
 
