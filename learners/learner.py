@@ -7,8 +7,10 @@
 
 The scheduler lives here (per-epoch decay) or is copied to the workers for the epoch
 (``ml.opt.decay.on.batch=true``), where it advances once per applied optimizer update: never per
-micro-batch and never for a skipped update. Metrics go to ``<angel.log.path>/metrics.jsonl``
-(:mod:`learners.run_log`); checkpoints are :mod:`learners.saved_model`.
+micro-batch and never for a skipped update. Each run writes to its own directory
+``<angel.log.path>/<job>-<time>`` (:mod:`learners.runs`, :mod:`learners.run_log`); checkpoints
+are :mod:`learners.saved_model`, the copies kept and a failed write :mod:`learners.retention`;
+the progress bar and the chunks of updates that move it :mod:`learners.progress`.
 
 Invariant: the job configuration is read once, here, into typed options (:class:`TrainPlan`,
 ``ModelConfig``, the data options, the PS's own); the workers and the loop read those.
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
@@ -38,9 +42,12 @@ from learners.model_config import ModelConfig
 from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import check_job, lower_is_better, watched_metric
-from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
+from learners.progress import TICK_S, Chunker, merge_chunks
+from learners.retention import Checkpoints
+from learners.run_log import RunLog, banner, done_line, epoch_line, jsonable, step_record
+from learners.runs import new_run_dir
 from learners.tables import table_specs
-from learners.worker_group import WorkerGroup
+from learners.worker_group import WorkerGroup, get
 
 __all__ = ["GraphLearner", "TrainResult"]
 
@@ -60,20 +67,24 @@ class _Progress:
     next_epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     best: float | None = None
+    #: the epoch (0-based) of ``best``
+    best_epoch: int | None = None
     since_best: int = 0
     samples: int = 0
     train_s: float = 0.0
     stopped_early: bool = False
 
-    def watch(self, value: float | None, lower_is_better: bool) -> None:
-        """Count epochs since the watched metric last improved."""
+    def watch(self, epoch: int, value: float | None, lower_is_better: bool) -> bool:
+        """Count epochs since the watched metric last improved; True when ``epoch`` is the
+        best so far."""
         if value is None or not math.isfinite(value):
-            return
+            return False
         sign = -1.0 if lower_is_better else 1.0
         if self.best is None or sign * value > sign * self.best:
-            self.best, self.since_best = value, 0
-        else:
-            self.since_best += 1
+            self.best, self.best_epoch, self.since_best = value, epoch, 0
+            return True
+        self.since_best += 1
+        return False
 
 
 class GraphLearner:
@@ -101,6 +112,7 @@ class GraphLearner:
         self._size: JobSize | None = None
         self.sched: StepSizeScheduler | None = None
         self.epoch = 0
+        self._chunker = Chunker(self.plan.log_every)
 
     @classmethod
     def from_properties(
@@ -156,28 +168,75 @@ class GraphLearner:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
             _check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
-        log = RunLog(Path(plan.log_dir), self.quiet, plan.tensorboard)
+        run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
+        log = RunLog(run_dir, self.quiet, plan.tensorboard)
+        ckpts = self._checkpoints(log)
         try:
             progress = self._prepare(resume, log)
+            if resume and ckpts is not None:
+                ckpts.resumed(progress.next_epoch - 1)
+            self._open_run(log, run_dir, progress)
             for epoch in range(progress.next_epoch, plan.epochs):
                 self.epoch = epoch
                 row = self.run_epoch(epoch, log, progress)
                 row.update(self.validate())
                 self._schedule_epoch(row)
-                self._track(row, progress)
+                improved = self._track(epoch, row, progress)
                 row["elapsed_s"] = time.perf_counter() - t_start
                 progress.history.append(row)
                 log.record(row)
                 log.say(epoch_line(row, plan.epochs))
-                if plan.save_path:
-                    self.checkpoint(plan.save_path, epoch, progress)
+                if ckpts is not None:
+                    write = partial(self.checkpoint, epoch=epoch, progress=progress)
+                    ckpts.save(write, epoch, improved)
                 if self.early_stop(progress, log):
                     break
-            summary = self._summary(progress, time.perf_counter() - t_start)
-            log.record({"kind": "summary", **summary})
+            log.close_bar()
+            summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
+            log.write_summary(summary)
+            log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
-            log.close()
+            log.close()  # the progress bar too: on Ctrl-C and on errors as well
+
+    def _checkpoints(self, log: RunLog) -> Checkpoints | None:
+        """The job's checkpoints (angel.save.model.*), None without a save path."""
+        plan = self.plan
+        if not plan.save_path:
+            return None
+        return Checkpoints(
+            plan.save_path,
+            plan.keep_last,
+            plan.keep_best,
+            plan.save_failure,
+            warn=lambda text: log.say(text) if not self.quiet else print(text, file=sys.stderr),
+        )
+
+    def _open_run(self, log: RunLog, run_dir: Path, progress: _Progress) -> None:
+        """The run's first record (what the plot's title says), its keys for TensorBoard, and
+        the whole-job progress bar."""
+        assert self._size is not None
+        plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
+        log.record(
+            {
+                "kind": "start",
+                "run": run_dir.name,
+                "job": str(conf["angel.job.name"]),
+                "model": model_class(_model_name(conf)).angel_name,
+                "task": self._model_task(),
+                "first_epoch": progress.next_epoch,
+                "epochs": plan.epochs,
+                "updates_per_epoch": updates,
+                "global_batch": self._size.batch_size * plan.workers * plan.accum,
+                "workers": plan.workers,
+                "lr": conf["ml.learn.rate"],
+                "decay": conf["ml.opt.decay.class.name"],
+                "decay_on_batch": plan.decay_on_batch,
+                "watch": self._watch_metric(),
+            }
+        )
+        log.config_text(conf)
+        log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
 
     def _prepare(self, resume: bool, log: RunLog) -> _Progress:
         """Workers, PS and scheduler up; the checkpoint or saved weights loaded; the banner."""
@@ -195,6 +254,7 @@ class GraphLearner:
             progress.next_epoch = int(info["next_epoch"])
             progress.history = list(info["history"])
             progress.best, progress.since_best = info["best"], int(info["since_best"])
+            progress.best_epoch = info.get("best_epoch", _best_epoch(progress))
         elif plan.load_path:
             saved_model.restore(plan.load_path, self._ps, workers)
         log.say(
@@ -212,49 +272,67 @@ class GraphLearner:
         return progress
 
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
-        """One epoch of updates, in chunks of ``angel.log.every.steps``: its training record."""
+        """One epoch of updates, in chunks of about a quarter second (so that the bar moves),
+        one metrics line per ``angel.log.every.steps`` updates: its training record."""
         assert self._workers is not None and self._size is not None and self.sched is not None
         plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
         workers.execute("begin_epoch", epoch, self.sched)
         epoch_lr = None if plan.decay_on_batch else float(self.sched.peek())
-        bar = log.bar(epoch, plan.epochs, updates)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0
+        line: list[dict[str, Any]] | None = None  # the chunks since the last metrics line
         last_lr = float(self.sched.peek())
         t_epoch = time.perf_counter()
         while done < updates:
-            n = min(plan.log_every, updates - done)
+            n = self._chunker.next(done, updates)
             # Another chunk follows (of this epoch or the next): the workers fetch its
             # first batch's rows with this chunk's last push (one round trip, not two).
             end = done + n >= updates
             more = not end or epoch + 1 < plan.epochs
-            outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
+            t0 = time.perf_counter()
+            outs = self._run_chunk(log, n, epoch_lr, more, epoch + 1 if end else None)
+            seconds = time.perf_counter() - t0
+            self._chunker.observe(n, seconds)
             done += n
-            step = step_record(epoch, epoch * updates + done, n, outs)
+            chunk_samples = sum(o["samples"] for o in outs)
             loss_sum += sum(o["loss_sum"] for o in outs)
-            samples += sum(o["samples"] for o in outs)
+            samples += chunk_samples
             skipped += outs[0]["skipped"]
             if outs[0]["updates"]:
                 last_lr = outs[0]["last_lr"]
-            log.record(step)
-            if bar is not None:
-                bar.update(n)
-                bar.set_postfix(loss=f"{step['loss']:.4f}", lr=f"{step['lr']:.3g}")
             if plan.decay_on_batch:
                 self.sched.load_state_dict(outs[0]["sched_state"])
+            line = merge_chunks(line, outs)
+            if done % plan.log_every == 0 or done == updates:
+                n_line = (done - 1) % plan.log_every + 1
+                log.record(step_record(epoch, epoch * updates + done, n_line, line))
+                line = None
+            if log.progress is not None:
+                log.progress.update(n, chunk_samples, seconds, loss_sum / max(samples, 1), last_lr)
         train_s = time.perf_counter() - t_epoch
-        if bar is not None:
-            bar.close()
         progress.samples += samples
         progress.train_s += train_s
         return {
             "kind": "epoch",
             "epoch": epoch,
+            # the global update at the end of the epoch: the x of its metrics in plots and TB
+            "step": (epoch + 1) * updates,
             # per-update decay: the step size of the epoch's last update
             "lr": epoch_lr if epoch_lr is not None else last_lr,
             "train_loss": loss_sum / max(samples, 1),
             "train_samples_per_s": samples / max(train_s, 1e-9),
             "skipped_updates": skipped,
         }
+
+    def _run_chunk(
+        self, log: RunLog, n: int, epoch_lr: float | None, more: bool, next_epoch: int | None
+    ) -> list[dict[str, Any]]:
+        """``run_steps`` on every worker; the bar's clock redrawn while they run."""
+        assert self._workers is not None
+        refs = self._workers.execute_async("run_steps", n, epoch_lr, more, next_epoch)
+        if log.progress is not None:
+            while len(ray.wait(refs, num_returns=len(refs), timeout=TICK_S)[0]) < len(refs):
+                log.progress.tick()
+        return list(get(refs))
 
     def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
         """The schedule after an epoch: ReduceLROnPlateau fed the watched validation metric
@@ -283,10 +361,11 @@ class GraphLearner:
         if not self.plan.decay_on_batch:
             self.sched.advance()
 
-    def _track(self, row: Mapping[str, Any], progress: _Progress) -> None:
-        """Early stopping's count: epochs since the watched metric last improved."""
+    def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
+        """Early stopping's count: epochs since the watched metric last improved; True when
+        this epoch is the best so far."""
         metric_name = self._watch_metric()
-        progress.watch(row.get(metric_name), lower_is_better(metric_name))
+        return progress.watch(epoch, row.get(metric_name), lower_is_better(metric_name))
 
     def early_stop(self, progress: _Progress, log: RunLog) -> bool:
         """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
@@ -301,7 +380,9 @@ class GraphLearner:
             return True
         return False
 
-    def _summary(self, progress: _Progress, elapsed_s: float) -> dict[str, Any]:
+    def _summary(
+        self, progress: _Progress, elapsed_s: float, run_dir: Path, ckpts: Checkpoints | None
+    ) -> dict[str, Any]:
         assert self._size is not None
         plan, size = self.plan, self._size
         last = progress.history[-1] if progress.history else {}
@@ -317,7 +398,21 @@ class GraphLearner:
             "elapsed_s": elapsed_s,
             "stopped_early": progress.stopped_early,
             "skipped_lines": size.skipped_lines,
+            "run_dir": str(run_dir),
+            # epochs counted from 1, as the console counts them
+            "best_epoch": None if progress.best_epoch is None else progress.best_epoch + 1,
+            "best_metric": self._watch_metric() if progress.best_epoch is not None else None,
+            "best_value": progress.best if progress.best_epoch is not None else None,
+            "best_checkpoint": None,
+            "checkpoint": None,
+            "checkpoint_failures": 0,
         }
+        if ckpts is not None:
+            summary["checkpoint"] = ckpts.last_good.path if ckpts.last_good else None
+            summary["checkpoint_epoch"] = ckpts.last_good.epoch + 1 if ckpts.last_good else None
+            if progress.best_epoch is not None:
+                summary["best_checkpoint"] = ckpts.where(progress.best_epoch)
+            summary["checkpoint_failures"] = ckpts.failures
         for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
             summary.setdefault(k, None)
         return summary
@@ -353,6 +448,7 @@ class GraphLearner:
             "conf": {k: v for k, v in conf.to_properties().items() if conf.is_set(k)},
             "history": jsonable(progress.history),
             "best": progress.best,
+            "best_epoch": progress.best_epoch,
             "since_best": progress.since_best,
             "model": model_class(_model_name(conf)).angel_name,
             "num_features": self._size.num_features,
@@ -460,6 +556,14 @@ def _check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
             f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
             f"total number of epochs: set it above {done} to train more"
         )
+
+
+def _best_epoch(progress: _Progress) -> int | None:
+    """The epoch of ``progress.best`` in its history (checkpoints that did not record it)."""
+    for row in progress.history:
+        if progress.best is not None and progress.best in row.values():
+            return int(row["epoch"])
+    return None
 
 
 def _model_name(conf: Mapping[str, Any]) -> str:

@@ -122,13 +122,7 @@ def _train(args: argparse.Namespace) -> int:
         result = learner.train(resume=bool(args.resume))
     finally:
         learner.shutdown()
-    s = result.summary
-    parts = [f"{s['epochs']} epochs", f"{s['elapsed_s']:.1f} s"]
-    for k in ("valid_auc", "valid_logloss", "valid_accuracy", "valid_rmse", "valid_r2"):
-        v = s.get(k)
-        if v is not None:
-            parts.append(f"{k} {v:.4f}")
-    print("done: " + ", ".join(parts))
+    s = result.summary  # the learner printed its last line (learners.run_log.done_line)
     if args.summary_json:
         path = Path(args.summary_json)
         if path.parent != Path(""):
