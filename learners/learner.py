@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -209,7 +208,7 @@ class GraphLearner:
             plan.keep_last,
             plan.keep_best,
             plan.save_failure,
-            warn=lambda text: log.say(text) if not self.quiet else print(text, file=sys.stderr),
+            warn=log.warn,
         )
 
     def _open_run(self, log: RunLog, run_dir: Path, progress: _Progress) -> None:

@@ -63,6 +63,11 @@ def tb_scalars(obj: Mapping[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
+def _terminal() -> bool:
+    """Whether the console is a terminal (the progress bar is drawn on one only)."""
+    return sys.stdout.isatty()
+
+
 class RunLog:
     """The console (plain lines, and the whole-job bar on a terminal), the run's metrics.jsonl
     and its TensorBoard events."""
@@ -74,7 +79,7 @@ class RunLog:
         tensorboard: bool = False,
         tty: bool | None = None,
     ) -> None:
-        self.tty = (sys.stdout.isatty() if tty is None else tty) and not quiet
+        self.tty = (_terminal() if tty is None else tty) and not quiet
         self.quiet = quiet
         self.path = path
         self.file: IO[str] | None = None
@@ -102,6 +107,14 @@ class RunLog:
             self.progress.write(text)
         else:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """A warning on stderr (above the bar, when there is one), even when quiet."""
+        if self.progress is not None:
+            self.progress.bar.clear()
+        print(text, file=sys.stderr, flush=True)
+        if self.progress is not None:
+            self.progress.bar.refresh()
 
     def bar(self, total: int, done: int, epochs: int, updates_per_epoch: int) -> JobBar | None:
         """The whole-job progress bar (on a terminal only); :meth:`close` closes it."""
