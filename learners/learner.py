@@ -18,7 +18,6 @@ Invariant: the job configuration is read once, here, into typed options (:class:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -41,12 +40,21 @@ from learners.model_config import ModelConfig
 from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import check_job, lower_is_better, watched_metric
-from learners.progress import TICK_S, Chunker, merge_chunks
-from learners.retention import Checkpoints
-from learners.run_log import RunLog, banner, done_line, epoch_line, jsonable, step_record
+from learners.progress import Chunker, merge_chunks
+from learners.progress import TrainProgress as _Progress
+from learners.retention import Checkpoints, kept_summary
+from learners.run_log import (
+    RunLog,
+    banner,
+    done_line,
+    epoch_line,
+    jsonable,
+    start_record,
+    step_record,
+)
 from learners.runs import new_run_dir
 from learners.tables import table_specs
-from learners.worker_group import WorkerGroup, get
+from learners.worker_group import WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
 
@@ -57,33 +65,6 @@ class TrainResult:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Progress:
-    """Where training stands: the epochs done, and early stopping's best metric so far."""
-
-    next_epoch: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best: float | None = None
-    #: the epoch (0-based) of ``best``
-    best_epoch: int | None = None
-    since_best: int = 0
-    samples: int = 0
-    train_s: float = 0.0
-    stopped_early: bool = False
-
-    def watch(self, epoch: int, value: float | None, lower_is_better: bool) -> bool:
-        """Count epochs since the watched metric last improved; True when ``epoch`` is the
-        best so far."""
-        if value is None or not math.isfinite(value):
-            return False
-        sign = -1.0 if lower_is_better else 1.0
-        if self.best is None or sign * value > sign * self.best:
-            self.best, self.best_epoch, self.since_best = value, epoch, 0
-            return True
-        self.since_best += 1
-        return False
 
 
 class GraphLearner:
@@ -200,39 +181,22 @@ class GraphLearner:
 
     def _checkpoints(self, log: RunLog) -> Checkpoints | None:
         """The job's checkpoints (angel.save.model.*), None without a save path."""
-        plan = self.plan
-        if not plan.save_path:
+        p = self.plan
+        if not p.save_path:
             return None
-        return Checkpoints(
-            plan.save_path,
-            plan.keep_last,
-            plan.keep_best,
-            plan.save_failure,
-            warn=log.warn,
-        )
+        return Checkpoints(p.save_path, p.keep_last, p.keep_best, p.save_failure, warn=log.warn)
 
     def _open_run(self, log: RunLog, run_dir: Path, progress: _Progress) -> None:
         """The run's first record (what the plot's title says), its keys for TensorBoard, and
         the whole-job progress bar."""
         assert self._size is not None
         plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
+        model = model_class(_model_name(conf))
         log.record(
-            {
-                "kind": "start",
-                "run": run_dir.name,
-                "job": str(conf["angel.job.name"]),
-                "model": model_class(_model_name(conf)).angel_name,
-                "task": self._model_task(),
-                "first_epoch": progress.next_epoch,
-                "epochs": plan.epochs,
-                "updates_per_epoch": updates,
-                "global_batch": self._size.batch_size * plan.workers * plan.accum,
-                "workers": plan.workers,
-                "lr": conf["ml.learn.rate"],
-                "decay": conf["ml.opt.decay.class.name"],
-                "decay_on_batch": plan.decay_on_batch,
-                "watch": self._watch_metric(),
-            }
+            start_record(
+                run_dir.name, conf, plan, self._size, model.angel_name, progress.next_epoch
+            )
+            | {"task": model.task, "watch": self._watch_metric()}
         )
         log.config_text(conf)
         log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
@@ -253,7 +217,7 @@ class GraphLearner:
             progress.next_epoch = int(info["next_epoch"])
             progress.history = list(info["history"])
             progress.best, progress.since_best = info["best"], int(info["since_best"])
-            progress.best_epoch = info.get("best_epoch", _best_epoch(progress))
+            progress.best_epoch = info.get("best_epoch", progress.epoch_of_best())
         elif plan.load_path:
             saved_model.restore(plan.load_path, self._ps, workers)
         log.say(
@@ -288,7 +252,7 @@ class GraphLearner:
             end = done + n >= updates
             more = not end or epoch + 1 < plan.epochs
             t0 = time.perf_counter()
-            outs = self._run_chunk(log, n, epoch_lr, more, epoch + 1 if end else None)
+            outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
             seconds = time.perf_counter() - t0
             self._chunker.observe(n, seconds)
             done += n
@@ -321,17 +285,6 @@ class GraphLearner:
             "train_samples_per_s": samples / max(train_s, 1e-9),
             "skipped_updates": skipped,
         }
-
-    def _run_chunk(
-        self, log: RunLog, n: int, epoch_lr: float | None, more: bool, next_epoch: int | None
-    ) -> list[dict[str, Any]]:
-        """``run_steps`` on every worker; the bar's clock redrawn while they run."""
-        assert self._workers is not None
-        refs = self._workers.execute_async("run_steps", n, epoch_lr, more, next_epoch)
-        if log.progress is not None:
-            while len(ray.wait(refs, num_returns=len(refs), timeout=TICK_S)[0]) < len(refs):
-                log.progress.tick()
-        return list(get(refs))
 
     def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
         """The schedule after an epoch: ReduceLROnPlateau fed the watched validation metric
@@ -398,20 +351,8 @@ class GraphLearner:
             "stopped_early": progress.stopped_early,
             "skipped_lines": size.skipped_lines,
             "run_dir": str(run_dir),
-            # epochs counted from 1, as the console counts them
-            "best_epoch": None if progress.best_epoch is None else progress.best_epoch + 1,
-            "best_metric": self._watch_metric() if progress.best_epoch is not None else None,
-            "best_value": progress.best if progress.best_epoch is not None else None,
-            "best_checkpoint": None,
-            "checkpoint": None,
-            "checkpoint_failures": 0,
+            **kept_summary(ckpts, progress.best_epoch, self._watch_metric(), progress.best),
         }
-        if ckpts is not None:
-            summary["checkpoint"] = ckpts.last_good.path if ckpts.last_good else None
-            summary["checkpoint_epoch"] = ckpts.last_good.epoch + 1 if ckpts.last_good else None
-            if progress.best_epoch is not None:
-                summary["best_checkpoint"] = ckpts.where(progress.best_epoch)
-            summary["checkpoint_failures"] = ckpts.failures
         for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
             summary.setdefault(k, None)
         return summary
@@ -555,14 +496,6 @@ def _check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
             f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
             f"total number of epochs: set it above {done} to train more"
         )
-
-
-def _best_epoch(progress: _Progress) -> int | None:
-    """The epoch of ``progress.best`` in its history (checkpoints that did not record it)."""
-    for row in progress.history:
-        if progress.best is not None and progress.best in row.values():
-            return int(row["epoch"])
-    return None
 
 
 def _model_name(conf: Mapping[str, Any]) -> str:

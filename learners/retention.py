@@ -29,10 +29,11 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from angelps import checkpoint, checkpoint_dir
 
-__all__ = ["CheckpointWriteError", "Checkpoints", "Kept"]
+__all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
 
 _EPOCH = ".epoch-"
 _BEST = ".best"
@@ -161,6 +162,26 @@ class Checkpoints:
         for n, p in found:
             if n > newest or n <= newest - self.keep_last:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def kept_summary(
+    ckpts: Checkpoints | None, best_epoch: int | None, metric: str, best: float | None
+) -> dict[str, Any]:
+    """The summary's word on the best epoch (counted from 1, as the console counts) and the
+    checkpoints: the latest written, where the best one is kept, how many writes failed."""
+    found = best_epoch is not None
+    last = ckpts.last_good if ckpts is not None else None
+    return {
+        "best_epoch": best_epoch + 1 if best_epoch is not None else None,
+        "best_metric": metric if found else None,
+        "best_value": best if found else None,
+        "best_checkpoint": ckpts.where(best_epoch)
+        if ckpts is not None and best_epoch is not None
+        else None,
+        "checkpoint": last.path if last is not None else None,
+        "checkpoint_epoch": last.epoch + 1 if last is not None else None,
+        "checkpoint_failures": ckpts.failures if ckpts is not None else 0,
+    }
 
 
 def _epoch_of(path: str) -> int | None:

@@ -33,6 +33,7 @@ __all__ = [
     "done_line",
     "epoch_line",
     "jsonable",
+    "start_record",
     "step_record",
     "tb_scalars",
 ]
@@ -111,10 +112,9 @@ class RunLog:
     def warn(self, text: str) -> None:
         """A warning on stderr (above the bar, when there is one), even when quiet."""
         if self.progress is not None:
-            self.progress.bar.clear()
-        print(text, file=sys.stderr, flush=True)
-        if self.progress is not None:
-            self.progress.bar.refresh()
+            self.progress.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def bar(self, total: int, done: int, epochs: int, updates_per_epoch: int) -> JobBar | None:
         """The whole-job progress bar (on a terminal only); :meth:`close` closes it."""
@@ -160,6 +160,27 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def start_record(
+    run: str, conf: Config, plan: TrainPlan, size: JobSize, model: str, first_epoch: int
+) -> dict[str, Any]:
+    """The first line of a run's metrics.jsonl: the job, its model and the settings that the
+    plot's title and legend show."""
+    return {
+        "kind": "start",
+        "run": run,
+        "job": str(conf["angel.job.name"]),
+        "model": model,
+        "first_epoch": first_epoch,
+        "epochs": plan.epochs,
+        "updates_per_epoch": size.updates_per_epoch,
+        "global_batch": size.batch_size * plan.workers * plan.accum,
+        "workers": plan.workers,
+        "lr": conf["ml.learn.rate"],
+        "decay": conf["ml.opt.decay.class.name"],
+        "decay_on_batch": plan.decay_on_batch,
+    }
 
 
 def step_record(
