@@ -52,7 +52,7 @@ from learners.run_log import (
     start_record,
     step_record,
 )
-from learners.runs import new_run_dir
+from learners.runs import new_run_dir, relative_under_ray_job
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup
 
@@ -150,6 +150,11 @@ class GraphLearner:
         self._start_ray()
         run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
         log = RunLog(run_dir, self.quiet, plan.tensorboard)
+        note = relative_under_ray_job(
+            {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
+        )
+        if note:
+            log.warn(note)
         ckpts = self._checkpoints(log)
         try:
             progress = self._prepare(resume, log)

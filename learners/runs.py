@@ -16,13 +16,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LATEST", "METRICS", "SUMMARY", "RunRef", "find_run", "latest_run", "new_run_dir"]
+__all__ = [
+    "LATEST",
+    "METRICS",
+    "SUMMARY",
+    "RunRef",
+    "find_run",
+    "latest_run",
+    "new_run_dir",
+    "relative_under_ray_job",
+]
 
 LATEST = "latest"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 TIME_FORMAT = "%Y%m%d-%H%M%S"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# Set by Ray's job supervisor for the entry point of a `ray job submit` (its runtime env).
+_RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 @dataclass(frozen=True)
@@ -106,3 +117,18 @@ def find_run(arg: str | None, root: str | os.PathLike[str] = "runs") -> RunRef:
     )
     hint = f"; runs under {root}: {', '.join(known[-5:])}" if known else ""
     raise ValueError(f"{arg}: no such run, run directory or metrics file{hint}")
+
+
+def relative_under_ray_job(paths: dict[str, str | None]) -> str | None:
+    """A note when this is a ``ray job submit`` entry point and an output path (key -> value)
+    is relative: it would land in Ray's working directory for the job, deleted with it."""
+    if _RAY_JOB_ENV not in os.environ:
+        return None
+    rel = [f"{k}={v}" for k, v in paths.items() if v and not os.path.isabs(v)]
+    if not rel:
+        return None
+    return (
+        f"angelps: note: {', '.join(rel)} {'is' if len(rel) == 1 else 'are'} relative to "
+        f"{os.getcwd()}, the working directory Ray "
+        "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
+    )

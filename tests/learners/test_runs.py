@@ -244,3 +244,18 @@ def test_a_run_keeps_its_files_apart_and_says_where_the_best_epoch_is(tmp_path):
     assert second["checkpoint"] == str(save) and second["checkpoint_epoch"] == 3
     names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model"))
     assert names == ["model", "model.best", "model.epoch-2", "model.epoch-3", "model.prev"]
+
+
+def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path):
+    from learners.runs import relative_under_ray_job
+
+    paths = {"angel.log.path": "runs", "angel.save.model.path": str(tmp_path / "m")}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert relative_under_ray_job(paths) is None  # not a submitted job: relative is fine
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.chdir(tmp_path)
+    assert relative_under_ray_job(paths) == (
+        f"angelps: note: angel.log.path=runs is relative to {tmp_path}, the working directory Ray "
+        "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
+    )
+    assert relative_under_ray_job({"angel.log.path": str(tmp_path)}) is None
