@@ -259,3 +259,29 @@ def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_pa
         "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
     )
     assert relative_under_ray_job({"angel.log.path": str(tmp_path)}) is None
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"angel.save.failure": "retry"},
+            "angel.save.failure=retry is not valid: expected one of stop, continue",
+        ),
+        (
+            {"angel.save.model.keep.last": 0},
+            "angel.save.model.keep.last=0 is not valid: expected a number > 0",
+        ),
+        (
+            {"angel.save.model.keep.best": "maybe"},
+            "angel.save.model.keep.best=maybe is not valid: expected true or false",
+        ),
+    ],
+)
+def test_the_checkpoint_keys_refuse_impossible_values(sets, message):
+    from angelps.config import ConfigError, load_config
+    from learners.keys import all_keys
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, sets, all_keys())
+    assert str(e.value) == f"override: {message}"
