@@ -7,8 +7,10 @@
 
 The scheduler lives here (per-epoch decay) or is copied to the workers for the epoch
 (``ml.opt.decay.on.batch=true``), where it advances once per applied optimizer update: never per
-micro-batch and never for a skipped update. Metrics go to ``<angel.log.path>/metrics.jsonl``
-(:mod:`learners.run_log`); checkpoints are :mod:`learners.saved_model`.
+micro-batch and never for a skipped update. Each run writes to its own directory
+``<angel.log.path>/<job>-<time>`` (:mod:`learners.runs`, :mod:`learners.run_log`); checkpoints
+are :mod:`learners.saved_model`, the copies kept and a failed write :mod:`learners.retention`;
+the progress bar and the chunks of updates that move it :mod:`learners.progress`.
 
 Invariant: the job configuration is read once, here, into typed options (:class:`TrainPlan`,
 ``ModelConfig``, the data options, the PS's own); the workers and the loop read those.
@@ -16,11 +18,11 @@ Invariant: the job configuration is read once, here, into typed options (:class:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
@@ -41,7 +43,19 @@ from learners.models import build_model, model_class
 from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import check_job, lower_is_better, watched_metric
-from learners.run_log import RunLog, banner, epoch_line, jsonable, step_record
+from learners.progress import Chunker, merge_chunks
+from learners.progress import TrainProgress as _Progress
+from learners.retention import Checkpoints, kept_summary
+from learners.run_log import (
+    RunLog,
+    banner,
+    done_line,
+    epoch_line,
+    jsonable,
+    start_record,
+    step_record,
+)
+from learners.runs import new_run_dir, relative_under_ray_job
 from learners.startup import Phases, plural
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup, get
@@ -55,29 +69,6 @@ class TrainResult:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Progress:
-    """Where training stands: the epochs done, and early stopping's best metric so far."""
-
-    next_epoch: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best: float | None = None
-    since_best: int = 0
-    samples: int = 0
-    train_s: float = 0.0
-    stopped_early: bool = False
-
-    def watch(self, value: float | None, lower_is_better: bool) -> None:
-        """Count epochs since the watched metric last improved."""
-        if value is None or not math.isfinite(value):
-            return
-        sign = -1.0 if lower_is_better else 1.0
-        if self.best is None or sign * value > sign * self.best:
-            self.best, self.since_best = value, 0
-        else:
-            self.since_best += 1
 
 
 class GraphLearner:
@@ -107,6 +98,7 @@ class GraphLearner:
         self._size: JobSize | None = None
         self.sched: StepSizeScheduler | None = None
         self.epoch = 0
+        self._chunker = Chunker(self.plan.log_every)
 
     @classmethod
     def from_properties(
@@ -197,15 +189,25 @@ class GraphLearner:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
             _check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
-        log = RunLog(Path(plan.log_dir), self.quiet, plan.tensorboard)
+        run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
+        log = RunLog(run_dir, self.quiet, plan.tensorboard)
+        note = relative_under_ray_job(
+            {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
+        )
+        if note:
+            log.warn(note)
         # Failover (learners.failover): shard backups under the job's own path; a dead worker
         # restarts the job from its last checkpoint.
         self.ps_options = failover.backup_options(self.ps_options, plan.log_dir)
         restarts = failover.WorkerFailover(
             failover.FailoverOptions.from_config(self.conf), plan.save_path
         )
+        ckpts = self._checkpoints(log)
         try:
             progress = self._prepare(resume, log)
+            if resume and ckpts is not None:
+                ckpts.resumed(progress.next_epoch - 1)
+            self._open_run(log, run_dir, progress)
             epoch = progress.next_epoch
             while epoch < plan.epochs:
                 self.epoch = epoch
@@ -214,24 +216,51 @@ class GraphLearner:
                     row.update(self.validate())
                 except failover.WorkerDied as died:
                     progress = restarts.restart(self, died, log, progress)
+                    if ckpts is not None and progress.next_epoch > 0:
+                        ckpts.resumed(progress.next_epoch - 1)
                     epoch = progress.next_epoch
                     continue
                 self._schedule_epoch(row)
-                self._track(row, progress)
+                improved = self._track(epoch, row, progress)
                 row["elapsed_s"] = time.perf_counter() - t_start
                 progress.history.append(row)
                 log.record(row)
                 log.say(epoch_line(row, plan.epochs))
-                if plan.save_path:
-                    self.checkpoint(plan.save_path, epoch, progress)
+                if ckpts is not None:
+                    write = partial(self.checkpoint, epoch=epoch, progress=progress)
+                    ckpts.save(write, epoch, improved)
                 if self.early_stop(progress, log):
                     break
                 epoch += 1
-            summary = self._summary(progress, time.perf_counter() - t_start)
-            log.record({"kind": "summary", **summary})
+            log.close_bar()
+            summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
+            log.write_summary(summary)
+            log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
-            log.close()
+            log.close()  # the progress bar too: on Ctrl-C and on errors as well
+
+    def _checkpoints(self, log: RunLog) -> Checkpoints | None:
+        """The job's checkpoints (angel.save.model.*), None without a save path."""
+        p = self.plan
+        if not p.save_path:
+            return None
+        return Checkpoints(p.save_path, p.keep_last, p.keep_best, p.save_failure, warn=log.warn)
+
+    def _open_run(self, log: RunLog, run_dir: Path, progress: _Progress) -> None:
+        """The run's first record (what the plot's title says), its keys for TensorBoard, and
+        the whole-job progress bar."""
+        assert self._size is not None
+        plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
+        model = model_class(_model_name(conf))
+        log.record(
+            start_record(
+                run_dir.name, conf, plan, self._size, model.angel_name, progress.next_epoch
+            )
+            | {"task": model.task, "watch": self._watch_metric()}
+        )
+        log.config_text(conf)
+        log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
 
     def _prepare(self, resume: bool, log: RunLog) -> _Progress:
         """Workers, PS and scheduler up; the checkpoint or saved weights loaded; the banner."""
@@ -249,6 +278,7 @@ class GraphLearner:
             progress.next_epoch = int(info["next_epoch"])
             progress.history = list(info["history"])
             progress.best, progress.since_best = info["best"], int(info["since_best"])
+            progress.best_epoch = info.get("best_epoch", progress.epoch_of_best())
         elif plan.load_path:
             saved_model.restore(plan.load_path, self._ps, workers)
         log.say(
@@ -266,43 +296,50 @@ class GraphLearner:
         return progress
 
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
-        """One epoch of updates, in chunks of ``angel.log.every.steps``: its training record."""
+        """One epoch of updates, in chunks of about a quarter second (so that the bar moves),
+        one metrics line per ``angel.log.every.steps`` updates: its training record."""
         assert self._workers is not None and self._size is not None and self.sched is not None
         plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
         workers.execute("begin_epoch", epoch, self.sched)
         epoch_lr = None if plan.decay_on_batch else float(self.sched.peek())
-        bar = log.bar(epoch, plan.epochs, updates)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0
+        line: list[dict[str, Any]] | None = None  # the chunks since the last metrics line
         last_lr = float(self.sched.peek())
         t_epoch = time.perf_counter()
         while done < updates:
-            n = min(plan.log_every, updates - done)
+            n = self._chunker.next(done, updates)
             # Another chunk follows (of this epoch or the next): the workers fetch its
             # first batch's rows with this chunk's last push (one round trip, not two).
             end = done + n >= updates
             more = not end or epoch + 1 < plan.epochs
+            t0 = time.perf_counter()
             outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
+            seconds = time.perf_counter() - t0
+            self._chunker.observe(n, seconds)
             done += n
-            step = step_record(epoch, epoch * updates + done, n, outs)
+            chunk_samples = sum(o["samples"] for o in outs)
             loss_sum += sum(o["loss_sum"] for o in outs)
-            samples += sum(o["samples"] for o in outs)
+            samples += chunk_samples
             skipped += outs[0]["skipped"]
             if outs[0]["updates"]:
                 last_lr = outs[0]["last_lr"]
-            log.record(step)
-            if bar is not None:
-                bar.update(n)
-                bar.set_postfix(loss=f"{step['loss']:.4f}", lr=f"{step['lr']:.3g}")
             if plan.decay_on_batch:
                 self.sched.load_state_dict(outs[0]["sched_state"])
+            line = merge_chunks(line, outs)
+            if done % plan.log_every == 0 or done == updates:
+                n_line = (done - 1) % plan.log_every + 1
+                log.record(step_record(epoch, epoch * updates + done, n_line, line))
+                line = None
+            if log.progress is not None:
+                log.progress.update(n, chunk_samples, seconds, loss_sum / max(samples, 1), last_lr)
         train_s = time.perf_counter() - t_epoch
-        if bar is not None:
-            bar.close()
         progress.samples += samples
         progress.train_s += train_s
         return {
             "kind": "epoch",
             "epoch": epoch,
+            # the global update at the end of the epoch: the x of its metrics in plots and TB
+            "step": (epoch + 1) * updates,
             # per-update decay: the step size of the epoch's last update
             "lr": epoch_lr if epoch_lr is not None else last_lr,
             "train_loss": loss_sum / max(samples, 1),
@@ -337,10 +374,11 @@ class GraphLearner:
         if not self.plan.decay_on_batch:
             self.sched.advance()
 
-    def _track(self, row: Mapping[str, Any], progress: _Progress) -> None:
-        """Early stopping's count: epochs since the watched metric last improved."""
+    def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
+        """Early stopping's count: epochs since the watched metric last improved; True when
+        this epoch is the best so far."""
         metric_name = self._watch_metric()
-        progress.watch(row.get(metric_name), lower_is_better(metric_name))
+        return progress.watch(epoch, row.get(metric_name), lower_is_better(metric_name))
 
     def early_stop(self, progress: _Progress, log: RunLog) -> bool:
         """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
@@ -355,7 +393,9 @@ class GraphLearner:
             return True
         return False
 
-    def _summary(self, progress: _Progress, elapsed_s: float) -> dict[str, Any]:
+    def _summary(
+        self, progress: _Progress, elapsed_s: float, run_dir: Path, ckpts: Checkpoints | None
+    ) -> dict[str, Any]:
         assert self._size is not None
         plan, size = self.plan, self._size
         last = progress.history[-1] if progress.history else {}
@@ -371,6 +411,8 @@ class GraphLearner:
             "elapsed_s": elapsed_s,
             "stopped_early": progress.stopped_early,
             "skipped_lines": size.skipped_lines,
+            "run_dir": str(run_dir),
+            **kept_summary(ckpts, progress.best_epoch, self._watch_metric(), progress.best),
         }
         for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
             summary.setdefault(k, None)
@@ -407,6 +449,7 @@ class GraphLearner:
             "conf": {k: v for k, v in conf.to_properties().items() if conf.is_set(k)},
             "history": jsonable(progress.history),
             "best": progress.best,
+            "best_epoch": progress.best_epoch,
             "since_best": progress.since_best,
             "model": model_class(_model_name(conf)).angel_name,
             "num_features": self._size.num_features,

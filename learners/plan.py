@@ -17,7 +17,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from angelps.config import Config, ConfigError, Key, at_least, non_negative, positive
@@ -170,13 +169,16 @@ LOG_PATH = Key(
     "angel.log.path",
     "str",
     "",
-    "Directory of metrics.jsonl (per-step and per-epoch metrics); empty: runs/<job name>.",
+    "Root of the runs: each run writes metrics.jsonl, summary.json (and TensorBoard events) to "
+    "its own directory <this>/<angel.job.name>-<yyyymmdd-hhmmss>; <this>/latest names the "
+    "newest. Empty: runs. Use an absolute path under ray job submit.",
 )
 TENSORBOARD = Key(
     "angel.log.tensorboard",
     "bool",
     False,
-    "Also write TensorBoard event files (step and epoch scalars) next to metrics.jsonl; "
+    "Also write TensorBoard event files (train/* and valid/* on the global update, the job's "
+    "keys as text) next to metrics.jsonl; "
     "needs the tensorboard package (pip install 'angelps[tensorboard]').",
 )
 LOG_EVERY = Key(
@@ -199,6 +201,31 @@ LOAD_PATH = Key(
     None,
     "A saved model to start training from (weights and optimizer state; the epoch count "
     "and schedule start afresh, as Angel's inctrain).",
+)
+KEEP_LAST = Key(
+    "angel.save.model.keep.last",
+    "int",
+    1,
+    "Checkpoints of the last N epochs to keep: N > 1 also keeps each epoch's as "
+    "<angel.save.model.path>.epoch-<n> (hard links: no extra disk for the latest); 1: only the "
+    "latest at angel.save.model.path (and the one before it, <path>.prev).",
+    check=positive,
+)
+KEEP_BEST = Key(
+    "angel.save.model.keep.best",
+    "bool",
+    False,
+    "Also keep the checkpoint of the best epoch by ml.early.stop.metric at "
+    "<angel.save.model.path>.best (needs validation data).",
+)
+SAVE_FAILURE = Key(
+    "angel.save.failure",
+    "str",
+    "stop",
+    "When a checkpoint cannot be written (disk full, path unwritable): stop (end the job, "
+    "naming the last good checkpoint) or continue (warn and train on; the previous "
+    "checkpoint stays). Either way the previous checkpoint is kept.",
+    choices=("stop", "continue"),
 )
 SEED = Key("ml.seed", "int", 0, "Seed of shuffling, table initialisation and worker-side layers.")
 ACCUM_STEPS = Key(
@@ -331,6 +358,9 @@ KEYS = [
     LOG_EVERY,
     SAVE_PATH,
     LOAD_PATH,
+    KEEP_LAST,
+    KEEP_BEST,
+    SAVE_FAILURE,
     SEED,
     ACCUM_STEPS,
     CLIP_NORM,
@@ -347,7 +377,6 @@ KEYS = [
 
 # Keys other key modules declare that the loop reads (a full Config holds every declared key).
 _DECAY_ON_BATCH = "ml.opt.decay.on.batch"
-_JOB_NAME = "angel.job.name"
 _STALENESS = "angel.staleness"
 _PREDICT_PATH = "angel.predict.data.path"
 
@@ -396,6 +425,10 @@ class TrainPlan:
     ray_connect_timeout_s: float
     #: prefetch depth and worker cache (angel.worker.prefetch.*, angel.worker.cache.*)
     feed: FeedOptions
+    #: checkpoints kept: the last ``keep_last`` epochs, the best one; a failed write: stop/continue
+    keep_last: int
+    keep_best: bool
+    save_failure: str
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:
@@ -418,7 +451,7 @@ class TrainPlan:
             device="cuda" if gpus > 0 else "cpu",
             fused=bool(FUSED.read(conf)),
             dense_placement=str(DENSE_PLACEMENT.read(conf)),
-            log_dir=log_path or str(Path("runs") / str(conf[_JOB_NAME])),
+            log_dir=log_path or "runs",
             tensorboard=bool(TENSORBOARD.read(conf)),
             log_every=int(LOG_EVERY.read(conf)),
             save_path=SAVE_PATH.read(conf) or None,
@@ -433,6 +466,9 @@ class TrainPlan:
             frozen=tuple(s.lower() for s in (FREEZE_LAYERS.read(conf) or [])),
             ray_connect_timeout_s=float(RAY_CONNECT_TIMEOUT.read(conf)),
             feed=FeedOptions.from_config(conf),
+            keep_last=int(KEEP_LAST.read(conf)),
+            keep_best=bool(KEEP_BEST.read(conf)),
+            save_failure=str(SAVE_FAILURE.read(conf)),
         )
 
     def for_inference(self, dense_placement: str) -> TrainPlan:

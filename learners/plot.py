@@ -1,41 +1,70 @@
-"""Training curves from a job's ``metrics.jsonl``: loss, validation metrics, learning rate.
+"""Training curves from runs' ``metrics.jsonl``: one panel per kind of metric, one epoch axis.
 
-The file holds one JSON object per line, as the learner writes it under ``angel.log.path``:
+A run's file (:mod:`learners.run_log`) holds a ``start`` line (job, model, settings), ``step``
+lines (every ``angel.log.every.steps`` updates), ``epoch`` lines (validation) and a ``summary``.
+Files written before runs had their own directories may hold several runs appended: a run ends
+at its ``summary`` line, or where the step count goes backwards. Lines of other kinds are
+skipped; a line that is not a JSON object, or a step/epoch line without its step/epoch number,
+is an error naming the file and line.
 
-- ``{"kind": "step", "epoch", "step", "lr", "loss", "samples_per_s", "pull_s", ...}``
-- ``{"kind": "epoch", "epoch", "lr", "train_loss", "valid_auc", "valid_logloss", ...}``
-- ``{"kind": "summary", ...}`` at the end of a run
-
-The learner appends, so one file may hold several runs; a run ends at its ``summary`` line, or
-where the step count goes backwards. Lines of other kinds are skipped; a line that is not a JSON
-object, or a step/epoch line without its step/epoch number, is an error naming the file and line.
+The figure (:func:`panels` decides what goes where; :func:`plot_runs` draws it): every panel
+shares one x axis, the epoch, counted from 1 as the console counts: training is drawn at its
+global update (update ``u`` at ``u / updates per epoch``), and the validation after epoch ``k``
+at ``x = k``, so training and validation line up and the integer grid lines are the epoch
+boundaries. Each kind of metric gets its own panel and y axis: losses together (training, the
+validation loss, logloss), AUC alone, accuracy alone, regression errors (RMSE, MAE) apart from
+R², then the learning rate and the throughput. With several runs each run has one colour and is
+named in the legend.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEADLINE_METRICS", "Run", "plot_metrics", "read_metrics"]
+__all__ = [
+    "FAMILIES",
+    "Panel",
+    "Run",
+    "Series",
+    "panels",
+    "plot_metrics",
+    "plot_runs",
+    "read_metrics",
+    "run_labels",
+    "title_of",
+]
 
-# Drawn by default when present; any other valid_* metric can be asked for with `metrics`.
-HEADLINE_METRICS = (
-    "valid_auc",
-    "valid_logloss",
-    "valid_accuracy",
-    "valid_rmse",
-    "valid_mae",
-    "valid_r2",
+#: (panel, title, the validation metrics it draws); every other metric asked for gets its own
+FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("loss", "loss", ("valid_loss", "valid_logloss")),
+    ("auc", "AUC (validation)", ("valid_auc",)),
+    ("accuracy", "accuracy (validation)", ("valid_accuracy",)),
+    ("error", "error (validation)", ("valid_rmse", "valid_mae")),
+    ("r2", "R² (validation)", ("valid_r2",)),
 )
+HEADLINE_METRICS = tuple(m for _, _, ms in FAMILIES for m in ms)
+_LABELS = {
+    "valid_loss": "validation loss",
+    "valid_logloss": "validation logloss",
+    "valid_auc": "validation AUC",
+    "valid_accuracy": "validation accuracy",
+    "valid_rmse": "RMSE",
+    "valid_mae": "MAE",
+    "valid_r2": "R²",
+}
 
 
 @dataclass
 class Run:
-    """The step and epoch lines of one training run, in file order."""
+    """The lines of one training run, in file order, and its name (the legend)."""
 
+    name: str = ""
+    start: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -48,6 +77,32 @@ class Run:
                 xs.append(float(r[x]))
                 ys.append(_num(r[y]))
         return xs, ys
+
+    def updates_per_epoch(self) -> float | None:
+        """Optimizer updates per epoch: from the start line, else from where epochs end."""
+        upe = self.start.get("updates_per_epoch")
+        if isinstance(upe, (int, float)) and upe > 0:
+            return float(upe)
+        for e in self.epochs:
+            if isinstance(e.get("step"), (int, float)) and e["step"] > 0:
+                return float(e["step"]) / (int(e["epoch"]) + 1)
+        ends: dict[int, float] = {}
+        for s in self.steps:
+            if "epoch" in s:
+                ends[int(s["epoch"])] = max(ends.get(int(s["epoch"]), 0.0), float(s["step"]))
+        return ends[min(ends)] / (min(ends) + 1) if ends else None
+
+    def epoch_x(self, key: str) -> tuple[list[float], list[float]]:
+        """An epoch line's ``key`` at the end of its epoch: x = epoch + 1."""
+        xs, ys = self.series("epoch", "epoch", key)
+        return [x + 1 for x in xs], ys
+
+    def step_x(self, key: str) -> tuple[list[float], list[float]]:
+        """A step line's ``key`` at its global update, in epochs (or in updates when the
+        updates per epoch are unknown)."""
+        xs, ys = self.series("step", "step", key)
+        upe = self.updates_per_epoch()
+        return ([x / upe for x in xs] if upe else xs), ys
 
     def valid_keys(self) -> list[str]:
         """The numeric ``valid_*`` metrics present in the epoch lines, in first-seen order."""
@@ -64,6 +119,28 @@ class Run:
         present = self.valid_keys()
         chosen = [k for k in HEADLINE_METRICS if k in present]
         return chosen or [k for k in present if not k.endswith(("_count", "_rows"))]
+
+
+@dataclass
+class Series:
+    """One curve: the run it belongs to, what it is (``style``: interval, epoch, valid, lr,
+    speed), its label and its points."""
+
+    run: str
+    style: str
+    label: str
+    xs: list[float]
+    ys: list[float]
+
+
+@dataclass
+class Panel:
+    """One axes of the figure: its key (the family), title, y label and curves."""
+
+    key: str
+    title: str
+    ylabel: str
+    series: list[Series] = field(default_factory=list)
 
 
 def _num(v: Any) -> float:
@@ -83,8 +160,28 @@ def _check_values(obj: dict[str, Any], where: str) -> None:
                 raise ValueError(f"{where}: '{k}' should be a number or null, found {v!r}")
 
 
-def read_metrics(path: str | Path) -> list[Run]:
-    """Parse ``metrics.jsonl`` into runs. Raises ValueError naming the file and line."""
+def _parse(p: Path, lineno: int, line: str) -> dict[str, Any] | None:
+    text = line.strip()
+    if not text:
+        return None
+    where = f"{p}:{lineno}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not a JSON object ({e.msg}): {text[:60]!r}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, found {text[:60]!r}")
+    if obj.get("kind") in ("step", "epoch"):
+        _require_number(obj, str(obj["kind"]), where)
+        if obj["kind"] == "step":
+            _require_number(obj, "loss", where)
+        _check_values(obj, where)
+    return obj
+
+
+def read_metrics(path: str | Path, name: str = "") -> list[Run]:
+    """Parse a ``metrics.jsonl`` into its runs (one, or several appended by older versions);
+    ``name`` names them. Raises ValueError naming the file and line."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: no such metrics file")
@@ -92,39 +189,152 @@ def read_metrics(path: str | Path) -> list[Run]:
     last_step = -math.inf
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not a JSON object ({e.msg}): {text[:60]!r}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object, found {text[:60]!r}")
-            kind = obj.get("kind")
+            obj = _parse(p, lineno, line)
+            kind = None if obj is None else obj.get("kind")
             run = runs[-1]
-            if kind == "step":
-                _require_number(obj, "step", where)
-                _require_number(obj, "loss", where)
-                _check_values(obj, where)
+            if obj is None or kind not in ("start", "step", "epoch", "summary"):
+                continue
+            if kind == "start":
+                if run.steps or run.epochs:
+                    run = Run()
+                    runs.append(run)
+                run.start = obj
+            elif kind == "step":
                 if obj["step"] <= last_step and (run.steps or run.epochs):
                     run = Run()
                     runs.append(run)
                 last_step = obj["step"]
                 run.steps.append(obj)
             elif kind == "epoch":
-                _require_number(obj, "epoch", where)
-                _check_values(obj, where)
                 run.epochs.append(obj)
-            elif kind == "summary":
-                if run.steps or run.epochs:
-                    runs.append(Run())
+            elif run.steps or run.epochs:  # a summary ends its run
+                runs.append(Run())
                 last_step = -math.inf
     runs = [r for r in runs if r.steps or r.epochs]
     if not runs:
         raise ValueError(f"{p}: no step or epoch lines (is this a metrics.jsonl?)")
+    base = name or str(runs[0].start.get("run") or p.stem)
+    for i, r in enumerate(runs):
+        r.name = base if len(runs) == 1 else f"{base} #{i + 1}"
     return runs
+
+
+def _loss_series(run: Run, keys: Sequence[str]) -> list[Series]:
+    out = []
+    xs, ys = run.step_x("loss")
+    if xs:
+        every = run.steps[0].get("updates")
+        what = f"every {every} updates" if isinstance(every, int) else "per log interval"
+        out.append(Series(run.name, "interval", f"training ({what})", xs, ys))
+    xs, ys = run.epoch_x("train_loss")
+    if xs:
+        out.append(Series(run.name, "epoch", "training (epoch mean)", xs, ys))
+    valid = {k: run.epoch_x(k) for k in ("valid_loss", "valid_logloss") if k in keys}
+    if "valid_loss" in valid and "valid_logloss" in valid:
+        a, b = valid["valid_loss"][1], valid["valid_logloss"][1]
+        if all(
+            abs(x - y) <= 1e-6 * max(1.0, abs(y))
+            for x, y in zip(a, b, strict=False)
+            if x == x and y == y
+        ):
+            del valid["valid_loss"]  # the same numbers twice: the logloss is the loss
+    for k, (xs, ys) in valid.items():
+        out.append(Series(run.name, "valid", _LABELS[k], xs, ys))
+    return out
+
+
+def _lr_steps(run: Run) -> tuple[list[float], list[float]]:
+    """The step size as a step line: a step line's lr holds over the updates it covers, so the
+    first one starts where its interval starts (epoch lines: over the epoch they end)."""
+    xs, ys = run.step_x("lr")
+    if not xs:
+        xs, ys = run.epoch_x("lr")
+        return ([xs[0] - 1, *xs], [ys[0], *ys]) if xs else (xs, ys)
+    first, upe = run.steps[0], run.updates_per_epoch()
+    if isinstance(first.get("updates"), int) and upe:
+        return [(first["step"] - first["updates"]) / upe, *xs], [ys[0], *ys]
+    return xs, ys
+
+
+def panels(runs: Sequence[Run], metrics: Sequence[str] | None = None) -> list[Panel]:
+    """What the figure draws, panel by panel: the losses, one panel per family of validation
+    metrics (``metrics``, or each run's headline ones), the learning rate, the throughput.
+    Panels without a curve are left out."""
+    keys = {r.name: list(metrics) if metrics else r.headline_keys() for r in runs}
+    out = [Panel("loss", "loss", "loss")]
+    for r in runs:
+        out[0].series += _loss_series(r, keys[r.name])
+    family_of = {m: fam for fam, _, ms in FAMILIES for m in ms}
+    for fam, title, members in FAMILIES[1:]:
+        panel = Panel(fam, title, title.split(" (")[0])
+        for r in runs:
+            for m in members:
+                if m in keys[r.name]:
+                    xs, ys = r.epoch_x(m)
+                    panel.series.append(Series(r.name, "valid", _LABELS.get(m, m), xs, ys))
+        out.append(panel)
+    extra = [m for m in dict.fromkeys(k for r in runs for k in keys[r.name]) if m not in family_of]
+    for m in extra:
+        label = m.removeprefix("valid_")
+        panel = Panel(m, f"{label} (validation)", label)
+        for r in runs:
+            if m in keys[r.name]:
+                panel.series.append(Series(r.name, "valid", label, *r.epoch_x(m)))
+        out.append(panel)
+    lr, speed = Panel("lr", "learning rate", "step size"), Panel("speed", "throughput", "samples/s")
+    for r in runs:
+        lr.series.append(Series(r.name, "lr", "lr", *_lr_steps(r)))
+        xs, ys = r.step_x("samples_per_s")
+        if xs:
+            speed.series.append(Series(r.name, "speed", "samples/s", xs, ys))
+    out += [lr, speed]
+    return [p for p in out if any(s.xs for s in p.series)]
+
+
+def _settings(start: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    """The job's key settings from its start line, as the title and legend show them."""
+    out = []
+    for k in keys:
+        v = start.get(k)
+        if v is None or v == "":
+            continue
+        if k == "lr":
+            out.append(f"lr {v:g}")
+        elif k == "global_batch":
+            out.append(f"batch {v}")
+        elif k == "workers":
+            out.append(f"{v} worker{'s' if v != 1 else ''}")
+        elif k == "updates_per_epoch":
+            out.append(f"{v} updates/epoch")
+        else:
+            out.append(str(v))
+    return out
+
+
+_SETTINGS = ("job", "model", "lr", "decay", "global_batch", "workers", "updates_per_epoch")
+
+
+def _shared(runs: Sequence[Run]) -> list[str]:
+    """The settings every run has alike (all of them for one run)."""
+    return [k for k in _SETTINGS if len({json.dumps(r.start.get(k)) for r in runs}) == 1]
+
+
+def title_of(runs: Sequence[Run]) -> str:
+    """The job, its model and key settings (those all runs share), from the start lines; the
+    run's name under them (one run), or how many runs are compared."""
+    head = " · ".join(_settings(runs[0].start, _shared(runs)))
+    tail = runs[0].name if len(runs) == 1 else f"{len(runs)} runs compared"
+    return f"{head}\n{tail}" if head else tail
+
+
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """Each run's legend entry: its name, and the settings in which the runs differ."""
+    differ = [k for k in _SETTINGS if k not in _shared(runs)]
+    out = []
+    for r in runs:
+        said = _settings(r.start, differ)
+        out.append(f"{r.name} ({', '.join(said)})" if said else r.name)
+    return out
 
 
 def plot_metrics(
@@ -134,100 +344,30 @@ def plot_metrics(
     last_run_only: bool = False,
     title: str | None = None,
 ) -> Path:
-    """Draw loss, validation metrics, learning rate (and samples/s when logged) to ``out``.
-
-    ``metrics`` picks the validation metrics (default: those of :data:`HEADLINE_METRICS` that
-    the file has; any numeric ``valid_*`` may be named). The image
-    format follows the suffix of ``out`` (png, pdf, svg). Returns the path written.
-    """
-    # Here, not at the top: the backend must be chosen before pyplot is first imported, and
-    # only a drawing needs matplotlib at all.
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed; safe in a Ray job or on CI
-    import matplotlib.pyplot as plt
-
+    """Draw the run(s) of one metrics.jsonl to ``out`` (see :func:`plot_runs`)."""
     runs = read_metrics(path)
-    if last_run_only:
-        runs = runs[-1:]
+    return plot_runs(runs[-1:] if last_run_only else runs, out, metrics, title, where=str(path))
+
+
+def plot_runs(
+    runs: Sequence[Run],
+    out: str | Path,
+    metrics: list[str] | None = None,
+    title: str | None = None,
+    where: str = "",
+) -> Path:
+    """Draw ``runs`` to ``out`` (png, pdf, svg by its suffix); returns the path written.
+
+    ``metrics`` picks the validation metrics (default: the headline ones each run has; any
+    numeric ``valid_*`` may be named). ValueError for a metric no run has, or a bad format."""
     if metrics:
         present = {k for r in runs for k in r.valid_keys()}
         missing = [m for m in metrics if m not in present]
         if missing:
             raise ValueError(
-                f"{path}: no {', '.join(missing)} in the epoch lines; "
-                f"present: {', '.join(sorted(present)) or 'none'}"
+                f"{where or ', '.join(r.name for r in runs)}: no {', '.join(missing)} in the "
+                f"epoch lines; present: {', '.join(sorted(present)) or 'none'}"
             )
-    labelled = len(runs) > 1
-    has_speed = any("samples_per_s" in s for r in runs for s in r.steps)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), squeeze=False)
-    ax_loss, ax_valid, ax_lr, ax_speed = axes[0][0], axes[0][1], axes[1][0], axes[1][1]
+    from learners.plot_draw import draw  # matplotlib: only when drawing
 
-    for i, run in enumerate(runs):
-        tag = f"run {i + 1} " if labelled else ""
-        xs, ys = run.series("step", "step", "loss")
-        if xs:
-            ax_loss.plot(xs, ys, lw=1, label=f"{tag}train loss (per log interval)")
-        # Epoch lines carry no step number: place each at the last step logged in its epoch.
-        epoch_end = {}
-        for s in run.steps:
-            if "epoch" in s:
-                epoch_end[s["epoch"]] = float(s["step"])
-        ex = [epoch_end.get(e["epoch"]) for e in run.epochs if "train_loss" in e]
-        ey = [_num(e["train_loss"]) for e in run.epochs if "train_loss" in e]
-        if ex and all(x is not None for x in ex):
-            ax_loss.plot(ex, ey, "o-", ms=4, label=f"{tag}train loss (epoch mean)")
-        elif ey and not xs:
-            eps = [float(e["epoch"]) for e in run.epochs if "train_loss" in e]
-            ax_loss.plot(eps, ey, "o-", ms=4, label=f"{tag}train loss (epoch mean)")
-            ax_loss.set_xlabel("epoch")
-
-        for key in metrics or run.headline_keys():
-            vx, vy = run.series("epoch", "epoch", key)
-            if vx:
-                ax_valid.plot(vx, vy, "o-", ms=4, label=f"{tag}{key}")
-
-        lx, ly = run.series("step", "step", "lr")
-        if lx:
-            # A step line's lr held over the interval that ends at its step: steps-pre.
-            ax_lr.plot(lx, ly, lw=1.2, drawstyle="steps-pre", label=f"{tag}lr (per log interval)")
-            ax_lr.set_xlabel("step")
-        else:
-            lx, ly = run.series("epoch", "epoch", "lr")
-            ax_lr.plot(lx, ly, "o-", ms=4, label=f"{tag}lr")
-            ax_lr.set_xlabel("epoch")
-
-        sx, sy = run.series("step", "step", "samples_per_s")
-        if sx:
-            ax_speed.plot(sx, sy, lw=1, label=f"{tag}samples/s")
-
-    ax_loss.set_title("training loss")
-    if not ax_loss.get_xlabel():
-        ax_loss.set_xlabel("step")
-    ax_valid.set_title("validation")
-    ax_valid.set_xlabel("epoch")
-    ax_lr.set_title("learning rate")
-    ax_speed.set_title("throughput")
-    ax_speed.set_xlabel("step")
-    ax_speed.set_ylabel("samples/s")
-    if not has_speed:
-        ax_speed.text(0.5, 0.5, "no samples_per_s logged", ha="center", va="center")
-        ax_speed.set_axis_off()
-    for ax in (ax_loss, ax_valid, ax_lr, ax_speed):
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    if not any(r.epochs for r in runs):
-        ax_valid.text(0.5, 0.5, "no epoch lines yet", ha="center", va="center")
-    fig.suptitle(title or str(path), fontsize=10)
-    fig.tight_layout()
-    out_path = Path(out)
-    if out_path.parent != Path(""):
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out_path, dpi=110)
-    except ValueError as e:  # matplotlib: unknown format
-        raise ValueError(f"--out {out}: {e}") from None
-    finally:
-        plt.close(fig)
-    return out_path
+    return draw(panels(runs, metrics), runs, Path(out), title or title_of(runs))

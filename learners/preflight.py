@@ -63,6 +63,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
     if plan.save_path:
         check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
     _check_plateau(conf, watched_metric(plan, cls.task))
+    _check_kept(conf, plan)
 
 
 def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
@@ -92,6 +93,25 @@ def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
         raise ConfigError(f"{where}: {parent} is a file, so the directory cannot be created")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: {parent} is not writable")
+
+
+def _check_kept(conf: Config, plan: TrainPlan) -> None:
+    """Keeping checkpoints needs a save path; keeping the best one needs validation data."""
+    for key, asked in (
+        ("angel.save.model.keep.last", plan.keep_last > 1),
+        ("angel.save.model.keep.best", plan.keep_best),
+    ):
+        if asked and not plan.save_path:
+            raise ConfigError(
+                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
+                "angel.save.model.path is not set: set it, or drop the key"
+            )
+    if plan.keep_best and not conf["angel.validate.data.path"]:
+        if float(conf["ml.data.validate.ratio"]) <= 0:
+            raise ConfigError(
+                "angel.save.model.keep.best=true needs a validation metric: set "
+                "ml.data.validate.ratio > 0 or angel.validate.data.path"
+            )
 
 
 def _check_plateau(conf: Config, metric: str) -> None:

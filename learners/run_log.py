@@ -1,9 +1,12 @@
-"""What a training run reports: console lines, a progress bar, metrics.jsonl and TensorBoard.
+"""What a training run reports: console lines, the progress bar, metrics.jsonl, TensorBoard.
 
-Every record is one JSON object per line of ``<angel.log.path>/metrics.jsonl``, with a ``kind``:
-``step`` (one per ``angel.log.every.steps`` updates), ``epoch`` (after validation) and
-``summary`` (the end of the run). Non-finite floats are written as ``null`` (JSON has no NaN).
-TensorBoard, when asked for, gets the numeric fields of step and epoch records as scalars.
+Each run writes to its own directory (:mod:`learners.runs`). Every record is one JSON object per
+line of ``<run>/metrics.jsonl``, with a ``kind``: ``start`` (the job, its model and settings),
+``step`` (one per ``angel.log.every.steps`` updates), ``epoch`` (after validation; ``step`` is
+the global update at its end) and ``summary`` (the end of the run, also ``<run>/summary.json``).
+Non-finite floats are written as ``null`` (JSON has no NaN). TensorBoard, when asked for, gets
+``train/*`` and ``valid/*`` scalars on the global update (:func:`tb_scalars`), seconds per
+phase as ``time/*``, and the job's keys once as text.
 """
 
 from __future__ import annotations
@@ -16,24 +19,75 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from tqdm import tqdm
 
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from angelps.config import Config, ConfigError
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
+from learners.progress import JobBar
+from learners.runs import METRICS, SUMMARY
 
-__all__ = ["RunLog", "banner", "epoch_line", "jsonable", "step_record"]
+__all__ = [
+    "RunLog",
+    "banner",
+    "done_line",
+    "epoch_line",
+    "jsonable",
+    "start_record",
+    "step_record",
+    "tb_scalars",
+]
+
+# Step fields that are not curves of training: positions and counts.
+_NOT_SCALARS = ("kind", "epoch", "step", "updates", "skipped", "elapsed_s")
+_TIMES = ("pull_s", "compute_s", "push_s", "wait_s")
+
+
+def tb_scalars(obj: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The TensorBoard (tag, value) pairs of one record: a step line gives ``train/loss``,
+    ``train/lr``, ``train/samples_per_s`` and ``time/*``; an epoch line ``train/epoch_loss``
+    and ``valid/<metric>`` (not the row counts); other kinds nothing."""
+    kind = obj.get("kind")
+    out: list[tuple[str, float]] = []
+    for name, value in obj.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            continue
+        if not math.isfinite(float(value)):
+            continue
+        if kind == "step" and name not in _NOT_SCALARS:
+            out.append((f"time/{name}" if name in _TIMES else f"train/{name}", float(value)))
+        elif kind == "epoch" and name == "train_loss":
+            out.append(("train/epoch_loss", float(value)))
+        elif kind == "epoch" and name.startswith("valid_"):
+            if not name.endswith(("_rows", "_count")):
+                out.append((f"valid/{name.removeprefix('valid_')}", float(value)))
+    return out
+
+
+def _terminal() -> bool:
+    """Whether the console is a terminal (the progress bar is drawn on one only)."""
+    return sys.stdout.isatty()
 
 
 class RunLog:
-    """Progress on a terminal (tqdm), plain lines otherwise, and the metrics.jsonl file."""
+    """The console (plain lines, and the whole-job bar on a terminal), the run's metrics.jsonl
+    and its TensorBoard events."""
 
-    def __init__(self, path: Path | None, quiet: bool = False, tensorboard: bool = False) -> None:
-        self.tty = sys.stdout.isatty() and not quiet
+    def __init__(
+        self,
+        path: Path | None,
+        quiet: bool = False,
+        tensorboard: bool = False,
+        tty: bool | None = None,
+    ) -> None:
+        self.tty = (_terminal() if tty is None else tty) and not quiet
         self.quiet = quiet
+        self.path = path
         self.file: IO[str] | None = None
         self.tb: Any = None
+        self.progress: JobBar | None = None
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             try:
                 # An optional dependency (the tensorboard extra): imported only when asked for.
@@ -45,41 +99,88 @@ class RunLog:
                 ) from None
             self.tb = SummaryWriter(log_dir=str(path if path is not None else "runs"))
         if path is not None:
-            path.mkdir(parents=True, exist_ok=True)
-            self.file = open(path / "metrics.jsonl", "a", buffering=1)
+            self.file = open(path / METRICS, "a", buffering=1)
 
     def say(self, text: str) -> None:
-        if not self.quiet:
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.write(text)
+        else:
             print(text, flush=True)
 
-    def bar(self, epoch: int, epochs: int, updates: int) -> tqdm | None:
-        """A progress bar of an epoch's updates, on a terminal only."""
-        if not self.tty:
-            return None
-        return tqdm(total=updates, desc=f"epoch {epoch + 1}/{epochs}", unit="upd", leave=False)
+    def warn(self, text: str) -> None:
+        """A warning on stderr (above the bar, when there is one), even when quiet."""
+        if self.progress is not None:
+            self.progress.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def bar(self, total: int, done: int, epochs: int, updates_per_epoch: int) -> JobBar | None:
+        """The whole-job progress bar (on a terminal only); :meth:`close` closes it."""
+        if self.tty and self.progress is None:
+            self.progress = JobBar(total, done, epochs, updates_per_epoch, file=None)
+        return self.progress
+
+    def close_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+    def config_text(self, conf: Config) -> None:
+        """The job's keys (those set, and where), once, as TensorBoard text."""
+        if self.tb is None:
+            return
+        rows = [
+            f"| {k} | {v} | {conf.source(k)} |"
+            for k, v in sorted(conf.to_properties().items())
+            if conf.is_set(k)
+        ]
+        self.tb.add_text("config", "\n".join(["| key | value | from |", "|---|---|---|", *rows]), 0)
 
     def record(self, obj: Mapping[str, Any]) -> None:
         if self.file is not None:
             self.file.write(json.dumps(jsonable(obj)) + "\n")
-        if self.tb is not None and obj.get("kind") in ("step", "epoch"):
-            # Step scalars on the update axis, epoch scalars on the epoch axis, as the plot verb.
-            kind = str(obj["kind"])
-            at = int(obj.get("step", 0) if kind == "step" else obj.get("epoch", 0))
-            for name, value in obj.items():
-                if name in ("kind", "step", "epoch") or isinstance(value, bool):
-                    continue
-                if isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(
-                    value
-                ):
-                    self.tb.add_scalar(f"{kind}/{name}", float(value), at)
+        if self.tb is not None and obj.get("kind") in ("step", "epoch") and "step" in obj:
+            at = int(obj["step"])
+            for tag, value in tb_scalars(obj):
+                self.tb.add_scalar(tag, value, at)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        """The summary as a line of metrics.jsonl and as ``summary.json`` in the run directory."""
+        self.record({"kind": "summary", **summary})
+        if self.path is not None:
+            (self.path / SUMMARY).write_text(json.dumps(jsonable(summary), indent=2) + "\n")
 
     def close(self) -> None:
+        self.close_bar()
         if self.file is not None:
             self.file.close()
             self.file = None
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def start_record(
+    run: str, conf: Config, plan: TrainPlan, size: JobSize, model: str, first_epoch: int
+) -> dict[str, Any]:
+    """The first line of a run's metrics.jsonl: the job, its model and the settings that the
+    plot's title and legend show."""
+    return {
+        "kind": "start",
+        "run": run,
+        "job": str(conf["angel.job.name"]),
+        "model": model,
+        "first_epoch": first_epoch,
+        "epochs": plan.epochs,
+        "updates_per_epoch": size.updates_per_epoch,
+        "global_batch": size.batch_size * plan.workers * plan.accum,
+        "workers": plan.workers,
+        "lr": conf["ml.learn.rate"],
+        "decay": conf["ml.opt.decay.class.name"],
+        "decay_on_batch": plan.decay_on_batch,
+    }
 
 
 def step_record(
@@ -186,6 +287,27 @@ def epoch_line(row: Mapping[str, Any], epochs: int) -> str:
             parts.append(f"{k} {row[k]:.4f}")
     parts.append(f"{row['train_samples_per_s']:.0f} samples/s")
     return "  ".join(parts)
+
+
+def done_line(summary: Mapping[str, Any]) -> str:
+    """The last console line of a run: epochs, time, the final validation metrics, the best
+    epoch and where its checkpoint is, the checkpoint, the run directory."""
+    s = summary
+    parts = [f"{s['epochs']} epochs", f"{s['elapsed_s']:.1f} s"]
+    for k in ("valid_auc", "valid_logloss", "valid_accuracy", "valid_rmse", "valid_r2"):
+        v = s.get(k)
+        if v is not None:
+            parts.append(f"{k} {v:.4f}")
+    line = "done: " + ", ".join(parts)
+    if s.get("best_epoch") is not None:
+        line += f"; best epoch {s['best_epoch']} ({s['best_metric']} {s['best_value']:.4f})"
+        if s.get("best_checkpoint"):
+            line += f" at {s['best_checkpoint']}"
+    if s.get("checkpoint"):
+        line += f"; checkpoint {s['checkpoint']}"
+    if s.get("run_dir"):
+        line += f"; run {s['run_dir']}"
+    return line
 
 
 def jsonable(obj: Any) -> Any:

@@ -9,8 +9,17 @@ import sys
 import time
 from pathlib import Path
 
+from learners.runs import latest_run
+
 ROOT = Path(__file__).resolve().parents[1]
 A9A = "data/a9a/a9a_123d_train.libsvm"
+
+
+def _metrics(log: Path) -> Path:
+    """The metrics.jsonl of the newest run under ``log`` (a path that does not exist yet
+    before the run has started)."""
+    run = latest_run(log)
+    return run / "metrics.jsonl" if run is not None else log / "no-run-yet"
 
 
 def _epoch_lines(metrics: Path) -> list[dict]:
@@ -41,7 +50,7 @@ def test_sigint_stops_cleanly_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 240
         # The epoch's line comes first, then its checkpoint, renamed into place whole.
-        while not (_epoch_lines(log / "metrics.jsonl") and model.exists()):
+        while not (_epoch_lines(_metrics(log)) and model.exists()):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no epoch finished within 240 s"
             time.sleep(0.2)

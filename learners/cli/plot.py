@@ -1,4 +1,4 @@
-"""The ``plot`` verb of the ``angelps`` command line: training curves from metrics.jsonl."""
+"""The ``plot`` verb of the ``angelps`` command line: the curves of one run, or several compared."""
 
 from __future__ import annotations
 
@@ -15,45 +15,63 @@ def register(sub: Subparsers) -> None:
     p = add_verb(
         sub,
         "plot",
-        help="draw loss, validation metric and learning-rate curves from metrics.jsonl",
-        description="Draw the curves of a training job from the metrics.jsonl that it writes "
-        "under angel.log.path: training loss per step and per epoch, the validation metrics per "
-        "epoch, the learning rate, and samples/s. The image format follows the --out suffix "
-        "(png, pdf, svg).",
+        help="draw a run's curves (the latest by default), or compare several runs",
+        description="Draw the curves of a training run from its metrics.jsonl: one panel per "
+        "kind of metric (losses, AUC, accuracy, regression errors, R², learning rate, "
+        "throughput), training and validation on one epoch axis counted from 1. With several "
+        "runs, one colour per run, named in the legend. A RUN is a run's name under --log-dir, "
+        "its directory, a log directory (its latest run) or a metrics.jsonl file; none: the "
+        "latest run under --log-dir. The image format follows the --out suffix (png, pdf, svg).",
         examples=[
-            "angelps plot runs/lr_a9a/metrics.jsonl --out curves.png",
-            "angelps plot runs/lr_a9a/metrics.jsonl --out auc.svg --metric valid_auc --last-run",
+            "angelps plot",
+            "angelps plot lr_a9a-20261123-124500 lr_a9a-20261123-131502 --out compare.png",
+            "angelps plot --log-dir /data/runs --metric valid_auc --out auc.svg",
+            "angelps plot runs/lr_a9a/metrics.jsonl --last-run",
         ],
     )
-    p.add_argument("metrics", metavar="METRICS.jsonl", help="a job's metrics file")
+    p.add_argument("runs", metavar="RUN", nargs="*", help="runs to draw (default: the latest)")
+    p.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        default="runs",
+        help="where the runs are: angel.log.path (default: runs)",
+    )
     p.add_argument("--out", metavar="PATH", default="curves.png", help="image to write")
     p.add_argument(
         "--metric",
         action="append",
         default=None,
-        help="validation metric to draw (repeatable; default: every valid_* in the file)",
+        help="validation metric to draw (repeatable; default: AUC, logloss, accuracy, RMSE, "
+        "MAE, R², whichever the runs have)",
     )
     p.add_argument(
         "--last-run",
         action="store_true",
-        help="draw only the last run when the file holds several (the learner appends)",
+        help="of a metrics.jsonl holding several appended runs (older versions), the last only",
     )
-    p.add_argument("--title", default=None, help="figure title (default: the metrics path)")
+    p.add_argument(
+        "--title", default=None, help="figure title (default: the job, model and settings)"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the figure; a bad metrics file is bad input (exit code 2)."""
-    from learners.plot import plot_metrics  # matplotlib: only when drawing
+    """Write the figure; a bad metrics file or an unknown run is bad input (exit code 2)."""
+    from learners.plot import plot_runs, read_metrics
+    from learners.runs import find_run
 
     try:
-        out = plot_metrics(
-            args.metrics,
-            args.out,
-            metrics=args.metric,
-            last_run_only=args.last_run,
-            title=args.title,
-        )
+        runs = []
+        for arg in args.runs or [None]:
+            ref = find_run(arg, args.log_dir)
+            found = read_metrics(ref.metrics, ref.name)
+            runs += found[-1:] if args.last_run else found
+        names = [r.name for r in runs]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"{', '.join(sorted(dupes))}: the same run named more than once")
+        where = str(runs[0].name) if len(runs) == 1 else ""
+        out = plot_runs(runs, args.out, metrics=args.metric, title=args.title, where=where)
     except ValueError as e:
         print(f"angelps: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -106,13 +106,7 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
         pred = learner.predict(str(action.data_path)) if out is not None else None
     finally:
         learner.shutdown()
-    s = result.summary
-    parts = [f"{s['epochs']} epochs", f"{s['elapsed_s']:.1f} s"]
-    for k in ("valid_auc", "valid_logloss", "valid_accuracy", "valid_rmse", "valid_r2"):
-        v = s.get(k)
-        if v is not None:
-            parts.append(f"{k} {v:.4f}")
-    print("done: " + ", ".join(parts))
+    s = result.summary  # the learner printed its last line (learners.run_log.done_line)
     if args.summary_json:
         path = Path(args.summary_json)
         if path.parent != Path(""):

@@ -19,6 +19,7 @@ import pytest
 
 from learners.cli.main import main
 from learners.learner import GraphLearner
+from learners.runs import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf" / "lr_a9a.properties")
@@ -92,7 +93,9 @@ def test_resume_falls_back_to_the_previous_checkpoint(trained, tmp_path, capsys)
         f"(the damaged one is kept as {tmp_path / aside[0]})\n"
     ) in err
     # It re-ran epoch 1 from epoch 0's checkpoint, exactly as the first run did.
-    rows = [json.loads(x) for x in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    run = latest_run(tmp_path / "log")  # the resumed run's own directory
+    assert run is not None
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if r["kind"] == "epoch"]
     first = trained[2][1]
     assert row["epoch"] == 1

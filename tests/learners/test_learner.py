@@ -55,7 +55,9 @@ def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
     # StandardDecay per epoch: epoch k trains at 0.02 / sqrt(1 + 0.5 (k + 1)).
     lrs = [h["lr"] for h in result.history]
     assert lrs == pytest.approx([0.02 / math.sqrt(1 + 0.5 * (k + 1)) for k in range(3)])
-    lines = [json.loads(x) for x in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
+    run = tmp_path / "log" / (tmp_path / "log" / "latest").read_text().strip()
+    assert Path(s["run_dir"]) == run and (run / "summary.json").is_file()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     epochs = [x for x in lines if x["kind"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2]

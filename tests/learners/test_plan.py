@@ -25,7 +25,8 @@ def test_defaults_come_from_the_key_declarations():
     assert plan.minibatch_size == declared["ml.minibatch.size"] == 128
     assert plan.updates_per_epoch is None  # not set: ml.minibatch.size sizes the batches
     assert (plan.device, plan.worker_gpus) == ("cpu", 0.0)
-    assert plan.log_dir.endswith("angelps")  # runs/<angel.job.name>
+    assert plan.log_dir == "runs"  # each run in its own runs/<angel.job.name>-<time>
+    assert (plan.keep_last, plan.keep_best, plan.save_failure) == (1, False, "stop")
 
 
 def test_cuda_device_reserves_one_gpu_per_worker():

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from learners.runs import latest_run
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray-cluster"
 VENV_BIN = Path(sys.executable).parent
@@ -148,7 +150,9 @@ def test_submit_train_job_succeeds_and_writes_its_summary(head: Head) -> None:
         assert result["valid_auc"] >= 0.88
         assert 0.0 < result["valid_logloss"] < 0.5
         assert result["train_samples_per_s"] > 0
-        metrics = (out / "log" / "metrics.jsonl").read_text().splitlines()
+        run = latest_run(out / "log")  # the run's own directory, where the job was told
+        assert run is not None and Path(result["run_dir"]) == run
+        metrics = (run / "metrics.jsonl").read_text().splitlines()
         epochs = [json.loads(line) for line in metrics if '"epoch"' in line]
         assert len([e for e in epochs if e.get("kind") == "epoch"]) == 2
     finally:
@@ -195,9 +199,10 @@ def test_ray_job_stop_interrupts_training_cleanly(head: Head) -> None:
             f"angel.log.path={out / 'log'}",
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        metrics = out / "log" / "metrics.jsonl"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
+            run = latest_run(out / "log")
+            metrics = run / "metrics.jsonl" if run is not None else out / "none"
             if metrics.exists() and '"kind": "epoch"' in metrics.read_text():
                 break
             time.sleep(1)

@@ -1,0 +1,191 @@
+"""The whole-job progress bar, and the chunks of updates that keep it moving.
+
+One bar counts every optimizer update of the job (``epoch 3/10 ... 45% 520/1150 upd
+[00:12<00:15, 11.0k samples/s, loss 0.3312, lr 0.0141]``), so its estimate is the job's, not the
+epoch's. It moves several times a second: the driver hands the workers chunks of updates sized
+to take about :data:`CHUNK_TARGET_S` (:class:`Chunker`); and a ticker thread redraws it every
+:data:`TICK_S` whatever the driver waits for (a slow update, validation, a checkpoint), so its
+clock never stops. Lines printed meanwhile go above the bar (:meth:`JobBar.write`). The bar is
+closed (its line cleared, the ticker stopped) at the end, on Ctrl-C and on any error: the learner
+closes it in a ``finally``.
+
+A chunk never crosses a multiple of ``angel.log.every.steps``, so metrics.jsonl still gets one
+step line per that many updates (:func:`merge_chunks` sums the chunks of one line).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from tqdm import tqdm
+
+__all__ = ["CHUNK_TARGET_S", "TICK_S", "Chunker", "JobBar", "TrainProgress", "merge_chunks"]
+
+#: seconds a chunk of updates should take: the bar moves several times a second
+CHUNK_TARGET_S = 0.25
+#: seconds between redraws of the bar's clock while a chunk runs
+TICK_S = 0.5
+_SUMMED = ("updates", "skipped", "samples", "loss_sum", "pull_s", "compute_s", "push_s", "wait_s")
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands: the epochs done, and early stopping's best metric so far."""
+
+    next_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: float | None = None
+    #: the epoch (0-based) of ``best``
+    best_epoch: int | None = None
+    since_best: int = 0
+    samples: int = 0
+    train_s: float = 0.0
+    stopped_early: bool = False
+
+    def watch(self, epoch: int, value: float | None, lower_is_better: bool) -> bool:
+        """Count epochs since the watched metric last improved; True when ``epoch`` is the
+        best so far."""
+        if value is None or not math.isfinite(value):
+            return False
+        sign = -1.0 if lower_is_better else 1.0
+        if self.best is None or sign * value > sign * self.best:
+            self.best, self.best_epoch, self.since_best = value, epoch, 0
+            return True
+        self.since_best += 1
+        return False
+
+    def epoch_of_best(self) -> int | None:
+        """The epoch of ``best`` in the history (for checkpoints that did not record it)."""
+        for row in self.history:
+            if self.best is not None and self.best in row.values():
+                return int(row["epoch"])
+        return None
+
+
+class Chunker:
+    """How many updates the next ``run_steps`` call runs: about :data:`CHUNK_TARGET_S` of work
+    (from the time per update measured so far), at most up to the next multiple of
+    ``log_every`` and the end of the epoch."""
+
+    def __init__(self, log_every: int, target_s: float = CHUNK_TARGET_S) -> None:
+        self.log_every = log_every
+        self.target_s = target_s
+        self.per_update_s: float | None = None
+
+    def next(self, done: int, updates: int) -> int:
+        """The size of the chunk that starts after ``done`` of ``updates`` updates."""
+        to_line = self.log_every - done % self.log_every
+        limit = min(to_line, updates - done)
+        if self.per_update_s is None:
+            return min(limit, 1)  # measure one update first
+        return max(1, min(limit, int(self.target_s / max(self.per_update_s, 1e-9))))
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A chunk of ``n`` updates took ``seconds`` (wall time at the driver)."""
+        per = seconds / max(n, 1)
+        self.per_update_s = (
+            per if self.per_update_s is None else 0.7 * self.per_update_s + 0.3 * per
+        )
+
+
+def merge_chunks(
+    acc: Sequence[Mapping[str, Any]] | None, outs: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each worker's answers of several ``run_steps`` chunks as one: counts and times summed,
+    the last step size and scheduler state of the latest chunk that made an update."""
+    if acc is None:
+        return [dict(o) for o in outs]
+    merged = []
+    for a, o in zip(acc, outs, strict=True):
+        m = dict(a)
+        for k in _SUMMED:
+            m[k] = a[k] + o[k]
+        m["elapsed_s"] = a["elapsed_s"] + o["elapsed_s"]
+        if o["updates"]:
+            m["last_lr"] = o["last_lr"]
+        m["sched_state"] = o.get("sched_state", a.get("sched_state"))
+        merged.append(m)
+    return merged
+
+
+def _si(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.0f}"
+
+
+class JobBar:
+    """A tqdm bar over all the job's updates (``done`` of them already made, on a resume)."""
+
+    def __init__(
+        self,
+        total: int,
+        done: int,
+        epochs: int,
+        updates_per_epoch: int,
+        file: IO[str] | None,
+        ncols: int | None = None,
+    ) -> None:
+        self.epochs, self.updates_per_epoch = epochs, updates_per_epoch
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.bar = tqdm(
+            total=total,
+            desc=self._desc(done),
+            initial=done,
+            unit="upd",
+            file=file if file is not None else sys.stderr,
+            leave=False,
+            # a fixed width (80 where the terminal does not say): readable, never zero
+            ncols=ncols or min(shutil.get_terminal_size().columns, 120),
+            mininterval=0.2,
+            bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} upd "
+            "[{elapsed}<{remaining}{postfix}]",
+        )
+        self._ticker = threading.Thread(target=self._tick_loop, name="angelps-bar", daemon=True)
+        self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(TICK_S):
+            self.tick()
+
+    def _desc(self, done: int) -> str:
+        epoch = min(done // max(self.updates_per_epoch, 1) + 1, self.epochs)
+        return f"epoch {epoch}/{self.epochs}"
+
+    def update(self, n: int, samples: int, seconds: float, loss: float, lr: float) -> None:
+        """``n`` more updates of ``samples`` rows in ``seconds``; the epoch's mean loss so far
+        and the step size now."""
+        rate = samples / max(seconds, 1e-9)
+        with self._lock:
+            self.bar.set_postfix_str(
+                f"{_si(rate)} samples/s, loss {loss:.4f}, lr {lr:.3g}", refresh=False
+            )
+            self.bar.set_description_str(self._desc(self.bar.n + n), refresh=False)
+            self.bar.update(n)
+
+    def tick(self) -> None:
+        """Redraw the bar (its clock moves while the driver waits)."""
+        with self._lock:
+            if not self.bar.disable:
+                self.bar.refresh()
+
+    def write(self, text: str, file: IO[str] | None = None) -> None:
+        """A line above the bar (on stdout, or ``file``), the bar redrawn below it."""
+        with self._lock:
+            self.bar.clear()
+            print(text, file=file or sys.stdout, flush=True)
+            self.bar.refresh()
+
+    def close(self) -> None:
+        """Stop the ticker and remove the bar's line; idempotent."""
+        self._stop.set()
+        if self._ticker.is_alive() and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=2 * TICK_S)
+        with self._lock:
+            if not self.bar.disable:
+                self.bar.close()

@@ -1,0 +1,134 @@
+"""Runs: each training run's own directory under the log root, and finding runs again.
+
+A run writes to ``<angel.log.path>/<job>-<yyyymmdd-hhmmss>/`` (``metrics.jsonl``,
+``summary.json``, TensorBoard events), so runs of one job never append into each other. The file
+``<angel.log.path>/latest`` holds the name of the newest run (a plain file, replaced atomically:
+unlike a symlink it survives copies, object stores and Windows). :func:`find_run` turns what a
+user types (a run name, a run directory, a log root, a metrics.jsonl path) into that run's
+metrics file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LATEST",
+    "METRICS",
+    "SUMMARY",
+    "RunRef",
+    "find_run",
+    "latest_run",
+    "new_run_dir",
+    "relative_under_ray_job",
+]
+
+LATEST = "latest"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+TIME_FORMAT = "%Y%m%d-%H%M%S"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# Set by Ray's job supervisor for the entry point of a `ray job submit` (its runtime env).
+_RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run as ``angelps plot`` names it: its name (the legend) and its metrics file."""
+
+    name: str
+    metrics: Path
+
+
+def run_name(job: str, when: float | None = None) -> str:
+    """``<job>-<yyyymmdd-hhmmss>`` in local time, the job name made safe for a file name."""
+    stamp = time.strftime(TIME_FORMAT, time.localtime(time.time() if when is None else when))
+    return f"{_UNSAFE.sub('_', job).strip('._') or 'run'}-{stamp}"
+
+
+def new_run_dir(root: str | os.PathLike[str], job: str, when: float | None = None) -> Path:
+    """Create the directory of a new run under ``root`` and point ``root/latest`` at it.
+
+    Two runs started in the same second get ``-2``, ``-3``... (``mkdir`` without exist_ok
+    decides, so two processes never share a directory)."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    name = run_name(job, when)
+    for i in range(1, 1000):
+        candidate = base / (name if i == 1 else f"{name}-{i}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        _point_latest(base, candidate.name)
+        return candidate
+    raise FileExistsError(f"{base}: 999 runs named {name}-* already exist")
+
+
+def _point_latest(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST}.{os.getpid()}"
+    tmp.write_text(name + "\n", encoding="utf-8")
+    os.replace(tmp, root / LATEST)
+
+
+def latest_run(root: str | os.PathLike[str]) -> Path | None:
+    """The run ``root/latest`` names, or None when there is none (or it is gone)."""
+    pointer = Path(root) / LATEST
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    # A name, never a path: a pointer file cannot lead outside its root.
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        return None
+    run = Path(root) / name
+    return run if run.is_dir() else None
+
+
+def find_run(arg: str | None, root: str | os.PathLike[str] = "runs") -> RunRef:
+    """The run that ``arg`` names: a metrics.jsonl file, a run directory, a log root (its
+    latest run), or a run name under ``root``; ``None``: the latest run under ``root``.
+    ValueError saying what was looked for when there is no such run."""
+    root = Path(root)
+    if arg is None:
+        run = latest_run(root)
+        if run is None:
+            raise ValueError(
+                f"no runs under {root} (no {root / LATEST}): name a run, a run directory or a "
+                "metrics.jsonl file, or point --log-dir at angel.log.path"
+            )
+        return RunRef(run.name, run / METRICS)
+    p = Path(arg)
+    if p.is_file():
+        name = p.parent.name if p.name == METRICS and p.parent.name else p.stem
+        return RunRef(name, p)
+    for d in (p, root / arg):
+        if (d / METRICS).is_file():
+            return RunRef(d.name, d / METRICS)
+        run = latest_run(d) if d.is_dir() else None
+        if run is not None:
+            return RunRef(run.name, run / METRICS)
+    known = (
+        sorted(d.name for d in root.iterdir() if (d / METRICS).is_file()) if root.is_dir() else []
+    )
+    hint = f"; runs under {root}: {', '.join(known[-5:])}" if known else ""
+    raise ValueError(f"{arg}: no such run, run directory or metrics file{hint}")
+
+
+def relative_under_ray_job(paths: dict[str, str | None]) -> str | None:
+    """A note when this is a ``ray job submit`` entry point and an output path (key -> value)
+    is relative: it would land in Ray's working directory for the job, deleted with it."""
+    if _RAY_JOB_ENV not in os.environ:
+        return None
+    rel = [f"{k}={v}" for k, v in paths.items() if v and not os.path.isabs(v)]
+    if not rel:
+        return None
+    return (
+        f"angelps: note: {', '.join(rel)} {'is' if len(rel) == 1 else 'are'} relative to "
+        f"{os.getcwd()}, the working directory Ray "
+        "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
+    )

@@ -1,0 +1,181 @@
+"""Fault matrix: a checkpoint write that really fails (the shard's file system refuses it).
+
+On a real local Ray, LogisticRegression trains on a slice of a9a with a checkpoint after every
+epoch. Before the second checkpoint, the parameter shards' processes get a file-size limit of
+one byte (``prlimit(RLIMIT_FSIZE)``, as a full disk answers: every write of a shard's table file
+fails with EFBIG). With ``angel.save.failure=stop`` the job ends with one line naming the path,
+the reason and the last good checkpoint, which is intact and resumable; with ``continue`` it
+warns, trains on, and the next checkpoint (the limit lifted) is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from angelps import checkpoint
+from learners import saved_model
+from learners.cli.main import main
+from learners.learner import GraphLearner
+from learners.retention import CheckpointWriteError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = str(ROOT / "conf" / "lr_a9a.properties")
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (this test's own Ray: never another one on the machine)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def _shard_pids() -> list[int]:
+    pids = []
+    for p in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if b"ShardServer" in f.read():
+                    pids.append(p)
+        except OSError:
+            continue
+    assert pids, "no parameter shard process found below this test"
+    return pids
+
+
+@contextmanager
+def _disk_full(pids: list[int]) -> Iterator[None]:
+    """A one-byte file-size limit on ``pids``: their writes of files fail with EFBIG."""
+    old = {p: resource.prlimit(p, resource.RLIMIT_FSIZE) for p in pids}
+    for p in pids:
+        resource.prlimit(p, resource.RLIMIT_FSIZE, (1, old[p][1]))
+    try:
+        yield
+    finally:
+        for p, limits in old.items():
+            resource.prlimit(p, resource.RLIMIT_FSIZE, limits)
+
+
+def _data(tmp_path: Path) -> Path:
+    data = tmp_path / "a9a.libsvm"
+    with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
+        data.write_text("".join(next(f) for _ in range(3000)))
+    return data
+
+
+def _sets(tmp_path: Path, **more: object) -> dict[str, object]:
+    return {
+        "angel.train.data.path": str(_data(tmp_path)),
+        "angel.save.model.path": str(tmp_path / "model"),
+        "angel.log.path": str(tmp_path / "log"),
+        "angel.job.name": "diskfull",
+        "ml.epoch.num": 3,
+        **more,
+    }
+
+
+def _fail_saves(monkeypatch: pytest.MonkeyPatch, failing: set[int]) -> list[int]:
+    """Make the shards' disk full during the saves numbered in ``failing`` (0-based)."""
+    real = saved_model.save
+    calls: list[int] = []
+
+    def save(path, ps, workers, section):
+        calls.append(int(section["epoch"]))
+        if len(calls) - 1 not in failing:
+            return real(path, ps, workers, section)
+        with _disk_full(_shard_pids()):
+            return real(path, ps, workers, section)
+
+    monkeypatch.setattr(saved_model, "save", save)
+    return calls
+
+
+def _epoch_of(path: Path) -> int:
+    return int(checkpoint.read_manifest(str(path))["extra"]["learner"]["epoch"])
+
+
+def test_stop_keeps_the_last_good_checkpoint_and_names_it(tmp_path, monkeypatch, capsys):
+    calls = _fail_saves(monkeypatch, failing={1})
+    model = tmp_path / "model"
+    learner = GraphLearner.from_properties(CONF, _sets(tmp_path), quiet=True)
+    try:
+        with pytest.raises(CheckpointWriteError) as e:
+            learner.train()
+    finally:
+        learner.shutdown()
+    message = str(e.value)
+    assert calls == [0, 1]  # stopped at the failed save: no third epoch
+    assert message.startswith(
+        f"the checkpoint of epoch 2 could not be written to {model}: OSError: "
+    )
+    assert "File too large" in message
+    assert message.endswith(
+        f"; the last good checkpoint is {model} (epoch 1); stopped (angel.save.failure=stop): "
+        "make room or fix the path, then continue with --resume"
+    )
+    # The previous checkpoint is intact (every checksum verified) and nothing half-written is
+    # left beside it.
+    checkpoint.verify(str(model))
+    assert _epoch_of(model) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]
+
+    # The command line: one line, exit 1; then --resume finishes the job from that checkpoint.
+    monkeypatch.undo()
+    calls = _fail_saves(monkeypatch, failing={0})
+    args = ["train", "--conf", CONF, *(f"--set={k}={v}" for k, v in _sets(tmp_path).items())]
+    assert main([*args, "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"angelps: failed: CheckpointWriteError: the checkpoint of epoch 2 could not be written "
+        f"to {model}: OSError: "
+    ) in err
+    assert "Traceback" not in err
+    monkeypatch.undo()
+    assert main([*args, "--resume"]) == 0
+    assert _epoch_of(model) == 2
+
+
+def test_continue_warns_and_trains_on(tmp_path, monkeypatch, capsys):
+    calls = _fail_saves(monkeypatch, failing={1})
+    model = tmp_path / "model"
+    sets = _sets(tmp_path, **{"angel.save.failure": "continue"})
+    learner = GraphLearner.from_properties(CONF, sets, quiet=True)
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    assert calls == [0, 1, 2] and result.summary["epochs"] == 3
+    err = capsys.readouterr().err
+    assert (
+        f"angelps: warning: the checkpoint of epoch 2 could not be written to {model}: OSError: "
+    ) in err
+    assert (
+        f"; the last good checkpoint is {model} (epoch 1); training goes on "
+        "(angel.save.failure=continue)\n"
+    ) in err
+    # The next save (the disk has room again) is written; the summary counts the failure.
+    assert _epoch_of(model) == 2 and _epoch_of(Path(f"{model}.prev")) == 0
+    assert result.summary["checkpoint_failures"] == 1
+    assert result.summary["checkpoint"] == str(model)
+    summary = json.loads((Path(result.summary["run_dir"]) / "summary.json").read_text())
+    assert summary["checkpoint_failures"] == 1

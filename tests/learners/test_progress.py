@@ -1,0 +1,136 @@
+"""The whole-job progress bar (learners.progress): chunks sized by time, the bar's text, a real
+run's console, and the bar closed when training fails or is interrupted."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from tqdm import tqdm
+
+from learners.learner import GraphLearner
+from learners.progress import Chunker, JobBar, merge_chunks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_chunks_take_about_a_quarter_second_and_never_cross_a_metrics_line():
+    c = Chunker(log_every=50, target_s=0.25)
+    assert c.next(0, 115) == 1  # nothing measured yet: one update
+    c.observe(1, 0.01)  # 10 ms per update: 25 fit in a quarter second
+    assert c.next(1, 115) == 25
+    assert c.next(40, 115) == 10  # up to the metrics line at update 50
+    assert c.next(110, 115) == 5  # up to the end of the epoch
+    c.observe(10, 10.0)  # slow updates (a second each, smoothed): one at a time
+    assert c.next(50, 115) == 1
+    fast = Chunker(log_every=50)
+    fast.observe(100, 0.01)
+    assert fast.next(0, 115) == 50  # fast updates: a whole metrics line per call
+
+
+def _out(updates: int, loss_sum: float, lr: float) -> dict:
+    return {"updates": updates, "skipped": 0, "samples": 10 * updates, "loss_sum": loss_sum,
+            "pull_s": 0.1, "compute_s": 0.2, "push_s": 0.1, "wait_s": 0.0, "elapsed_s": 0.5,
+            "last_lr": lr, "sched_state": {"count": updates}}  # fmt: skip
+
+
+def test_chunks_of_one_metrics_line_are_summed_per_worker():
+    merged = merge_chunks(None, [_out(3, 1.5, 0.1), _out(3, 2.5, 0.1)])
+    merged = merge_chunks(merged, [_out(2, 1.0, 0.05), _out(2, 1.0, 0.05)])
+    assert [m["updates"] for m in merged] == [5, 5]
+    assert [m["loss_sum"] for m in merged] == [2.5, 3.5]
+    assert merged[0]["samples"] == 50 and merged[0]["elapsed_s"] == 1.0
+    assert merged[0]["pull_s"] == pytest.approx(0.2)
+    assert merged[0]["last_lr"] == 0.05 and merged[0]["sched_state"] == {"count": 2}
+    # A chunk that made no update (all skipped) keeps the step size of the one before.
+    merged = merge_chunks(merged, [{**_out(0, 0.0, 0.0)}, {**_out(0, 0.0, 0.0)}])
+    assert merged[0]["last_lr"] == 0.05
+
+
+def test_the_bar_counts_the_whole_job_and_says_samples_loss_and_lr():
+    f = io.StringIO()
+    bar = JobBar(total=30, done=10, epochs=3, updates_per_epoch=10, file=f, ncols=100)
+    bar.update(5, samples=12_800, seconds=1.0, loss=0.4321, lr=0.0125)
+    bar.tick()
+    text = f.getvalue()
+    assert "epoch 2/3  50%|" in text  # resumed after epoch 1: the bar starts at 10 of 30
+    assert "| 15/30 upd [" in text
+    assert ", 12.8k samples/s, loss 0.4321, lr 0.0125]" in text
+    bar.write("epoch 2/3  lr 0.0125 ...")
+    bar.close()
+    bar.close()  # idempotent
+    assert not tqdm._instances  # type: ignore[attr-defined]
+    assert f.getvalue().endswith("\r")  # the bar's line cleared, nothing left on it
+
+
+def _learner(tmp_path: Path) -> GraphLearner:
+    data = tmp_path / "a9a.libsvm"
+    with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
+        data.write_text("".join(next(f) for _ in range(3000)))
+    sets = {
+        "angel.train.data.path": str(data),
+        "angel.log.path": str(tmp_path / "runs"),
+        "angel.save.model.path": str(tmp_path / "model"),
+        "angel.job.name": "bar",
+        "ml.epoch.num": 2,
+        "ml.minibatch.size": 32,  # 2700 training rows: 85 updates per epoch
+        "angel.log.every.steps": 20,
+    }
+    return GraphLearner.from_properties(ROOT / "conf" / "lr_a9a.properties", sets)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_real_run_on_a_terminal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("learners.run_log._terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "120")
+    learner = _learner(tmp_path)
+    try:
+        summary = learner.train().summary
+    finally:
+        learner.shutdown()
+    cap = capsys.readouterr()
+    # The bar on stderr: the whole job's updates, its epoch, samples/s, the loss and the lr.
+    assert "epoch 1/2" in cap.err and "epoch 2/2" in cap.err
+    assert "/170 upd [" in cap.err
+    assert " samples/s, loss 0." in cap.err and ", lr 0.0" in cap.err
+    assert not tqdm._instances  # type: ignore[attr-defined]
+    # The epoch lines and the last line on stdout; the last names the run, best and checkpoint.
+    lines = cap.out.strip().splitlines()
+    assert lines[-3].startswith("epoch 1/2  lr ") and lines[-2].startswith("epoch 2/2  lr ")
+    assert lines[-1] == (
+        f"done: 2 epochs, {summary['elapsed_s']:.1f} s, valid_auc {summary['valid_auc']:.4f}, "
+        f"valid_logloss {summary['valid_logloss']:.4f}, valid_accuracy "
+        f"{summary['valid_accuracy']:.4f}; best epoch {summary['best_epoch']} (valid_auc "
+        f"{summary['best_value']:.4f}) at {summary['best_checkpoint']}; checkpoint "
+        f"{tmp_path / 'model'}; run {summary['run_dir']}"
+    )
+    # Chunks are sized by time, metrics lines by angel.log.every.steps, as before.
+    rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(r) for r in rows if '"kind": "step"' in r]
+    assert [s["step"] for s in steps] == [20, 40, 60, 80, 85, 105, 125, 145, 165, 170]
+    assert [s["updates"] for s in steps] == [20, 20, 20, 20, 5] * 2
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize(
+    "error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "ctrl-c"]
+)
+def test_the_bar_is_closed_when_training_stops(tmp_path, monkeypatch, capsys, error):
+    monkeypatch.setattr("learners.run_log._terminal", lambda: True)
+
+    def fail(self):
+        raise error
+
+    monkeypatch.setattr(GraphLearner, "validate", fail)  # after the first epoch's updates
+    learner = _learner(tmp_path)
+    try:
+        with pytest.raises(type(error)):
+            learner.train()
+    finally:
+        learner.shutdown()
+    err = capsys.readouterr().err
+    assert "epoch 1/2" in err  # the bar was drawn
+    assert not tqdm._instances  # type: ignore[attr-defined]  # and closed
+    assert err.endswith("\r")  # its line cleared: the next message starts on a clean line

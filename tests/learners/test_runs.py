@@ -1,0 +1,287 @@
+"""Runs in their own directories (learners.runs) and the checkpoints a job keeps
+(learners.retention): names, the latest pointer, finding a run, the copies kept and pruned."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from angelps import checkpoint_dir
+from learners.retention import Checkpoints, CheckpointWriteError
+from learners.runs import find_run, latest_run, new_run_dir, run_name
+
+WHEN = time.mktime((2026, 11, 23, 12, 45, 0, 0, 0, -1))
+
+
+def test_run_dirs_are_named_by_job_and_time_and_latest_points_at_the_newest(tmp_path):
+    first = new_run_dir(tmp_path, "lr_a9a", WHEN)
+    again = new_run_dir(tmp_path, "lr_a9a", WHEN)  # the same second: a suffix, never shared
+    other = new_run_dir(tmp_path, "my job/2", WHEN + 60)
+    assert [first.name, again.name, other.name] == [
+        "lr_a9a-20261123-124500",
+        "lr_a9a-20261123-124500-2",
+        "my_job_2-20261123-124600",
+    ]
+    assert (tmp_path / "latest").read_text() == "my_job_2-20261123-124600\n"
+    assert latest_run(tmp_path) == other
+    assert not list(tmp_path.glob(".latest*"))  # the pointer is replaced, not left half-written
+    assert run_name("..", WHEN) == "run-20261123-124500"
+
+
+def test_a_latest_pointer_never_leads_outside_its_root(tmp_path):
+    (tmp_path / "latest").write_text("../elsewhere\n")
+    assert latest_run(tmp_path) is None
+    (tmp_path / "latest").write_text("gone-20261123-124500\n")
+    assert latest_run(tmp_path) is None  # named, but removed since
+
+
+def _metrics(run: Path) -> Path:
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "epoch", "epoch": 0}) + "\n")
+    return run / "metrics.jsonl"
+
+
+def test_find_run_by_name_directory_root_file_or_latest(tmp_path):
+    root = tmp_path / "runs"
+    a = new_run_dir(root, "a", WHEN)
+    b = new_run_dir(root, "b", WHEN)
+    _metrics(a), _metrics(b)
+    loose = tmp_path / "old.jsonl"
+    loose.write_text("")
+    assert find_run(None, root).metrics == b / "metrics.jsonl"  # the latest
+    assert find_run("a-20261123-124500", root).name == "a-20261123-124500"  # a name under root
+    assert find_run(str(a), root).metrics == a / "metrics.jsonl"  # a run directory
+    assert find_run(str(root), tmp_path).name == b.name  # a log root: its latest run
+    assert find_run(str(a / "metrics.jsonl"), root).name == a.name  # the file, named by its run
+    assert find_run(str(loose), root).name == "old"
+    with pytest.raises(ValueError, match=r"^nope: no such run, run directory or metrics file; "):
+        find_run("nope", root)
+    with pytest.raises(ValueError, match=r"no runs under .*empty \(no .*latest\)"):
+        find_run(None, tmp_path / "empty")
+
+
+def _writer(calls: list[int], fail_on: set[int] | None = None):
+    """A checkpoint writer with the real commit (angelps.checkpoint_dir) and a manifest whose
+    learner section records the epoch, failing (as a full disk would) on the given calls."""
+
+    def write(path: str) -> None:
+        calls.append(len(calls))
+        tmp = checkpoint_dir.new_tmp_dir(path)
+        if fail_on and len(calls) - 1 in fail_on:
+            os.rmdir(tmp)
+            raise OSError(28, "No space left on device", tmp)
+        manifest = {"format": "angelps-checkpoint", "extra": {"learner": {"epoch": len(calls)}}}
+        Path(tmp, "manifest.json").write_text(json.dumps(manifest))
+        Path(tmp, "w.bin").write_bytes(b"x" * 100)
+        checkpoint_dir.commit_dir(tmp, path)
+
+    return write
+
+
+def _epoch_of(path: Path) -> int:
+    return json.loads((path / "manifest.json").read_text())["extra"]["learner"]["epoch"]
+
+
+def test_keep_last_and_best_as_linked_copies(tmp_path):
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save), keep_last=2, keep_best=True)
+    calls: list[int] = []
+    improved = [True, True, False, False]  # the best is epoch 2 (index 1)
+    for epoch, better in enumerate(improved):
+        assert ck.save(_writer(calls), epoch, better)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["model", "model.best", "model.epoch-3", "model.epoch-4", "model.prev"]
+    assert _epoch_of(save) == 4 and _epoch_of(tmp_path / "model.prev") == 3
+    assert _epoch_of(tmp_path / "model.best") == 2
+    # The latest and its epoch copy share their files: no extra disk.
+    assert os.path.samefile(save / "w.bin", tmp_path / "model.epoch-4" / "w.bin")
+    assert ck.where(1) == str(tmp_path / "model.best")
+    assert ck.where(3) == str(save)
+    assert ck.where(2) == str(tmp_path / "model.epoch-3")
+    assert ck.where(0) is None  # pruned
+
+
+def test_the_defaults_keep_only_the_latest_and_its_previous(tmp_path):
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save))
+    calls: list[int] = []
+    for epoch in range(3):
+        ck.save(_writer(calls), epoch, improved=epoch == 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.prev"]
+    assert ck.where(0) is None and ck.where(2) == str(save)
+
+
+def test_a_failed_write_stops_naming_the_last_good_checkpoint(tmp_path):
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save), on_failure="stop")
+    calls: list[int] = []
+    write = _writer(calls, fail_on={1})
+    ck.save(write, 0, True)
+    with pytest.raises(CheckpointWriteError) as e:
+        ck.save(write, 1, True)
+    assert str(e.value) == (
+        f"the checkpoint of epoch 2 could not be written to {save}: OSError: [Errno 28] No space "
+        f"left on device: '{save}.tmp-{str(e.value).split('.tmp-')[1][:12]}'; the last good "
+        f"checkpoint is {save} (epoch 1); stopped (angel.save.failure=stop): make room or fix "
+        "the path, then continue with --resume"
+    )
+    assert _epoch_of(save) == 1  # untouched
+
+
+def test_a_failed_write_warns_and_goes_on_with_continue(tmp_path):
+    save = tmp_path / "model"
+    said: list[str] = []
+    ck = Checkpoints(str(save), on_failure="continue", warn=said.append)
+    calls: list[int] = []
+    write = _writer(calls, fail_on={0, 2})
+    assert not ck.save(write, 0, True)
+    assert "no checkpoint has been written yet; training goes on" in said[0]
+    assert ck.save(write, 1, False)
+    assert not ck.save(write, 2, False)
+    assert said[1].startswith(
+        f"angelps: warning: the checkpoint of epoch 3 could not be written to {save}"
+    )
+    assert f"the last good checkpoint is {save} (epoch 2)" in said[1]
+    assert ck.failures == 2 and ck.last_good is not None and ck.last_good.epoch == 1
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(tmp_path: Path, **sets: object):
+    from learners.learner import GraphLearner
+
+    data = tmp_path / "a9a.libsvm"
+    if not data.exists():
+        with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
+            data.write_text("".join(next(f) for _ in range(3000)))
+    base = {
+        "angel.train.data.path": str(data),
+        "angel.log.path": str(tmp_path / "runs"),
+        "angel.job.name": "keep",
+        "angel.save.model.path": "",  # the job file's, unless a test sets one
+        "ml.epoch.num": 3,
+    }
+    return GraphLearner.from_properties(
+        ROOT / "conf" / "lr_a9a.properties", {**base, **sets}, quiet=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"angel.save.model.keep.best": "true"},
+            "angel.save.model.keep.best=true (program) keeps checkpoints, but "
+            "angel.save.model.path is not set: set it, or drop the key",
+        ),
+        (
+            {"angel.save.model.keep.last": 3},
+            "angel.save.model.keep.last=3 (program) keeps checkpoints, but "
+            "angel.save.model.path is not set: set it, or drop the key",
+        ),
+        (
+            {"angel.save.model.keep.best": "true", "ml.data.validate.ratio": 0, "SAVE": 1},
+            "angel.save.model.keep.best=true needs a validation metric: set "
+            "ml.data.validate.ratio > 0 or angel.validate.data.path",
+        ),
+    ],
+)
+def test_keeping_checkpoints_is_checked_before_anything_runs(tmp_path, sets, message):
+    from angelps.config import ConfigError
+
+    sets = dict(sets)
+    if sets.pop("SAVE", None):
+        sets["angel.save.model.path"] = str(tmp_path / "model")
+    learner = _job(tmp_path, **sets)
+    with pytest.raises(ConfigError) as e:
+        learner.train()
+    assert str(e.value) == message
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_run_keeps_its_files_apart_and_says_where_the_best_epoch_is(tmp_path):
+    save = tmp_path / "model"
+    sets = {
+        "angel.save.model.path": str(save),
+        "angel.save.model.keep.last": 2,
+        "angel.save.model.keep.best": "true",
+        # logloss: its best epoch is not always the last, unlike this job's AUC
+        "ml.early.stop.metric": "valid_logloss",
+    }
+    learner = _job(tmp_path, **sets)
+    try:
+        first = learner.train().summary
+    finally:
+        learner.shutdown()
+    learner = _job(tmp_path, **sets)
+    try:
+        second = learner.train().summary
+    finally:
+        learner.shutdown()
+    runs = tmp_path / "runs"
+    assert Path(first["run_dir"]).parent == runs and first["run_dir"] != second["run_dir"]
+    assert Path(second["run_dir"]).name == (runs / "latest").read_text().strip()
+    for s in (first, second):
+        run = Path(s["run_dir"])
+        assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "summary.json"]
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [x["kind"] for x in lines].count("start") == 1  # one run per file
+        assert json.loads((run / "summary.json").read_text()) == s
+    history = [
+        json.loads(x) for x in (Path(second["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+    losses = [h["valid_logloss"] for h in history if h["kind"] == "epoch"]
+    best = min(range(3), key=lambda i: losses[i])
+    assert second["best_epoch"] == best + 1 and second["best_metric"] == "valid_logloss"
+    assert second["best_value"] == pytest.approx(losses[best])
+    assert second["best_checkpoint"] == f"{save}.best"
+    assert _epoch_of(Path(f"{save}.best")) == best
+    assert second["checkpoint"] == str(save) and second["checkpoint_epoch"] == 3
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model"))
+    assert names == ["model", "model.best", "model.epoch-2", "model.epoch-3", "model.prev"]
+
+
+def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path):
+    from learners.runs import relative_under_ray_job
+
+    paths = {"angel.log.path": "runs", "angel.save.model.path": str(tmp_path / "m")}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert relative_under_ray_job(paths) is None  # not a submitted job: relative is fine
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.chdir(tmp_path)
+    assert relative_under_ray_job(paths) == (
+        f"angelps: note: angel.log.path=runs is relative to {tmp_path}, the working directory Ray "
+        "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
+    )
+    assert relative_under_ray_job({"angel.log.path": str(tmp_path)}) is None
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"angel.save.failure": "retry"},
+            "angel.save.failure=retry is not valid: expected one of stop, continue",
+        ),
+        (
+            {"angel.save.model.keep.last": 0},
+            "angel.save.model.keep.last=0 is not valid: expected a number > 0",
+        ),
+        (
+            {"angel.save.model.keep.best": "maybe"},
+            "angel.save.model.keep.best=maybe is not valid: expected true or false",
+        ),
+    ],
+)
+def test_the_checkpoint_keys_refuse_impossible_values(sets, message):
+    from angelps.config import ConfigError, load_config
+    from learners.keys import all_keys
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, sets, all_keys())
+    assert str(e.value) == f"override: {message}"
