@@ -199,7 +199,7 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
             result = learner.train()
         finally:
             learner.shutdown()
-        feed = _feed_metrics(Path(log_dir) / "metrics.jsonl")
+        feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl")
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     s = result.summary

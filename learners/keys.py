@@ -21,6 +21,8 @@ KEY_MODULES = (
     "decay",
     "angelps.options",
     "learners.plan",
+    "learners.feed",
+    "learners.action",
     "learners.model_config",
     "learners.data.options",
 )

@@ -14,14 +14,14 @@ the dataclass. :class:`JobSize` holds what is known only once the workers have r
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from angelps.config import Config, ConfigError, Key, at_least, non_negative, positive
+from learners.feed import FeedOptions
 
-__all__ = ["ACTIONS", "KEYS", "FeedOptions", "JobAction", "JobSize", "TrainPlan"]
+__all__ = ["KEYS", "JobSize", "TrainPlan"]
 
 EPOCHS = Key("ml.epoch.num", "int", 30, "Training epochs (Angel's default 30).", check=at_least(1))
 MINIBATCH_SIZE = Key(
@@ -281,63 +281,7 @@ MAX_WORKER_RESTARTS = Key(
     check=non_negative,
 )
 
-# --- feeding the workers: prefetch depth and the worker-side row cache ------------------------
-PREFETCH_DEPTH = Key(
-    "angel.worker.prefetch.depth",
-    "int",
-    1,
-    "Batches whose rows a worker keeps in flight while it computes: 1 (BSP: the next batch's "
-    "rows come with this update's push); under SSP at most angel.staleness.",
-    check=at_least(1, "an integer"),
-)
-CACHE_ENABLE = Key(
-    "angel.worker.cache.enable",
-    "bool",
-    False,
-    "Keep hot rows and their clocks on each worker (HET): BSP serves only rows proven current, "
-    "SSP rows at most angel.staleness clocks old (docs/ps.md).",
-)
-CACHE_CAPACITY = Key(
-    "angel.worker.cache.capacity",
-    "str",
-    "262144",
-    "Rows the worker cache holds: a row count (262144), or bytes with a unit (64MB, 1GiB); "
-    "at most the worker's memory.",
-)
-CACHE_ADMIT = Key(
-    "angel.worker.cache.admit.frequency",
-    "int",
-    2,
-    "A row enters the worker cache on its n-th sighting (frequency admission).",
-    check=at_least(1, "an integer"),
-)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-_MAX_CACHE_ROWS = 2**31 - 1  # slots are int32
-#: The values of ``action.type``: what ``angelps submit`` runs (Angel's submit's actions).
-ACTIONS = ("train", "predict", "evaluate", "train_predict")
-ACTION_TYPE = Key(
-    "action.type",
-    "str",
-    "train",
-    "What the job does (Angel's submit): train; predict (angel.load.model.path on "
-    "angel.predict.data.path into angel.predict.out.path); evaluate (the metrics of "
-    "angel.load.model.path on the labelled angel.predict.data.path); train_predict (train, then "
-    "predict with the trained model). Read by angelps submit; angelps train also predicts "
-    "after training when it is train_predict (docs/angel-migration.md).",
-    choices=ACTIONS,
-)
-PREDICT_OUT_PATH = Key(
-    "angel.predict.out.path",
-    "str",
-    None,
-    "Output of prediction: a .csv or .parquet file (by its suffix; another name is a "
-    "directory that gets predictions.csv) with a pred column, one row per input row in "
-    "input order; its directory must exist.",
-)
-
 KEYS = [
-    ACTION_TYPE,
-    PREDICT_OUT_PATH,
     EPOCHS,
     MINIBATCH_SIZE,
     UPDATES_PER_EPOCH,
@@ -368,17 +312,11 @@ KEYS = [
     EARLY_STOP_PATIENCE,
     EARLY_STOP_METRIC,
     FREEZE_LAYERS,
-    PREFETCH_DEPTH,
-    CACHE_ENABLE,
-    CACHE_CAPACITY,
-    CACHE_ADMIT,
     MAX_WORKER_RESTARTS,
 ]
 
 # Keys other key modules declare that the loop reads (a full Config holds every declared key).
 _DECAY_ON_BATCH = "ml.opt.decay.on.batch"
-_STALENESS = "angel.staleness"
-_PREDICT_PATH = "angel.predict.data.path"
 
 
 def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
@@ -485,102 +423,6 @@ class TrainPlan:
             frozen=(),
             fused=False,
             dense_placement=dense_placement,
-        )
-
-
-@dataclass(frozen=True)
-class FeedOptions:
-    """How a worker gets its rows: prefetch depth and the worker cache (learners/cache.py)."""
-
-    prefetch_depth: int
-    staleness: int
-    cache: bool
-    #: the cache's capacity: rows, or bytes when ``capacity_bytes``
-    capacity: int
-    capacity_bytes: bool
-    admit: int
-
-    @classmethod
-    def from_config(cls, conf: Mapping[str, Any]) -> FeedOptions:
-        """Checked against each other: a depth above the staleness under SSP (or above 1
-        under BSP) and a capacity of 0, below, or above the machine's memory are errors."""
-        staleness = int(conf.get(_STALENESS) or 0)
-        depth = int(PREFETCH_DEPTH.read(conf))
-        if staleness == 0 and depth > 1:
-            raise ConfigError(
-                f"{PREFETCH_DEPTH.name}={depth} needs bounded staleness: under BSP "
-                f"({_STALENESS}=0) the next batch's rows depend on this update, so the depth "
-                f"must be 1 (or set {_STALENESS} >= {depth})"
-            )
-        if staleness > 0 and depth > staleness:
-            raise ConfigError(
-                f"{PREFETCH_DEPTH.name}={depth} is above {_STALENESS}={staleness}: under SSP a "
-                f"worker may run at most the staleness ahead; valid: 1 .. {staleness}"
-            )
-        n, in_bytes = _capacity(str(CACHE_CAPACITY.read(conf)))
-        return cls(
-            prefetch_depth=depth,
-            staleness=staleness,
-            cache=bool(CACHE_ENABLE.read(conf)),
-            capacity=n,
-            capacity_bytes=in_bytes,
-            admit=int(CACHE_ADMIT.read(conf)),
-        )
-
-
-def _capacity(text: str) -> tuple[int, bool]:
-    """``angel.worker.cache.capacity``: (rows, False) or (bytes, True)."""
-    t = text.strip().upper().replace(" ", "")
-    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if t.endswith(u)), "")
-    num = t[: len(t) - len(unit)] if unit else t
-    valid = "a row count (262144) or bytes with a unit (64MB, 512MiB, 1GB)"
-    try:
-        value = float(num) * _UNITS[unit] if unit else int(num)
-    except ValueError:
-        raise ConfigError(f"{CACHE_CAPACITY.name}={text} is not valid: expected {valid}") from None
-    if value <= 0:
-        raise ConfigError(f"{CACHE_CAPACITY.name}={text} is not valid: expected {valid} > 0")
-    if not unit and value > _MAX_CACHE_ROWS:
-        raise ConfigError(
-            f"{CACHE_CAPACITY.name}={text} is absurd: at most {_MAX_CACHE_ROWS} rows (or give bytes)"
-        )
-    memory = _host_memory()
-    if unit and memory and value > memory:
-        raise ConfigError(
-            f"{CACHE_CAPACITY.name}={text} is larger than this machine's memory "
-            f"({memory / 2**30:.1f} GiB); valid: {valid} below that"
-        )
-    return int(value), bool(unit)
-
-
-def _host_memory() -> int:
-    """Bytes of physical memory (0 where the platform does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-@dataclass(frozen=True)
-class JobAction:
-    """What the job does and on which paths: ``action.type`` and the prediction keys."""
-
-    action: str
-    #: angel.load.model.path: the saved model that predicts or evaluates
-    model_path: str | None
-    #: angel.predict.data.path: the input of prediction and evaluation
-    data_path: str | None
-    #: angel.predict.out.path: where predictions go
-    out_path: str | None
-
-    @classmethod
-    def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
-        """The action of a job (a Config or a mapping; a missing key takes its default)."""
-        return cls(
-            action=str(ACTION_TYPE.read(conf)),
-            model_path=LOAD_PATH.read(conf) or None,
-            data_path=conf.get(_PREDICT_PATH) or None,
-            out_path=PREDICT_OUT_PATH.read(conf) or None,
         )
 
 

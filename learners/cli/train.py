@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from angelps.config import Config, ConfigError
+from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, write_predictions
 from learners.job_paths import absolute_paths
-from learners.plan import JobAction
 
 __all__ = ["register", "train_job"]
 

@@ -32,6 +32,7 @@ import ray
 from angelps.launch import actor_name
 from angelps.options import BACKUP_INTERVAL
 from learners.learner import GraphLearner
+from learners.runs import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf" / "lr_a9a.properties"
@@ -180,7 +181,8 @@ def _worker_killer(d: Path, how: str, when: str = "checkpoint") -> Callable[[Gra
                 return False
             if when == "checkpoint":
                 return (d / "model" / "manifest.json").exists()
-            log = d / "log" / "metrics.jsonl"
+            run = latest_run(d / "log")
+            log = run / "metrics.jsonl" if run is not None else d / "log" / "no-run-yet"
             return log.exists() and '"kind": "step"' in log.read_text()
 
         def kill() -> None:

@@ -17,6 +17,7 @@ import pytest
 import ray
 
 from learners.cli.main import main
+from learners.runs import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 1200
@@ -108,7 +109,9 @@ def test_evaluate_reports_the_training_metric_names(job, capsys) -> None:
     assert 0.8 < metrics["valid_auc"] < 1.0
     assert {"valid_logloss", "valid_accuracy", "valid_loss"} <= set(metrics)
     summary = json.loads(
-        [x for x in (job["tmp"] / "log" / "metrics.jsonl").read_text().splitlines() if x][-1]
+        [x for x in (_latest(job["tmp"] / "log") / "metrics.jsonl").read_text().splitlines() if x][
+            -1
+        ]
     )
     trained = {k for k in summary if k.startswith("valid_")}
     assert {"valid_auc", "valid_logloss", "valid_accuracy"} <= trained & set(metrics)
@@ -252,3 +255,10 @@ def test_angels_qualified_class_names_are_aliases() -> None:
         ValueError, match=r"com\.tencent\.angel\.ml\.classification\.FM is not a known"
     ):
         model_class("com.tencent.angel.ml.classification.FM")
+
+
+def _latest(log: Path) -> Path:
+    """The newest run's directory under ``log``."""
+    run = latest_run(log)
+    assert run is not None, f"no run under {log}"
+    return run

@@ -13,8 +13,8 @@ import torch
 
 from angelps.config import ConfigError, load_config
 from learners.cache import RowCache
+from learners.feed import FeedOptions
 from learners.keys import all_keys
-from learners.plan import FeedOptions
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +181,10 @@ def _train(tmp_path: Path, name: str, **sets) -> tuple[dict, list[dict]]:
         result = learner.train()
     finally:
         learner.shutdown()
-    lines = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(x)
+        for x in (Path(result.summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
     return result.summary, [x for x in lines if x["kind"] == "step"]
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from learners.runs import latest_run
+
 REPO = Path(__file__).resolve().parents[2]
 A9A = REPO / "data" / "a9a" / "a9a_123d_train.libsvm"
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -224,7 +226,8 @@ def test_shards_on_one_node_workers_on_the_other_equal_single_node(
     assert "reserving a placement group (spread) ... " in r.stdout
     # the relative outputs landed in the command's directory, written by actors on both nodes
     assert (cwd / "out" / "model" / "manifest.json").exists()
-    assert (cwd / "out" / "log" / "metrics.jsonl").exists()
+    run = latest_run(cwd / "out" / "log")
+    assert run is not None and (run / "metrics.jsonl").exists()
     cluster_run: dict[str, Any] = json.loads((cwd / "out" / "summary.json").read_text())
 
     env = {k: v for k, v in two_nodes.env.items() if not k.startswith("RAY_AUTH")}

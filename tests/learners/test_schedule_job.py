@@ -95,7 +95,11 @@ def test_the_sequence_is_the_one_training_uses(tmp_path, capsys, on_batch) -> No
     with pytest.warns(UserWarning):
         assert main(["train", "--conf", str(job), "--summary-json", str(summary)]) == 0
     records = [
-        json.loads(x) for x in (tmp_path / "log" / "metrics.jsonl").read_text().split("\n") if x
+        json.loads(x)
+        for x in (Path(json.loads(summary.read_text())["run_dir"]) / "metrics.jsonl")
+        .read_text()
+        .split("\n")
+        if x
     ]
     if on_batch:
         trained = [r["lr"] for r in records if r["kind"] == "step"]
