@@ -165,8 +165,8 @@ class TorchRows:
         cap = self.capacity
         if n <= cap:
             return
-        grown = torch.zeros((max(n, 2 * cap, _FIRST), self.width), dtype=self.t.dtype)
-        grown = grown.to(self.device)
+        rows = max(n, 2 * cap, _FIRST)
+        grown = torch.zeros((rows, self.width), dtype=self.t.dtype, device=self.device)
         grown[:cap] = self.t
         self.t = grown
 
