@@ -133,9 +133,11 @@ class PagedRows:
             self.pages[p][off : off + take] = values[pos : pos + take]
             pos += take
 
-    def read(self, start: int, end: int) -> np.ndarray:
-        """A copy of ``rows[start:end]``."""
-        return self.gather(np.arange(start, end, dtype=np.int64))
+    def read(self, start: int, end: int, cols: int | None = None) -> np.ndarray:
+        """A contiguous copy of ``rows[start:end]`` (their first ``cols`` columns)."""
+        if len(self.pages) == 1:
+            return np.array(self.pages[0][start:end, :cols])
+        return self.gather(np.arange(start, end, dtype=np.int64), cols)
 
     def move(self, dst: np.ndarray, src: np.ndarray) -> None:
         """``rows[dst] = rows[src]`` where ``dst[i] <= src[i]`` and both increase (compaction):
@@ -198,8 +200,8 @@ class TorchRows:
     def write(self, start: int, values: np.ndarray) -> None:
         self.t[start : start + len(values)] = self.tensor(values)
 
-    def read(self, start: int, end: int) -> np.ndarray:
-        return host(self.t[start:end])
+    def read(self, start: int, end: int, cols: int | None = None) -> np.ndarray:
+        return host(self.t[start:end, :cols])
 
     def move(self, dst: np.ndarray, src: np.ndarray) -> None:
         self.scatter_t(dst, self.gather_t(src))

@@ -183,10 +183,10 @@ class Table:
         if keys is None:
             if self.spec.sparse:
                 raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
-            return self.rows.gather(np.arange(self.n), self.cols)
+            return self.rows.read(0, self.n, self.cols)
         if not self.spec.sparse and len(keys) and _is_range(keys):
-            a = int(keys[0]) - self.lo
-            return self.rows.gather(np.arange(a, a + len(keys)), self.cols)
+            a = int(keys[0]) - self.lo  # a contiguous block: a copy, no gather
+            return self.rows.read(a, a + len(keys), self.cols)
         slots = self.locate(keys, create=self.admission is None)
         if self.admission is None:
             self._last = (keys.copy(), slots)  # a copy: the caller may reuse its array
