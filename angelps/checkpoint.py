@@ -171,6 +171,7 @@ def write_table_chunks(
         if writer is None:
             raise ValueError(f"checkpoint file {path}: no chunk to write (not even an empty one)")
         writer.close()
+        pa.default_memory_pool().release_unused()  # (see iter_table_file)
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(os.path.dirname(path))
@@ -274,6 +275,10 @@ def iter_table_file(
             except StopIteration:
                 return
             yield _columns(batch)
+            del batch
+            # Arrow's allocator keeps freed buffers: without this, reading a file left about
+            # twice its size resident (measured: +620 MiB after a 294 MiB file).
+            pa.default_memory_pool().release_unused()
     except _READ_ERRORS as e:
         raise _damaged(path, e) from None
 

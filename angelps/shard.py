@@ -362,9 +362,12 @@ class ParameterShard:
         for name, t in self.tables.items():
             n = 0
             sources = [self.shard_id] if same_layout else range(saved_shards)
+            entries = {j: file_entry(manifest, name, j) for j in sources}
+            if same_layout and entries[self.shard_id] is not None:
+                t.reserve(int(entries[self.shard_id]["rows"]))  # type: ignore[index]
             for j in sources:
                 path = table_file(root, name, j)
-                for keys, w, state in iter_table_file(path, file_entry(manifest, name, j)):
+                for keys, w, state in iter_table_file(path, entries[j]):
                     n += self._load_chunk(t, path, keys, w, state, same_layout)
             restored[name] = n
         return restored

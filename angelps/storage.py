@@ -35,7 +35,7 @@ import numpy as np
 
 from angelps.admission import Admission
 from angelps.dedup import strictly_increasing
-from angelps.index import DIRECT_MAX, new_index
+from angelps.index import DIRECT_MAX, HashIndex, new_index
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.rows import PagedRows, TorchRows
@@ -139,17 +139,19 @@ class Table:
             slots[missing] = self._create(keys[missing])
         return slots
 
-    def _create(self, keys: np.ndarray) -> np.ndarray:
-        """Rows for the absent unique ``keys`` (created in ascending key order); their slots."""
+    def _create(self, keys: np.ndarray, block: np.ndarray | None = None) -> np.ndarray:
+        """Rows for the absent unique ``keys`` (created in ascending key order), initialised or
+        set to ``block`` (whole rows, a restore); their slots."""
         order = None
         if not strictly_increasing(keys):
             order = np.argsort(keys, kind="stable")
             keys = keys[order]
+            block = None if block is None else block[order]
         m, start = len(keys), self.n
         end = start + m
         for store in self._stores():
             store.reserve(end)
-        self.rows.write(start, self._fresh(keys))
+        self.rows.write(start, self._fresh(keys) if block is None else block)
         self.keys.write(start, keys.reshape(-1, 1))
         if self.stamps is not None:
             self.stamps.write(start, np.full((m, 1), self._stamp(), dtype=np.uint32))
@@ -183,10 +185,10 @@ class Table:
         if keys is None:
             if self.spec.sparse:
                 raise ValueError(f"table {self.spec.name!r} is sparse: pull needs keys")
-            return self.rows.gather(np.arange(self.n), self.cols)
+            return self.rows.read(0, self.n, self.cols)
         if not self.spec.sparse and len(keys) and _is_range(keys):
-            a = int(keys[0]) - self.lo
-            return self.rows.gather(np.arange(a, a + len(keys)), self.cols)
+            a = int(keys[0]) - self.lo  # a contiguous block: a copy, no gather
+            return self.rows.read(a, a + len(keys), self.cols)
         slots = self.locate(keys, create=self.admission is None)
         if self.admission is None:
             self._last = (keys.copy(), slots)  # a copy: the caller may reuse its array
@@ -313,14 +315,30 @@ class Table:
         )
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
-        """Overwrite rows (and state) of unique ``keys`` (checkpoint restore)."""
-        slots = self.locate(keys)
+        """Overwrite rows (and state) of unique ``keys`` (checkpoint restore); rows missing are
+        created with these values directly (no initialisation to overwrite)."""
         block = np.empty((len(keys), self.width), dtype=self.dtype)
         block[:, : self.cols] = w
         for k, (a, b) in self.slots.items():
             block[:, a:b] = state[k]
-        self.rows.scatter(slots, block)
         self._last = None
+        if not self.spec.sparse:
+            self.rows.scatter(keys - self.lo, block)
+            return
+        slots = self.index.lookup(keys)
+        missing = slots < 0
+        if missing.any():
+            self._create(keys[missing], block[missing])
+            held = ~missing
+            slots, block = slots[held], block[held]
+        if len(slots):
+            self.rows.scatter(slots, block)
+
+    def reserve(self, rows: int) -> None:
+        """Expect about ``rows`` rows (a restore): size an empty hash index for them once
+        instead of growing it by doubling."""
+        if self.spec.sparse and self.n == 0 and isinstance(self.index, HashIndex):
+            self.index = HashIndex(rows)
 
     def num_rows(self) -> int:
         return self.n

@@ -15,8 +15,10 @@ after two warm-up steps (the table grows by 25k rows a step).
 
 The floor is the same math on one preallocated numpy array ``[rows, 8 + 8]`` (each row's
 weights and momentum side by side) with the row ids known: initialise the new rows
-(:func:`angelps.table.init_rows`), gather the pulled rows, gather, update and scatter the pushed
-rows and their momentum. ``floor_rowops`` is the same without the initialisation.
+(:func:`angelps.table.init_rows`, written as one slice), gather the pulled rows, gather, update
+and scatter the pushed rows and their momentum (``take`` and ``np.put`` of whole rows, the
+fastest numpy gather and scatter here). ``floor_rowops`` is the same without the
+initialisation.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -53,8 +56,17 @@ SPEC = TableSpec(
 )
 
 
+# --bounded SPAN: keys in [0, SPAN) instead (SPAN a power of two), for the direct index.
+BOUNDED = {"span": 0}
+
+
 def key_of(rows: np.ndarray) -> np.ndarray:
-    """The int64 key of row numbers ``rows`` (mix64: distinct, spread over all of int64)."""
+    """The int64 key of row numbers ``rows`` (mix64: distinct, spread over all of int64; with
+    ``--bounded``, an odd multiple modulo the span: distinct in ``[0, span)``)."""
+    span = BOUNDED["span"]
+    if span:
+        mixed = rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        return (mixed & np.uint64(span - 1)).view(np.int64)
     return mix64(rows.astype(np.uint64)).view(np.int64)
 
 
@@ -101,21 +113,22 @@ def bench_floor(rows: int, n: int, with_init: bool) -> float:
     for a in range(0, rows, FILL):  # touch every row, as a filled table would be
         b = min(a + FILL, rows)
         table[a:b, :COLS] = init_rows(SPEC, key_of(np.arange(a, b)))
+    flat = table.view(np.dtype((np.void, table.shape[1] * 4))).reshape(-1)  # np.put of rows
     m = np.float32(SPEC.optimizer.momentum)
     lr = np.float32(LR)
 
     def step(_i: int, old: np.ndarray, new: np.ndarray, grads: np.ndarray) -> None:
         ids = np.concatenate([old, new])
-        if with_init:
-            table[new, :COLS] = init_rows(SPEC, key_of(new))
-        pulled = table[ids, :COLS]
+        if with_init:  # the new rows are consecutive: a slice
+            table[new[0] : new[-1] + 1, :COLS] = init_rows(SPEC, key_of(new))
+        pulled = np.ascontiguousarray(table.take(ids, axis=0)[:, :COLS])
         del pulled
-        block = table[ids]
+        block = table.take(ids, axis=0)
         v = block[:, COLS:]
         v *= m
         v += grads
         block[:, :COLS] -= lr * v
-        table[ids] = block
+        np.put(flat, ids, block.view(flat.dtype).reshape(-1))
 
     return statistics.median(_median_steps(step, Steps(rows), n))
 
@@ -133,7 +146,8 @@ def bench_shard(rows: int, n: int) -> dict[str, Any]:
     """Fill a shard to ``rows`` rows and time ``n`` steps."""
     gc.collect()
     rss0 = rss_bytes()
-    shard = ParameterShard(0, 1, [SPEC])
+    spec = replace(SPEC, rows=BOUNDED["span"]) if BOUNDED["span"] else SPEC
+    shard = ParameterShard(0, 1, [spec])
     fill_s = fill(shard, rows)
     rss1 = rss_bytes()
     clock = [0]
@@ -152,6 +166,7 @@ def bench_shard(rows: int, n: int) -> dict[str, Any]:
     held = int(stats["rows"]["emb"])
     out: dict[str, Any] = {
         "rows": rows,
+        "index": stats.get("index", {}).get("emb", "sorted" if spec.rows < 0 else "direct"),
         "rows_after": held,
         "fill_s": fill_s,
         "step_s": statistics.median(times),
@@ -189,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[1 << 20, 16 << 20, 64 << 20])
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--bounded", type=int, default=0, metavar="SPAN", help="keys in [0, SPAN)")
+    p.add_argument(
+        "--direct-max", type=int, default=None, help="angelps.index.DIRECT_MAX for this run"
+    )
     p.add_argument("--label", default="", help="a name for this run (e.g. before, after)")
     p.add_argument("--out", default="bench/results/ps_scale.json")
     p.add_argument("--markdown", metavar="JSON", help="print the table of a result file and exit")
@@ -199,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         for label, run in data.items():
             sys.stdout.write(f"{label}:\n\n{markdown(run)}\n")
         return 0
+    if args.bounded & (args.bounded - 1):
+        p.error(f"--bounded must be a power of two, got {args.bounded}")
+    BOUNDED["span"] = args.bounded
+    if args.direct_max is not None:
+        from angelps import index
+
+        index.DIRECT_MAX = args.direct_max
     points = []
     for rows in args.rows:
         floor = bench_floor(rows, args.steps, with_init=True)
@@ -223,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "load": os.getloadavg(),
         },
         "keys": KEYS,
+        "bounded": args.bounded,
         "cols": COLS,
         "steps": args.steps,
         "points": points,

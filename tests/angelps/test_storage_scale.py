@@ -81,8 +81,9 @@ def test_stats_report_memory_per_row():
 # --- admission ---------------------------------------------------------------------------------
 
 
-def test_a_key_seen_fewer_than_n_times_has_no_row():
-    s = ParameterShard(0, 1, [EMB], admission_min_count=3)
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_a_key_seen_fewer_than_n_times_has_no_row(device):
+    s = ParameterShard(0, 1, [EMB], admission_min_count=3, device=device)
     key = np.array([-(2**62) - 5])
     init = init_rows(EMB, key)
     np.testing.assert_array_equal(s.pull({"emb": key})["emb"], init)  # pulls do not count
@@ -149,9 +150,10 @@ def test_rows_not_updated_for_ttl_updates_are_evicted_at_save(tmp_path):
     assert s.stats()["evicted"] == {"emb": 2}
 
 
-def test_eviction_compacts_across_pages_and_keeps_the_rest(monkeypatch):
+@pytest.mark.parametrize("device", [None, "cpu"])  # numpy pages, torch rows
+def test_eviction_compacts_across_pages_and_keeps_the_rest(monkeypatch, device):
     monkeypatch.setattr(rows, "PAGE_BYTES", 1 << 9)
-    s = ParameterShard(0, 1, [EMB], eviction_ttl_updates=1)
+    s = ParameterShard(0, 1, [EMB], eviction_ttl_updates=1, device=device)
     ref = ParameterShard(0, 1, [EMB])
     keys = np.arange(-600, 600) * 1_000_003
     g = _grads(len(keys))
