@@ -266,14 +266,12 @@ def iter_table_file(
     checksums and the row count as the chunks are read): memory bounded by a chunk."""
     _open_checked(path, expect, keep=False)
     try:
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        # pre_buffer off: with it, the reader kept every row group's column bytes it had
+        # read until the file was done, so a restore held the whole file (measured: Arrow's
+        # allocation grew by a chunk's size for every chunk read).
+        pf = pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False)
         _check_rows(path, pf.metadata.num_rows, expect)
-        batches = pf.iter_batches(batch_size=chunk or READ_CHUNK_ROWS)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
+        for batch in _row_chunks(pf, chunk or READ_CHUNK_ROWS):
             yield _columns(batch)
             del batch
             # Arrow's allocator keeps freed buffers: without this, reading a file left about
@@ -281,6 +279,16 @@ def iter_table_file(
             pa.default_memory_pool().release_unused()
     except _READ_ERRORS as e:
         raise _damaged(path, e) from None
+
+
+def _row_chunks(pf: pq.ParquetFile, chunk: int) -> Iterator[pa.Table | pa.RecordBatch]:
+    """The file's rows, one row group at a time (a chunk as written: only its data is held),
+    a row group larger than ``chunk`` rows (a file written before row chunks) in batches."""
+    for i in range(pf.metadata.num_row_groups):
+        if pf.metadata.row_group(i).num_rows <= chunk:
+            yield pf.read_row_group(i)
+        else:
+            yield from pf.iter_batches(batch_size=chunk, row_groups=[i])
 
 
 def _check_rows(path: str, rows: int, expect: Mapping[str, Any] | None) -> None:

@@ -327,6 +327,9 @@ class Table:
             return
         slots = self.index.lookup(keys)
         missing = slots < 0
+        if missing.all():  # a restore into an empty table: no copy of the chunk
+            self._create(keys, block)
+            return
         if missing.any():
             self._create(keys[missing], block[missing])
             held = ~missing
