@@ -23,6 +23,7 @@ import asyncio
 import hmac
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -422,6 +423,10 @@ def private_dir(path: str) -> None:
 def _was_restarted() -> bool:
     """True inside a Ray actor that Ray has restarted after a failure."""
     try:
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        # Ray's own property reads its deprecated actor_id; the warning would reach the
+        # driver's console through the actor's log.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:  # outside Ray (plain use): never a restart
         return False
