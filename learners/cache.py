@@ -34,8 +34,17 @@ import torch
 from torch import Tensor
 
 from angelps.config import ConfigError
+from learners.feed import FeedOptions
 
-__all__ = ["CacheStats", "RowCache", "Split", "cached_tables", "fill_rows", "split_request"]
+__all__ = [
+    "CacheStats",
+    "RowCache",
+    "Split",
+    "cached_tables",
+    "fill_rows",
+    "split_request",
+    "worker_cache",
+]
 
 _SLOT_BYTES = 8 + 8 + 8 + 4  # key, fetched, pushed (int64), index (int32)
 
@@ -209,6 +218,26 @@ class RowCache:
 def cached_tables(tables: Sequence[tuple[str, int, bool]]) -> dict[str, int]:
     """The tables a cache holds: the sparse ones (name, cols, sparse) -> cols."""
     return {name: cols for name, cols, sparse in tables if sparse}
+
+
+def worker_cache(
+    feed: FeedOptions,
+    tables: Sequence[tuple[str, int, bool]],
+    num_features: int,
+    num_workers: int,
+    device: torch.device,
+) -> RowCache:
+    """A worker's cache of its sparse ``tables`` (name, cols, sparse) as ``feed`` sizes it."""
+    return RowCache(
+        cached_tables(tables),
+        num_features,
+        feed.capacity,
+        feed.capacity_bytes,
+        feed.admit,
+        feed.staleness,
+        num_workers,
+        device,
+    )
 
 
 def split_request(

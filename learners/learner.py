@@ -10,7 +10,9 @@ The scheduler lives here (per-epoch decay) or is copied to the workers for the e
 micro-batch and never for a skipped update. Each run writes to its own directory
 ``<angel.log.path>/<job>-<time>`` (:mod:`learners.runs`, :mod:`learners.run_log`); checkpoints
 are :mod:`learners.saved_model`, the copies kept and a failed write :mod:`learners.retention`;
-the progress bar and the chunks of updates that move it :mod:`learners.progress`.
+the progress bar and the chunks of updates that move it :mod:`learners.progress`; the schedule
+between epochs :mod:`learners.epoch_schedule`; ``load``, ``predict`` and ``evaluate``
+:mod:`learners.inference`.
 
 Invariant: the job configuration is read once, here, into typed options (:class:`TrainPlan`,
 ``ModelConfig``, the data options, the PS's own); the workers and the loop read those.
@@ -21,28 +23,34 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import Any
 
-import numpy as np
 import ray
 
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
-from angelps.config import Config, ConfigError, load_config
+from angelps.config import Config, load_config
 from angelps.launch import start_shards, wait_started
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, failover, saved_model
 from learners.data import DataOptions
-from learners.inputs import InMemory, in_input_order, is_path, predict_parts
+from learners.epoch_schedule import schedule_epoch
+from learners.inference import Inference
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
-from learners.models import build_model, model_class
+from learners.models import model_class
 from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
-from learners.preflight import check_job, lower_is_better, watched_metric
+from learners.preflight import (
+    check_job,
+    check_resume,
+    lower_is_better,
+    tables_up_front,
+    watched_metric,
+)
 from learners.progress import Chunker, merge_chunks
 from learners.progress import TrainProgress as _Progress
 from learners.retention import Checkpoints, kept_summary
@@ -71,7 +79,7 @@ class TrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-class GraphLearner:
+class GraphLearner(Inference):
     """Train, evaluate and predict one model on the parameter server.
 
     ``GraphLearner(conf)`` takes a loaded :class:`~angelps.config.Config`;
@@ -127,7 +135,7 @@ class GraphLearner:
         the model on every worker and hand each its PS client."""
         conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
         data = DataOptions.from_config(conf)
-        early = _tables_up_front(conf, plan, data)
+        early = tables_up_front(conf, plan, data)
         what = f"loading data on {plural(plan.workers, 'worker')}"
         if early is not None:
             what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
@@ -187,7 +195,7 @@ class GraphLearner:
         check_job(self.conf, self.plan, resume)
         if resume:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
-            _check_resume(saved_model.resume_point(str(plan.save_path)), plan)
+            check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
         run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
         log = RunLog(run_dir, self.quiet, plan.tensorboard)
@@ -348,31 +356,9 @@ class GraphLearner:
         }
 
     def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
-        """The schedule after an epoch: ReduceLROnPlateau fed the watched validation metric
-        (decided once, here); per-epoch decay advanced."""
+        """The schedule after an epoch (learners/epoch_schedule.py)."""
         assert self.sched is not None
-        metric_name = self._watch_metric()
-        if (
-            any(k.startswith("valid_") for k in row)
-            and metric_name not in row
-            and (self.plan.early_stop_patience > 0 or _is_plateau(self.sched))
-        ):
-            names = ", ".join(sorted(k for k in row if k.startswith("valid_")))
-            raise ConfigError(
-                f"ml.early.stop.metric={self.plan.early_stop_metric}: this model reports "
-                f"no {metric_name}; valid names: {names}"
-            )
-        plateau = self.sched
-        if _is_plateau(plateau):
-            watched = row.get(metric_name)
-            if watched is None:
-                raise ConfigError(
-                    "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
-                    "or angel.validate.data.path"
-                )
-            plateau.step(watched)
-        if not self.plan.decay_on_batch:
-            self.sched.advance()
+        schedule_epoch(self.sched, self.plan, row, self._watch_metric())
 
     def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
         """Early stopping's count: epochs since the watched metric last improved; True when
@@ -421,7 +407,7 @@ class GraphLearner:
     def _watch_metric(self) -> str:
         return watched_metric(self.plan, self._model_task())
 
-    # --- validation and prediction ------------------------------------------------------------
+    # --- validation (predict, evaluate and load: learners/inference.py) ---------------------
 
     def validate(self) -> dict[str, Any]:
         """Validation metrics over every worker's validation part ({} when there is none)."""
@@ -486,65 +472,6 @@ class GraphLearner:
             learner.shutdown()
             raise
 
-    def _load(self, p: Path) -> GraphLearner:
-        """Start one worker and the PS from the saved model in ``p``."""
-        info = saved_model.read_extra(p)["learner"]
-        conf = saved_model.inference_conf(self.conf, info, str(p))
-        self.conf = conf
-        self.plan = TrainPlan.from_config(conf).for_inference(
-            str(info.get("dense_placement", "worker"))
-        )
-        self._start_ray()
-        data = replace(DataOptions.from_config(conf), train_path=None)
-        workers = self._workers = WorkerGroup(self.plan, data, read_data=False)
-        size = JobSize(
-            num_features=int(info["num_features"]),
-            num_fields=info["num_fields"],
-            batch_size=self.plan.minibatch_size,
-            updates_per_epoch=0,
-        )
-        model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
-        decls = workers.execute(
-            "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
-        )[0]
-        saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
-        self._model, self._size = model, size
-        self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
-        self.ps_options = PSOptions.from_config(conf)
-        self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=1)
-        self._ps.load(str(p))
-        workers.attach_ps(self._ps)
-        saved_model.load_dense(info, workers, str(p))
-        return self
-
-    def _predict_outs(
-        self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
-    ) -> list[dict[str, Any]]:
-        """Every worker's predictions of ``data`` (learners/inputs.py)."""
-        if not self._workers:
-            raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
-        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
-
-    def evaluate(
-        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
-    ) -> dict[str, Any]:
-        """Metrics of the current model on labelled data (a path, a pyarrow Table, a pandas
-        DataFrame, or a numpy array with ``labels``; see learners/inputs.py), named as the
-        training's validation metrics: ``valid_auc``, ``valid_logloss``, ..."""
-        outs = [o for o in self._predict_outs(data, labels, "evaluate") if o["rows"]]
-        if not outs or any(o["labels"] is None or np.isnan(o["labels"]).all() for o in outs):
-            what = data if is_path(data) else type(data).__name__
-            raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
-        return jsonable(validation_metrics(self._model_task(), outs))
-
-    def predict(
-        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
-    ) -> dict[str, np.ndarray]:
-        """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
-        ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
-        (learners/inputs.py says which columns)."""
-        return in_input_order(self._predict_outs(data, labels, "predict"))
-
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""
         if self._workers is not None:
@@ -567,43 +494,6 @@ class GraphLearner:
         self.shutdown()
 
 
-def _tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[TableSpec] | None:
-    """The PS tables when the configuration alone sizes them (``ml.feature.index.range`` set,
-    ``ml.fm.field.num`` too for a model with fields, dense layers on the workers), so that the
-    shards start with the workers; None when the workers' data must be read first."""
-    if data.index_range <= 0 or plan.dense_placement != "worker":
-        return None
-    fields = data.field_num if data.field_num > 0 else None
-    if model_class(_model_name(conf)).needs_fields and fields is None:
-        return None
-    try:
-        model = build_model(ModelConfig.from_config(conf, data.index_range, fields), plan.seed)
-    except ConfigError:
-        return None  # the workers' own build reports it
-    return table_specs(conf, model.tables())
-
-
-def _check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
-    """ConfigError when the checkpoint has already trained ``ml.epoch.num`` epochs or more."""
-    done = int(extra["learner"].get("next_epoch", 0))
-    if plan.epochs <= done:
-        raise ConfigError(
-            f"--resume: the checkpoint in {plan.save_path} has trained {done} epoch(s) and "
-            f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
-            f"total number of epochs: set it above {done} to train more"
-        )
-
-
 def _model_name(conf: Mapping[str, Any]) -> str:
     """The model's name as configured (``ml.model.class.name``)."""
     return str(conf["ml.model.class.name"])
-
-
-class _MetricDriven(Protocol):
-    def step(self, metric: float) -> float: ...
-
-
-def _is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
-    """ReduceLROnPlateau (alone or inside a composition): a schedule fed the validation metric
-    through ``step(metric)`` rather than driven by the update count alone."""
-    return sched.metric_driven and hasattr(sched, "step")

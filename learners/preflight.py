@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from angelps import checkpoint_dir
+from angelps import TableSpec, checkpoint_dir
 from angelps.config import Config, ConfigError
 from decay import ReduceLROnPlateau
-from learners.models import model_class
+from learners.data import DataOptions
+from learners.model_config import ModelConfig
+from learners.models import build_model, model_class
 from learners.plan import TrainPlan
+from learners.tables import table_specs
 
-__all__ = ["check_job", "check_save_path", "lower_is_better", "watched_metric"]
+__all__ = [
+    "check_job",
+    "check_resume",
+    "check_save_path",
+    "lower_is_better",
+    "tables_up_front",
+    "watched_metric",
+]
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 _PLATEAU_MODE = inspect.signature(ReduceLROnPlateau).parameters["mode"].default
@@ -127,3 +139,30 @@ def _check_plateau(conf: Config, metric: str) -> None:
             f"{'lower' if want == 'min' else 'higher'} is better, but "
             f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
         )
+
+
+def check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
+    """ConfigError when the checkpoint has already trained ``ml.epoch.num`` epochs or more."""
+    done = int(extra["learner"].get("next_epoch", 0))
+    if plan.epochs <= done:
+        raise ConfigError(
+            f"--resume: the checkpoint in {plan.save_path} has trained {done} epoch(s) and "
+            f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
+            f"total number of epochs: set it above {done} to train more"
+        )
+
+
+def tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[TableSpec] | None:
+    """The PS tables when the configuration alone sizes them (``ml.feature.index.range`` set,
+    ``ml.fm.field.num`` too for a model with fields, dense layers on the workers), so that the
+    shards start with the workers; None when the workers' data must be read first."""
+    if data.index_range <= 0 or plan.dense_placement != "worker":
+        return None
+    fields = data.field_num if data.field_num > 0 else None
+    if model_class(str(conf["ml.model.class.name"])).needs_fields and fields is None:
+        return None
+    try:
+        model = build_model(ModelConfig.from_config(conf, data.index_range, fields), plan.seed)
+    except ConfigError:
+        return None  # the workers' own build reports it
+    return table_specs(conf, model.tables())

@@ -25,9 +25,8 @@ import collections
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 import ray
@@ -41,8 +40,8 @@ from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler
 from learners.batch_input import BatchInput
-from learners.cache import RowCache, Split, cached_tables, fill_rows, split_request
-from learners.data import Batch, DataOptions, binary_labels01
+from learners.cache import RowCache, Split, fill_rows, split_request, worker_cache
+from learners.data import Batch, DataOptions
 from learners.data_part import DataPart
 from learners.dense import (
     dense_tables_on_ps,
@@ -56,63 +55,14 @@ from learners.model_config import ModelConfig
 from learners.models import BaseModel, build_model
 from learners.plan import JobSize, TrainPlan
 from learners.sparse_input import SparseInput
+from learners.step_state import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
 from learners.tables import TableDecl
+from learners.worker_predict import predict_rows
 
 __all__ = ["StepStats", "TrainWorker", "remote_worker_class"]
 
 #: Rows per prediction chunk, in mini-batches (prediction keeps no activations for backward).
 _PREDICT_BATCHES = 32
-
-
-@dataclass
-class StepStats:
-    """What one ``run_steps`` chunk did (summed over its updates)."""
-
-    updates: int = 0
-    skipped: int = 0
-    samples: int = 0
-    loss_sum: float = 0.0
-    pull_s: float = 0.0
-    compute_s: float = 0.0
-    push_s: float = 0.0
-    wait_s: float = 0.0
-    elapsed_s: float = 0.0
-    last_lr: float = 0.0
-    #: rows looked up in / served by the worker cache, and step-call bytes moved
-    cache_on: bool = False
-    cache_lookups: int = 0
-    cache_hits: int = 0
-    bytes_moved: int = 0
-
-
-#: A table's rows for a batch: as pulled (numpy), or assembled by the worker cache (a tensor).
-_RowMap = Mapping[str, "np.ndarray | Tensor"]
-
-
-class _Rows(Protocol):
-    """A pending pull: the rows of every requested table once ``result()`` returns."""
-
-    def result(self) -> _RowMap: ...
-
-
-class _Resolved:
-    """A future whose value is already here (rows prefetched by the previous ``run_steps``)."""
-
-    def __init__(self, value: _RowMap) -> None:
-        self.value = value
-
-    def result(self) -> _RowMap:
-        return self.value
-
-
-class _Prefetched(NamedTuple):
-    """The next micro-batch with its rows in flight: everything of its input but the rows."""
-
-    batch: Batch
-    x: SparseInput
-    y: Tensor | None
-    req: dict[str, np.ndarray]
-    rows: _Rows
 
 
 class TrainWorker:
@@ -146,7 +96,7 @@ class TrainWorker:
         # The next batches with their rows in flight (angel.worker.prefetch.depth of them at
         # most); between run_steps, the first batch of the next one, its rows already pulled
         # (by the fused call of the previous run_steps's last update), and its epoch.
-        self._ready: collections.deque[_Prefetched] = collections.deque()
+        self._ready: collections.deque[Prefetched] = collections.deque()
         self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
@@ -220,16 +170,9 @@ class TrainWorker:
         self.ps = ps
         feed = self.plan.feed
         if feed.cache and self.model is not None:
-            tables = cached_tables([(t.name, t.cols, t.sparse) for t in self.tables])
-            self.cache = RowCache(
-                tables,
-                self.num_features,
-                feed.capacity,
-                feed.capacity_bytes,
-                feed.admit,
-                feed.staleness,
-                self.num_workers,
-                self.device,
+            tables = [(t.name, t.cols, t.sparse) for t in self.tables]
+            self.cache = worker_cache(
+                feed, tables, self.num_features, self.num_workers, self.device
             )
 
     def setup_dist(self, master_addr: str, master_port: int) -> None:
@@ -262,7 +205,7 @@ class TrainWorker:
         """The rows to pull for ``req`` once the worker cache has served what it may."""
         return split_request(self.cache, req, clock, use_clock)
 
-    def _cache_fill(self, sp: Split | None, pulled: Mapping[str, np.ndarray]) -> _RowMap:
+    def _cache_fill(self, sp: Split | None, pulled: Mapping[str, np.ndarray]) -> RowMap:
         """The batch's rows: pulled ones and (with a split) those the cache served."""
         return fill_rows(self.cache, sp, pulled)
 
@@ -322,7 +265,7 @@ class TrainWorker:
             self._update(lr, queue, stats, want if self.plan.fused else 0, last, next_epoch)
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
-        self._ready = collections.deque(p._replace(rows=_Resolved(p.rows.result())) for p in queue)
+        self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
         stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
         stats.bytes_moved = self.ps.bytes_moved - moved
@@ -336,7 +279,7 @@ class TrainWorker:
     def _update(
         self,
         lr: float,
-        queue: collections.deque[_Prefetched],
+        queue: collections.deque[Prefetched],
         stats: StepStats,
         want: int,
         last: bool,
@@ -382,7 +325,7 @@ class TrainWorker:
             self.sched.advance()
 
     def _accumulate(
-        self, queue: collections.deque[_Prefetched], stats: StepStats
+        self, queue: collections.deque[Prefetched], stats: StepStats
     ) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
         """Forward and backward of ``accum`` micro-batches: the row gradients of each table
         (one part per micro-batch); dense gradients accumulate in the parameters."""
@@ -420,8 +363,8 @@ class TrainWorker:
                     parts[name].append((req[name], pg))
                     p.grad = None
             stats.compute_s += time.perf_counter() - t0
-            stats.loss_sum += float(loss.detach()) * _num_rows(batch)
-            stats.samples += _num_rows(batch)
+            stats.loss_sum += float(loss.detach()) * num_rows(batch)
+            stats.samples += num_rows(batch)
         return parts
 
     def _skip(self, stats: StepStats) -> None:
@@ -443,7 +386,7 @@ class TrainWorker:
         lr: float,
         last: bool,
         next_epoch: int | None,
-        queue: collections.deque[_Prefetched],
+        queue: collections.deque[Prefetched],
         want: int,
     ) -> None:
         """Push ``update`` and pull the next micro-batch's rows in one fused call per shard,
@@ -475,10 +418,10 @@ class TrainWorker:
                 first = False
             else:
                 fut = self.ps.pull_many_async(pull)
-            rows: _Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
+            rows: Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
             # While the call is in flight: the next batch's input minus its rows.
             nx, ny = self.inputs.prepare(nb, n_slots)
-            queue.append(_Prefetched(nb, nx, ny, n_req, rows))
+            queue.append(Prefetched(nb, nx, ny, n_req, rows))
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
         return self.part.minibatches(self.batch_size, epoch, shuffle, self.plan.seed)
@@ -507,43 +450,9 @@ class TrainWorker:
         return self.predict_batch(self.part.valid, chunk)
 
     def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
-        """Predict every row of ``data`` in chunks, under ``torch.inference_mode``."""
+        """Predict every row of ``data`` in chunks (learners/worker_predict.py)."""
         assert self.model is not None
-        self.model.eval()
-        n = _num_rows(data)
-        preds: list[np.ndarray] = []
-        scores_out: list[np.ndarray] = []
-        loss_sum = 0.0
-        raw = getattr(data, "labels", None)
-        # Unlabelled rows (ml.data.has.label=false, in-memory inputs) carry NaN labels.
-        has_labels = raw is not None and n > 0 and not bool(np.isnan(raw).all())
-        with torch.inference_mode():
-            for lo in range(0, n, chunk):
-                b = data.take(np.arange(lo, min(n, lo + chunk)))
-                x, y, _req, _ = self._input(b, labels=has_labels)
-                with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
-                    scores = self.model(x).float()
-                preds.append(self.model.predict(scores).cpu().numpy())
-                if self.task == "multiclass":
-                    # multiclass metrics need the class probabilities
-                    scores_out.append(torch.softmax(scores, dim=1).cpu().numpy())
-                if has_labels:
-                    assert y is not None
-                    loss_sum += float(self.model.loss(scores, y)) * _num_rows(b)
-        self.model.train()
-        labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
-        if labels is not None and self.task == "binary":
-            labels = np.asarray(binary_labels01(labels), dtype=np.float32)
-        return {
-            "pred": np.concatenate(preds) if preds else np.zeros(0, dtype=np.float32),
-            "prob": np.concatenate(scores_out) if scores_out else None,
-            "labels": labels,
-            "loss_sum": loss_sum,
-            "rows": n,
-            "row_index": np.asarray(data.row_index)
-            if getattr(data, "row_index", None) is not None
-            else None,
-        }
+        return predict_rows(self.model, data, chunk, self._input, self.amp)
 
     def predict_file(self, path: str) -> dict[str, Any]:
         """Read a file (this worker's part) and predict it."""
@@ -573,10 +482,6 @@ class TrainWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _num_rows(batch: Batch) -> int:
-    return int(np.asarray(batch.indptr).size - 1)
 
 
 def remote_worker_class(num_cpus: float = 1, num_gpus: float = 0) -> Any:

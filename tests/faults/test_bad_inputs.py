@@ -24,8 +24,8 @@ from angelps.config import ConfigError, load_config
 from learners import worker_group
 from learners.cli.main import _report, main
 from learners.keys import all_keys
-from learners.learner import _check_resume
 from learners.plan import TrainPlan
+from learners.preflight import check_resume
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "1 3:1 11:1\n-1 5:1 7:1\n"
@@ -207,13 +207,13 @@ def test_resume_with_no_epochs_left_says_so() -> None:
     conf = load_config(None, ["ml.epoch.num=10", "angel.save.model.path=runs/x"], all_keys())
     plan = TrainPlan.from_config(conf)
     with pytest.raises(ConfigError) as e:
-        _check_resume({"learner": {"next_epoch": 40}}, plan)
+        check_resume({"learner": {"next_epoch": 40}}, plan)
     assert str(e.value) == (
         "--resume: the checkpoint in runs/x has trained 40 epoch(s) and ml.epoch.num=10, so there "
         "is nothing left to train; ml.epoch.num is the total number of epochs: set it above 40 "
         "to train more"
     )
-    _check_resume({"learner": {"next_epoch": 9}}, plan)
+    check_resume({"learner": {"next_epoch": 9}}, plan)
 
 
 def _train(data: Path, *extra: str, conf: str = "conf/lr_a9a.properties") -> tuple[int, str]:
