@@ -9,6 +9,7 @@ learner. The attributes declared below are the learner's own (set in its ``__ini
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from learners.data import DataOptions
 from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
+from learners.models import model_class
 from learners.plan import JobSize, TrainPlan
 from learners.run_log import jsonable
 from learners.tables import table_specs
@@ -44,11 +46,12 @@ class Inference:
     _model: ModelConfig | None
     _size: JobSize | None
 
-    def _start_ray(self) -> None:
-        raise NotImplementedError
+    #: starts (or joins) Ray and checks the job fits (GraphLearner's)
+    _start_ray: Callable[[], None]
 
     def _model_task(self) -> str:
-        raise NotImplementedError
+        """The model's task (binary, multiclass, regression): what its metrics are."""
+        return model_class(str(self.conf["ml.model.class.name"])).task
 
     def _load(self: _L, p: Path) -> _L:
         """Start one worker and the PS from the saved model in ``p``."""

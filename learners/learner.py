@@ -417,9 +417,6 @@ class GraphLearner(Inference):
             return {}
         return jsonable(validation_metrics(self._model_task(), outs))
 
-    def _model_task(self) -> str:
-        return model_class(_model_name(self.conf)).task
-
     # --- saved models --------------------------------------------------------------------------
 
     def checkpoint(self, path: str, epoch: int, progress: _Progress) -> None:
