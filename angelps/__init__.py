@@ -1,8 +1,8 @@
 """angelps: the parameter server (tables, shards, optimizers, client, checkpoints, config).
 
-The public face is imported lazily (PEP 562), so that ``import angelps.config`` or
-``import angelps.options`` loads only the standard library: the configuration layer is shared
-with the standard-library-only ``decay`` package and with the CLI's config-only verbs.
+The public face is imported lazily (PEP 562), so that ``import angelps.options`` loads only the
+standard library and the key layer (``angelconf``, shared with ``decay``): the CLI's config-only
+verbs rely on it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ _EXPORTS = {
     "TableSpec": "angelps.table",
     "OptimizerSpec": "angelps.table",
     "PSOptions": "angelps.options",
-    "load_config": "angelps.config",
-    "Config": "angelps.config",
-    "ConfigError": "angelps.config",
-    "Key": "angelps.config",
+    "load_config": "angelconf.config",
+    "Config": "angelconf.config",
+    "ConfigError": "angelconf.config",
+    "Key": "angelconf.config",
 }
 
 __all__ = [
@@ -39,8 +39,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from angelconf.config import Config, ConfigError, Key, load_config
     from angelps.client import PSClient
-    from angelps.config import Config, ConfigError, Key, load_config
     from angelps.options import PSOptions
     from angelps.shard import ParameterShard
     from angelps.table import OptimizerSpec, TableSpec

@@ -25,7 +25,7 @@ import os
 import shutil
 import uuid
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 
 __all__ = [
     "MANIFEST",

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from angelps.table import OptimizerSpec
 
 __all__ = ["DenseOptimizer", "apply", "slot_widths"]

@@ -1,9 +1,9 @@
 """Every configuration key of the parameter server, and the typed options built from them.
 
-A key module: it imports only the standard library and :mod:`angelps.config`, so the CLI's
+A key module: it imports only the standard library and :mod:`angelconf.config`, so the CLI's
 config-only verbs (``angelps conf``) list these keys without loading numpy, torch or Ray.
 
-Each default is written once, in its :class:`~angelps.config.Key` declaration below. The rest
+Each default is written once, in its :class:`~angelconf.config.Key` declaration below. The rest
 of the package never reads a configuration mapping: the entry point builds a :class:`PSOptions`
 once (:meth:`PSOptions.from_config`), :mod:`angelps.launch` derives the :class:`ShardOptions`
 each shard actor receives (a frozen dataclass: it pickles through Ray, and a misspelt field is
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from angelps.config import Key, non_negative
+from angelconf.config import Key, non_negative
 
 __all__ = [
     "KEYS",
@@ -356,7 +356,7 @@ class PSOptions:
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> PSOptions:
-        """From a :class:`~angelps.config.Config` or a plain mapping of typed values; keys
+        """From a :class:`~angelconf.config.Config` or a plain mapping of typed values; keys
         absent (or None) take their declared defaults."""
         return cls(
             job=str(JOB_NAME.read(conf)),

@@ -48,7 +48,7 @@ def sklearn_reference(job: str) -> float:
     from sklearn.linear_model import LinearRegression, LogisticRegression
     from sklearn.metrics import r2_score, roc_auc_score
 
-    from angelps.config import load_config
+    from angelconf.config import load_config
     from learners import data
     from learners.keys import all_keys
 

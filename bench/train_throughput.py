@@ -134,7 +134,7 @@ def _hidden(model: str) -> list[int]:
 
 
 def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
-    from angelps.config import load_config
+    from angelconf.config import load_config
     from learners.keys import all_keys
     from learners.learner import GraphLearner
 

@@ -1,7 +1,7 @@
 """Step-size schedules: pure functions of the update count, exact against Angel and torch.
 
 The public API is :func:`from_conf` (build the schedule a configuration asks for, from a loaded
-``angelps.config.Config`` or a plain mapping of key names to strings or typed values) and
+``angelconf.config.Config`` or a plain mapping of key names to strings or typed values) and
 :class:`StepSizeScheduler` (what it returns: ``lr_at(k)``, ``peek()``/``advance()`` in a training
 loop, ``next()`` Angel style, ``state_dict()``). Every schedule class is exported for the Python
 API, and :data:`KEYS` lists every configuration key decay reads (docs/decay.md documents them).
@@ -16,7 +16,7 @@ Layout: ``base`` (the contract), ``angel``, ``classic``, ``cyclic``, ``plateau``
 ``compose`` (the schedules), ``keys`` (the key declarations), ``registry`` (the catalogue of
 names), ``factory`` (``from_conf``), ``steps`` (updates per epoch), ``render`` (docs/decay.md),
 ``torch`` (the adapter to torch optimizers). Invariant: imports only the standard library and
-``angelps.config`` (itself standard library only), except ``decay.torch``, which is not imported
+``angelconf.config`` (itself standard library only), except ``decay.torch``, which is not imported
 here.
 """
 

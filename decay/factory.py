@@ -1,8 +1,8 @@
 """The factory: :func:`from_conf` builds the schedule a configuration asks for.
 
-``conf`` is a loaded ``angelps.config.Config`` or a plain mapping of key names to properties
+``conf`` is a loaded ``angelconf.config.Config`` or a plain mapping of key names to properties
 strings or typed values. Every ``ml.opt.decay.*`` value is converted and checked through
-``angelps.config.validate`` against its declaration in ``decay.keys``, so a bad value reads the
+``angelconf.config.validate`` against its declaration in ``decay.keys``, so a bad value reads the
 same as when the loader catches it (``name=value is not valid: expected ...``), with where it was
 set appended when ``conf`` knows. A schedule's own parameter checks raise ``ParamError``, which is
 re-raised here with the key in place of the parameter name. Invariants: every decay value present
@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from angelps.config import ConfigError, KeyIndex, validate
+from angelconf.config import ConfigError, KeyIndex, validate
 from decay import angel, compose
 from decay.base import ParamError, StepSizeScheduler
 from decay.keys import CLASS_KEY, DEPRECATED_ALPHA_KEY, KEYS, LR_KEY, PREFIX, SCHEDULE_SUFFIXES

@@ -1,18 +1,18 @@
-"""Every properties key ``decay`` reads, declared once as an ``angelps.config.Key``.
+"""Every properties key ``decay`` reads, declared once as an ``angelconf.config.Key``.
 
 A schedule's keys are its constructor's parameters: parameter ``step_size`` is key
 ``ml.opt.decay.step.size`` (``lr`` is ``ml.learn.rate``); child ``<i>`` of a SequentialLR or
 ChainedScheduler reads the same keys under ``ml.opt.decay.<i>.``. Invariants: every key has one
 declaration here; a default is declared only where every schedule reading the key shares it
 (``None`` elsewhere: the schedule's own default applies, see docs/decay.md); child keys default
-to unset. Imports only the standard library and ``angelps.config`` (itself standard library only).
+to unset. Imports only the standard library and ``angelconf.config`` (itself standard library only).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from angelps.config import Key, at_least, between, in_range, interval, non_negative, positive
+from angelconf.config import Key, at_least, between, in_range, interval, non_negative, positive
 
 __all__ = ["CLASS_KEY", "DEPRECATED_ALPHA_KEY", "KEYS", "LR_KEY", "PREFIX", "SCHEDULE_SUFFIXES"]
 

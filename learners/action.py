@@ -1,6 +1,6 @@
 """What a job does (``action.type``, Angel's submit) and on which paths: :class:`JobAction`.
 
-A key module: standard library and ``angelps.config`` only (the command line reads it before
+A key module: standard library and ``angelconf.config`` only (the command line reads it before
 torch and Ray load).
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelps.config import Key
+from angelconf.config import Key
 from learners.plan import LOAD_PATH
 
 __all__ = ["ACTIONS", "KEYS", "JobAction"]

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.feed import FeedOptions
 
 __all__ = [

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import ray
 from ray._private import services as ray_services
 
+from angelconf.config import ConfigError
 from angelps import PSOptions
-from angelps.config import ConfigError
 from learners.placement import Placement
 from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
 

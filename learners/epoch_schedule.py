@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeGuard
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from learners.plan import TrainPlan
 

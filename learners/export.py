@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from angelconf.config import ConfigError
 from angelps import TableSpec, checkpoint
-from angelps.config import ConfigError
 from angelps.table import init_rows
 from learners import saved_model
 from learners.dense import read_dense

@@ -1,7 +1,7 @@
 """How a worker gets its rows: the prefetch depth and the worker-side row cache (keys and
 :class:`FeedOptions`).
 
-A key module: standard library and ``angelps.config`` only, so config-only verbs check these keys
+A key module: standard library and ``angelconf.config`` only, so config-only verbs check these keys
 without torch or Ray. The cache itself is learners/cache.py.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelps.config import ConfigError, Key, at_least
+from angelconf.config import ConfigError, Key, at_least
 
 __all__ = ["KEYS", "FeedOptions"]
 

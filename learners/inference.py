@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
-from angelps.config import Config, ConfigError
 from learners import saved_model
 from learners.data import DataOptions
 from learners.inputs import InMemory, in_input_order, is_path, predict_parts

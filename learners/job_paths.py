@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from angelps.config import Config
+from angelconf.config import Config
 from learners.keys import all_keys
 
 __all__ = ["PATH_KEYS", "absolute", "absolute_paths"]

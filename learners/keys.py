@@ -1,7 +1,7 @@
 """Every declared configuration key of the project, gathered for the loader and the docs.
 
 A key module declares the keys it reads as a module-level ``KEYS`` list and imports only the
-standard library and ``angelps.config``. This module imports exactly the key modules listed in
+standard library and ``angelconf.config``. This module imports exactly the key modules listed in
 :data:`KEY_MODULES`, so gathering the keys (``angelps conf``, ``angelps schedule``) loads
 neither torch nor Ray nor numpy. A new key module is added to that list.
 """
@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Sequence
 from functools import lru_cache
 
-from angelps.config import Key
+from angelconf.config import Key
 
 __all__ = ["KEY_MODULES", "all_keys", "key_groups"]
 

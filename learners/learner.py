@@ -30,8 +30,8 @@ from typing import Any
 
 import ray
 
+from angelconf.config import Config, load_config
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
-from angelps.config import Config, load_config
 from angelps.launch import start_shards, wait_started
 from decay import StepSizeScheduler, from_conf
 from learners import cluster, failover, saved_model
@@ -82,7 +82,7 @@ class TrainResult:
 class GraphLearner(Inference):
     """Train, evaluate and predict one model on the parameter server.
 
-    ``GraphLearner(conf)`` takes a loaded :class:`~angelps.config.Config`;
+    ``GraphLearner(conf)`` takes a loaded :class:`~angelconf.config.Config`;
     :meth:`from_properties` loads one from a ``.properties`` file plus overrides.
     """
 

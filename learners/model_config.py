@@ -1,13 +1,13 @@
 """The model's configuration keys and :class:`ModelConfig`, the hyper-parameters built from them.
 
-A key module: it imports only the standard library and ``angelps.config``, so the command
+A key module: it imports only the standard library and ``angelconf.config``, so the command
 line's config-only verbs (``angelps conf``, ``angelps schedule``) can list and check these keys
 without loading torch. The activation names are therefore plain strings here;
 ``learners.models`` maps each name to its ``torch.nn`` class (a test checks that the two agree).
 
 :class:`ModelConfig` is built once from a job configuration with
 :meth:`ModelConfig.from_config` and is what ``learners.models.build_model`` takes. Every default
-lives in its :class:`~angelps.config.Key` declaration below, none in the dataclass.
+lives in its :class:`~angelconf.config.Key` declaration below, none in the dataclass.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelps.config import Key, positive
+from angelconf.config import Key, positive
 
 __all__ = ["ACTIVATIONS", "ANGEL_CLASSES", "KEYS", "ModelConfig", "model_name"]
 

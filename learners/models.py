@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.model_config import ModelConfig, model_name
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl

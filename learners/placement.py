@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.plan import PLACEMENT, PS_RESOURCES, WORKER_RESOURCES, parse_resources
 
 __all__ = ["Layout", "Placement", "release", "reserve"]

@@ -1,6 +1,6 @@
 """The training loop's configuration keys and :class:`TrainPlan`, the settings built from them.
 
-A key module: it imports only the standard library and ``angelps.config``, so the command line's
+A key module: it imports only the standard library and ``angelconf.config``, so the command line's
 config-only verbs (``angelps conf``, ``angelps schedule``) list and check these keys without
 loading torch or Ray.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from angelps.config import Config, ConfigError, Key, at_least, non_negative, positive
+from angelconf.config import Config, ConfigError, Key, at_least, non_negative, positive
 from learners.feed import FeedOptions
 
 __all__ = ["KEYS", "JobSize", "TrainPlan"]
@@ -370,7 +370,7 @@ class TrainPlan:
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:
-        """The plan of a job (a :class:`~angelps.config.Config`, every declared key present)."""
+        """The plan of a job (a :class:`~angelconf.config.Config`, every declared key present)."""
         gpus = float(WORKER_GPUS.read(conf))
         if gpus == 0 and DEVICE.read(conf) == "cuda":
             gpus = 1.0

@@ -1,7 +1,7 @@
 """Checks of a training job that need more than one key, made before any actor starts.
 
 A single key's type and range are checked when the configuration is loaded
-(:mod:`angelps.config`); what depends on several keys, on the model class or on the file
+(:mod:`angelconf.config`); what depends on several keys, on the model class or on the file
 system is checked here, so that a job that cannot run fails in a second with one line naming
 the keys, not minutes later inside a worker.
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from angelconf.config import Config, ConfigError
 from angelps import TableSpec, checkpoint_dir
-from angelps.config import Config, ConfigError
 from decay import ReduceLROnPlateau
 from learners.data import DataOptions
 from learners.model_config import ModelConfig

@@ -20,8 +20,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
-from angelps.config import Config, ConfigError
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
 from learners.progress import JobBar

@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from angelconf.config import Config, ConfigError
 from angelps import PSClient, TableSpec, checkpoint
 from angelps.checkpoint import CheckpointDamaged
-from angelps.config import Config, ConfigError
 from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
 

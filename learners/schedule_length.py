@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.data.options import DataOptions, split_period
 from learners.plan import TrainPlan
 

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from angelconf.config import ConfigError
 from angelps import OptimizerSpec, PSClient
-from angelps.config import ConfigError
 from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from decay import StepSizeScheduler

@@ -23,8 +23,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
+from angelconf.config import ConfigError
 from angelps import PSClient
-from angelps.config import ConfigError
 from learners.data import DataError, DataOptions
 from learners.failover import gather
 from learners.placement import Layout

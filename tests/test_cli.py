@@ -95,7 +95,7 @@ def test_bad_line_in_file_names_file_and_line(
 
 
 def test_generated_config_reference_is_current() -> None:
-    from angelps.config import render_markdown
+    from angelconf.config import render_markdown
     from learners.keys import key_groups
 
     current = (ROOT / "docs" / "config.md").read_text()
@@ -129,7 +129,7 @@ def test_every_job_file_named_in_docs_and_help_exists() -> None:
 
 @pytest.mark.parametrize("job", sorted(p.name for p in (ROOT / "conf").glob("*.properties")))
 def test_every_example_job_loads(job: str) -> None:
-    from angelps.config import load_config
+    from angelconf.config import load_config
     from learners.keys import all_keys
 
     conf = load_config(ROOT / "conf" / job, [], all_keys())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.config import (
+from angelconf.config import (
     ConfigError,
     Key,
     KeyIndex,
@@ -19,7 +19,7 @@ from angelps.config import (
     render_markdown,
     validate,
 )
-from angelps.properties import parse_properties
+from angelconf.properties import parse_properties
 
 KEYS = [
     Key("ml.learn.rate", "float", 0.5, "Initial step size.", positive),

@@ -1,6 +1,7 @@
 """The dependency direction of DESIGN.md, checked on the imports themselves (parsed with ast).
 
-decay    -> standard library and the module angelps.config (decay/torch.py may import torch)
+angelconf -> standard library only (the key layer decay and angelps share)
+decay    -> standard library and angelconf (decay/torch.py may import torch)
 angelps  -> ray, torch, numpy, pyarrow (pandas for hash factorize); never decay or learners
 learners -> angelps, decay and the third-party libraries
 entry point angelps/__main__.py -> learners (the command line lives in learners/cli/)
@@ -17,17 +18,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
-PROJECT = {"decay", "angelps", "learners"}
+PROJECT = {"angelconf", "decay", "angelps", "learners"}
 THIRD_PARTY = {"ray", "torch", "numpy", "pyarrow", "pandas", "tqdm", "matplotlib", "safetensors"}
 
 ALLOWED = {
-    "decay": STDLIB | {"decay"},
-    "angelps": STDLIB | {"angelps", "ray", "torch", "numpy", "pyarrow", "pandas"},
+    "angelconf": STDLIB | {"angelconf"},
+    "decay": STDLIB | {"decay", "angelconf"},
+    "angelps": STDLIB | {"angelconf", "angelps", "ray", "torch", "numpy", "pyarrow", "pandas"},
     "learners": STDLIB | PROJECT | THIRD_PARTY,
 }
-# Single modules a package may import beyond ALLOWED: decay shares the key layer, nothing else of
-# angelps (angelps.config is standard library only, and angelps/__init__.py is lazy).
-ALLOWED_MODULES = {"decay": {"angelps.config"}}
 HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")
 EXCEPTIONS = {
     "decay/torch.py": {"torch"},
@@ -54,8 +53,7 @@ def forbidden(rel: str, modules: set[str]) -> list[str]:
     """The imported modules the layering forbids to the file ``rel`` (relative to the root)."""
     pkg = rel.split("/")[0]
     allowed = ALLOWED[pkg] | EXCEPTIONS.get(rel, set())
-    single = ALLOWED_MODULES.get(pkg, set())
-    return sorted(m for m in modules if m not in single and m.split(".")[0] not in allowed)
+    return sorted(m for m in modules if m.split(".")[0] not in allowed)
 
 
 def package_files() -> list[Path]:
@@ -71,17 +69,22 @@ def test_imports_follow_the_layering(path: Path) -> None:
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:
     # The layering test must be able to fail: an import inside a function is found too, and
-    # decay may import angelps.config but no other module of angelps.
+    # decay may import the key layer (angelconf) but nothing of angelps; angelconf imports no
+    # project package.
     f = tmp_path / "probe.py"
     f.write_text(
         "def f():\n    import numpy\n    from angelps import config\n"
-        "    from angelps.config import Key\n    import angelps.shard\n"
+        "    from angelconf.config import Key\n    import angelps.shard\n"
     )
     modules = imported_modules(f)
-    assert modules == {"numpy", "angelps", "angelps.config", "angelps.shard"}
+    assert modules == {"numpy", "angelps", "angelconf.config", "angelps.shard"}
     assert forbidden("decay/probe.py", modules) == ["angelps", "angelps.shard", "numpy"]
     assert forbidden("learners/probe.py", modules) == []
-    assert forbidden("angelps/probe.py", {"decay.keys", "angelps.config"}) == ["decay.keys"]
+    assert forbidden("angelps/probe.py", {"decay.keys", "angelconf.config"}) == ["decay.keys"]
+    assert forbidden("angelconf/probe.py", {"angelps.options", "decay"}) == [
+        "angelps.options",
+        "decay",
+    ]
 
 
 def test_importing_decay_loads_no_heavy_library() -> None:

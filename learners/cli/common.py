@@ -1,6 +1,6 @@
 """What every verb of the command line shares: exit codes, the sub-command shape, the job's
 ``--conf``/``--set`` options (and Angel's ``--KEY VALUE``) and loading them into a
-:class:`~angelps.config.Config`."""
+:class:`~angelconf.config.Config`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import difflib
 from collections.abc import Sequence
 
-from angelps.config import Config, ConfigError, KeyIndex, load_config
+from angelconf.config import Config, ConfigError, KeyIndex, load_config
 from learners.keys import all_keys
 
 __all__ = [

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.cli.common import EXIT_OK, Subparsers, add_verb
 
 __all__ = ["register"]

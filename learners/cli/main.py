@@ -18,8 +18,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from angelconf.config import ConfigError
 from angelps import __version__
-from angelps.config import ConfigError
 from learners.cli import conf, predict, schedule, train
 from learners.cli import export as export_verb
 from learners.cli import plot as plot_verb

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import decay
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from angelps.config import Config, ConfigError
+from angelconf.config import Config, ConfigError
 from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, write_predictions

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners.data.batch import Batch, concat
 from learners.data.options import KEYS, DataOptions
 from learners.data.problems import ReadStats

@@ -1,6 +1,6 @@
 """The data keys and :class:`DataOptions`, the typed form the readers take.
 
-A key module: it imports only the standard library and ``angelps.config``, so the CLI's
+A key module: it imports only the standard library and ``angelconf.config``, so the CLI's
 config-only verbs can list these keys without numpy or pyarrow. Every default lives in its
 ``Key`` below; :meth:`DataOptions.from_config` reads each key once (``Key.read``: the value,
 or the declared default when missing), at the entry point, and the readers see only the
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelps.config import Key
+from angelconf.config import Key
 
 __all__ = [
     "FORMATS",

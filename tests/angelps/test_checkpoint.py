@@ -276,7 +276,7 @@ def test_flipped_byte_in_a_table_file_is_refused_naming_it(tmp_path):
     with pytest.raises(checkpoint.CheckpointDamaged, match=f"checkpoint file {bad} is damaged"):
         checkpoint.verify(str(tmp_path / "ck"))
     # A damaged checkpoint is a ConfigError: the command line answers it with exit code 2.
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     assert issubclass(checkpoint.CheckpointDamaged, ConfigError)
 

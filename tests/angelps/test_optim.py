@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from angelps.optim import DenseOptimizer, apply, slot_widths
 from angelps.table import OptimizerSpec
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 import angelps
-from angelps.config import load_config
+from angelconf.config import load_config
 from angelps.options import KEYS, ClientOptions, PSOptions, ShardOptions
 from angelps.table import OptimizerSpec
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from angelconf.config import ConfigError, load_config
 from angelps import checkpoint, rows, storage
-from angelps.config import ConfigError, load_config
 from angelps.options import KEYS, PSOptions, ShardOptions
 from angelps.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows

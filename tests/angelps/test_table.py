@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from angelps.options import KEYS
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 

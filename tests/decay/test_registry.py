@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 import decay
-from angelps.config import TYPES, Key, load_config
+from angelconf.config import TYPES, Key, load_config
 from decay import registry
 from decay.keys import PREFIX
 from learners.keys import all_keys

@@ -20,7 +20,7 @@ import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
 import learners.data as D
-from angelps.config import ConfigError, load_config
+from angelconf.config import ConfigError, load_config
 from learners import worker_group
 from learners.cli.main import _report, main
 from learners.keys import all_keys

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.config import ConfigError, load_config
+from angelconf.config import ConfigError, load_config
 from learners.cli.main import main
 from learners.keys import all_keys
 from learners.plan import JobSize, TrainPlan

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import ray
 
+from angelconf.config import ConfigError
 from angelps.client import PSClient
-from angelps.config import ConfigError
 from angelps.launch import actor_name
 from angelps.options import PSOptions
 from angelps.table import OptimizerSpec, TableSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from angelps.config import Config, load_config
+from angelconf.config import Config, load_config
 from learners import data as D
 from learners.data.options import KEYS
 

@@ -226,7 +226,7 @@ def test_key_options_are_set_like_set(capsys) -> None:
 def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tmp_path) -> None:
     import re
 
-    from angelps.config import ConfigError, load_config
+    from angelconf.config import ConfigError, load_config
     from learners.keys import all_keys
 
     text = (ROOT / "docs" / "angel-migration.md").read_text()

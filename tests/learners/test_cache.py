@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from angelps.config import ConfigError, load_config
+from angelconf.config import ConfigError, load_config
 from learners.cache import RowCache
 from learners.feed import FeedOptions
 from learners.keys import all_keys

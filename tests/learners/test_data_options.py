@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners.data.options import KEYS, DataOptions, split_period
 from tests.learners.data_helpers import C, conf
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners import data as D
 from learners.data.convert import main
 from learners.data.options import KEYS

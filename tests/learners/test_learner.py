@@ -265,7 +265,7 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
 
 
 def test_resume_without_checkpoint_is_a_config_error(tmp_path):
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     learner = _learner(
         "lr_a9a.properties", tmp_path, **{"angel.save.model.path": str(tmp_path / "none")}
@@ -279,7 +279,7 @@ def test_resume_without_checkpoint_is_a_config_error(tmp_path):
 
 def test_save_path_equal_to_the_log_dir_fails_before_any_actor(tmp_path):
     """The first checkpoint would replace metrics.jsonl: refused at once (ConfigError, exit 2)."""
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     log = tmp_path / "log"
     log.mkdir()
@@ -358,7 +358,7 @@ def test_plateau_and_early_stopping_on_a_frozen_model(tmp_path):
 
 
 def test_plateau_mode_must_match_the_metric(tmp_path):
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     data = _slice("data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 300)
     learner = _learner(
@@ -415,7 +415,7 @@ def test_bad_model_name_fails_before_any_actor(tmp_path, capsys):
 
 
 def test_unknown_early_stop_metric_names_the_valid_ones(tmp_path):
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     learner = _learner(
         "softmax_dna.properties",

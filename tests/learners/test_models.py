@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from angelps.config import ConfigError, load_config
+from angelconf.config import ConfigError, load_config
 from learners import model_config, models
 from learners.model_config import ModelConfig
 from learners.models import MODELS, build_model, model_class

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from angelconf.config import ConfigError, load_config
 from angelps import PSOptions
-from angelps.config import ConfigError, load_config
 from learners.cluster import bundles, job_asks, shortfalls
 from learners.keys import all_keys
 from learners.placement import Layout, Placement

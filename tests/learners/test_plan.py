@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners.keys import all_keys
 from learners.plan import KEYS, JobSize, TrainPlan
 

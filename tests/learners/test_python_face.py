@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from angelps.config import ConfigError
+from angelconf.config import ConfigError
 from learners import GraphLearner
 from learners.data.problems import DataError
 

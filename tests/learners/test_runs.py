@@ -191,7 +191,7 @@ def _job(tmp_path: Path, **sets: object):
     ],
 )
 def test_keeping_checkpoints_is_checked_before_anything_runs(tmp_path, sets, message):
-    from angelps.config import ConfigError
+    from angelconf.config import ConfigError
 
     sets = dict(sets)
     if sets.pop("SAVE", None):
@@ -279,7 +279,7 @@ def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_pa
     ],
 )
 def test_the_checkpoint_keys_refuse_impossible_values(sets, message):
-    from angelps.config import ConfigError, load_config
+    from angelconf.config import ConfigError, load_config
     from learners.keys import all_keys
 
     with pytest.raises(ConfigError) as e:

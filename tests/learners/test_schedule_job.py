@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners.cli.main import main
 from learners.data.options import DataOptions
 from learners.keys import all_keys

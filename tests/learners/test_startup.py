@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners.cli import train as train_verb
 from learners.job_paths import PATH_KEYS, absolute, absolute_paths
 from learners.keys import all_keys

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from angelps.config import load_config
+from angelconf.config import load_config
 from learners.keys import all_keys
 from learners.run_log import RunLog, tb_scalars
 

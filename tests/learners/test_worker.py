@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from angelconf.config import load_config
 from angelps import OptimizerSpec
-from angelps.config import load_config
 from decay.angel import StandardDecay
 from learners.data import DataOptions
 from learners.keys import all_keys

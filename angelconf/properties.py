@@ -1,7 +1,7 @@
 """The Java ``.properties`` syntax: comments, separators, continuations and escapes.
 
 :func:`parse_properties` turns a file's text into ``(key, value, line)`` entries and nothing
-more: no types, no key names, no defaults (that is :mod:`angelps.config`). It follows
+more: no types, no key names, no defaults (that is :mod:`angelconf.config`). It follows
 ``java.util.Properties.load``: ``#`` and ``!`` start comments, ``=``, ``:`` or whitespace
 separate a key from its value, a line ending in an odd number of ``\\`` continues on the next,
 and ``\\t``, ``\\n``, ``\\uXXXX``... are unescaped. Standard library only.

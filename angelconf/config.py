@@ -1,6 +1,6 @@
 """Job configuration: typed key declarations and one loader of ``.properties`` files.
 
-The file syntax itself is :mod:`angelps.properties`; this module gives the entries meaning.
+The file syntax itself is :mod:`angelconf.properties`; this module gives the entries meaning.
 
 Precedence: built-in defaults < ``.properties`` file < repeated ``--set key=value``.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from angelps.properties import ConfigError, parse_properties
+from angelconf.properties import ConfigError, parse_properties
 
 __all__ = [
     "TYPES",
