@@ -16,8 +16,6 @@ checkpoint itself). A model over the size limit is refused before anything is re
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from angelps import TableSpec, checkpoint
 from angelps.table import init_rows
 from learners import saved_model
 from learners.dense import read_dense
+from learners.files import replace_atomically
 
 __all__ = ["export_size", "export_state_dict", "write_state_dict"]
 
@@ -104,11 +103,4 @@ def write_state_dict(state: dict[str, Any], out: Path) -> None:
     was)."""
     import torch
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(out, lambda tmp: torch.save(state, tmp))

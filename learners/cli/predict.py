@@ -15,7 +15,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from angelconf.config import Config, ConfigError
 from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
+from learners.files import replace_atomically
 from learners.job_paths import absolute_paths
 
 if TYPE_CHECKING:
@@ -192,9 +192,8 @@ def write_predictions(pred: Mapping[str, np.ndarray], out: Path) -> int:
 
     out.parent.mkdir(exist_ok=True)  # a directory output whose parent exists (checked)
     table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
+
+    def write(tmp: str) -> None:
         if out.suffix.lower() == ".parquet":
             import pyarrow.parquet as pq
 
@@ -203,10 +202,8 @@ def write_predictions(pred: Mapping[str, np.ndarray], out: Path) -> int:
             import pyarrow.csv as pacsv
 
             pacsv.write_csv(table, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    replace_atomically(out, write)
     return int(table.num_rows)
 
 

@@ -1,0 +1,31 @@
+"""One output file replaced whole or not at all (predictions, an exported state_dict).
+
+The file is written under a temporary name in its own directory, fsynced, and renamed over
+``out``, so a failure (an exception, Ctrl-C, a full disk) leaves ``out`` as it was and no
+temporary behind; a crash after the rename leaves the new file complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["replace_atomically"]
+
+
+def replace_atomically(out: Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp)`` to write a temporary file next to ``out``, then rename it to
+    ``out``; on any failure the temporary is removed and the error raised."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        # The rename must not become durable before the bytes it names.
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
