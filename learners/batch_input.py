@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from learners.data import Batch, binary_labels01
+from learners.device import to_device
 from learners.models import BaseModel
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl
@@ -91,7 +92,7 @@ class BatchInput:
                 r = got.to(self.device)
             else:
                 # A copy: rows that came through the object store are read-only.
-                r = torch.from_numpy(np.array(got, dtype=np.float32, copy=True)).to(self.device)
+                r = to_device(np.asarray(got, dtype=np.float32), self.device)
             x.rows[t.name] = r.requires_grad_(
                 t.name.lower() not in self.frozen and torch.is_grad_enabled()
             )
@@ -120,4 +121,6 @@ class BatchInput:
         y = np.asarray(batch.labels, dtype=np.float32)
         if self.model.task == "binary":
             y = np.asarray(binary_labels01(y), dtype=np.float32)
-        return self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y))).to(self.device)
+        # Checked and converted on the host (no device sync), then sent up.
+        host = self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y)))
+        return to_device(host.numpy(), self.device)

@@ -81,7 +81,9 @@ def finish_grads(
         # summed sparse gradient is not known on any one worker, so the largest share
         # stands in for it (every worker then applies the same, smallest coefficient).
         if w > 1:
-            t = torch.tensor([sparse_sq], dtype=torch.float64)
+            # NCCL reduces device tensors only; gloo host tensors.
+            on = like_device(dense) if dist.get_backend() == "nccl" else torch.device("cpu")
+            t = torch.tensor([sparse_sq], dtype=torch.float64, device=on)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             sparse_sq = float(t[0])
         norm = math.sqrt(sparse_sq * w + dense_sq)
@@ -93,8 +95,9 @@ def finish_grads(
 
 
 def _all_reduce(t: Tensor) -> Tensor:
-    """Sum over workers (gloo works on host tensors; a CUDA tensor makes the round trip)."""
-    if t.is_cuda:
+    """Sum over workers: in place under NCCL; gloo works on host tensors, so there a CUDA
+    tensor makes the round trip."""
+    if t.is_cuda and dist.get_backend() != "nccl":
         host = t.cpu()
         dist.all_reduce(host)
         return host.to(t.device)
@@ -217,13 +220,21 @@ def dense_tables_on_ps(
     return placed
 
 
-def join_group(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
-    """Join the gloo process group the dense all-reduce runs in (as Ray Train sets it up)."""
+def join_group(
+    master_addr: str, master_port: int, rank: int, world_size: int, backend: str = "gloo"
+) -> None:
+    """Join the process group the dense all-reduce runs in (as Ray Train sets it up):
+    ``backend`` is gloo, or nccl between CUDA workers (:func:`learners.device.collective_backend`)."""
     if world_size <= 1 or dist.is_initialized():
         return
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+        backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
     )
+
+
+def like_device(tensors: list[Tensor]) -> torch.device:
+    """Where ``tensors`` live (the CPU for none)."""
+    return tensors[0].device if tensors else torch.device("cpu")
 
 
 def free_port() -> tuple[str, int]:

@@ -161,7 +161,8 @@ DENSE_PLACEMENT = Key(
     "angel.dense.placement",
     "str",
     "worker",
-    "Where dense (MLP) layers live: worker (replicated, gradients all-reduced over gloo) or "
+    "Where dense (MLP) layers live: worker (replicated, gradients all-reduced over gloo, or "
+    "NCCL between CUDA workers with a whole GPU each) or "
     "ps (one PS table per parameter, pulled and pushed every step, as Angel).",
     choices=("worker", "ps"),
 )
@@ -367,6 +368,12 @@ class TrainPlan:
     keep_last: int
     keep_best: bool
     save_failure: str
+
+    @property
+    def collective(self) -> str:
+        """The dense all-reduce's backend: NCCL between CUDA workers that own a whole GPU each
+        (NCCL refuses two ranks on one device), gloo otherwise."""
+        return "nccl" if self.device == "cuda" and self.worker_gpus >= 1 else "gloo"
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:

@@ -255,7 +255,7 @@ def banner(
         opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
         lines.append(
             f"  dense    {dense_params} parameters on the workers ({opt}"
-            + (", all-reduced over gloo)" if w > 1 else ")")
+            + (f", all-reduced over {plan.collective})" if w > 1 else ")")
         )
     if plan.amp and plan.device != "cuda":
         lines.append(

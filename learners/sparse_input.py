@@ -25,6 +25,8 @@ import numpy.typing as npt
 import torch
 from torch import Tensor
 
+from learners.device import to_device
+
 __all__ = ["SparseInput"]
 
 
@@ -171,11 +173,20 @@ class SparseInput:
             if num_fields is None:
                 col = np.arange(nnz, dtype=np.int64)
                 samples_s = _csr(np.ascontiguousarray(indptr_n - indptr_n[0]), col, None, (b, nnz))
+        if dev.type == "cuda":
+            # Pinned, asynchronous copies: they overlap the rest of the step's preparation.
+            sample, value = (
+                to_device(sample.numpy(), dev),
+                (None if value is None else to_device(value.numpy(), dev)),
+            )
+            slot = to_device(np.ascontiguousarray(slots_n), dev)
+        else:
+            slot = torch.from_numpy(np.ascontiguousarray(slots_n))
         return SparseInput(
             batch_size=b,
-            sample=sample.to(dev),
-            slot=torch.from_numpy(np.ascontiguousarray(slots_n)).to(dev),
-            value=None if value is None else value.to(dev),
+            sample=sample,
+            slot=slot,
+            value=value,
             rows=rows,
             num_fields=num_fields,
             rows_t=rows_t,

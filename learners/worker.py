@@ -51,6 +51,7 @@ from learners.dense import (
     load_dense,
     save_dense,
 )
+from learners.device import to_host
 from learners.model_config import ModelConfig
 from learners.models import BaseModel, build_model
 from learners.plan import JobSize, TrainPlan
@@ -177,7 +178,7 @@ class TrainWorker:
 
     def setup_dist(self, master_addr: str, master_port: int) -> None:
         """Join the process group of the dense all-reduce (:func:`learners.dense.join_group`)."""
-        join_group(master_addr, master_port, self.worker_id, self.num_workers)
+        join_group(master_addr, master_port, self.worker_id, self.num_workers, self.plan.collective)
 
     @staticmethod
     def free_port() -> tuple[str, int]:
@@ -333,6 +334,8 @@ class TrainWorker:
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {
             t.name: [] for t in self.push_tables
         }
+        grads: list[tuple[str, np.ndarray, Tensor]] = []
+        losses: list[tuple[Tensor, int]] = []
         for m in range(self.plan.accum):
             t0 = time.perf_counter()
             if m == 0 and queue:
@@ -356,15 +359,21 @@ class TrainWorker:
             for t in self.push_tables:
                 rg = x.rows[t.name].grad
                 if rg is not None:
-                    parts[t.name].append((req[t.name], self._unscaled(rg)))
+                    grads.append((t.name, req[t.name], self._unscaled(rg)))
             for name, p in self.ps_dense:
                 if p.grad is not None and name in parts:
                     pg = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
-                    parts[name].append((req[name], pg))
+                    grads.append((name, req[name], pg))
                     p.grad = None
             stats.compute_s += time.perf_counter() - t0
-            stats.loss_sum += float(loss.detach()) * num_rows(batch)
-            stats.samples += num_rows(batch)
+            losses.append((loss.detach(), num_rows(batch)))
+        # Down to the host together: on a GPU one synchronisation per update, after which
+        # reading the losses costs nothing.
+        for (name, ids, _), g in zip(grads, to_host([g for _, _, g in grads]), strict=True):
+            parts[name].append((ids, g))
+        for loss_d, n in losses:
+            stats.loss_sum += float(loss_d) * n
+            stats.samples += n
         return parts
 
     def _skip(self, stats: StepStats) -> None:
@@ -436,12 +445,10 @@ class TrainWorker:
             batch = next(self._iter)
         return batch
 
-    def _unscaled(self, g: Tensor) -> np.ndarray:
-        """A row gradient as float32 numpy on the host, the loss scale divided out."""
+    def _unscaled(self, g: Tensor) -> Tensor:
+        """A row gradient in float32 on the worker's device, the loss scale divided out."""
         g = g.detach().float()
-        if self.loss_scale != 1.0:
-            g = g / self.loss_scale
-        return g.cpu().numpy().copy() if g.is_cuda else g.numpy().copy()
+        return g / self.loss_scale if self.loss_scale != 1.0 else g
 
     # --- evaluation -------------------------------------------------------------------------
 

@@ -1,0 +1,57 @@
+"""Moving a step's arrays between the host and a worker's device.
+
+On a CUDA worker the rows of a batch go up through page-locked (pinned) host memory with
+``non_blocking=True``, so the copy runs on the GPU's copy engine while the host goes on
+building the step, and a step's row gradients come down into pinned buffers with one
+synchronisation for all of them (not one per table). On the CPU each is one plain copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["to_device", "to_host"]
+
+
+def to_device(a: np.ndarray, device: torch.device) -> Tensor:
+    """A copy of ``a`` on ``device`` that shares no memory with it (a pulled block may be
+    read-only, from Ray's object store, or reused by the cache); on CUDA an asynchronous copy
+    through a pinned staging block."""
+    if device.type != "cuda":
+        return torch.from_numpy(np.array(a, copy=True))
+    h = torch.empty(np.shape(a), dtype=_TORCH_DTYPE[np.dtype(a.dtype)], pin_memory=True)
+    h.numpy()[...] = a
+    # torch's caching host allocator records the stream that reads the block, so it is not
+    # handed out again while this copy is in flight.
+    return h.to(device, non_blocking=True)
+
+
+_TORCH_DTYPE = {
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+}
+
+
+def to_host(ts: Sequence[Tensor]) -> list[np.ndarray]:
+    """Float32 numpy copies of ``ts``, owned by the caller; CUDA tensors come down through
+    pinned buffers and the stream is synchronised once, after the last copy is queued."""
+    if not any(t.is_cuda for t in ts):
+        return [t.detach().float().numpy().copy() for t in ts]
+    held: list[Tensor] = []
+    for t in ts:
+        t = t.detach().float()
+        if not t.is_cuda:
+            held.append(t.clone())
+            continue
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        h.copy_(t, non_blocking=True)
+        held.append(h)
+    torch.cuda.current_stream().synchronize()
+    # Each array keeps its tensor, and so its pinned block, alive.
+    return [h.numpy() for h in held]
