@@ -24,6 +24,7 @@ from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig
 from learners.models import model_class
+from learners.placement import Layout
 from learners.plan import JobSize, TrainPlan
 from learners.run_log import jsonable
 from learners.tables import table_specs
@@ -48,6 +49,10 @@ class Inference:
 
     #: starts (or joins) Ray and checks the job fits (GraphLearner's)
     _start_ray: Callable[[], None]
+    #: where the actors go (angel.*.resources, angel.placement.strategy) (GraphLearner's)
+    _reserve: Callable[[], Layout]
+    #: starts the shards of the tables where the layout puts them (GraphLearner's)
+    _launch: Callable[[list[TableSpec], Layout | None], PSClient]
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
@@ -63,7 +68,9 @@ class Inference:
         )
         self._start_ray()
         data = replace(DataOptions.from_config(conf), train_path=None)
-        workers = self._workers = WorkerGroup(self.plan, data, read_data=False)
+        # The placement keys hold for a saved model's actors as for training's.
+        layout = self._reserve()
+        workers = self._workers = WorkerGroup(self.plan, data, read_data=False, layout=layout)
         size = JobSize(
             num_features=int(info["num_features"]),
             num_fields=info["num_fields"],
@@ -78,7 +85,7 @@ class Inference:
         self._model, self._size = model, size
         self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
         self.ps_options = PSOptions.from_config(conf)
-        self._ps = PSClient.launch(self._tables, self.ps_options, num_workers=1)
+        self._ps = self._launch(self._tables, layout)
         self._ps.load(str(p))
         workers.attach_ps(self._ps)
         saved_model.load_dense(info, workers, str(p))

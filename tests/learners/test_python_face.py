@@ -23,7 +23,13 @@ ROWS = 800
 def trained(tmp_path_factory):
     """LR trained on a slice of a9a and saved; the slice as a file and as parsed rows."""
     tmp = tmp_path_factory.mktemp("face")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp / "ray"), namespace="angelps")
+    ray.init(
+        num_cpus=2,
+        resources={"infer": 1},  # for the placement test
+        include_dashboard=False,
+        _temp_dir=str(tmp / "ray"),
+        namespace="angelps",
+    )
     lines = (ROOT / "data/a9a/a9a_123d_train.libsvm").read_text().splitlines()[:ROWS]
     data = tmp / "a9a.libsvm"
     data.write_text("\n".join(lines) + "\n")
@@ -106,6 +112,25 @@ def test_load_is_a_class_method_and_every_input_kind_agrees(trained) -> None:
         assert set(other) == set(metrics_file)
         assert other["valid_auc"] == pytest.approx(metrics_file["valid_auc"], rel=1e-9)
     assert set(metrics_file) & set(trained["summary"]) >= {"valid_auc", "valid_logloss"}
+
+
+@pytest.mark.slow
+def test_a_loaded_model_is_placed_as_the_keys_say(trained) -> None:
+    """angel.worker.resources and angel.placement.strategy hold for load() as for train()."""
+    from ray.util import placement_group_table
+
+    def groups() -> list[str]:
+        return [g["state"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
+
+    sets = {"angel.worker.resources": "infer:1", "angel.placement.strategy": "pack"}
+    with GraphLearner.load(trained["model"], sets) as learner:
+        assert ray.available_resources().get("infer", 0) == 0  # the worker holds it
+        assert groups() == ["CREATED"]
+        pred = learner.predict(trained["data"])["pred"]
+    assert groups() == []
+    assert pred.shape == (ROWS,)
+    with pytest.raises(ConfigError, match="angel.worker.resources"):
+        GraphLearner.load(trained["model"], {"angel.worker.resources": "infer:2"})
 
 
 def test_inputs_follow_the_parquet_column_conventions() -> None:
