@@ -23,6 +23,7 @@ KEY_MODULES = (
     "learners.plan",
     "learners.feed",
     "learners.action",
+    "learners.progress",
     "learners.model_config",
     "learners.data.options",
 )

@@ -51,7 +51,7 @@ from learners.preflight import (
     tables_up_front,
     watched_metric,
 )
-from learners.progress import Chunker, merge_chunks
+from learners.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.progress import TrainProgress as _Progress
 from learners.retention import Checkpoints, kept_summary
 from learners.run_log import (
@@ -198,7 +198,9 @@ class GraphLearner(Inference):
             check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
         run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
-        log = RunLog(run_dir, self.quiet, plan.tensorboard)
+        log = RunLog(
+            run_dir, self.quiet, plan.tensorboard, progress_s=PROGRESS_EVERY.read(self.conf)
+        )
         note = relative_under_ray_job(
             {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
         )

@@ -23,9 +23,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tqdm import tqdm
+from angelconf.config import Key, non_negative
 
-__all__ = ["CHUNK_TARGET_S", "TICK_S", "Chunker", "JobBar", "TrainProgress", "merge_chunks"]
+__all__ = [
+    "CHUNK_TARGET_S",
+    "KEYS",
+    "PROGRESS_EVERY",
+    "TICK_S",
+    "Chunker",
+    "JobBar",
+    "PlainProgress",
+    "TrainProgress",
+    "merge_chunks",
+]
+
+PROGRESS_EVERY = Key(
+    "angel.log.progress.seconds",
+    "float",
+    30.0,
+    "Where the console is not a terminal (ray job logs, a file, CI): seconds between plain "
+    "progress lines (updates done, elapsed and left, samples/s, loss, lr); 0: none. A terminal "
+    "gets the redrawn bar instead.",
+    check=non_negative,
+)
+KEYS = [PROGRESS_EVERY]
 
 #: seconds a chunk of updates should take: the bar moves several times a second
 CHUNK_TARGET_S = 0.25
@@ -131,6 +152,8 @@ class JobBar:
         ncols: int | None = None,
     ) -> None:
         self.epochs, self.updates_per_epoch = epochs, updates_per_epoch
+        from tqdm import tqdm  # here: the key modules import this one, and load no tqdm
+
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.bar = tqdm(
@@ -189,3 +212,65 @@ class JobBar:
         with self._lock:
             if not self.bar.disable:
                 self.bar.close()
+
+
+def _clock(seconds: float) -> str:
+    m, sec = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+class PlainProgress:
+    """The bar's content as a plain line every ``every_s`` seconds, for output that is not a
+    terminal (a redrawn bar there is one unreadable line of carriage returns)::
+
+        progress: epoch 3/10  45% 520/1150 updates [00:12<00:15]  11.0k samples/s  loss 0.3312  lr 0.0141
+
+    Lines come at updates only (no thread): a job that waits prints nothing new."""
+
+    def __init__(
+        self,
+        total: int,
+        done: int,
+        epochs: int,
+        updates_per_epoch: int,
+        every_s: float,
+        file: IO[str] | None = None,
+        clock: Any = None,
+    ) -> None:
+        import time
+
+        self.total, self.n, self.start_n = total, done, done
+        self.epochs, self.updates_per_epoch, self.every_s = epochs, updates_per_epoch, every_s
+        self.file = file
+        self._now = clock or time.monotonic
+        self._t0 = self._last = self._now()
+
+    def update(self, n: int, samples: int, seconds: float, loss: float, lr: float) -> None:
+        """As :meth:`JobBar.update`; prints a line when ``every_s`` has passed since the last."""
+        self.n += n
+        now = self._now()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        elapsed = now - self._t0
+        made = self.n - self.start_n
+        left = elapsed / made * (self.total - self.n) if made else 0.0
+        epoch = min((self.n - 1) // max(self.updates_per_epoch, 1) + 1, self.epochs)
+        pct = 100.0 * self.n / max(self.total, 1)
+        print(
+            f"progress: epoch {epoch}/{self.epochs}  {pct:3.0f}% {self.n}/{self.total} updates "
+            f"[{_clock(elapsed)}<{_clock(left)}]  {_si(samples / max(seconds, 1e-9))} samples/s"
+            f"  loss {loss:.4f}  lr {lr:.3g}",
+            file=self.file or sys.stdout,
+            flush=True,
+        )
+
+    def tick(self) -> None:
+        """Nothing to redraw."""
+
+    def write(self, text: str, file: IO[str] | None = None) -> None:
+        print(text, file=file or sys.stdout, flush=True)
+
+    def close(self) -> None:
+        """Nothing to clear."""

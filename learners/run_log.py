@@ -24,7 +24,7 @@ from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
-from learners.progress import JobBar
+from learners.progress import JobBar, PlainProgress
 from learners.runs import METRICS, SUMMARY
 
 __all__ = [
@@ -79,13 +79,16 @@ class RunLog:
         quiet: bool = False,
         tensorboard: bool = False,
         tty: bool | None = None,
+        progress_s: float = 0.0,
     ) -> None:
+        """``progress_s``: seconds between plain progress lines off a terminal (0: none)."""
         self.tty = (_terminal() if tty is None else tty) and not quiet
+        self.progress_s = progress_s
         self.quiet = quiet
         self.path = path
         self.file: IO[str] | None = None
         self.tb: Any = None
-        self.progress: JobBar | None = None
+        self.progress: JobBar | PlainProgress | None = None
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         if tensorboard:
@@ -116,10 +119,15 @@ class RunLog:
         else:
             print(text, file=sys.stderr, flush=True)
 
-    def bar(self, total: int, done: int, epochs: int, updates_per_epoch: int) -> JobBar | None:
-        """The whole-job progress bar (on a terminal only); :meth:`close` closes it."""
-        if self.tty and self.progress is None:
+    def bar(
+        self, total: int, done: int, epochs: int, updates_per_epoch: int
+    ) -> JobBar | PlainProgress | None:
+        """The whole-job progress: the bar on a terminal, else a plain line every
+        ``progress_s`` seconds (none when quiet or 0); :meth:`close_bar` closes it."""
+        if self.progress is None and self.tty:
             self.progress = JobBar(total, done, epochs, updates_per_epoch, file=None)
+        elif self.progress is None and not self.quiet and self.progress_s > 0:
+            self.progress = PlainProgress(total, done, epochs, updates_per_epoch, self.progress_s)
         return self.progress
 
     def close_bar(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 from tqdm import tqdm
 
 from learners.learner import GraphLearner
-from learners.progress import Chunker, JobBar, merge_chunks
+from learners.progress import Chunker, JobBar, PlainProgress, merge_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,37 @@ def test_the_bar_counts_the_whole_job_and_says_samples_loss_and_lr():
     assert f.getvalue().endswith("\r")  # the bar's line cleared, nothing left on it
 
 
-def _learner(tmp_path: Path) -> GraphLearner:
+def test_off_a_terminal_a_plain_line_every_so_many_seconds():
+    now = [100.0]
+    f = io.StringIO()
+    p = PlainProgress(300, 0, 3, 100, every_s=30.0, file=f, clock=lambda: now[0])
+    now[0] = 110.0
+    p.update(50, 1600, 0.125, 0.5, 0.02)  # 10 s since the start: not yet
+    assert f.getvalue() == ""
+    now[0] = 160.0
+    p.update(70, 2240, 0.2, 0.4321, 0.0125)  # 60 s, 120 of 300 updates: 90 s left
+    assert f.getvalue() == (
+        "progress: epoch 2/3   40% 120/300 updates [01:00<01:30]  11.2k samples/s"
+        "  loss 0.4321  lr 0.0125\n"
+    )
+    now[0] = 170.0
+    p.update(10, 320, 0.1, 0.4, 0.0125)  # 10 s after that line: none
+    p.write("epoch 2/3  lr 0.0125 ...")
+    assert f.getvalue().count("progress:") == 1
+    p.tick()
+    p.close()
+
+
+def test_a_resumed_job_estimates_from_its_own_updates():
+    now = [0.0]
+    f = io.StringIO()
+    p = PlainProgress(300, 200, 3, 100, every_s=1.0, file=f, clock=lambda: now[0])
+    now[0] = 5.0
+    p.update(50, 1600, 0.1, 0.3, 0.01)  # 50 updates in 5 s since the resume: 5 s left
+    assert "epoch 3/3   83% 250/300 updates [00:05<00:05]" in f.getvalue()
+
+
+def _learner(tmp_path: Path, **more: object) -> GraphLearner:
     data = tmp_path / "a9a.libsvm"
     with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
         data.write_text("".join(next(f) for _ in range(3000)))
@@ -77,6 +107,7 @@ def _learner(tmp_path: Path) -> GraphLearner:
         "ml.epoch.num": 2,
         "ml.minibatch.size": 32,  # 2700 training rows: 85 updates per epoch
         "angel.log.every.steps": 20,
+        **more,
     }
     return GraphLearner.from_properties(ROOT / "conf" / "lr_a9a.properties", sets)
 
@@ -111,6 +142,27 @@ def test_a_real_run_on_a_terminal(tmp_path, monkeypatch, capsys):
     steps = [json.loads(r) for r in rows if '"kind": "step"' in r]
     assert [s["step"] for s in steps] == [20, 40, 60, 80, 85, 105, 125, 145, 165, 170]
     assert [s["updates"] for s in steps] == [20, 20, 20, 20, 5] * 2
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_real_run_off_a_terminal_prints_progress_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("learners.run_log._terminal", lambda: False)
+    learner = _learner(tmp_path, **{"angel.log.progress.seconds": 1e-9})  # at every chunk
+    try:
+        learner.train()
+    finally:
+        learner.shutdown()
+    cap = capsys.readouterr()
+    lines = [x for x in cap.out.splitlines() if x.startswith("progress: ")]
+    assert lines and lines[-1].startswith("progress: epoch 2/2  100% 170/170 updates [")
+    assert all(" samples/s  loss 0." in x and "  lr 0.0" in x for x in lines)
+    assert "\r" not in cap.out + cap.err  # no bar drawn
+    quiet = _learner(tmp_path, **{"angel.log.progress.seconds": 0, "ml.epoch.num": 1})
+    try:
+        quiet.train()
+    finally:
+        quiet.shutdown()
+    assert "progress: " not in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("ray_local")
