@@ -7,7 +7,7 @@ small, and after it growth only adds zeroed pages: it never copies the table. A 
 ``np.zeros`` (calloc), so a slot's memory is faulted in when it is first written. A gather or
 scatter over several pages groups the slots by page (a radix sort of 16-bit page numbers) and
 works page by page. :class:`TorchRows` keeps one tensor on a torch device (a GPU shard), grown
-by doubling.
+by doubling; torch is imported when one is made (a CPU shard never loads it).
 
 Both offer the same few operations on slot arrays: ``gather``, ``scatter``, ``write`` (a
 contiguous range), ``move`` (compaction after rows are removed), ``reserve``,
@@ -16,10 +16,12 @@ contiguous range), ``move`` (compaction after rows are removed), ``reserve``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PAGE_BYTES", "PagedRows", "TorchRows"]
 
@@ -151,10 +153,13 @@ class TorchRows:
     """``[capacity, width]`` rows as one tensor on ``device``, grown by doubling."""
 
     def __init__(self, width: int, dtype: Any, device: str) -> None:
+        import torch
+
+        self._torch = torch
         self.width = width
         self.dtype = np.dtype(dtype)
-        self.device = torch.device(device)
-        self.t = torch.zeros((0, width), dtype=_torch_dtype(self.dtype), device=self.device)
+        self.device = self._torch.device(device)
+        self.t = self._torch.zeros((0, width), dtype=_torch_dtype(self.dtype), device=self.device)
 
     @property
     def capacity(self) -> int:
@@ -168,7 +173,7 @@ class TorchRows:
         if n <= cap:
             return
         rows = max(n, 2 * cap, _FIRST)
-        grown = torch.zeros((rows, self.width), dtype=self.t.dtype, device=self.device)
+        grown = self._torch.zeros((rows, self.width), dtype=self.t.dtype, device=self.device)
         grown[:cap] = self.t
         self.t = grown
 
@@ -179,7 +184,7 @@ class TorchRows:
         return self.t[a:b]
 
     def _idx(self, slots: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
+        return self._torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
 
     def gather_t(self, slots: np.ndarray) -> torch.Tensor:
         return self.t.index_select(0, self._idx(slots))
@@ -195,7 +200,7 @@ class TorchRows:
         self.scatter_t(slots, self.tensor(values))
 
     def tensor(self, values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(values)).to(self.device)
+        return self._torch.from_numpy(np.ascontiguousarray(values)).to(self.device)
 
     def write(self, start: int, values: np.ndarray) -> None:
         self.t[start : start + len(values)] = self.tensor(values)
@@ -218,4 +223,6 @@ def host(t: torch.Tensor) -> np.ndarray:
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    import torch
+
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype

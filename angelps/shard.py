@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike
 
 from angelps.checkpoint import (
@@ -177,6 +176,8 @@ class ParameterShard:
         # None: rows in host numpy arrays; a torch device ("cuda", "cuda:1", "cpu"): rows and
         # optimizer state as torch tensors there.
         if device is not None:
+            import torch  # only for rows on a torch device: a CPU shard starts without it
+
             dev = torch.device(device)
             if dev.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(

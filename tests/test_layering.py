@@ -105,6 +105,26 @@ def test_importing_decay_loads_no_heavy_library() -> None:
     assert run.stdout.strip() == "", f"importing decay loaded {run.stdout.strip()}"
 
 
+def test_a_cpu_shard_process_loads_no_torch() -> None:
+    # A shard actor imports angelps.server; torch (1-3 s of a shard's start) only for rows on
+    # a torch device (angel.ps.gpus > 0).
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "import angelps.server, angelps.launch, angelps.client\n"
+        "from angelps import OptimizerSpec, TableSpec\n"
+        "from angelps.shard import ParameterShard\n"
+        "t = TableSpec('s', rows=-1, cols=2, sparse=True, optimizer=OptimizerSpec('adam'))\n"
+        "s = ParameterShard(0, 1, [t])\n"
+        "s.push(0, 0, {'s': (np.arange(3), np.ones((3, 2), np.float32))}, 0.1)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "False"
+
+
 def test_all_three_packages_exist() -> None:
     for pkg in ALLOWED:
         assert (ROOT / pkg / "__init__.py").exists(), pkg
