@@ -15,7 +15,8 @@ marker file; the test then SIGKILLs the whole process group:
 Then: every process of the killed job (its private Ray's included) is gone; the last committed
 checkpoint (epoch 1) verifies; ``angelps train --resume`` finishes the job, removes the killed
 save's temporary, and ends with exactly the uninterrupted run's per-epoch metrics and model
-(every table file and the dense layers, by SHA-256): this fault is bit-exact.
+(every table file and the dense layers, by SHA-256): this fault is bit-exact. Only the killed
+launch's shard backups are left, under ``<angel.log.path>/ps-backup``.
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ def test_a_driver_killed_mid_save_resumes_as_if_uninterrupted(
     checkpoint.verify(str(last))
     assert _model(last)[0] == 0
     killed_run = latest_run(tmp_path / "log")
+    # The killed launch's shard backups stay behind (nothing ran to remove them), alone.
+    backups = os.listdir(tmp_path / "log" / "ps-backup")
+    assert len(backups) == 1 and backups[0].startswith("killed-")
     assert _epochs(killed_run) == ref_epochs[:2]  # the second epoch ended, its save did not
 
     assert main([*_args(tmp_path, data), "--resume"]) == 0
@@ -207,3 +211,5 @@ def test_a_driver_killed_mid_save_resumes_as_if_uninterrupted(
     # The killed save's temporary is gone; the latest and the previous checkpoint remain.
     assert sorted(p.name for p in tmp_path.glob("model*")) == ["model", "model.prev"]
     assert _model(prev)[0] == 1
+    # The resumed launch removed its own backups; the killed one's are still the only ones.
+    assert os.listdir(tmp_path / "log" / "ps-backup") == backups
