@@ -375,8 +375,9 @@ class PSClient:
         checkpoint.build_manifest([], 0, "", [], extra)
         self.flush()
         tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
+        refs: list[ray.ObjectRef[dict[str, Any]]] = []
         try:
-            refs: list[ray.ObjectRef[dict[str, Any]]] = [h.save.remote(tmp) for h in self.handles]
+            refs = [h.save.remote(tmp) for h in self.handles]
             for name, data in (files or {}).items():
                 write_durably(os.path.join(tmp, os.path.basename(name)), data)
             infos = self._get(refs)
@@ -392,6 +393,10 @@ class PSClient:
             checkpoint.write_manifest(tmp, manifest)
             checkpoint.commit_dir(tmp, path)
         except BaseException:
+            # The shards may still be writing into tmp (the caller's own file failed first, on
+            # a full disk say): wait for them, or they would re-create it once it is removed.
+            if refs:
+                ray.wait(refs, num_returns=len(refs))
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import ray
@@ -171,3 +173,22 @@ def test_shards_that_cannot_be_placed_fail_clearly(ray_local):
         PSClient.launch([EMB], PSOptions.from_config(conf))
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert "nogpu-ps-0" not in names
+
+
+def test_a_failed_save_leaves_no_temporary_even_while_the_shards_still_write(
+    client, tmp_path, monkeypatch
+):
+    # The driver's own file fails (a full disk) while the shards are still writing theirs into
+    # the temporary: the save waits for them before removing it, so nothing is left behind.
+    import errno
+
+    import angelps.client
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(angelps.client, "write_durably", full)
+    with pytest.raises(OSError, match=r"\[Errno 28\] No space left on device"):
+        client.save(str(tmp_path / "ck"), files={"dense.safetensors": b"x"})
+    client.stats()  # every shard is done with the failed save's call by now
+    assert os.listdir(tmp_path) == []

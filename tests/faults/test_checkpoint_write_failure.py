@@ -24,6 +24,7 @@ from learners import saved_model
 from learners.cli.main import main
 from learners.learner import GraphLearner
 from learners.retention import CheckpointWriteError
+from tests.faults.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf" / "lr_a9a.properties")
@@ -31,28 +32,9 @@ CONF = str(ROOT / "conf" / "lr_a9a.properties")
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (this test's own Ray: never another one on the machine)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        found += kids
-        todo += kids
-    return found
-
-
 def _shard_pids() -> list[int]:
     pids = []
-    for p in _descendants(os.getpid()):
+    for p in descendants(os.getpid()):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 if b"ShardServer" in f.read():
