@@ -74,6 +74,7 @@ def require_auth(env: dict[str, str], on: bool = True) -> None:
         f"{env['AWS_ENDPOINT_URL']}/moto-api/reset-auth",
         data=b"0" if on else b"inf",
         method="POST",
+        headers={"Content-Type": "text/plain"},  # not a form: the server reads the raw body
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         r.read()
