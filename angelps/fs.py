@@ -209,6 +209,15 @@ def copy_file(src: str, dst: str) -> None:
     fs.copy_file(a, b)
 
 
+def _why(error: str) -> str:
+    """The client's error with what to check first, for the errors a user can fix."""
+    if any(w in error for w in ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch")):
+        return f"the store refused the credentials (AWS_ACCESS_KEY_ID, ...): {error}"
+    if "NETWORK_CONNECTION" in error or "Could not resolve" in error:
+        return f"cannot reach the store (AWS_ENDPOINT_URL, the network): {error}"
+    return error
+
+
 def probe(url: str, must_exist: bool) -> str | None:
     """Why ``url`` cannot be used, in a few words, or None when it can: the bucket (or the
     file system) answers with these credentials, and with ``must_exist`` the path is there.
@@ -231,7 +240,7 @@ def probe(url: str, must_exist: bool) -> str | None:
                 return
             answer.append(None)
         except (OSError, ValueError, pa.ArrowException) as e:
-            answer.append(" ".join(str(e).split())[:300] or type(e).__name__)
+            answer.append(_why(" ".join(str(e).split())[:300] or type(e).__name__))
 
     t = threading.Thread(target=check, daemon=True, name="angelps-fs-probe")
     t.start()
