@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from angelps import fs
 from angelps.checkpoint_dir import (
     FORMAT,
     MANIFEST,
@@ -56,7 +57,9 @@ from angelps.checkpoint_dir import (
     resolve,
     write_durably,
 )
+from angelps.fs import is_remote
 from angelps.table import TableSpec
+from angelps.table_sink import write_chunks
 
 __all__ = [
     "FORMAT",
@@ -110,68 +113,19 @@ def write_table_file(
     return write_table_chunks(path, [(keys, w, state)])
 
 
-def _chunk_table(keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> pa.Table:
-    cols: dict[str, pa.Array] = {"key": pa.array(np.ascontiguousarray(keys, dtype=np.int64))}
-    for name, arr in [("w", w), *((f"state.{k}", v) for k, v in sorted(state.items()))]:
-        a = np.ascontiguousarray(arr)
-        cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), a.shape[1])
-    return pa.table(cols)
-
-
-class _HashingFile:
-    """A binary file that hashes (SHA-256) and counts what is written to it."""
-
-    def __init__(self, f: Any) -> None:
-        self.f = f
-        self.sha = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.sha.update(view)
-        self.size += view.nbytes
-        return int(self.f.write(view))
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def tell(self) -> int:
-        return self.size
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-
 def write_table_chunks(
     path: str, chunks: Iterable[tuple[np.ndarray, np.ndarray, Mapping[str, np.ndarray]]]
 ) -> dict[str, Any]:
     """Write one shard's rows of one table from (keys, w, state) chunks, one Parquet row group
     each, so a large table is never copied whole; hashed while written, page checksums on,
     fsynced. Returns the file's manifest entry: ``rows``, ``sha256``, ``bytes``."""
+    if is_remote(path):  # one object, complete once closed (no directories, no fsync)
+        with fs.open_output_stream(path) as out:
+            rows, sink = write_chunks(out, path, chunks)
+        return {"rows": rows, "sha256": sink.sha.hexdigest(), "bytes": sink.size}
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    rows = 0
     with open(path, "wb") as f:
-        sink = _HashingFile(f)
-        writer: pq.ParquetWriter | None = None
-        for keys, w, state in chunks:
-            part = _chunk_table(keys, w, state)
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    pa.PythonFile(sink, mode="w"), part.schema, write_page_checksum=True
-                )
-            writer.write_table(part)
-            rows += len(keys)
-        if writer is None:
-            raise ValueError(f"checkpoint file {path}: no chunk to write (not even an empty one)")
-        writer.close()
-        pa.default_memory_pool().release_unused()  # (see iter_table_file)
+        rows, sink = write_chunks(f, path, chunks)
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(os.path.dirname(path))
@@ -203,7 +157,7 @@ def _open_checked(path: str, expect: Mapping[str, Any] | None, keep: bool) -> by
     sha = hashlib.sha256()
     parts: list[bytes] = []
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") if not is_remote(path) else fs.open_input_stream(path) as f:
             while block := f.read(1 << 24):
                 sha.update(block)
                 if keep:
@@ -269,7 +223,7 @@ def iter_table_file(
         # pre_buffer off: with it, the reader kept every row group's column bytes it had
         # read until the file was done, so a restore held the whole file (measured: Arrow's
         # allocation grew by a chunk's size for every chunk read).
-        pf = pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False)
+        pf = pq.ParquetFile(fs.input_file(path), page_checksum_verification=True, pre_buffer=False)
         _check_rows(path, pf.metadata.num_rows, expect)
         for batch in _row_chunks(pf, chunk or READ_CHUNK_ROWS):
             yield _columns(batch)
@@ -350,8 +304,7 @@ def load_manifest_file(root: str) -> dict[str, Any]:
     """The manifest in directory ``root``, its own checksum checked (when it has one)."""
     p = os.path.join(root, MANIFEST)
     try:
-        with open(p, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = json.loads(fs.read_bytes(p).decode("utf-8"))
     except OSError as e:
         raise CheckpointError(f"cannot read {p}: {' '.join(str(e).split())}") from None
     except ValueError as e:  # not JSON (or not UTF-8): damaged

@@ -16,6 +16,10 @@ regular file and a non-empty directory of other files before a byte is written).
 renames), else the newest ``<path>.old-*`` (left by angelps before version 2). A damaged
 checkpoint that ``--resume`` moved aside (``<path>.damaged-<id>``, :mod:`learners.saved_model`)
 is never removed.
+
+A URL (``s3://...``) has no rename: every function here hands it to
+:mod:`angelps.checkpoint_remote` (generations under ``<path>``, a pointer committed last), so
+the local code path above is unchanged.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import glob
 import os
 import shutil
 import uuid
+from typing import Any
 
 from angelconf.config import ConfigError
+from angelps.fs import is_remote, write_bytes
 
 __all__ = [
     "MANIFEST",
@@ -57,8 +63,18 @@ class CheckpointDamaged(CheckpointError):
     does not match, an unreadable Parquet file, a missing file."""
 
 
+def _remote() -> Any:
+    # Imported when a URL is met: checkpoint_remote imports this module's errors.
+    from angelps import checkpoint_remote
+
+    return checkpoint_remote
+
+
 def fsync_dir(path: str) -> None:
-    """Make the entries of directory ``path`` (created, renamed files) durable."""
+    """Make the entries of directory ``path`` (created, renamed files) durable (a URL: an
+    object is durable once written)."""
+    if is_remote(path):
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -68,6 +84,9 @@ def fsync_dir(path: str) -> None:
 
 def write_durably(path: str, data: bytes | memoryview) -> None:
     """Write ``data`` to a new file ``path``, flushed and fsynced before returning."""
+    if is_remote(path):
+        write_bytes(path, data)
+        return
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -76,6 +95,8 @@ def write_durably(path: str, data: bytes | memoryview) -> None:
 
 def holds_checkpoint(path: str) -> bool:
     """Whether directory ``path`` has an angelps manifest (its ``format`` field says so)."""
+    if is_remote(path):
+        return _remote().holds_checkpoint(path)  # type: ignore[no-any-return]
     try:
         with open(os.path.join(path, MANIFEST), "rb") as f:
             data = f.read()
@@ -89,6 +110,8 @@ def check_target(path: str) -> None:
     """Refuse a save path that angelps must not replace: a regular file (or anything but a
     directory), or a non-empty directory without an angelps checkpoint. Absent, empty, or
     holding a checkpoint is fine."""
+    if is_remote(path):
+        return _remote().check_target(path)  # type: ignore[no-any-return]
     path = os.path.abspath(path)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise CheckpointError(
@@ -105,6 +128,8 @@ def check_target(path: str) -> None:
 def new_tmp_dir(path: str) -> str:
     """A fresh sibling directory ``<path>.tmp-<id>`` to write a checkpoint into (after
     :func:`check_target`, so nothing is written for a path that would be refused)."""
+    if is_remote(path):
+        return _remote().new_tmp_dir(path)  # type: ignore[no-any-return]
     path = os.path.abspath(path)
     check_target(path)
     parent = os.path.dirname(path)
@@ -122,6 +147,8 @@ def new_tmp_dir(path: str) -> str:
 def commit_dir(tmp: str, path: str) -> None:
     """Make the complete checkpoint in ``tmp`` appear at ``path``, keeping the previous one as
     ``<path>.prev`` (see the module docstring). ``tmp`` must be complete and fsynced."""
+    if is_remote(path):
+        return _remote().commit_dir(tmp, path)  # type: ignore[no-any-return]
     path = os.path.abspath(path)
     check_target(path)  # again: the path may have changed since the save began
     parent = os.path.dirname(path)
@@ -140,6 +167,8 @@ def commit_dir(tmp: str, path: str) -> None:
 
 def previous(path: str) -> str | None:
     """``<path>.prev`` if it holds a checkpoint (the one before the latest), else None."""
+    if is_remote(path):
+        return _remote().previous(path)  # type: ignore[no-any-return]
     prev = os.path.abspath(path) + PREV
     return prev if holds_checkpoint(prev) else None
 
@@ -147,6 +176,8 @@ def previous(path: str) -> str | None:
 def resolve(path: str) -> str:
     """The directory holding the checkpoint saved at ``path``: ``path`` itself, or
     ``<path>.prev`` when a save crashed between its renames, or the newest ``<path>.old-*``."""
+    if is_remote(path):
+        return _remote().resolve(path)  # type: ignore[no-any-return]
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path

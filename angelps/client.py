@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 
-from angelps import checkpoint
+from angelps import checkpoint, fs
 from angelps.checkpoint_dir import write_durably
 from angelps.launch import launch_shards
 from angelps.options import ClientOptions, PSOptions, ShardOptions
@@ -50,6 +50,17 @@ Rows = dict[str, np.ndarray] | None
 Update = tuple[ArrayLike, ArrayLike]
 #: Keys of a pull per table (None: every row of a dense table).
 Requests = Mapping[str, ArrayLike | None]
+
+
+def _remove_quietly(tmp: str) -> None:
+    """Remove the temporary directory (or generation) of a save that failed."""
+    if not fs.is_remote(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    try:
+        fs.delete_dir(tmp)
+    except OSError:
+        pass  # an uncommitted generation: the next save removes it
 
 
 class PSFuture(Generic[T]):
@@ -379,7 +390,7 @@ class PSClient:
         try:
             refs = [h.save.remote(tmp) for h in self.handles]
             for name, data in (files or {}).items():
-                write_durably(os.path.join(tmp, os.path.basename(name)), data)
+                write_durably(fs.join(tmp, os.path.basename(name)), data)
             infos = self._get(refs)
             manifest = checkpoint.build_manifest(
                 list(self.specs.values()),
@@ -397,7 +408,7 @@ class PSClient:
             # a full disk say): wait for them, or they would re-create it once it is removed.
             if refs:
                 ray.wait(refs, num_returns=len(refs))
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_quietly(tmp)
             raise
 
     def load(self, path: str) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def export_state_dict(path: str, max_bytes: int) -> dict[str, Any]:
     take more than ``max_bytes``."""
     import torch  # only when exporting
 
-    extra = saved_model.read_extra(Path(path))
+    extra = saved_model.read_extra(str(path))
     size = export_size(path)
     if size > max_bytes:
         raise ConfigError(

@@ -40,6 +40,7 @@ from ray.exceptions import RayActorError
 from angelps import PSOptions, checkpoint
 from angelps.launch import NAMESPACE, actor_name
 from learners.plan import MAX_WORKER_RESTARTS
+from learners.runs import log_root
 
 __all__ = [
     "BACKUP_DIR",
@@ -60,13 +61,14 @@ def backup_options(ps: PSOptions, log_dir: str) -> PSOptions:
     their own working directory)."""
     if ps.backup_interval <= 0 or ps.backup_path:
         return ps
-    return replace(ps, backup_path=str(Path(log_dir).resolve() / BACKUP_DIR))
+    # A log path on object storage: the backups go under its local staging root instead.
+    return replace(ps, backup_path=str(Path(log_root(log_dir)).resolve() / BACKUP_DIR))
 
 
 def remove_backup_root(ps: PSOptions, log_dir: str) -> None:
     """Remove ``<log_dir>/ps-backup`` once empty (each launch already removed its own
     directory at shutdown); kept when it still holds something, e.g. another job's backups."""
-    if ps.backup_path == str(Path(log_dir).resolve() / BACKUP_DIR):
+    if ps.backup_path == str(Path(log_root(log_dir)).resolve() / BACKUP_DIR):
         try:
             os.rmdir(ps.backup_path)
         except OSError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -58,8 +57,8 @@ class Inference:
         """The model's task (binary, multiclass, regression): what its metrics are."""
         return model_class(str(self.conf["ml.model.class.name"])).task
 
-    def _load(self: _L, p: Path) -> _L:
-        """Start one worker and the PS from the saved model in ``p``."""
+    def _load(self: _L, p: str) -> _L:
+        """Start one worker and the PS from the saved model in ``p`` (a directory or a URL)."""
         info = saved_model.read_extra(p)["learner"]
         conf = saved_model.inference_conf(self.conf, info, str(p))
         self.conf = conf

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 
-from angelconf.config import Config
+from angelconf.config import Config, ConfigError
 from learners.keys import all_keys
 
-__all__ = ["PATH_KEYS", "absolute", "absolute_paths"]
+__all__ = ["PATH_KEYS", "READ_KEYS", "absolute", "absolute_paths", "check_url", "is_url"]
 
 #: Every key whose value is a file or directory read or written by the job.
 PATH_KEYS = (
@@ -32,10 +32,48 @@ PATH_KEYS = (
 )
 
 
+#: The path keys a job reads: on object storage they must exist before the job starts.
+READ_KEYS = (
+    "angel.train.data.path",
+    "angel.validate.data.path",
+    "angel.predict.data.path",
+    "angel.load.model.path",
+)
+
+
+def is_url(value: object) -> bool:
+    """Whether a path key's value is a URL of object storage (``file://`` is a local path)."""
+    return isinstance(value, str) and "://" in value and not value.startswith("file://")
+
+
+def check_url(conf: Config, key: str) -> bool:
+    """For a path key whose value is a URL: ConfigError (one line naming the key and the path)
+    when the store cannot be reached in a few seconds, the credentials are refused, the bucket
+    does not exist, or a path the job reads is absent; nothing is written. False when the
+    value is not a URL (the caller checks the local path), True when the URL was checked."""
+    value = conf[key] if key in conf else None
+    if not is_url(value):
+        return False
+    where = f"{key}={value} ({conf.source(key)})"
+    if key == "angel.ps.backup.path":
+        raise ConfigError(
+            f"{where}: shard backups need a local (or shared) file system path, not a URL"
+        )
+    from angelps.fs import probe  # pyarrow: only for a job with a URL
+
+    why = probe(str(value), must_exist=key in READ_KEYS)
+    if why is not None:
+        raise ConfigError(f"{where}: {why}")
+    return True
+
+
 def absolute(path: str, base: str | None = None) -> str:
     """``path`` against ``base`` (default: the current directory); ``~`` expanded; a URL
-    (``scheme://...``) is left as it is."""
-    if "://" in path:
+    (``scheme://...``, read through pyarrow.fs) is left as it is, but ``file://`` is a local
+    path."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif "://" in path:
         return path
     path = os.path.expanduser(path)
     if os.path.isabs(path):

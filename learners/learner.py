@@ -63,7 +63,7 @@ from learners.run_log import (
     start_record,
     step_record,
 )
-from learners.runs import new_run_dir, relative_under_ray_job
+from learners.runs import log_root, new_run_dir, relative_under_ray_job
 from learners.startup import Phases, plural
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup, get
@@ -197,10 +197,10 @@ class GraphLearner(Inference):
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
             check_resume(saved_model.resume_point(str(plan.save_path)), plan)
         self._start_ray()
-        run_dir = new_run_dir(plan.log_dir, str(self.conf["angel.job.name"]))
-        log = RunLog(
-            run_dir, self.quiet, plan.tensorboard, progress_s=PROGRESS_EVERY.read(self.conf)
-        )
+        # A log path on object storage: the run is staged locally and copied there (runs.py).
+        run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
+        progress_s = PROGRESS_EVERY.read(self.conf)
+        log = RunLog(run_dir, self.quiet, plan.tensorboard, progress_s, upload_to=plan.log_dir)
         note = relative_under_ray_job(
             {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
         )
@@ -466,7 +466,7 @@ class GraphLearner(Inference):
         model does not match the saved tables is a ConfigError naming the path."""
         learner = cls({} if conf is None else conf, address=address, quiet=quiet)
         try:
-            return learner._load(Path(path))
+            return learner._load(str(path))  # not a Path: it would mangle s3://
         except BaseException:
             learner.shutdown()
             raise

@@ -18,6 +18,7 @@ from angelconf.config import Config, ConfigError
 from angelps import TableSpec, checkpoint_dir
 from decay import ReduceLROnPlateau
 from learners.data import DataOptions
+from learners.job_paths import PATH_KEYS, check_url, is_url
 from learners.model_config import ModelConfig
 from learners.models import build_model, model_class
 from learners.plan import TrainPlan
@@ -59,7 +60,9 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         raise ConfigError(
             "angel.train.data.path is not set: expected the path of the training data"
         )
-    if not Path(str(train_path)).exists():
+    # Object storage first: one bounded check per URL, before anything is written or started.
+    urls = {k for k in PATH_KEYS if "predict" not in k and check_url(conf, k)}
+    if "angel.train.data.path" not in urls and not Path(str(train_path)).exists():
         raise ConfigError(
             f"angel.train.data.path={train_path} "
             f"({conf.source('angel.train.data.path')}) does not exist"
@@ -84,6 +87,12 @@ def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
     regular file, a non-empty directory of other files (no angelps manifest.json); and one
     whose parent cannot be created or written. ConfigError naming the key, path and reason."""
     where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
+    if is_url(save_path):  # reachable (check_url); only its content is checked here
+        try:
+            checkpoint_dir.check_target(save_path)
+        except (checkpoint_dir.CheckpointError, OSError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return
     path = Path(os.path.realpath(save_path))
     for name, other in (("the current directory", "."), ("the log directory", log_dir)):
         o = Path(os.path.realpath(other))
@@ -117,6 +126,14 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
             raise ConfigError(
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
                 "angel.save.model.path is not set: set it, or drop the key"
+            )
+        if asked and is_url(plan.save_path):
+            # Kept copies are hard links beside the checkpoint, found again by listing
+            # siblings: not done on object storage (docs/object-storage.md).
+            raise ConfigError(
+                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps copies of "
+                f"checkpoints, which needs a local angel.save.model.path, not the URL "
+                f"{plan.save_path}: drop the key (the latest and previous checkpoints are kept)"
             )
     if plan.keep_best and not conf["angel.validate.data.path"]:
         if float(conf["ml.data.validate.ratio"]) <= 0:

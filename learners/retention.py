@@ -74,7 +74,8 @@ class Checkpoints:
         on_failure: str = "stop",
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        self.path = os.path.abspath(path)
+        # A URL (object storage) as it is: abspath would make s3://b/m a local s3:/b/m.
+        self.path = path if "://" in path else os.path.abspath(path)
         self.keep_last = keep_last
         self.keep_best = keep_best
         self.on_failure = on_failure

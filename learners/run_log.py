@@ -25,7 +25,7 @@ from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
 from learners.progress import JobBar, PlainProgress
-from learners.runs import METRICS, SUMMARY
+from learners.runs import METRICS, SUMMARY, upload_run
 
 __all__ = [
     "RunLog",
@@ -80,6 +80,7 @@ class RunLog:
         tensorboard: bool = False,
         tty: bool | None = None,
         progress_s: float = 0.0,
+        upload_to: str | None = None,
     ) -> None:
         """``progress_s``: seconds between plain progress lines off a terminal (0: none)."""
         self.tty = (_terminal() if tty is None else tty) and not quiet
@@ -89,6 +90,8 @@ class RunLog:
         self.file: IO[str] | None = None
         self.tb: Any = None
         self.progress: JobBar | PlainProgress | None = None
+        #: a log path on object storage: the run (written locally) is copied there
+        self.upload_to = upload_to if upload_to and "://" in upload_to else None
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         if tensorboard:
@@ -153,6 +156,20 @@ class RunLog:
             at = int(obj["step"])
             for tag, value in tb_scalars(obj):
                 self.tb.add_scalar(tag, value, at)
+        if obj.get("kind") == "epoch":
+            self.upload()
+
+    def upload(self) -> None:
+        """Copy the run to ``upload_to`` (object storage); a failure is a warning, never the
+        end of the job (the next epoch's upload copies everything again)."""
+        if self.upload_to is None or self.path is None:
+            return
+        if self.tb is not None:
+            self.tb.flush()
+        try:
+            upload_run(self.path, self.upload_to)
+        except OSError as e:
+            self.warn(f"angelps: warning: cannot copy the run to {self.upload_to}: {e}")
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         """The summary as a line of metrics.jsonl and as ``summary.json`` in the run directory."""
@@ -168,6 +185,8 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        self.upload()
+        self.upload_to = None  # once: close may be called again
 
 
 def start_record(

@@ -6,12 +6,19 @@ A run writes to ``<angel.log.path>/<job>-<yyyymmdd-hhmmss>/`` (``metrics.jsonl``
 unlike a symlink it survives copies, object stores and Windows). :func:`find_run` turns what a
 user types (a run name, a run directory, a log root, a metrics.jsonl path) into that run's
 metrics file.
+
+An ``angel.log.path`` on object storage (``s3://...``) cannot be appended to: the run is written
+into a local staging root (:func:`log_root`, private to the user) and :func:`upload_run` copies
+the run directory and ``latest`` to the URL, whole files replacing whole objects (the learner
+does it after every epoch and when the run ends, also on failure).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +30,10 @@ __all__ = [
     "RunRef",
     "find_run",
     "latest_run",
+    "log_root",
     "new_run_dir",
     "relative_under_ray_job",
+    "upload_run",
 ]
 
 LATEST = "latest"
@@ -67,6 +76,27 @@ def new_run_dir(root: str | os.PathLike[str], job: str, when: float | None = Non
         _point_latest(base, candidate.name)
         return candidate
     raise FileExistsError(f"{base}: 999 runs named {name}-* already exist")
+
+
+def log_root(path: str) -> str:
+    """Where a run under ``angel.log.path`` is written: the path itself, or for a URL a local
+    staging root of its own (the same for the same URL and user; mode 0700)."""
+    if "://" not in path or path.startswith("file://"):
+        return path
+    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+    root = os.path.join(tempfile.gettempdir(), f"angelps-{os.getuid()}", "log-staging", digest)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    return root
+
+
+def upload_run(run_dir: Path, url: str) -> None:
+    """Copy the run directory (every file, whole) to ``<url>/<run name>/``, then ``latest``."""
+    from angelps import fs  # pyarrow: only for a log path on object storage (plot stays light)
+
+    for file in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        rel = file.relative_to(run_dir).as_posix()
+        fs.write_bytes(fs.join(url, run_dir.name, rel), file.read_bytes())
+    fs.write_bytes(fs.join(url, LATEST), (run_dir.name + "\n").encode())
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -124,7 +154,7 @@ def relative_under_ray_job(paths: dict[str, str | None]) -> str | None:
     is relative: it would land in Ray's working directory for the job, deleted with it."""
     if _RAY_JOB_ENV not in os.environ:
         return None
-    rel = [f"{k}={v}" for k, v in paths.items() if v and not os.path.isabs(v)]
+    rel = [f"{k}={v}" for k, v in paths.items() if v and not os.path.isabs(v) and "://" not in v]
     if not rel:
         return None
     return (

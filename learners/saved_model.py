@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, ConfigError
-from angelps import PSClient, TableSpec, checkpoint
+from angelps import PSClient, TableSpec, checkpoint, checkpoint_remote, fs
 from angelps.checkpoint import CheckpointDamaged
 from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
@@ -72,7 +72,7 @@ def restore(path: str, ps: PSClient, workers: WorkerGroup) -> dict[str, Any]:
     """Load a checkpoint into the PS and the workers (to resume it, or to start from its
     weights and optimizer state: ``angel.load.model.path``); the learner section of its
     manifest."""
-    read_extra(Path(path))  # a clear error before the shards are touched
+    read_extra(path)  # a clear error before the shards are touched
     info: dict[str, Any] = ps.load(path)["learner"]
     load_dense(info, workers, path)
     # Clocks restart at 0 after a load: hand the workers fresh clients.
@@ -92,11 +92,11 @@ def dense_blob(info: Mapping[str, Any], where: str) -> bytes:
             raise CheckpointDamaged(
                 f"checkpoint {where}: the worker-side layers in its manifest are damaged ({e})"
             ) from None
-    file = Path(checkpoint.read_manifest(where)["root"]) / str(entry["file"])
+    file = fs.join(checkpoint.read_manifest(where)["root"], str(entry["file"]))
     try:
-        blob = file.read_bytes()
+        blob = fs.read_bytes(file)  # a local file, or an object (s3://...)
     except OSError as e:
-        raise CheckpointDamaged(f"checkpoint file {file} is missing ({e.strerror})") from None
+        raise CheckpointDamaged(f"checkpoint file {file} is missing ({e.strerror or e})") from None
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         raise CheckpointDamaged(
             f"checkpoint file {file} is damaged: its SHA-256 does not match the manifest"
@@ -127,14 +127,15 @@ def resume_point(path: str) -> dict[str, Any]:
     damaged without a sound previous one, it is a CheckpointDamaged naming the file."""
     try:
         root = _verify(path)["root"]
-        if root != os.path.abspath(path):
+        # (On object storage the root is always a generation: a save commits or is not seen.)
+        if not fs.is_remote(path) and root != os.path.abspath(path):
             print(
                 f"angelps: note: resuming from {root} (the latest save did not complete)",
                 file=sys.stderr,
             )
     except CheckpointDamaged as damaged:
         prev = checkpoint.previous(path)
-        if prev is None or not os.path.isdir(path):
+        if prev is None or not (fs.is_remote(path) or os.path.isdir(path)):
             raise
         try:
             _verify(prev)
@@ -142,8 +143,7 @@ def resume_point(path: str) -> dict[str, Any]:
             raise CheckpointDamaged(
                 f"{damaged}; the previous checkpoint is damaged too: {e}"
             ) from None
-        aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
-        os.rename(path, aside)
+        aside = _set_aside(path)
         print(
             f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
             f"(the damaged one is kept as {aside})",
@@ -151,7 +151,16 @@ def resume_point(path: str) -> dict[str, Any]:
         )
     except checkpoint.CheckpointError:
         pass  # not a checkpoint at all: read_extra below says so
-    return read_extra(Path(path))
+    return read_extra(path)
+
+
+def _set_aside(path: str) -> str:
+    """Move the damaged latest checkpoint at ``path`` aside (kept, never removed); where."""
+    if fs.is_remote(path):  # no rename: the pointer goes back to the previous generation
+        return checkpoint_remote.set_aside(path)
+    aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
+    os.rename(path, aside)
+    return aside
 
 
 def _verify(path: str) -> dict[str, Any]:
@@ -163,7 +172,7 @@ def _verify(path: str) -> dict[str, Any]:
     return manifest
 
 
-def read_extra(path: Path) -> dict[str, Any]:
+def read_extra(path: str | Path) -> dict[str, Any]:
     """The ``extra`` of a saved model's manifest; ConfigError when ``path`` holds none,
     CheckpointDamaged (naming the file) when its manifest is damaged."""
     try:

@@ -17,13 +17,13 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
 from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.files import replace_atomically
-from learners.job_paths import absolute_paths
+from learners.job_paths import absolute_paths, check_url
 
 if TYPE_CHECKING:
     import numpy as np
@@ -143,6 +143,8 @@ def check_model(conf: Config, action: JobAction, verb: str) -> str:
             f"{_LOAD} is not set: {verb} needs a saved model "
             f"(--{_LOAD} DIR, --model DIR or {_LOAD} in the job file)"
         )
+    if check_url(conf, _LOAD):
+        return action.model_path
     if not Path(action.model_path).is_dir():
         raise ConfigError(f"{_shown(conf, _LOAD)}: no saved model there (no such directory)")
     return action.model_path
@@ -155,19 +157,25 @@ def check_input(conf: Config, action: JobAction, verb: str) -> str:
             f"{_DATA} is not set: {verb} needs an input "
             f"(--{_DATA} PATH, --input PATH or {_DATA} in the job file)"
         )
+    if check_url(conf, _DATA):
+        return action.data_path
     if not Path(action.data_path).exists():
         raise ConfigError(f"{_shown(conf, _DATA)}: no such file or directory")
     return action.data_path
 
 
-def check_out(conf: Config, action: JobAction) -> Path:
+def check_out(conf: Config, action: JobAction) -> Path | str:
     """The file the predictions go to: a .csv/.parquet name whose directory exists and is
-    writable, or a directory (created when its parent exists) that gets predictions.csv."""
+    writable, or a directory (created when its parent exists) that gets predictions.csv; on
+    object storage, a URL in a bucket that answers (one object, written whole)."""
     if action.out_path is None:
         raise ConfigError(
             f"{_OUT} is not set: prediction needs an output "
             f"(--{_OUT} FILE.csv, --out FILE.csv or {_OUT} in the job file)"
         )
+    if check_url(conf, _OUT):
+        url = action.out_path.rstrip("/")
+        return url if url.lower().endswith((".csv", ".parquet")) else f"{url}/{PREDICTIONS_FILE}"
     out = Path(action.out_path)
     is_file = out.suffix.lower() in (".csv", ".parquet")
     if is_file and out.is_dir():
@@ -185,11 +193,13 @@ def check_out(conf: Config, action: JobAction) -> Path:
     return out if is_file else out / PREDICTIONS_FILE
 
 
-def write_predictions(pred: Mapping[str, np.ndarray], out: Path) -> int:
+def write_predictions(pred: Mapping[str, np.ndarray], out: Path | str) -> int:
     """``pred`` (pred, label) as CSV or Parquet by ``out``'s suffix, written to a temporary
-    file renamed into place; the number of rows."""
+    file renamed into place (a URL: one object, written whole); the number of rows."""
     import pyarrow as pa  # only when predicting
 
+    if isinstance(out, str):
+        return _write_url(pa.table({k: pred[k] for k in ("pred", "label") if k in pred}), out)
     out.parent.mkdir(exist_ok=True)  # a directory output whose parent exists (checked)
     table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
 
@@ -204,6 +214,25 @@ def write_predictions(pred: Mapping[str, np.ndarray], out: Path) -> int:
             pacsv.write_csv(table, tmp)
 
     replace_atomically(out, write)
+    return int(table.num_rows)
+
+
+def _write_url(table: Any, url: str) -> int:
+    """``table`` as one object at ``url`` (object storage has no rename: a PUT is atomic)."""
+    import pyarrow as pa
+
+    from angelps import fs
+
+    sink = pa.BufferOutputStream()
+    if url.lower().endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, sink)
+    else:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, sink)
+    fs.write_bytes(url, sink.getvalue())
     return int(table.num_rows)
 
 

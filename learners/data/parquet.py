@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from angelps import fs
 from learners.data.batch import Batch, first_repeats
 from learners.data.options import DataOptions
 from learners.data.problems import DataError
@@ -30,7 +31,7 @@ _FLOAT32_MAX = np.finfo(np.float32).max
 def open_parquet(file: str, opts: DataOptions) -> tuple[pq.ParquetFile, list[str]]:
     """The file and the columns to read from it; DataError when it is not Parquet or lacks one."""
     try:
-        pf = pq.ParquetFile(file)
+        pf = pq.ParquetFile(fs.input_file(file))  # a URL opened through pyarrow.fs
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{file}: not a readable Parquet file ({e})") from None
     names = pf.schema_arrow.names

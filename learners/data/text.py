@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from angelps import fs
 from learners.data.batch import Batch, first_repeats
 from learners.data.diagnose import why_bad
 from learners.data.options import DataOptions
@@ -129,7 +130,8 @@ def line_blocks(file: str, block_bytes: int) -> Iterator[tuple[pa.Array, int]]:
     first = 0
     carry = b""
     # compression="detect" reads .gz, .bz2, .zst, .lz4 by the file's suffix.
-    with pa.input_stream(file, compression="detect") as f:
+    # A URL (s3://...) is read through pyarrow.fs; a local path exactly as before.
+    with fs.open_input_stream(file, compression="detect") as f:
         while True:
             buf = f.read(block_bytes)
             if not buf:
