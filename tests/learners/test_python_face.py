@@ -129,7 +129,7 @@ def test_a_loaded_model_is_placed_as_the_keys_say(trained) -> None:
         pred = learner.predict(trained["data"])["pred"]
     assert groups() == []
     assert pred.shape == (ROWS,)
-    with pytest.raises(ConfigError, match="angel.worker.resources"):
+    with pytest.raises(ConfigError, match=r"angel\.worker\.resources"):
         GraphLearner.load(trained["model"], {"angel.worker.resources": "infer:2"})
 
 
