@@ -199,8 +199,10 @@ class GraphLearner(Inference):
         self._start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
-        progress_s = PROGRESS_EVERY.read(self.conf)
-        log = RunLog(run_dir, self.quiet, plan.tensorboard, progress_s, upload_to=plan.log_dir)
+        progress_s = PROGRESS_EVERY.read(self.conf)  # plain progress lines off a terminal
+        log = RunLog(
+            run_dir, self.quiet, plan.tensorboard, progress_s=progress_s, upload_to=plan.log_dir
+        )
         note = relative_under_ray_job(
             {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
         )

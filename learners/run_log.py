@@ -78,6 +78,7 @@ class RunLog:
         path: Path | None,
         quiet: bool = False,
         tensorboard: bool = False,
+        *,
         tty: bool | None = None,
         progress_s: float = 0.0,
         upload_to: str | None = None,
