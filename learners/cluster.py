@@ -96,7 +96,18 @@ def start_or_join(cli_address: str | None, timeout_s: float) -> None:
         return
     what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
     probe(_resolve(address, what), timeout_s, what)
-    ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+    except ConnectionError as e:
+        # The port answered (probe), so the likely cause is Ray's token authentication: Ray
+        # 2.60 sends the token only under RAY_AUTH_MODE=token, even with one at hand, and a
+        # cluster started with tokens then refuses the job after ~25 s of GCS warnings.
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        raise ConfigError(
+            f"{what}: Ray refused the connection ({e}); a cluster started with token "
+            f"authentication needs RAY_AUTH_MODE=token (now {mode}) and its token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in this shell"
+        ) from None
 
 
 def _resolve(address: str, what: str) -> str:

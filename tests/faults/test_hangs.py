@@ -117,6 +117,30 @@ def test_start_or_join_forces_a_new_local_ray_and_joins_without_resources(
     assert calls[-1] == {"address": address, "namespace": "angelps", "log_to_driver": True}
 
 
+def test_a_cluster_that_refuses_the_job_names_ray_s_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What Ray raises, after ~25 s of GCS warnings, when a cluster started with token
+    # authentication is joined from a shell without RAY_AUTH_MODE=token.
+    def refused(**kw: object) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kw['address']}")
+
+    monkeypatch.setattr(cluster.ray, "init", refused)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        with pytest.raises(ConfigError) as e:
+            cluster.start_or_join(address, 1.0)
+    assert str(e.value) == (
+        f"--address {address}: Ray refused the connection (Failed to connect to Ray cluster "
+        f"at {address}); a cluster started with token authentication needs "
+        "RAY_AUTH_MODE=token (now unset) and its token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+        "~/.ray/auth_token) in this shell"
+    )
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
