@@ -21,8 +21,7 @@ from learners import saved_model
 from learners.data import DataOptions
 from learners.inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.metrics import validation_metrics
-from learners.model_config import ModelConfig
-from learners.models import model_class
+from learners.model_config import ModelConfig, model_info
 from learners.placement import Layout
 from learners.plan import JobSize, TrainPlan
 from learners.run_log import jsonable
@@ -55,7 +54,7 @@ class Inference:
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
-        return model_class(str(self.conf["ml.model.class.name"])).task
+        return model_info(str(self.conf["ml.model.class.name"])).task
 
     def _load(self: _L, p: str) -> _L:
         """Start one worker and the PS from the saved model in ``p`` (a directory or a URL)."""

@@ -40,8 +40,7 @@ from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
-from learners.model_config import ModelConfig
-from learners.models import model_class
+from learners.model_config import ModelConfig, model_info
 from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import (
@@ -264,7 +263,7 @@ class GraphLearner(Inference):
         the whole-job progress bar."""
         assert self._size is not None
         plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
-        model = model_class(_model_name(conf))
+        model = model_info(_model_name(conf))
         log.record(
             start_record(
                 run_dir.name, conf, plan, self._size, model.angel_name, progress.next_epoch
@@ -300,7 +299,7 @@ class GraphLearner(Inference):
                 self.ps_options,
                 self._size,
                 self._tables,
-                model_class(_model_name(self.conf)).angel_name,
+                model_info(_model_name(self.conf)).angel_name,
                 dense_params,
                 self.sched,
             )
@@ -390,7 +389,7 @@ class GraphLearner(Inference):
         plan, size = self.plan, self._size
         last = progress.history[-1] if progress.history else {}
         summary = {
-            "model": model_class(_model_name(self.conf)).angel_name,
+            "model": model_info(_model_name(self.conf)).angel_name,
             "epochs": len(progress.history),
             "workers": plan.workers,
             "global_batch": size.batch_size * plan.workers * plan.accum,
@@ -438,7 +437,7 @@ class GraphLearner(Inference):
             "best": progress.best,
             "best_epoch": progress.best_epoch,
             "since_best": progress.since_best,
-            "model": model_class(_model_name(conf)).angel_name,
+            "model": model_info(_model_name(conf)).angel_name,
             "num_features": self._size.num_features,
             "num_fields": self._size.num_fields,
             "tables": [t.to_dict() for t in self._tables],

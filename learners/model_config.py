@@ -12,14 +12,24 @@ lives in its :class:`~angelconf.config.Key` declaration below, none in the datac
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import Key, positive
+from angelconf.config import ConfigError, Key, positive
 
-__all__ = ["ACTIVATIONS", "ANGEL_CLASSES", "KEYS", "ModelConfig", "model_name"]
+__all__ = [
+    "ACTIVATIONS",
+    "ANGEL_CLASSES",
+    "KEYS",
+    "MODEL_INFO",
+    "ModelConfig",
+    "ModelInfo",
+    "model_info",
+    "model_name",
+]
 
 #: The activation names ``ml.model.activations`` accepts (lower case).
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "identity", "gelu", "leaky_relu")
@@ -70,6 +80,50 @@ def model_name(name: str) -> str:
     stripped = name.strip()
     by_lower = {k.lower(): v for k, v in ANGEL_CLASSES.items()}
     return by_lower.get(stripped.lower(), stripped)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the driver needs to know of a model before any model class (and torch) loads: its
+    name, its task (what its metrics are) and whether it needs one id per field. The model
+    classes of learners/models.py say the same (tests/learners/test_models.py pins it)."""
+
+    angel_name: str
+    task: str = "binary"
+    needs_fields: bool = False
+
+
+MODEL_INFO: dict[str, ModelInfo] = {
+    i.angel_name: i
+    for i in (
+        ModelInfo("LogisticRegression"),
+        ModelInfo("SupportVectorMachine"),
+        ModelInfo("SoftmaxRegression", task="multiclass"),
+        ModelInfo("MixedLogisticRegression"),
+        ModelInfo("LinearRegression", task="regression"),
+        ModelInfo("RobustRegression", task="regression"),
+        ModelInfo("FactorizationMachines"),
+        ModelInfo("DeepFM", needs_fields=True),
+        ModelInfo("WideAndDeep", needs_fields=True),
+        ModelInfo("NeuralFactorizationMachines"),
+        ModelInfo("ProductNeuralNetwork", needs_fields=True),
+        ModelInfo("DNN"),
+    )
+}
+
+
+def model_info(name: str) -> ModelInfo:
+    """The model of ``ml.model.class.name`` (case-insensitive; Angel's qualified names are
+    aliases); an unknown name lists the valid ones, closest first."""
+    by_lower = {k.lower(): v for k, v in MODEL_INFO.items()}
+    info = by_lower.get(model_name(name).lower())
+    if info is not None:
+        return info
+    ranked = difflib.get_close_matches(name, list(MODEL_INFO), n=len(MODEL_INFO), cutoff=0.0)
+    raise ConfigError(
+        f"ml.model.class.name={name} is not a known model; valid names (closest first): "
+        f"{', '.join(ranked)}"
+    )
 
 
 MODEL_CLASS_NAME = Key(

@@ -41,7 +41,6 @@ DNN                        MLP(act(W·x + b)), the first layer a sparse PS table
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Sequence
 from typing import ClassVar
@@ -51,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from angelconf.config import ConfigError
-from learners.model_config import ModelConfig, model_name
+from learners.model_config import ModelConfig, model_info
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl
 
@@ -447,16 +446,9 @@ MODELS: dict[str, type[BaseModel]] = {
 
 
 def model_class(name: str) -> type[BaseModel]:
-    """The model class for an Angel name (case-insensitive); unknown names list the valid ones."""
-    by_lower = {k.lower(): v for k, v in MODELS.items()}
-    cls = by_lower.get(model_name(name).lower())  # Angel's qualified names are aliases
-    if cls is not None:
-        return cls
-    ranked = difflib.get_close_matches(name, list(MODELS), n=len(MODELS), cutoff=0.0)
-    raise ConfigError(
-        f"ml.model.class.name={name} is not a known model; valid names (closest first): "
-        f"{', '.join(ranked)}"
-    )
+    """The model class for an Angel name (case-insensitive); unknown names list the valid ones
+    (:func:`learners.model_config.model_info`, which the driver uses without torch)."""
+    return MODELS[model_info(name).angel_name]
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None) -> BaseModel:

@@ -30,7 +30,6 @@ from learners.failover import gather
 from learners.placement import Layout
 from learners.plan import TrainPlan
 from learners.terminate import retake_sigterm
-from learners.worker import remote_worker_class
 
 __all__ = ["WorkerGroup", "get"]
 
@@ -61,6 +60,10 @@ class WorkerGroup:
         layout: Layout | None = None,
     ) -> None:
         """``layout``: where each worker goes (custom resources, placement group bundle)."""
+        # Here, not at the top: the driver imports this module before Ray starts, and the
+        # worker's module imports torch (loaded meanwhile, see learners.learner._start_ray).
+        from learners.worker import remote_worker_class
+
         retake_sigterm()  # Ray is up and took SIGTERM over: a kill unwinds the driver again
         cls = remote_worker_class(plan.worker_cpus, plan.worker_gpus)
         n = plan.workers

@@ -125,6 +125,25 @@ def test_a_cpu_shard_process_loads_no_torch() -> None:
     assert run.stdout.strip() == "False"
 
 
+def test_the_driver_checks_a_job_and_starts_ray_before_torch_loads() -> None:
+    # The learner and its checks load no torch: the driver imports it in a background thread
+    # while Ray starts (learners/cluster.py, learners/startup.py preload).
+    code = (
+        "import sys\n"
+        "import learners.learner, learners.preflight, learners.inference, learners.cli.train\n"
+        "from learners.model_config import model_info\n"
+        "assert model_info('deepfm').needs_fields\n"
+        "print('torch' in sys.modules)\n"
+        "from learners.startup import preload\n"
+        "preload('torch').join()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.split() == ["False", "True"]
+
+
 def test_all_three_packages_exist() -> None:
     for pkg in ALLOWED:
         assert (ROOT / pkg / "__init__.py").exists(), pkg

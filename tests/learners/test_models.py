@@ -69,6 +69,17 @@ def test_registry_has_every_angel_model():
     assert model_class("  logisticregression ") is models.LogisticRegression
 
 
+def test_the_driver_s_model_table_says_what_the_classes_say():
+    """learners.model_config.MODEL_INFO (torch-free, read by the driver before Ray starts)
+    agrees with the model classes, name for name."""
+    from learners.model_config import MODEL_INFO
+
+    assert list(MODEL_INFO) == list(MODELS)
+    for name, cls in MODELS.items():
+        info = MODEL_INFO[name]
+        assert (info.task, info.needs_fields) == (cls.task, cls.needs_fields), name
+
+
 def test_unknown_model_lists_valid_names_closest_first():
     with pytest.raises(ConfigError) as e:
         model_class("LogisticRegresion")
