@@ -1,8 +1,7 @@
 """`python -m angelps` does what the `angelps` script does: the command line of learners."""
 
-import sys
 
-from learners.cli.main import main
+from learners.cli.main import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

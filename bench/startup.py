@@ -120,6 +120,7 @@ def _child(t_parent: float) -> None:
     if rc != 0:
         raise SystemExit(rc)
     print("EVENTS " + json.dumps(events), flush=True)
+    cli_main.end(rc)  # as the `angelps` script ends
 
 
 def _load() -> str:

@@ -168,3 +168,17 @@ def test_config_only_verbs_import_neither_torch_nor_ray(argv: list[str], heavy_a
     """`angelps conf`, `schedule`, `--help` and a typo's error answer without the heavy stack."""
     code = f"from learners.cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
     assert heavy_after(code) == []
+
+
+def test_the_script_ends_at_once_after_its_own_ray_with_its_code_and_all_its_output() -> None:
+    # Ray loaded but not connected (a job that stopped its own Ray): os._exit after a flush.
+    code = (
+        "import sys, ray\n"
+        "from learners.cli.main import end\n"
+        "print('last line', end='')\n"
+        "sys.stderr.write('warned')\n"
+        "end(3)\n"
+        "print('never')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (run.returncode, run.stdout, run.stderr) == (3, "last line", "warned")
