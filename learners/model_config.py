@@ -86,7 +86,7 @@ def model_name(name: str) -> str:
 class ModelInfo:
     """What the driver needs to know of a model before any model class (and torch) loads: its
     name, its task (what its metrics are) and whether it needs one id per field. The model
-    classes of learners/models.py say the same (tests/learners/test_models.py pins it)."""
+    classes of learners/models.py take theirs from here (``BaseModel.__init_subclass__``)."""
 
     angel_name: str
     task: str = "binary"

@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from angelconf.config import ConfigError
-from learners.model_config import ModelConfig, model_info
+from learners.model_config import MODEL_INFO, ModelConfig, model_info
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl
 
@@ -78,12 +78,20 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 class BaseModel(nn.Module):
     """Common interface: declared tables, forward over pulled rows, loss, prediction."""
 
-    #: "binary", "multiclass" or "regression": which labels, metrics and prediction apply.
-    task: ClassVar[str] = "binary"
     #: Angel's class name (the registry key).
     angel_name: ClassVar[str] = ""
+    #: "binary", "multiclass" or "regression": which labels, metrics and prediction apply.
+    task: ClassVar[str] = "binary"
     #: True when the model needs one id per field (exactly ml.fm.field.num non-zeros per row).
     needs_fields: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Task and field needs are stated once, in learners.model_config.MODEL_INFO, which the
+        # driver reads without torch; a model class takes them from there.
+        super().__init_subclass__(**kwargs)
+        info = MODEL_INFO.get(cls.__dict__.get("angel_name", ""))
+        if info is not None:
+            cls.task, cls.needs_fields = info.task, info.needs_fields
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -188,7 +196,6 @@ class SoftmaxRegression(BaseModel):
     """Multinomial logistic regression: ``softmax(W·x + b)`` over ``ml.num.class`` classes."""
 
     angel_name = "SoftmaxRegression"
-    task = "multiclass"
 
     def tables(self) -> list[TableDecl]:
         return _linear_tables(self.cfg, self.cfg.num_class)
@@ -247,7 +254,6 @@ class LinearRegression(BaseModel):
     """``f = w·x + b`` with Angel's L2 loss ``½(f − y)²`` (mean over the batch)."""
 
     angel_name = "LinearRegression"
-    task = "regression"
 
     def tables(self) -> list[TableDecl]:
         return _linear_tables(self.cfg, 1)
@@ -317,7 +323,6 @@ class WideAndDeep(_WideEmbedding):
     """Wide & Deep: wide linear part + an MLP over the concatenated field embeddings."""
 
     angel_name = "WideAndDeep"
-    needs_fields = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -365,7 +370,6 @@ class ProductNeuralNetwork(_WideEmbedding):
     """PNN (inner product): wide + MLP(concat(field embeddings, all pairwise inner products))."""
 
     angel_name = "ProductNeuralNetwork"
-    needs_fields = True
     pair_i: Tensor
     pair_j: Tensor
 

@@ -71,7 +71,7 @@ def test_registry_has_every_angel_model():
 
 def test_the_driver_s_model_table_says_what_the_classes_say():
     """learners.model_config.MODEL_INFO (torch-free, read by the driver before Ray starts)
-    agrees with the model classes, name for name."""
+    names every model class, and each class carries its entry's task and field needs."""
     from learners.model_config import MODEL_INFO
 
     assert list(MODEL_INFO) == list(MODELS)
