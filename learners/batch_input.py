@@ -121,6 +121,6 @@ class BatchInput:
         y = np.asarray(batch.labels, dtype=np.float32)
         if self.model.task == "binary":
             y = np.asarray(binary_labels01(y), dtype=np.float32)
-        # Checked and converted on the host (no device sync), then sent up.
+        # Checked and converted on the host (no device sync), then sent up (on a GPU only).
         host = self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y)))
-        return to_device(host.numpy(), self.device)
+        return host if self.device.type == "cpu" else to_device(host.numpy(), self.device)

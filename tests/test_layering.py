@@ -87,6 +87,14 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
     ]
 
 
+def _fresh(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter (what a process imports from nothing)."""
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return run.stdout.strip()
+
+
 def test_importing_decay_loads_no_heavy_library() -> None:
     # Every decay module but the torch adapter, in a fresh interpreter: the config-only verbs
     # (`angelps conf`, `angelps schedule`) rely on it.
@@ -99,10 +107,8 @@ def test_importing_decay_loads_no_heavy_library() -> None:
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
         "print(','.join(heavy))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert run.stdout.strip() == "", f"importing decay loaded {run.stdout.strip()}"
+    out = _fresh(code)
+    assert out == "", f"importing decay loaded {out}"
 
 
 def test_a_cpu_shard_process_loads_no_torch() -> None:
@@ -119,10 +125,7 @@ def test_a_cpu_shard_process_loads_no_torch() -> None:
         "s.push(0, 0, {'s': (np.arange(3), np.ones((3, 2), np.float32))}, 0.1)\n"
         "print('torch' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert run.stdout.strip() == "False"
+    assert _fresh(code) == "False"
 
 
 def test_the_driver_checks_a_job_and_starts_ray_before_torch_loads() -> None:
@@ -138,10 +141,7 @@ def test_the_driver_checks_a_job_and_starts_ray_before_torch_loads() -> None:
         "preload('torch').join()\n"
         "print('torch' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert run.stdout.split() == ["False", "True"]
+    assert _fresh(code).split() == ["False", "True"]
 
 
 def test_all_three_packages_exist() -> None:
