@@ -17,8 +17,9 @@ Both answer ``lookup(keys) -> slots`` with -1 for absent keys.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from pandas._libs.hashtable import Int64HashTable
 
 from angelps.partition import Partitioner
 from angelps.table import TableSpec
@@ -32,13 +33,23 @@ __all__ = ["DIRECT_MAX", "DirectIndex", "HashIndex", "KeyIndex", "direct_span", 
 DIRECT_MAX = 1 << 24
 
 
+def _hash_table(size: int) -> Any:
+    """A khash ``Int64HashTable`` of ``size`` slots."""
+    # pandas here, not at the top: its import takes 0.3-0.5 s, which only a shard holding a
+    # hash-indexed table needs to pay; the driver and the workers import this module through
+    # the client, and a shard of bounded tables uses DirectIndex alone.
+    from pandas._libs.hashtable import Int64HashTable
+
+    return Int64HashTable(size)
+
+
 class HashIndex:
     """key -> slot in a khash table (any int64 key)."""
 
     kind = "hash"
 
     def __init__(self, size_hint: int = 0) -> None:
-        self._table = Int64HashTable(max(int(size_hint), 1))
+        self._table = _hash_table(max(int(size_hint), 1))
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slots of ``keys`` (int64), -1 where absent."""
@@ -52,7 +63,7 @@ class HashIndex:
 
     def rebuild(self, keys: np.ndarray) -> None:
         """Only ``keys[i] -> i`` (after rows were removed and the rest renumbered)."""
-        self._table = Int64HashTable(max(len(keys), 1))
+        self._table = _hash_table(max(len(keys), 1))
         if len(keys):
             self.insert(keys, np.arange(len(keys), dtype=np.int64))
 

@@ -10,13 +10,20 @@ Each round, in fresh subprocesses:
 - ``job``: ``angelps train --conf conf/lr_a9a.properties --set ml.epoch.num=1`` (no checkpoint,
   nothing written), its whole wall time;
 - ``phases``: the same job once more, run in-process by this script with timestamps taken
-  around Ray's calls (``ray.init``, the workers' first answers, the shard launch, the first
-  ``run_steps``, ``ray.shutdown``), so the seconds of each start-up phase work on any version
-  of the code: imports, config, ray.init, workers, shards, first step, rest of training,
-  shutdown, exit.
+  around Ray's calls (``ray.init``, the first ``run_steps``, ``ray.shutdown``) and at the end of
+  each of the job's start-up lines: imports, config, ray.init, ray up (what the driver waits
+  for after ``ray.init``), workers (their data; the shards when they start alongside), shards,
+  model, first step, rest of training, shutdown, exit.
 
 Prints one line per round and the medians: the job's wall time, the bare time, their ratio
 (the issue's target: at most 1.4) and the seconds from Ray up to the first step (target: 3).
+
+    python bench/startup.py --join          # the same job joining a running cluster
+
+``--join`` starts a head once (``scripts/ray-cluster start --num-cpus 2``, token authentication,
+its own process group and state folder), then each round runs the timed job with ``--address``
+to it and the whole job once more; it prints the seconds to the first step counted from the
+command's start and from the join's start (target: 4), and stops the head at the end.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,10 +48,16 @@ QUIET = ["--set", "angel.save.model.path=", "--set", "angel.log.path="]
 BARE = "import ray; ray.init(num_cpus=2); ray.shutdown()"
 
 
+#: Set by --join: the environment that reaches the head (token) and the job's --address.
+HEAD_ENV: dict[str, str] = {}
+ADDRESS: list[str] = []
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
     env.pop("RAY_ADDRESS", None)
+    env.update(HEAD_ENV)
     return env
 
 
@@ -59,13 +75,13 @@ def run_bare() -> float:
 
 
 def run_job() -> tuple[float, str]:
-    return _timed([sys.executable, "-m", "angelps", "train", *JOB, *QUIET])
+    return _timed([sys.executable, "-m", "angelps", "train", *JOB, *QUIET, *ADDRESS])
 
 
 def run_phases() -> dict[str, float]:
     """The job in a child that timestamps its phases; returns seconds per phase."""
     t0 = time.time()
-    wall, out = _timed([sys.executable, __file__, "--child", str(t0)])
+    wall, out = _timed([sys.executable, __file__, "--child", str(t0), *ADDRESS])
     line = next(x for x in out.splitlines() if x.startswith("EVENTS "))
     events = json.loads(line.removeprefix("EVENTS "))
     events["exit"] = t0 + wall
@@ -79,16 +95,25 @@ def run_phases() -> dict[str, float]:
 
 # --- the child: the job with timestamps -----------------------------------------------------
 
+#: The job's start-up lines (their first words) and the phase each ends.
+_PHASES = (
+    ("starting", "ray up"),  # ray.init, and whatever the driver waits for after it
+    ("joining", "ray up"),
+    ("reserving", "placement"),
+    ("loading data", "workers"),
+    ("launching", "shards"),
+    ("building", "model"),
+)
 
-def _child(t_parent: float) -> None:
+
+def _child(t_parent: float, address: list[str]) -> None:
     events: dict[str, float] = {"python": time.time()}
     from learners.cli import main as cli_main  # the CLI's own imports
 
     events["imports"] = time.time()
     import ray
 
-    from angelps import client as ps_client
-    from learners import worker_group
+    from learners import startup, worker_group
 
     def wrap(obj: Any, name: str, before: str | None, after: str) -> None:
         fn = getattr(obj, name)
@@ -104,23 +129,65 @@ def _child(t_parent: float) -> None:
 
     wrap(ray, "init", "config", "ray.init")
     wrap(ray, "shutdown", "rest of training", "shutdown")
-    wrap(ps_client, "launch_shards", None, "shards")
+    # The job's own start-up lines (learners.startup.Phases) end the phases after ray.init.
+    done = startup.Phases.done
+
+    def timed_done(self: Any, label: str, seconds: float) -> None:
+        for prefix, name in _PHASES:
+            if label.startswith(prefix):
+                events.setdefault(name, time.time())
+        done(self, label, seconds)
+
+    startup.Phases.done = timed_done  # type: ignore[method-assign]
     execute = worker_group.WorkerGroup.execute
 
     def timed_execute(self: Any, method: str, *a: Any, **kw: Any) -> Any:
         out = execute(self, method, *a, **kw)
-        name = {"data_summary": "workers", "run_steps": "first step"}.get(method)
-        if name:
-            events.setdefault(name, time.time())
+        if method == "run_steps":
+            events.setdefault("first step", time.time())
         return out
 
     worker_group.WorkerGroup.execute = timed_execute  # type: ignore[method-assign]
     os.environ.pop("RAY_ADDRESS", None)
-    rc = cli_main.main(["train", *JOB, *QUIET])
+    rc = cli_main.main(["train", *JOB, *QUIET, *address])
     if rc != 0:
         raise SystemExit(rc)
     print("EVENTS " + json.dumps(events), flush=True)
     cli_main.end(rc)  # as the `angelps` script ends
+
+
+def start_head() -> Path:
+    """A head of its own (scripts/ray-cluster): its state folder, after HEAD_ENV and ADDRESS
+    are set to join it."""
+    state = Path(tempfile.mkdtemp(prefix="angelps-b-"))  # short: Ray's Unix sockets live here
+    env = {k: v for k, v in _env().items() if not k.startswith("RAY_")}
+    env.update(ANGELPS_RAY_DIR=str(state), ANGELPS_VENV=str(Path(sys.executable).parent.parent))
+    script = str(REPO / "scripts" / "ray-cluster")
+    p = subprocess.run(
+        [script, "start", "--num-cpus", "2", "--dashboard-port", _free_port()],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode != 0:
+        raise SystemExit(f"the head did not start:\n{p.stdout}{p.stderr}")
+    HEAD_ENV.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"))
+    ADDRESS[:] = ["--address", (state / "gcs_address").read_text().strip()]
+    return state
+
+
+def stop_head(state: Path) -> None:
+    env = {k: v for k, v in _env().items() if not k.startswith("RAY_")}
+    env["ANGELPS_RAY_DIR"] = str(state)
+    subprocess.run([str(REPO / "scripts" / "ray-cluster"), "stop"], env=env, capture_output=True)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def _load() -> str:
@@ -134,10 +201,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    p.add_argument("--join", action="store_true", help="join a running cluster (--address)")
     p.add_argument("--child", metavar="T0", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args, rest = p.parse_known_args()
     if args.child:
-        _child(float(args.child))
+        _child(float(args.child), rest)
+        return
+    if args.join:
+        state = start_head()
+        try:
+            join_rounds(args)
+        finally:
+            stop_head(state)
         return
     print(f"load before: {_load()}")
     rows = []
@@ -145,7 +220,10 @@ def main() -> None:
         bare = run_bare()
         job, out = run_job()
         phases = run_phases()
-        ray_up = sum(v for k, v in phases.items() if k in ("workers", "shards", "first step"))
+        names = list(phases)
+        ray_up = sum(
+            phases[k] for k in names[names.index("ray.init") + 1 : names.index("first step") + 1]
+        )
         rows.append({"bare_s": bare, "job_s": job, "ratio": job / bare, "phases": phases})
         shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
         print(
@@ -168,6 +246,41 @@ def main() -> None:
         Path(args.json).write_text(
             json.dumps({"rounds": rows, "median": med, "median_phases": med_phases}, indent=2)
         )
+
+
+def join_rounds(args: argparse.Namespace) -> None:
+    """Rounds of the job joining the head: seconds to the first step from the command's start
+    and from the join's start (the phases after config), and the whole job's wall time."""
+    print(f"load before: {_load()}")
+    rows = []
+    for r in range(args.rounds):
+        phases = run_phases()
+        job, out = run_job()
+        names = list(phases)
+        upto = names[: names.index("first step") + 1]
+        from_cmd = sum(phases[k] for k in upto)
+        from_join = sum(phases[k] for k in upto[upto.index("ray.init") :])
+        rows.append(
+            {"job_s": job, "from_command_s": from_cmd, "from_join_s": from_join, "phases": phases}
+        )
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+        print(
+            f"round {r + 1}: first step {from_cmd:.2f} s after the command, {from_join:.2f} s "
+            f"after the join started; whole job {job:.2f} s; phases: {shown}",
+            flush=True,
+        )
+    print(f"load after: {_load()}")
+    med = {
+        k: statistics.median(r[k] for r in rows) for k in ("job_s", "from_command_s", "from_join_s")
+    }
+    print(
+        f"median: first step {med['from_command_s']:.2f} s after the command, "
+        f"{med['from_join_s']:.2f} s after the join started (target < 4); job {med['job_s']:.2f} s"
+    )
+    print("last job's console:\n" + out)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"rounds": rows, "median": med}, indent=2))
 
 
 if __name__ == "__main__":

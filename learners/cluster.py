@@ -34,7 +34,6 @@ from angelconf.config import ConfigError
 from angelps import PSOptions
 from learners.placement import Placement
 from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
-from learners.startup import preload
 
 __all__ = [
     "Ask",
@@ -75,17 +74,7 @@ def start_label(cli_address: str | None) -> str:
 
 
 def start_or_join(cli_address: str | None, timeout_s: float) -> None:
-    """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``;
-    meanwhile torch loads in the background (learners.startup.preload)."""
-    loading = preload("torch")
-    try:
-        _start_or_join(cli_address, timeout_s)
-    finally:
-        if loading.is_alive():
-            loading.join()
-
-
-def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
+    """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``."""
     address, source = job_address(cli_address)
     if address is None:
         # Ray warns, at every start, that a new local instance enables token authentication:

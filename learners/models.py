@@ -41,7 +41,6 @@ DNN                        MLP(act(W·x + b)), the first layer a sparse PS table
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +50,7 @@ from torch import Tensor, nn
 
 from angelconf.config import ConfigError
 from learners.model_config import MODEL_INFO, ModelConfig, model_info
+from learners.model_tables import DNN_HIDDEN, model_tables
 from learners.sparse_input import SparseInput
 from learners.tables import TableDecl
 
@@ -98,8 +98,9 @@ class BaseModel(nn.Module):
         self.cfg = cfg
 
     def tables(self) -> list[TableDecl]:
-        """The PS tables this model reads (sparse weights, embeddings, biases)."""
-        raise NotImplementedError
+        """The PS tables this model reads (sparse weights, embeddings, biases): stated once, in
+        learners.model_tables, which the driver reads without torch."""
+        return model_tables(self.cfg)
 
     def forward(self, x: SparseInput) -> Tensor:
         raise NotImplementedError
@@ -164,18 +165,8 @@ class LogisticRegression(BaseModel):
 
     angel_name = "LogisticRegression"
 
-    def tables(self) -> list[TableDecl]:
-        return _linear_tables(self.cfg, 1)
-
     def forward(self, x: SparseInput) -> Tensor:
         return x.linear("weight", "bias").squeeze(1)
-
-
-def _linear_tables(cfg: ModelConfig, cols: int) -> list[TableDecl]:
-    return [
-        TableDecl("weight", cfg.num_features, cols, True, "inputlayer", cfg.input_std),
-        TableDecl("bias", 1, cols, False, "inputlayer"),
-    ]
 
 
 class SupportVectorMachine(LogisticRegression):
@@ -196,9 +187,6 @@ class SoftmaxRegression(BaseModel):
     """Multinomial logistic regression: ``softmax(W·x + b)`` over ``ml.num.class`` classes."""
 
     angel_name = "SoftmaxRegression"
-
-    def tables(self) -> list[TableDecl]:
-        return _linear_tables(self.cfg, self.cfg.num_class)
 
     def forward(self, x: SparseInput) -> Tensor:
         return x.linear("weight", "bias")
@@ -231,17 +219,6 @@ class MixedLogisticRegression(BaseModel):
 
     angel_name = "MixedLogisticRegression"
 
-    def tables(self) -> list[TableDecl]:
-        n, r = self.cfg.num_features, self.cfg.mlr_rank
-        # The gate needs a non-zero start so the regions differ; Angel used N(0, 1e-5).
-        std = max(self.cfg.input_std, 0.01)
-        return [
-            TableDecl("sigmoid_weight", n, r, True, "inputlayer", std),
-            TableDecl("sigmoid_bias", 1, r, False, "inputlayer"),
-            TableDecl("softmax_weight", n, r, True, "inputlayer", std),
-            TableDecl("softmax_bias", 1, r, False, "inputlayer"),
-        ]
-
     def forward(self, x: SparseInput) -> Tensor:
         z = x.linear("sigmoid_weight", "sigmoid_bias")
         g = F.log_softmax(x.linear("softmax_weight", "softmax_bias"), dim=1)
@@ -254,9 +231,6 @@ class LinearRegression(BaseModel):
     """``f = w·x + b`` with Angel's L2 loss ``½(f − y)²`` (mean over the batch)."""
 
     angel_name = "LinearRegression"
-
-    def tables(self) -> list[TableDecl]:
-        return _linear_tables(self.cfg, 1)
 
     def forward(self, x: SparseInput) -> Tensor:
         return x.linear("weight", "bias").squeeze(1)
@@ -282,14 +256,6 @@ class RobustRegression(LinearRegression):
 
 class _WideEmbedding(BaseModel):
     """Shared tables: a wide linear part and a k-dimensional embedding per feature."""
-
-    def tables(self) -> list[TableDecl]:
-        n, k = self.cfg.num_features, self.cfg.fm_rank
-        return [
-            TableDecl("wide", n, 1, True, "inputlayer", self.cfg.input_std),
-            TableDecl("wide_bias", 1, 1, False, "inputlayer"),
-            TableDecl("embedding", n, k, True, "embedding", self.cfg.embedding_std),
-        ]
 
     def wide(self, x: SparseInput) -> Tensor:
         return x.linear("wide", "wide_bias").squeeze(1)
@@ -399,20 +365,11 @@ class DNN(BaseModel):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        hidden, acts = _hidden(cfg, [500, 100])
+        model_tables(cfg)  # a DNN with no hidden layer is refused there, by name
+        hidden, acts = _hidden(cfg, list(DNN_HIDDEN))
         self.first_act = _ACTIVATIONS[acts[0].lower()]()
         self.first_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.mlp = _mlp(hidden[0], hidden[1:], acts[1:], cfg.dropout, 1)
-        self.h1 = hidden[0]
-
-    def tables(self) -> list[TableDecl]:
-        n = self.cfg.num_features
-        # A sparse first layer initialised like nn.Linear's fan-in scale; zero would stall it.
-        std = max(self.cfg.input_std, 1.0 / math.sqrt(max(n, 1)))
-        return [
-            TableDecl("input", n, self.h1, True, "inputlayer", std),
-            TableDecl("input_bias", 1, self.h1, False, "inputlayer"),
-        ]
 
     def forward(self, x: SparseInput) -> Tensor:
         h = self.first_dropout(self.first_act(x.linear("input", "input_bias")))

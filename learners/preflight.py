@@ -20,6 +20,7 @@ from decay import ReduceLROnPlateau
 from learners.data import DataOptions
 from learners.job_paths import PATH_KEYS, check_url, is_url
 from learners.model_config import ModelConfig, model_info
+from learners.model_tables import model_tables
 from learners.plan import TrainPlan
 from learners.tables import table_specs
 
@@ -177,10 +178,8 @@ def tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[Ta
     fields = data.field_num if data.field_num > 0 else None
     if model_info(str(conf["ml.model.class.name"])).needs_fields and fields is None:
         return None
-    from learners.models import build_model  # torch: loaded by now (learner._start_ray)
-
-    try:
-        model = build_model(ModelConfig.from_config(conf, data.index_range, fields), plan.seed)
+    try:  # learners.model_tables: the tables without building the model (and without torch)
+        tables = model_tables(ModelConfig.from_config(conf, data.index_range, fields))
     except ConfigError:
         return None  # the workers' own build reports it
-    return table_specs(conf, model.tables())
+    return table_specs(conf, tables)

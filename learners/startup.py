@@ -6,24 +6,18 @@
 
 Start-up takes seconds (Ray's processes, the actors' imports, reading the data) and used to
 print nothing until the banner; these lines say where the time goes. :class:`Phases` is a
-standard-library-only helper (imported before Ray and torch).
-
-:func:`preload` imports a module in a background thread: the driver's torch (1.5-3 s of CPU,
-needed once the workers are created) loads while ``ray.init`` mostly waits for Ray's
-processes, instead of before it.
+standard-library-only helper (imported before Ray).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-__all__ = ["Phases", "plural", "preload"]
+__all__ = ["Phases", "plural"]
 
 
 def plural(n: int, what: str) -> str:
@@ -53,20 +47,3 @@ class Phases:
         self.seconds[label] = seconds
         if not self.quiet:
             print(f"{label} ... {seconds:.1f} s", file=self.out or sys.stdout, flush=True)
-
-
-def preload(module: str) -> threading.Thread:
-    """Start importing ``module`` in a daemon thread (nothing when it is loaded already); join
-    the thread before the module is needed. An import error is left for the real import to
-    raise where it is needed."""
-
-    def load() -> None:
-        try:
-            importlib.import_module(module)
-        except Exception:  # raised again, with its context, by the import that needs it
-            pass
-
-    t = threading.Thread(target=load, name=f"angelps-preload-{module}", daemon=True)
-    if module not in sys.modules:
-        t.start()
-    return t

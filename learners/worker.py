@@ -1,7 +1,7 @@
 """One training worker: its part of the data, the model's dense layers, and a PS client handle.
 
-``TrainWorker`` is a plain class (testable in one process); :func:`remote_worker_class` wraps it
-in a Ray actor and :class:`learners.worker_group.WorkerGroup` starts W of them. The driver
+``TrainWorker`` is a plain class (testable in one process); :mod:`learners.worker_actor` builds
+it inside a Ray actor and :class:`learners.worker_group.WorkerGroup` starts W of them. The driver
 (:class:`learners.learner.GraphLearner`) calls ``run_steps`` in chunks so it can show progress;
 every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
 
@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -60,7 +59,7 @@ from learners.step_state import Prefetched, Resolved, RowMap, Rows, StepStats, n
 from learners.tables import TableDecl
 from learners.worker_predict import predict_rows
 
-__all__ = ["StepStats", "TrainWorker", "remote_worker_class"]
+__all__ = ["StepStats", "TrainWorker"]
 
 #: Rows per prediction chunk, in mini-batches (prediction keeps no activations for backward).
 _PREDICT_BATCHES = 32
@@ -489,12 +488,3 @@ class TrainWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def remote_worker_class(num_cpus: float = 1, num_gpus: float = 0) -> Any:
-    """``TrainWorker`` as a Ray actor class."""
-    # No runtime_env: an actor with one of its own cannot use the worker processes Ray starts
-    # in advance (a fresh process, seconds of start-up). Threads are set inside the actor
-    # (torch.set_num_threads in TrainWorker.__init__; Ray sets OMP_NUM_THREADS to the CPUs
-    # of an actor when unset).
-    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainWorker)

@@ -30,6 +30,7 @@ from learners.failover import gather
 from learners.placement import Layout
 from learners.plan import TrainPlan
 from learners.terminate import retake_sigterm
+from learners.worker_actor import remote_worker_class
 
 __all__ = ["WorkerGroup", "get"]
 
@@ -50,7 +51,8 @@ def get(refs: list[ray.ObjectRef], workers: Sequence[int] | None = None) -> list
 
 
 class WorkerGroup:
-    """``plan.workers`` :class:`~learners.worker.TrainWorker` actors (each reads its data part)."""
+    """``plan.workers`` :class:`~learners.worker.TrainWorker` actors (each reads its data part),
+    called by method name (:class:`learners.worker_actor.WorkerActor`: the driver loads no torch)."""
 
     def __init__(
         self,
@@ -60,10 +62,6 @@ class WorkerGroup:
         layout: Layout | None = None,
     ) -> None:
         """``layout``: where each worker goes (custom resources, placement group bundle)."""
-        # Here, not at the top: the driver imports this module before Ray starts, and the
-        # worker's module imports torch (loaded meanwhile, see learners.learner._start_ray).
-        from learners.worker import remote_worker_class
-
         retake_sigterm()  # Ray is up and took SIGTERM over: a kill unwinds the driver again
         cls = remote_worker_class(plan.worker_cpus, plan.worker_gpus)
         n = plan.workers
@@ -79,7 +77,7 @@ class WorkerGroup:
 
     def execute_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """Call ``method`` on every worker; the futures of the answers, in worker order."""
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+        return [a.call.remote(method, *args, **kwargs) for a in self.actors]
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker and wait: the answers, in worker order."""
@@ -87,15 +85,13 @@ class WorkerGroup:
 
     def execute_single(self, index: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on worker ``index`` and wait for its answer."""
-        return get([getattr(self.actors[index], method).remote(*args, **kwargs)], [index])[0]
+        return get([self.actors[index].call.remote(method, *args, **kwargs)], [index])[0]
 
     def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
         if len(args) != len(self.actors):
             raise ValueError(f"{method}: {len(args)} argument tuples for {len(self)} workers")
-        return get(
-            [getattr(a, method).remote(*xs) for a, xs in zip(self.actors, args, strict=True)]
-        )
+        return get([a.call.remote(method, *xs) for a, xs in zip(self.actors, args, strict=True)])
 
     def attach_ps(self, ps: PSClient) -> None:
         """Hand worker ``i`` its PS client handle ``ps.for_worker(i)`` (fresh clocks)."""
@@ -109,7 +105,7 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Leave the process group and stop every actor (errors of dead actors are ignored)."""
-        done = [a.shutdown.remote() for a in self.actors]
+        done = [a.call.remote("shutdown") for a in self.actors]
         # Bounded: a worker still waiting for a dead peer (BSP, all-reduce) is killed below;
         # ray.wait does not raise, so a dead actor's error hides nothing.
         ray.wait(done, num_returns=len(done), timeout=10)

@@ -108,6 +108,31 @@ def test_activation_count_must_match_layers():
         _model(conf, 10)
 
 
+def test_a_dnn_without_hidden_layers_is_refused_by_name():
+    # `ml.model.hidden.layers=` reads as no layer at all: fine for an MLP head, but DNN's first
+    # hidden layer is its PS table (it used to fail with a bare IndexError).
+    conf = _conf_keys({"ml.model.class.name": "DNN", "ml.model.hidden.layers": ""})
+    with pytest.raises(ConfigError) as e:
+        _model(conf, 10)
+    assert str(e.value) == (
+        "ml.model.hidden.layers is empty, but DNN needs at least one hidden layer (its first "
+        "is the sparse PS table): set it (default 500,100) or leave it unset"
+    )
+
+
+def test_the_driver_s_tables_are_the_models_own():
+    # The driver starts the shards from learners.model_tables (no torch); every model class
+    # declares exactly those tables, with the default DNN width among them.
+    from learners.model_tables import model_tables
+
+    for name in MODELS:
+        conf = _conf_keys({"ml.model.class.name": name, "ml.num.class": "3"})
+        cfg = ModelConfig.from_config(conf, 40, 4)
+        assert build_model(cfg, seed=0).tables() == model_tables(cfg), name
+    dnn = ModelConfig.from_config(_conf_keys({"ml.model.class.name": "DNN"}), 40, None)
+    assert [(t.name, t.cols) for t in model_tables(dnn)] == [("input", 500), ("input_bias", 500)]
+
+
 def test_bad_activation_name_is_rejected_by_the_loader():
     with pytest.raises(ConfigError, match=r"ml\.model\.activations=relu,swishy is not valid"):
         _conf_keys({"ml.model.activations": "relu,swishy"})
