@@ -31,6 +31,7 @@ __all__ = [
     "exists",
     "input_file",
     "is_dir",
+    "is_file",
     "is_remote",
     "join",
     "list_dir",
@@ -176,6 +177,11 @@ def exists(path: str) -> bool:
 def is_dir(path: str) -> bool:
     """Whether ``path`` is a directory (on object storage: a prefix holding objects)."""
     return _info(path) == pafs.FileType.Directory
+
+
+def is_file(path: str) -> bool:
+    """Whether ``path`` is a file (on object storage: an object)."""
+    return _info(path) == pafs.FileType.File
 
 
 def list_dir(path: str) -> list[tuple[str, bool]]:

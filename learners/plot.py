@@ -5,7 +5,8 @@ lines (every ``angel.log.every.steps`` updates), ``epoch`` lines (validation) an
 Files written before runs had their own directories may hold several runs appended: a run ends
 at its ``summary`` line, or where the step count goes backwards. Lines of other kinds are
 skipped; a line that is not a JSON object, or a step/epoch line without its step/epoch number,
-is an error naming the file and line.
+is an error naming the file and line. A run on object storage (a URL) is read whole through
+:mod:`angelps.fs`, imported only then.
 
 The figure (:func:`panels` decides what goes where; :func:`plot_runs` draws it): every panel
 shares one x axis, the epoch, counted from 1 as the console counts: training is drawn at its
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from learners.runs import is_url
 
 __all__ = [
     "FAMILIES",
@@ -160,11 +163,11 @@ def _check_values(obj: dict[str, Any], where: str) -> None:
                 raise ValueError(f"{where}: '{k}' should be a number or null, found {v!r}")
 
 
-def _parse(p: Path, lineno: int, line: str) -> dict[str, Any] | None:
+def _parse(file: str, lineno: int, line: str) -> dict[str, Any] | None:
     text = line.strip()
     if not text:
         return None
-    where = f"{p}:{lineno}"
+    where = f"{file}:{lineno}"
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -179,41 +182,59 @@ def _parse(p: Path, lineno: int, line: str) -> dict[str, Any] | None:
     return obj
 
 
-def read_metrics(path: str | Path, name: str = "") -> list[Run]:
-    """Parse a ``metrics.jsonl`` into its runs (one, or several appended by older versions);
-    ``name`` names them. Raises ValueError naming the file and line."""
+def _lines(path: str | Path) -> Iterator[str]:
+    """The lines of a metrics file: a local path, or a URL read whole through angelps.fs."""
+    if isinstance(path, str) and is_url(path):
+        from angelps import fs  # pyarrow: only for a URL (plotting a local run stays light)
+
+        try:
+            data = fs.read_bytes(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such metrics file") from None
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
+        yield from data.decode("utf-8").splitlines()
+        return
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: no such metrics file")
+    with p.open(encoding="utf-8") as f:
+        yield from f
+
+
+def read_metrics(path: str | Path, name: str = "") -> list[Run]:
+    """Parse a ``metrics.jsonl`` (a local path or a URL) into its runs (one, or several
+    appended by older versions); ``name`` names them. Raises ValueError naming the file and
+    line."""
+    file = path if isinstance(path, str) and is_url(path) else str(Path(path))
     runs: list[Run] = [Run()]
     last_step = -math.inf
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            obj = _parse(p, lineno, line)
-            kind = None if obj is None else obj.get("kind")
-            run = runs[-1]
-            if obj is None or kind not in ("start", "step", "epoch", "summary"):
-                continue
-            if kind == "start":
-                if run.steps or run.epochs:
-                    run = Run()
-                    runs.append(run)
-                run.start = obj
-            elif kind == "step":
-                if obj["step"] <= last_step and (run.steps or run.epochs):
-                    run = Run()
-                    runs.append(run)
-                last_step = obj["step"]
-                run.steps.append(obj)
-            elif kind == "epoch":
-                run.epochs.append(obj)
-            elif run.steps or run.epochs:  # a summary ends its run
-                runs.append(Run())
-                last_step = -math.inf
+    for lineno, line in enumerate(_lines(path), start=1):
+        obj = _parse(file, lineno, line)
+        kind = None if obj is None else obj.get("kind")
+        run = runs[-1]
+        if obj is None or kind not in ("start", "step", "epoch", "summary"):
+            continue
+        if kind == "start":
+            if run.steps or run.epochs:
+                run = Run()
+                runs.append(run)
+            run.start = obj
+        elif kind == "step":
+            if obj["step"] <= last_step and (run.steps or run.epochs):
+                run = Run()
+                runs.append(run)
+            last_step = obj["step"]
+            run.steps.append(obj)
+        elif kind == "epoch":
+            run.epochs.append(obj)
+        elif run.steps or run.epochs:  # a summary ends its run
+            runs.append(Run())
+            last_step = -math.inf
     runs = [r for r in runs if r.steps or r.epochs]
     if not runs:
-        raise ValueError(f"{p}: no step or epoch lines (is this a metrics.jsonl?)")
-    base = name or str(runs[0].start.get("run") or p.stem)
+        raise ValueError(f"{file}: no step or epoch lines (is this a metrics.jsonl?)")
+    base = name or str(runs[0].start.get("run") or Path(file).stem)
     for i, r in enumerate(runs):
         r.name = base if len(runs) == 1 else f"{base} #{i + 1}"
     return runs

@@ -3,7 +3,8 @@
 Each run writes to its own directory (:mod:`learners.runs`). Every record is one JSON object per
 line of ``<run>/metrics.jsonl``, with a ``kind``: ``start`` (the job, its model and settings),
 ``step`` (one per ``angel.log.every.steps`` updates), ``epoch`` (after validation; ``step`` is
-the global update at its end) and ``summary`` (the end of the run, also ``<run>/summary.json``).
+the global update at its end) and ``summary`` (the end of the run, also ``<run>/summary.json``;
+its ``run_dir`` is the run's URL when ``angel.log.path`` is on object storage).
 Non-finite floats are written as ``null`` (JSON has no NaN). TensorBoard, when asked for, gets
 ``train/*`` and ``valid/*`` scalars on the global update (:func:`tb_scalars`), seconds per
 phase as ``time/*``, and the job's keys once as text.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,7 +26,7 @@ from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
 from learners.progress import JobBar, PlainProgress
-from learners.runs import METRICS, SUMMARY, upload_run
+from learners.runs import METRICS, SUMMARY, run_url, upload_run
 
 __all__ = [
     "RunLog",
@@ -160,23 +161,37 @@ class RunLog:
         if obj.get("kind") == "epoch":
             self.upload()
 
-    def upload(self) -> None:
-        """Copy the run to ``upload_to`` (object storage); a failure is a warning, never the
-        end of the job (the next epoch's upload copies everything again)."""
+    def upload(self) -> bool:
+        """Copy the run to ``upload_to`` (object storage); False when that failed. A failure is
+        a warning naming the local copy, never the end of the job (the next upload copies
+        everything again)."""
         if self.upload_to is None or self.path is None:
-            return
+            return True
         if self.tb is not None:
             self.tb.flush()
         try:
             upload_run(self.path, self.upload_to)
         except OSError as e:
-            self.warn(f"angelps: warning: cannot copy the run to {self.upload_to}: {e}")
+            self.warn(
+                f"angelps: warning: cannot copy the run to {self.upload_to}: {e}; "
+                f"it is kept in {self.path}"
+            )
+            return False
+        return True
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
-        """The summary as a line of metrics.jsonl and as ``summary.json`` in the run directory."""
+    def write_summary(self, summary: MutableMapping[str, Any]) -> None:
+        """The summary as a line of metrics.jsonl and as ``summary.json`` in the run directory.
+
+        A run on object storage is copied there at once, and ``summary["run_dir"]`` set, in
+        place, to its URL: the done line and the job's result then name where the run is, not
+        the staging folder; the local copy if the copy failed (the warning says so)."""
+        if self.upload_to is not None and self.path is not None:
+            summary["run_dir"] = run_url(self.upload_to, self.path.name)
         self.record({"kind": "summary", **summary})
         if self.path is not None:
             (self.path / SUMMARY).write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+        if not self.upload():
+            summary["run_dir"] = str(self.path)
 
     def close(self) -> None:
         self.close_bar()

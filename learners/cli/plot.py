@@ -21,12 +21,14 @@ def register(sub: Subparsers) -> None:
         "throughput), training and validation on one epoch axis counted from 1. With several "
         "runs, one colour per run, named in the legend. A RUN is a run's name under --log-dir, "
         "its directory, a log directory (its latest run) or a metrics.jsonl file; none: the "
-        "latest run under --log-dir. The image format follows the --out suffix (png, pdf, svg).",
+        "latest run under --log-dir. Each may be on object storage (s3://..., as "
+        "angel.log.path). The image format follows the --out suffix (png, pdf, svg).",
         examples=[
             "angelps plot",
             "angelps plot lr_a9a-20261123-124500 lr_a9a-20261123-131502 --out compare.png",
             "angelps plot --log-dir /data/runs --metric valid_auc --out auc.svg",
             "angelps plot runs/lr_a9a/metrics.jsonl --last-run",
+            "angelps plot --log-dir s3://my-bucket/runs",
         ],
     )
     p.add_argument("runs", metavar="RUN", nargs="*", help="runs to draw (default: the latest)")
@@ -34,7 +36,7 @@ def register(sub: Subparsers) -> None:
         "--log-dir",
         metavar="DIR",
         default="runs",
-        help="where the runs are: angel.log.path (default: runs)",
+        help="where the runs are: angel.log.path, a directory or a URL (default: runs)",
     )
     p.add_argument("--out", metavar="PATH", default="curves.png", help="image to write")
     p.add_argument(
@@ -56,7 +58,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the figure; a bad metrics file or an unknown run is bad input (exit code 2)."""
+    """Write the figure; a bad metrics file, an unknown run or a store that cannot be read
+    (no bucket, refused credentials) is bad input (exit code 2)."""
     from learners.plot import plot_runs, read_metrics
     from learners.runs import find_run
 

@@ -3,15 +3,21 @@ data, the checkpoints, the predictions and the run logs of real jobs on a local 
 
 The same job trained from local files and from s3:// gives the same metrics and predictions
 (BSP, the same seed); a bad bucket, bad credentials or an unreachable endpoint is one line
-naming the key, exit 2, before Ray starts and with nothing written.
+naming the key, exit 2, before Ray starts and with nothing written. A run logged to s3:// is
+named by its URL, and `angelps plot` draws it from there as from its local copy.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import posixpath
+import re
 import time
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -19,6 +25,7 @@ import pytest
 
 from angelps import fs
 from learners.cli.main import main
+from learners.runs import log_root
 from tests.object_store import make_bucket, require_auth, s3_server, upload_tree
 from tests.short_tmp import short_tmp
 
@@ -85,9 +92,20 @@ def _predict(model: str, data: str, out: str) -> None:
     assert main(argv) == 0
 
 
-def test_train_predict_on_s3_equal_the_local_run(s3, ray_s3, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def s3_run(s3, ray_s3, tmp_path_factory) -> dict[str, Any]:
+    """One job with every path on s3:// (its log under ``s3://angel/log``), trained once for
+    the tests that read what it left: its summary and what it printed (out, err)."""
+    tmp = tmp_path_factory.mktemp("s3run")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        summary = _train(_job(tmp, "s3://angel/data/a9a", "s3://angel/model", "s3://angel/log"))
+    return {"summary": summary, "out": out.getvalue(), "err": err.getvalue()}
+
+
+def test_train_predict_on_s3_equal_the_local_run(s3, s3_run, tmp_path) -> None:
     local = _train(_job(tmp_path, s3["data"], str(tmp_path / "model"), str(tmp_path / "log")))
-    remote = _train(_job(tmp_path, "s3://angel/data/a9a", "s3://angel/model", "s3://angel/log"))
+    remote = s3_run["summary"]
     assert _metrics(remote) == _metrics(local)
     # The checkpoint is committed on S3 (pointer + generation), the run's log uploaded.
     names = [n for n, _ in fs.list_dir("s3://angel/model")]
@@ -101,6 +119,99 @@ def test_train_predict_on_s3_equal_the_local_run(s3, ray_s3, tmp_path) -> None:
     want = pacsv.read_csv(tmp_path / "pred.csv")
     got = pacsv.read_csv(pa.BufferReader(fs.read_bytes("s3://angel/pred/out.csv")))
     assert got.equals(want)
+
+
+def test_a_run_logged_to_s3_is_named_by_its_url(s3_run) -> None:
+    run = fs.read_bytes("s3://angel/log/latest").decode().strip()
+    assert re.fullmatch(r"objstore-\d{8}-\d{6}(-\d+)?", run)
+    url = f"s3://angel/log/{run}"
+    # The done line, the job's summary (--summary-json) and the run's own summary name the URL.
+    done = s3_run["out"].strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"done: 2 epochs, [0-9.]+ s, valid_auc 0\.\d{4}, valid_logloss 0\.\d{4}, "
+        r"valid_accuracy 0\.\d{4}; best epoch 2 \(valid_auc 0\.\d{4}\) at s3://angel/model; "
+        rf"checkpoint s3://angel/model; run {url}",
+        done,
+    ), done
+    assert s3_run["summary"]["run_dir"] == url
+    assert json.loads(fs.read_bytes(f"{url}/summary.json"))["run_dir"] == url
+    last = fs.read_bytes(f"{url}/metrics.jsonl").decode().splitlines()[-1]
+    assert json.loads(last)["kind"] == "summary" and json.loads(last)["run_dir"] == url
+    # The staging folder is no part of what the user is told (nothing failed).
+    staging = log_root("s3://angel/log")
+    assert (Path(staging) / run / "metrics.jsonl").is_file()
+    assert staging not in s3_run["out"] + s3_run["err"]
+
+
+def _plot(capsys, out: Path, *args: str) -> bytes:
+    assert main(["plot", *args, "--out", str(out)]) == 0
+    assert capsys.readouterr().err == f"wrote {out}\n"
+    return out.read_bytes()
+
+
+def test_plot_of_a_run_on_s3_equals_the_plot_of_its_local_copy(s3_run, tmp_path, capsys) -> None:
+    url = s3_run["summary"]["run_dir"]
+    run = posixpath.basename(url)
+    want = _plot(capsys, tmp_path / "local.png", str(Path(log_root("s3://angel/log")) / run))
+    assert want[:8] == b"\x89PNG\r\n\x1a\n" and len(want) > 20_000
+    forms = {
+        "run": [url],
+        "metrics": [f"{url}/metrics.jsonl"],
+        "root": ["s3://angel/log/"],
+        "latest": ["--log-dir", "s3://angel/log"],
+        "name": [run, "--log-dir", "s3://angel/log"],
+    }
+    got = {k: _plot(capsys, tmp_path / f"{k}.png", *args) for k, args in forms.items()}
+    assert {k: v == want for k, v in got.items()} == dict.fromkeys(forms, True)
+
+
+_START = {"kind": "start", "run": "r1", "job": "lr", "updates_per_epoch": 2}
+_EPOCH = {"kind": "epoch", "epoch": 0, "step": 2, "lr": 0.1, "train_loss": 0.5, "valid_auc": 0.8}
+
+
+def _plot_error(capsys, tmp_path: Path, *args: str) -> str:
+    """The one error line of ``angelps plot ARGS``: exit 2, no image."""
+    out = tmp_path / "never.png"
+    code = main(["plot", *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert not out.exists()
+    return err[0]
+
+
+def test_plot_on_s3_errors_are_one_line_naming_the_path(s3, tmp_path, capsys) -> None:
+    # A log root without `latest`, one run in it, and a run whose metrics file is damaged.
+    good = json.dumps(_START) + "\n" + json.dumps(_EPOCH) + "\n"
+    fs.write_bytes("s3://angel/plots/r1/metrics.jsonl", good.encode())
+    fs.write_bytes("s3://angel/plots/bad/metrics.jsonl", (good + "not json\n").encode())
+    assert _plot(capsys, tmp_path / "r1.png", "s3://angel/plots/r1")[:4] == b"\x89PNG"
+    err = "angelps: error: "
+    assert _plot_error(capsys, tmp_path, "s3://angel/plots/nope") == (
+        f"{err}s3://angel/plots/nope: no such run, run directory or metrics file"
+    )
+    assert _plot_error(capsys, tmp_path, "nope", "--log-dir", "s3://angel/plots") == (
+        f"{err}nope: no such run, run directory or metrics file; runs under s3://angel/plots: "
+        "bad, r1"
+    )
+    assert _plot_error(capsys, tmp_path, "--log-dir", "s3://angel/plots") == (
+        f"{err}no runs under s3://angel/plots (no s3://angel/plots/latest): name a run, a run "
+        "directory or a metrics.jsonl file, or point --log-dir at angel.log.path"
+    )
+    assert _plot_error(capsys, tmp_path, "s3://angel/plots/bad") == (
+        f"{err}s3://angel/plots/bad/metrics.jsonl:3: not a JSON object (Expecting value): "
+        "'not json'"
+    )
+    assert _plot_error(capsys, tmp_path, "s3://no-such-bucket/runs") == (
+        f"{err}s3://no-such-bucket/runs: the bucket no-such-bucket does not exist"
+    )
+    require_auth(s3, on=True)  # the server now refuses keys it does not know
+    try:
+        line = _plot_error(capsys, tmp_path, "--log-dir", "s3://angel/plots")
+    finally:
+        require_auth(s3, on=False)
+    assert line.startswith(
+        f"{err}s3://angel/plots: the store refused the credentials (AWS_ACCESS_KEY_ID, ...): "
+    ), line
 
 
 @pytest.mark.slow

@@ -157,6 +157,16 @@ def test_cli_plot_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert not (tmp_path / "x.png").exists()
 
 
+def test_plotting_a_local_run_loads_no_pyarrow(tmp_path: Path, heavy_after) -> None:
+    # angelps.fs (pyarrow) is for a run on object storage only; numpy is matplotlib's.
+    f = _write(tmp_path / "m.jsonl", _lines())
+    argv = ["plot", str(f), "--out", str(tmp_path / "c.png")]
+    assert heavy_after(f"from learners.cli.main import main\nassert main({argv!r}) == 0") == [
+        "numpy"
+    ]
+    assert (tmp_path / "c.png").stat().st_size > 20_000
+
+
 def _by_key(ps):
     return {p.key: p for p in ps}
 

@@ -12,6 +12,7 @@ import pytest
 
 from angelps import checkpoint_dir
 from learners.retention import Checkpoints, CheckpointWriteError
+from learners.run_log import RunLog, done_line
 from learners.runs import find_run, latest_run, new_run_dir, run_name
 
 WHEN = time.mktime((2026, 11, 23, 12, 45, 0, 0, 0, -1))
@@ -61,6 +62,42 @@ def test_find_run_by_name_directory_root_file_or_latest(tmp_path):
         find_run("nope", root)
     with pytest.raises(ValueError, match=r"no runs under .*empty \(no .*latest\)"):
         find_run(None, tmp_path / "empty")
+
+
+def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
+    tmp_path, monkeypatch, capsys
+):
+    copied: list[tuple[str, str]] = []
+    monkeypatch.setattr("learners.run_log.upload_run", lambda d, url: copied.append((d.name, url)))
+    run = new_run_dir(tmp_path, "job", WHEN)
+    log = RunLog(run, quiet=True, upload_to="s3://b/runs/")
+    summary = {"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run)}
+    log.write_summary(summary)  # copied at once, so the done line names where the run is
+    url = "s3://b/runs/job-20261123-124500"
+    assert summary["run_dir"] == url
+    assert done_line(summary) == f"done: 1 epochs, 1.0 s; run {url}"
+    assert json.loads((run / "summary.json").read_text())["run_dir"] == url
+    assert copied == [(run.name, "s3://b/runs/")]
+    log.close()  # once more: TensorBoard's last events
+    assert len(copied) == 2 and capsys.readouterr().err == ""
+
+    def unreachable(d: Path, url: str) -> None:
+        raise OSError("the store is gone")
+
+    monkeypatch.setattr("learners.run_log.upload_run", unreachable)
+    run = new_run_dir(tmp_path, "job", WHEN)
+    log = RunLog(run, quiet=True, upload_to="s3://b/runs")
+    summary = {"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run)}
+    log.write_summary(summary)
+    # Not copied: the user is told where the run is kept, in the warning and the done line.
+    assert summary["run_dir"] == str(run) and run.name == "job-20261123-124500-2"
+    warning = (
+        "angelps: warning: cannot copy the run to s3://b/runs: the store is gone; "
+        f"it is kept in {run}\n"
+    )
+    assert capsys.readouterr().err == warning
+    log.close()
+    assert capsys.readouterr().err == warning
 
 
 def _writer(calls: list[int], fail_on: set[int] | None = None):
