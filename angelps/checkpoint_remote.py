@@ -15,6 +15,12 @@ pointer names is not a checkpoint (nothing reads it); the previous committed gen
 readable until the new pointer is written, and is kept as ``previous`` after it (``--resume``
 falls back to it when the latest is damaged); a damaged generation set aside by ``--resume`` is
 listed in ``kept`` and never removed.
+
+A copy of a committed checkpoint (the kept ``<path>.epoch-<n>`` and ``<path>.best`` of a
+training job) is a checkpoint of the same form at its own URL, made the same way
+(:func:`copy_checkpoint`: every object copied server-side into a new generation, compared,
+then the copy's pointer), so a crash mid-copy leaves the copy as it was. :func:`remove`
+removes only what a save or a copy wrote: the pointer, then the generations.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ __all__ = [
     "POINTER",
     "check_target",
     "commit_dir",
+    "copy_checkpoint",
     "holds_checkpoint",
     "new_tmp_dir",
     "previous",
+    "remove",
     "resolve",
     "set_aside",
 ]
@@ -97,14 +105,15 @@ def new_tmp_dir(path: str) -> str:
     return fs.join(path, f"gen-{time.time_ns()}-{uuid.uuid4().hex[:8]}")
 
 
-def commit_dir(tmp: str, path: str) -> None:
+def commit_dir(tmp: str, path: str, keep_previous: bool = True) -> None:
     """Make the complete generation ``tmp`` the checkpoint at ``path``: write the pointer, then
-    remove the generations it no longer names (see the module docstring)."""
+    remove the generations it no longer names (see the module docstring). Without
+    ``keep_previous`` the generation it replaces is removed too (a copy has no fallback)."""
     check_target(path)
     old = _pointer(path)
     new = tmp.rstrip("/").rsplit("/", 1)[-1]
     kept: list[str] = list(old.get("kept", [])) if old else []
-    prev: str | None = old["current"] if old else None
+    prev: str | None = old["current"] if old and keep_previous else None
     ptr = {
         "format": _POINTER_FORMAT,
         "current": new,
@@ -121,6 +130,49 @@ def _prune(path: str, keep: set[str]) -> None:
     for name, is_dir in fs.list_dir(path):
         if is_dir and _GEN.fullmatch(name) and name not in keep:
             fs.delete_dir(fs.join(path, name))
+
+
+def copy_checkpoint(src: str, dst: str) -> str:
+    """Make ``dst`` a checkpoint equal to the one committed at ``src`` (on the same store),
+    replacing the one there only once the copy is complete; the new generation's URL.
+
+    Every object of ``src``'s current generation is copied server-side into a new generation
+    under ``dst``, the manifest last; the copy is listed and compared with the source (names
+    and sizes) before ``dst``'s pointer is written. A crash or an error before that leaves
+    ``dst`` as it was (the partial generation is removed by its next commit)."""
+    tmp = new_tmp_dir(dst)  # refuses a dst of other objects before anything is copied
+    gen = resolve(src)
+    files = fs.list_files(gen)
+    if MANIFEST not in dict(files):
+        raise CheckpointDamaged(f"checkpoint {gen} is damaged: it has no {MANIFEST}")
+    # The manifest last: a generation is read only through a pointer, but a copy holding a
+    # manifest should hold every file the manifest names.
+    for rel, _ in sorted(files, key=lambda f: f[0] == MANIFEST):
+        fs.copy_file(fs.join(gen, rel), fs.join(tmp, rel))
+    copied = fs.list_files(tmp)
+    if copied != files:
+        missing = sorted(set(files) - set(copied))
+        raise CheckpointError(
+            f"copying the checkpoint {gen} to {tmp} left it incomplete ({len(missing)} of "
+            f"{len(files)} files missing or of another size, first {missing[:1]}): {dst} "
+            "is unchanged"
+        )
+    commit_dir(tmp, dst, keep_previous=False)
+    return tmp
+
+
+def remove(path: str) -> None:
+    """Remove the checkpoint at ``path`` (a save's or a copy's): its pointer first, so that it
+    stops being a checkpoint at once, then its generations. Any other object under ``path``
+    stays; a ``LATEST.json`` that is not an angelps pointer is a CheckpointDamaged and nothing
+    is removed."""
+    _pointer(path)  # an angelps pointer, or none (a copy that crashed before its commit)
+    fs.delete_file(fs.join(path, POINTER))
+    _prune(path, set())
+    if not fs.list_dir(path):
+        # pyarrow leaves an empty "directory" object where it deleted the last object under a
+        # prefix: drop it too, or every pruned copy would leave one behind.
+        fs.delete_dir(path)
 
 
 def resolve(path: str) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "is_remote",
     "join",
     "list_dir",
+    "list_files",
     "local_path",
     "open_input_stream",
     "open_output_stream",
@@ -54,6 +55,10 @@ PROBE_REQUEST_TIMEOUT_S = 5.0
 PROBE_ATTEMPTS = 2
 #: A hard bound on the driver's check, whatever the client library does underneath.
 PROBE_LIMIT_S = 20.0
+#: The largest object one S3 CopyObject request copies (5 GiB); ``copy_file`` streams a larger
+#: one through this process instead (S3 refuses the request, and pyarrow makes no multipart copy).
+COPY_OBJECT_MAX_BYTES = 5 * 1024**3
+_COPY_CHUNK = 64 * 1024**2
 #: The environment that chooses an S3 endpoint and its credentials (a cached file system is
 #: built again when one of them changes).
 _S3_ENV = (
@@ -194,6 +199,17 @@ def list_dir(path: str) -> list[tuple[str, bool]]:
     return sorted((i.base_name, i.type == pafs.FileType.Directory) for i in infos)
 
 
+def list_files(path: str) -> list[tuple[str, int]]:
+    """(path relative to ``path``, size in bytes) of every file under directory ``path``, at
+    any depth, by name (``/``-separated; a URL only, as object storage has no directories)."""
+    fs, inner = remote(path)
+    infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+    prefix = inner.rstrip("/") + "/"
+    return sorted(
+        (i.path[len(prefix) :], int(i.size or 0)) for i in infos if i.type == pafs.FileType.File
+    )
+
+
 def delete_dir(path: str) -> None:
     """Remove directory ``path`` and everything under it (nothing when it is absent)."""
     fs, inner = remote(path) if is_remote(path) else (pafs.LocalFileSystem(), local_path(path))
@@ -209,9 +225,17 @@ def delete_file(path: str) -> None:
 
 
 def copy_file(src: str, dst: str) -> None:
-    """Copy file ``src`` to ``dst`` (both on the same file system; on S3 a server-side copy)."""
+    """Copy file ``src`` to ``dst``, URLs on the same file system: on S3 a server-side copy
+    (no bytes through this process), streamed here past ``COPY_OBJECT_MAX_BYTES``."""
     fs, a = remote(src)
     _, b = remote(dst)
+    if isinstance(fs, pafs.S3FileSystem) and (fs.get_file_info(a).size or 0) > (
+        COPY_OBJECT_MAX_BYTES
+    ):
+        with fs.open_input_stream(a) as r, fs.open_output_stream(b) as w:
+            while chunk := r.read(_COPY_CHUNK):
+                w.write(chunk)
+        return
     fs.copy_file(a, b)
 
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from angelconf.config import Config, ConfigError
 from angelps import TableSpec, checkpoint_dir
@@ -117,7 +118,8 @@ def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
 
 
 def _check_kept(conf: Config, plan: TrainPlan) -> None:
-    """Keeping checkpoints needs a save path; keeping the best one needs validation data."""
+    """Keeping checkpoints needs a save path (a URL: a prefix inside its bucket, as the copies
+    are its siblings); keeping the best one needs validation data."""
     for key, asked in (
         ("angel.save.model.keep.last", plan.keep_last > 1),
         ("angel.save.model.keep.best", plan.keep_best),
@@ -127,13 +129,13 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
                 "angel.save.model.path is not set: set it, or drop the key"
             )
-        if asked and is_url(plan.save_path):
-            # Kept copies are hard links beside the checkpoint, found again by listing
-            # siblings: not done on object storage (docs/object-storage.md).
+        if asked and is_url(plan.save_path) and not urlsplit(str(plan.save_path)).path.strip("/"):
+            # The copies are siblings (<path>.best): beside a bucket they would be other buckets.
             raise ConfigError(
-                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps copies of "
-                f"checkpoints, which needs a local angel.save.model.path, not the URL "
-                f"{plan.save_path}: drop the key (the latest and previous checkpoints are kept)"
+                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps copies beside the "
+                f"checkpoint (<path>.best, <path>.epoch-<n>), so angel.save.model.path="
+                f"{plan.save_path} ({conf.source('angel.save.model.path')}) must name a prefix "
+                "inside the bucket, not the bucket itself"
             )
     if plan.keep_best and not conf["angel.validate.data.path"]:
         if float(conf["ml.data.validate.ratio"]) <= 0:

@@ -12,6 +12,10 @@ Those copies are hard links of the committed checkpoint's files (a checkpoint's 
 written once and never changed in place, since every save writes a new directory), so they cost
 no disk until the latest moves on; a copy is made where links are not possible. Each copy is
 made beside its target and renamed into place, so a crash leaves either the old or the new one.
+On object storage (a URL save path) each copy is a checkpoint of its own at the same name,
+copied server-side and committed by its own pointer
+(:func:`angelps.checkpoint_remote.copy_checkpoint`); pruning removes only what angelps wrote
+there (the pointer, the generations), never another object under or beside it.
 
 A checkpoint that cannot be written (a full disk, a path made unwritable) never touches the
 previous one (the save writes into a temporary directory and commits by renames only once
@@ -31,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from angelps import checkpoint, checkpoint_dir
+from angelps import checkpoint, checkpoint_dir, checkpoint_remote, fs
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
 
@@ -74,8 +78,9 @@ class Checkpoints:
         on_failure: str = "stop",
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        # A URL (object storage) as it is: abspath would make s3://b/m a local s3:/b/m.
-        self.path = path if "://" in path else os.path.abspath(path)
+        # A URL (object storage) as it is: abspath would make s3://b/m a local s3:/b/m; no
+        # trailing / either, or the copies' names would go inside it (s3://b/m/.best).
+        self.path = path.rstrip("/") if fs.is_remote(path) else os.path.abspath(path)
         self.keep_last = keep_last
         self.keep_best = keep_best
         self.on_failure = on_failure
@@ -84,6 +89,8 @@ class Checkpoints:
         #: the epoch (0-based) whose checkpoint is kept at <path>.best
         self.best_kept: int | None = None
         self.failures = 0
+        #: <path>.epoch-<n> prefixes not removed because angelps did not write them (warned once)
+        self._foreign: set[str] = set()
 
     def resumed(self, epoch: int) -> None:
         """Training continues from the checkpoint saved after ``epoch``."""
@@ -102,7 +109,7 @@ class Checkpoints:
         self.last_good = Kept(self.path, epoch)
         try:
             self._keep(epoch, improved)
-        except OSError as e:
+        except (OSError, checkpoint_dir.CheckpointError) as e:
             self.warn(
                 f"angelps: warning: the checkpoint of epoch {epoch + 1} is saved at {self.path}, "
                 f"but keeping its copy failed: {_reason(e)}"
@@ -116,7 +123,7 @@ class Checkpoints:
         if self.last_good is not None and self.last_good.epoch == epoch:
             return self.path
         kept = f"{self.path}{_EPOCH}{epoch + 1}"
-        return kept if self.keep_last > 1 and os.path.isdir(kept) else None
+        return kept if self.keep_last > 1 and checkpoint_dir.holds_checkpoint(kept) else None
 
     def last_good_text(self) -> str:
         """The last good checkpoint, for a message."""
@@ -143,26 +150,44 @@ class Checkpoints:
 
     def _keep(self, epoch: int, improved: bool) -> None:
         """The copies of the checkpoint just committed at ``self.path``."""
+        copy = checkpoint_remote.copy_checkpoint if fs.is_remote(self.path) else _replace_with_links
         if self.keep_last > 1:
-            _replace_with_links(self.path, f"{self.path}{_EPOCH}{epoch + 1}")
+            copy(self.path, f"{self.path}{_EPOCH}{epoch + 1}")
             self._prune(epoch)
         if improved and self.keep_best:
-            _replace_with_links(self.path, self.path + _BEST)
+            copy(self.path, self.path + _BEST)
             self.best_kept = epoch
 
     def _prune(self, epoch: int) -> None:
         """Remove ``<path>.epoch-<n>`` beyond the last ``keep_last`` epochs (and any of a later
         epoch: left by a run this one resumed before)."""
-        pattern = re.compile(re.escape(os.path.basename(self.path) + _EPOCH) + r"(\d+)$")
-        found = []
-        for p in glob.glob(glob.escape(self.path) + _EPOCH + "*"):
-            m = pattern.match(os.path.basename(p))
-            if m:
-                found.append((int(m.group(1)), p))
         newest = epoch + 1
-        for n, p in found:
+        for n, p in self._epoch_copies():
             if n > newest or n <= newest - self.keep_last:
-                shutil.rmtree(p, ignore_errors=True)
+                if fs.is_remote(p):
+                    try:  # the pointer, then the generations: never another object
+                        checkpoint_remote.remove(p)
+                    except checkpoint_dir.CheckpointDamaged as e:
+                        if p not in self._foreign:
+                            self._foreign.add(p)
+                            self.warn(f"angelps: warning: not removing {p}: {e}")
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def _epoch_copies(self) -> list[tuple[int, str]]:
+        """(n, path) of every ``<path>.epoch-<n>`` beside the checkpoint (a URL: every prefix)."""
+        if fs.is_remote(self.path):
+            parent, base = self.path.rsplit("/", 1)
+            names = [n for n, is_dir in fs.list_dir(parent) if is_dir]
+        else:
+            parent, base = os.path.split(self.path)
+            names = [os.path.basename(p) for p in glob.glob(glob.escape(self.path) + _EPOCH + "*")]
+        pattern = re.compile(re.escape(base + _EPOCH) + r"([0-9]+)")
+        return [
+            (int(m.group(1)), fs.join(parent, name))
+            for name in names
+            if (m := pattern.fullmatch(name))
+        ]
 
 
 def kept_summary(

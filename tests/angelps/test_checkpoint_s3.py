@@ -136,3 +136,72 @@ def test_damaged_pointer_is_refused_naming_it(bucket: str) -> None:
     fs.write_bytes(f"{path}/LATEST.json", json.dumps({"format": "x", "current": "../x"}).encode())
     with pytest.raises(CheckpointDamaged, match=r"LATEST\.json"):
         checkpoint.read_manifest(path)
+
+
+def test_a_copy_equals_its_source_and_replaces_the_old_copy_only_when_complete(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, best = f"{bucket}/cp", f"{bucket}/cp.best"
+    _write(_trained(1), path)
+    first = _rows(path)
+    gen = checkpoint_remote.copy_checkpoint(path, best)
+    np.testing.assert_array_equal(_rows(best), first)
+    src = checkpoint.read_manifest(path)["root"]
+    assert fs.list_files(gen) == fs.list_files(src)  # every object, the same sizes
+    assert fs.read_bytes(f"{gen}/manifest.json") == fs.read_bytes(f"{src}/manifest.json")
+    checkpoint.verify(best)  # every table file against the copied manifest's SHA-256
+
+    _write(_trained(2), path)
+    copied: list[str] = []
+    real = fs.copy_file
+
+    def dies_on_the_third(a: str, b: str) -> None:
+        if len(copied) == 2:
+            raise OSError("connection reset")  # as a crash mid-copy would stop it
+        copied.append(b)
+        real(a, b)
+
+    monkeypatch.setattr(fs, "copy_file", dies_on_the_third)
+    with pytest.raises(OSError, match="connection reset"):
+        checkpoint_remote.copy_checkpoint(path, best)
+    assert not any(c.endswith("manifest.json") for c in copied)  # the manifest comes last
+    np.testing.assert_array_equal(_rows(best), first)  # the old copy, whole
+    checkpoint.verify(best)
+    monkeypatch.setattr(fs, "copy_file", real)
+    gen = checkpoint_remote.copy_checkpoint(path, best)
+    np.testing.assert_array_equal(_rows(best), _rows(path))
+    # The old copy and the partial one are gone; a copy keeps no previous generation.
+    assert _gens(best) == [gen.rsplit("/", 1)[1]]
+    assert checkpoint.previous(best) is None
+
+
+def test_remove_takes_only_the_pointer_and_the_generations(bucket: str) -> None:
+    path, kept = f"{bucket}/rm", f"{bucket}/rm.epoch-1"
+    _write(_trained(1), path)
+    checkpoint_remote.copy_checkpoint(path, kept)
+    fs.write_bytes(f"{kept}/notes.txt", b"mine")
+    fs.write_bytes(f"{kept}/sub/data.csv", b"a,b\n")
+    checkpoint_remote.remove(kept)
+    assert fs.list_dir(kept) == [("notes.txt", False), ("sub", True)]
+    assert fs.read_bytes(f"{kept}/notes.txt") == b"mine"
+    with pytest.raises(CheckpointError, match=r"it has no LATEST\.json"):
+        checkpoint.read_manifest(kept)
+    # A LATEST.json that angelps did not write: nothing is removed.
+    fs.write_bytes(f"{bucket}/theirs/LATEST.json", b'{"current": "v1"}')
+    fs.write_bytes(f"{bucket}/theirs/gen-1-ab/x", b"x")
+    with pytest.raises(CheckpointDamaged, match=r"theirs/LATEST\.json is damaged"):
+        checkpoint_remote.remove(f"{bucket}/theirs")
+    assert fs.list_dir(f"{bucket}/theirs") == [("LATEST.json", False), ("gen-1-ab", True)]
+
+
+def test_a_copy_past_the_single_request_limit_is_streamed(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = np.random.default_rng(0).bytes(3000)
+    fs.write_bytes(f"{bucket}/big/a.bin", data)
+    fs.copy_file(f"{bucket}/big/a.bin", f"{bucket}/big/server-side.bin")
+    monkeypatch.setattr(fs, "COPY_OBJECT_MAX_BYTES", 1000)
+    monkeypatch.setattr(fs, "_COPY_CHUNK", 1024)  # two whole chunks and a part
+    fs.copy_file(f"{bucket}/big/a.bin", f"{bucket}/big/streamed.bin")
+    assert fs.read_bytes(f"{bucket}/big/server-side.bin") == data
+    assert fs.read_bytes(f"{bucket}/big/streamed.bin") == data

@@ -2,9 +2,11 @@
 data, the checkpoints, the predictions and the run logs of real jobs on a local Ray.
 
 The same job trained from local files and from s3:// gives the same metrics and predictions
-(BSP, the same seed); a bad bucket, bad credentials or an unreachable endpoint is one line
-naming the key, exit 2, before Ray starts and with nothing written. A run logged to s3:// is
-named by its URL, and `angelps plot` draws it from there as from its local copy.
+(BSP, the same seed); the kept checkpoints (keep.last, keep.best) are copies at the local
+layout's names, loadable, and pruning removes nothing but them; a bad bucket, bad credentials or
+an unreachable endpoint is one line naming the key, exit 2, before Ray starts and with nothing
+written. A run logged to s3:// is named by its URL, and `angelps plot` draws it from there as
+from its local copy.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from angelps import fs
+from angelps import checkpoint, checkpoint_remote, fs
 from learners.cli.main import main
+from learners.retention import Checkpoints
 from learners.runs import log_root
+from learners.saved_model import dense_blob
 from tests.object_store import make_bucket, require_auth, s3_server, upload_tree
 from tests.short_tmp import short_tmp
 
@@ -229,6 +233,137 @@ def test_resume_and_evaluate_from_s3_equal_the_local_run(s3, ray_s3, tmp_path, c
     want = json.loads(capsys.readouterr().out)
     assert main(["evaluate", "--model", rm, "--input", "s3://angel/data/a9a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == want
+
+
+def _writer(epoch: int):
+    """A checkpoint writer with the real commit on S3: a manifest whose learner section records
+    ``epoch`` (0-based) and one file of its own."""
+
+    def write(path: str) -> None:
+        tmp = checkpoint.new_tmp_dir(path)
+        fs.write_bytes(f"{tmp}/w.bin", bytes([epoch]) * 100)
+        extra = {"learner": {"epoch": epoch}}
+        checkpoint.write_manifest(tmp, checkpoint.build_manifest([], 0, "hash", [], extra))
+        checkpoint.commit_dir(tmp, path)
+
+    return write
+
+
+def _epoch(path: str) -> int:
+    return int(checkpoint.read_manifest(path)["extra"]["learner"]["epoch"])
+
+
+def test_keep_last_and_best_on_s3_prune_only_their_own_objects(s3) -> None:
+    save = "s3://angel/kl/model"
+    said: list[str] = []
+    ck = Checkpoints(save + "/", keep_last=2, keep_best=True, warn=said.append)
+    assert ck.save(_writer(0), 0, True)
+    # Objects of someone else's under and beside the job's names, all to survive:
+    foreign = [
+        "s3://angel/kl/model.epoch-1/notes.txt",  # inside a copy the job will prune
+        "s3://angel/kl/model/notes.txt",  # inside the checkpoint (it has its pointer)
+        "s3://angel/kl/model.epoch-x/a",  # not an epoch number
+        "s3://angel/kl/model.epoch-9",  # an object, not a prefix
+        "s3://angel/kl/model.epochs/a",
+        "s3://angel/kl/other/a",
+    ]
+    for url in foreign:
+        fs.write_bytes(url, b"mine")
+    # A later epoch's name (as a resumed run's leftovers would be), but not angelps's pointer.
+    theirs = b'{"current": "v1"}'
+    fs.write_bytes("s3://angel/kl/model.epoch-7/LATEST.json", theirs)
+    for epoch, better in zip((1, 2, 3), (True, False, False), strict=True):  # best: epoch 2
+        assert ck.save(_writer(epoch), epoch, better)
+    assert said == [
+        "angelps: warning: not removing s3://angel/kl/model.epoch-7: checkpoint file "
+        "s3://angel/kl/model.epoch-7/LATEST.json is damaged: not an angelps pointer"
+    ]  # once, not at every save
+    assert fs.read_bytes("s3://angel/kl/model.epoch-7/LATEST.json") == theirs
+    entries = [n for n, _ in fs.list_dir("s3://angel/kl")]
+    assert entries == [
+        "model",
+        "model.best",
+        "model.epoch-1",
+        "model.epoch-3",
+        "model.epoch-4",
+        "model.epoch-7",
+        "model.epoch-9",
+        "model.epoch-x",
+        "model.epochs",
+        "other",
+    ]
+    assert all(fs.read_bytes(url) == b"mine" for url in foreign)
+    assert fs.list_dir("s3://angel/kl/model.epoch-1") == [("notes.txt", False)]  # ours: gone
+    epochs = {s: _epoch(f"s3://angel/kl/model{s}") for s in ("", ".epoch-3", ".epoch-4", ".best")}
+    assert epochs == {"": 3, ".epoch-3": 2, ".epoch-4": 3, ".best": 1}
+    assert checkpoint_remote.previous(save) is not None  # the latest keeps its previous
+    assert ck.where(1) == f"{save}.best" and ck.where(3) == save
+    assert ck.where(2) == f"{save}.epoch-3" and ck.where(0) is None
+    resumed = Checkpoints(save, keep_last=2, keep_best=True)
+    resumed.resumed(3)
+    assert resumed.best_kept == 1  # read back from the copy's manifest
+
+
+def test_train_on_s3_keeps_the_last_epochs_and_the_best_loadable(s3, ray_s3, tmp_path) -> None:
+    save = "s3://angel/keep/model"
+    conf = _job(tmp_path, "s3://angel/data/a9a", save, str(tmp_path / "log"), epochs=4)
+    summary = _train(
+        conf,
+        "--set",
+        "angel.save.model.keep.last=2",
+        "--set",
+        "angel.save.model.keep.best=true",
+        "--set",
+        "ml.early.stop.metric=valid_logloss",
+    )
+    assert [n for n, _ in fs.list_dir("s3://angel/keep")] == [
+        "model",
+        "model.best",
+        "model.epoch-3",
+        "model.epoch-4",
+    ]
+    rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    losses = [r["valid_logloss"] for r in map(json.loads, rows) if r["kind"] == "epoch"]
+    best = min(range(4), key=lambda i: losses[i])
+    assert summary["best_epoch"] == best + 1 and summary["best_checkpoint"] == f"{save}.best"
+    assert summary["checkpoint"] == save and summary["checkpoint_epoch"] == 4
+    # Each copy holds exactly the checkpoint saved after its epoch: the same manifest (every
+    # file's SHA-256), and every file checked against it.
+    latest = checkpoint.read_manifest(save)
+    before = checkpoint_remote.previous(save)  # the checkpoint of epoch 3
+    assert before is not None
+    for kept, root, epoch in (
+        (f"{save}.epoch-4", latest["root"], 3),
+        (f"{save}.epoch-3", before, 2),
+    ):
+        got = checkpoint.read_manifest(kept)
+        assert fs.read_bytes(f"{got['root']}/manifest.json") == fs.read_bytes(
+            f"{root}/manifest.json"
+        )
+        assert fs.list_files(got["root"]) == fs.list_files(root)
+        assert got["extra"]["learner"]["epoch"] == epoch
+    for kept in (f"{save}.epoch-3", f"{save}.best"):  # every table file and the dense file
+        dense_blob(checkpoint.verify(kept)["extra"]["learner"], kept)
+    assert checkpoint.read_manifest(f"{save}.best")["extra"]["learner"]["epoch"] == best
+    # A kept copy loads as the latest does: predictions of epoch-4 equal the latest's.
+    _predict(save, "s3://angel/data/a9a", "s3://angel/keep-pred/latest.csv")
+    _predict(f"{save}.epoch-4", "s3://angel/data/a9a", "s3://angel/keep-pred/kept.csv")
+    latest_pred = fs.read_bytes("s3://angel/keep-pred/latest.csv")
+    assert len(latest_pred.splitlines()) == ROWS + 1  # a header and one line per row
+    assert fs.read_bytes("s3://angel/keep-pred/kept.csv") == latest_pred
+
+
+def test_keeping_copies_beside_a_bucket_is_refused(s3, tmp_path, capsys) -> None:
+    make_bucket(s3, "bare")
+    conf = _job(tmp_path, "s3://angel/data/a9a", "s3://bare", str(tmp_path / "log"))
+    assert main(["train", "--conf", str(conf), "--set", "angel.save.model.keep.last=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "angelps: error: angel.save.model.keep.last=2 (command line) keeps copies beside the checkpoint "
+        "(<path>.best, <path>.epoch-<n>), so angel.save.model.path=s3://bare "
+        f"({conf}:12) must name a prefix inside the bucket, not the bucket itself"
+    ]
+    assert fs.list_dir("s3://bare") == []  # nothing written
 
 
 def _bucket() -> list[str]:
