@@ -484,7 +484,7 @@ class GraphLearner(Inference):
         release(self._layout)
         self._layout = None
         if self._ray_started and ray.is_initialized():
-            ray.shutdown()
+            cluster.stop()
             self._ray_started = False
 
     def __enter__(self) -> GraphLearner:
