@@ -1,12 +1,14 @@
 """Where a path points: the local file system, or object storage through ``pyarrow.fs``.
 
 Every path a job reads or writes is a local path or a URL that ``pyarrow.fs`` understands
-(``s3://bucket/key``, ``gs://``, ``hdfs://``; ``file://`` is a local path). A local path keeps
-the plain ``os`` calls of the callers (renames, fsync): nothing local goes through this module's
-remote branch. A URL is opened with the file system its scheme names; S3 takes its endpoint,
-region and credentials from the usual environment (``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``,
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ...), with bounded connect and request
-timeouts, so an unreachable endpoint is an error in seconds, not a hang.
+(``s3://bucket/key``, ``gs://bucket/key``, ``hdfs://``; ``file://`` is a local path). A local
+path keeps the plain ``os`` calls of the callers (renames, fsync): nothing local goes through this
+module's remote branch. A URL is opened with the file system its scheme names; S3 takes its
+endpoint, region and credentials from the usual environment (``AWS_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ...), with bounded
+connect and request timeouts, so an unreachable endpoint is an error in seconds, not a hang. GCS
+takes Google's application default credentials, or an emulator (:func:`_gcs_filesystem`), with a
+bounded retry time.
 
 Object storage has no rename and no append: a file is written whole (one object) and appears
 only when closed. The checkpoint protocol built on that is :mod:`angelps.checkpoint_remote`.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import posixpath
 import threading
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,6 +74,12 @@ _S3_ENV = (
     "AWS_SESSION_TOKEN",
     "AWS_PROFILE",
 )
+#: The environment that points GCS at an emulator: google-cloud-cpp's own variable (read by
+#: pyarrow's client itself, and winning over an explicit endpoint), then the Python client's.
+_GCS_ENV = ("CLOUD_STORAGE_EMULATOR_ENDPOINT", "STORAGE_EMULATOR_HOST")
+_ENV = _S3_ENV + _GCS_ENV
+#: Object stores whose URL's host is a bucket: the path inside the file system starts with it.
+_BUCKETS = ("s3", "gs")
 
 
 def is_remote(path: str) -> bool:
@@ -90,12 +99,16 @@ def join(base: str, *parts: str) -> str:
 
 @lru_cache(maxsize=32)
 def _filesystem(scheme: str, netloc: str, quick: bool, env: tuple[str, ...]) -> pafs.FileSystem:
+    get = dict(zip(_ENV, env, strict=True)).get
+    if scheme == "gs":
+        return _gcs_filesystem(
+            get("CLOUD_STORAGE_EMULATOR_ENDPOINT") or get("STORAGE_EMULATOR_HOST"), quick
+        )
     if scheme != "s3":
         fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")
         return fs
     # The S3 client is built here rather than by from_uri so that its timeouts and retries
     # are bounded; the endpoint is passed explicitly, as the constructor does not read it.
-    get = dict(zip(_S3_ENV, env, strict=True)).get
     opts: dict[str, Any] = {
         "connect_timeout": PROBE_CONNECT_TIMEOUT_S if quick else CONNECT_TIMEOUT_S,
         "request_timeout": PROBE_REQUEST_TIMEOUT_S if quick else REQUEST_TIMEOUT_S,
@@ -112,12 +125,32 @@ def _filesystem(scheme: str, netloc: str, quick: bool, env: tuple[str, ...]) -> 
     return pafs.S3FileSystem(**opts)
 
 
+def _gcs_filesystem(emulator: str | None, quick: bool) -> pafs.GcsFileSystem:
+    """The GCS client: Google's default credentials, or with ``emulator`` (``http://host:port``,
+    or ``host:port``) that endpoint without credentials.
+
+    Built here rather than by ``from_uri`` for two reasons. An emulator takes no credentials,
+    and a URL cannot say so short of ``gs://anonymous@bucket/...?scheme=http&endpoint_override=``
+    in every path key: without ``anonymous`` the client first asks Google for an OAuth2 token
+    (and, off Google's network, retries that until its retry limit), even when google-cloud-cpp's
+    ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` already names the emulator. And that retry limit is 15
+    minutes unless set: it is bounded here, as S3's timeouts are.
+    """
+    limit = PROBE_REQUEST_TIMEOUT_S if quick else REQUEST_TIMEOUT_S
+    opts: dict[str, Any] = {"retry_time_limit": timedelta(seconds=limit)}
+    if emulator:
+        parts = urlsplit(emulator if "://" in emulator else f"http://{emulator}")
+        opts.update(anonymous=True, scheme=parts.scheme, endpoint_override=parts.netloc)
+    return pafs.GcsFileSystem(**opts)
+
+
 def remote(url: str, quick: bool = False) -> tuple[pafs.FileSystem, str]:
     """(file system, path inside it) of a URL; ``quick``: the short timeouts of a check."""
     parts = urlsplit(url)
-    env = tuple(os.environ.get(k, "") for k in _S3_ENV)
-    fs = _filesystem(parts.scheme.lower(), parts.netloc, quick, env)
-    inner = f"{parts.netloc}{parts.path}" if parts.scheme.lower() == "s3" else parts.path
+    env = tuple(os.environ.get(k, "") for k in _ENV)
+    scheme = parts.scheme.lower()
+    fs = _filesystem(scheme, parts.netloc, quick, env)
+    inner = f"{parts.netloc}{parts.path}" if scheme in _BUCKETS else parts.path
     return fs, inner.rstrip("/") or inner
 
 
@@ -195,8 +228,18 @@ def list_dir(path: str) -> list[tuple[str, bool]]:
         p = local_path(path)
         return sorted((n, os.path.isdir(os.path.join(p, n))) for n in os.listdir(p))
     fs, inner = remote(path)
-    infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
-    return sorted((i.base_name, i.type == pafs.FileType.Directory) for i in infos)
+    if fs.type_name != "gcs":
+        infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+        return sorted((i.base_name, i.type == pafs.FileType.Directory) for i in infos)
+    # pyarrow's GCS listing of one level names a sub-prefix only when a directory marker
+    # object ("name/") exists, and objects written one by one (a checkpoint's generations)
+    # leave none: list everything under the prefix, and take the first name of each path.
+    infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True, recursive=True))
+    entries: dict[str, bool] = {}
+    for i in infos:
+        name, sep, _ = i.path[len(inner) + 1 :].partition("/")
+        entries[name] = entries.get(name, False) or bool(sep) or i.type == pafs.FileType.Directory
+    return sorted(entries.items())
 
 
 def list_files(path: str) -> list[tuple[str, int]]:
@@ -213,8 +256,15 @@ def list_files(path: str) -> list[tuple[str, int]]:
 def delete_dir(path: str) -> None:
     """Remove directory ``path`` and everything under it (nothing when it is absent)."""
     fs, inner = remote(path) if is_remote(path) else (pafs.LocalFileSystem(), local_path(path))
-    if fs.get_file_info(inner).type != pafs.FileType.NotFound:
-        fs.delete_dir(inner)
+    if fs.get_file_info(inner).type == pafs.FileType.NotFound:
+        return
+    if fs.type_name == "gcs":
+        # pyarrow's GCS delete_dir ends by deleting the marker object "path/", and fails
+        # (404) where there is none: delete the objects, then the marker only if one is left.
+        fs.delete_dir_contents(inner, missing_dir_ok=True)
+        if fs.get_file_info(inner).type == pafs.FileType.NotFound:
+            return
+    fs.delete_dir(inner)
 
 
 def delete_file(path: str) -> None:
@@ -225,8 +275,8 @@ def delete_file(path: str) -> None:
 
 
 def copy_file(src: str, dst: str) -> None:
-    """Copy file ``src`` to ``dst``, URLs on the same file system: on S3 a server-side copy
-    (no bytes through this process), streamed here past ``COPY_OBJECT_MAX_BYTES``."""
+    """Copy file ``src`` to ``dst``, URLs on the same file system: on S3 and GCS a server-side
+    copy (no bytes through this process), on S3 streamed here past ``COPY_OBJECT_MAX_BYTES``."""
     fs, a = remote(src)
     _, b = remote(dst)
     if isinstance(fs, pafs.S3FileSystem) and (fs.get_file_info(a).size or 0) > (
@@ -239,12 +289,24 @@ def copy_file(src: str, dst: str) -> None:
     fs.copy_file(a, b)
 
 
-def _why(error: str) -> str:
+#: Per scheme: what to check when the credentials are refused, and when the store is not
+#: reached (the variables that choose them).
+_HINTS = {
+    "s3": ("AWS_ACCESS_KEY_ID, ...", "AWS_ENDPOINT_URL, the network"),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS, ...", "CLOUD_STORAGE_EMULATOR_ENDPOINT, the network"),
+}
+_DENIED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch")  # S3
+_DENIED_GCS = ("PERMISSION_DENIED", "UNAUTHENTICATED")
+_UNREACHED = ("NETWORK_CONNECTION", "Could not resolve", "Could not connect")
+
+
+def _why(error: str, scheme: str) -> str:
     """The client's error with what to check first, for the errors a user can fix."""
-    if any(w in error for w in ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch")):
-        return f"the store refused the credentials (AWS_ACCESS_KEY_ID, ...): {error}"
-    if "NETWORK_CONNECTION" in error or "Could not resolve" in error:
-        return f"cannot reach the store (AWS_ENDPOINT_URL, the network): {error}"
+    credentials, endpoint = _HINTS.get(scheme, ("the client's configuration", "the network"))
+    if any(w in error for w in _DENIED + _DENIED_GCS):
+        return f"the store refused the credentials ({credentials}): {error}"
+    if any(w in error for w in _UNREACHED):
+        return f"cannot reach the store ({endpoint}): {error}"
     return error
 
 
@@ -253,12 +315,13 @@ def probe(url: str, must_exist: bool) -> str | None:
     file system) answers with these credentials, and with ``must_exist`` the path is there.
     Bounded in time (short timeouts, few retries, and a hard limit of ``PROBE_LIMIT_S``)."""
     answer: list[str | None] = []
+    scheme = urlsplit(url).scheme.lower()
 
     def check() -> None:
         try:
             fs, inner = remote(url, quick=True)
             bucket = inner.split("/", 1)[0]
-            if urlsplit(url).scheme.lower() == "s3":
+            if scheme in _BUCKETS:
                 if not bucket:
                     answer.append("the URL names no bucket")
                     return
@@ -270,7 +333,7 @@ def probe(url: str, must_exist: bool) -> str | None:
                 return
             answer.append(None)
         except (OSError, ValueError, pa.ArrowException) as e:
-            answer.append(_why(" ".join(str(e).split())[:300] or type(e).__name__))
+            answer.append(_why(" ".join(str(e).split())[:300] or type(e).__name__, scheme))
 
     t = threading.Thread(target=check, daemon=True, name="angelps-fs-probe")
     t.start()

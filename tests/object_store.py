@@ -1,18 +1,25 @@
-"""A local S3-compatible server for tests: moto's server mode on 127.0.0.1, on a free port.
+"""Local object stores for tests, on 127.0.0.1 and a free port: an S3-compatible server (moto's
+server mode) and a GCS emulator (gcp-storage-emulator, in memory).
 
-:func:`s3_server` starts it and yields the environment a client needs (endpoint, region,
-credentials); :func:`make_bucket` creates a bucket; :func:`require_auth` makes the server refuse
-every request whose access key it does not know (bad credentials).
+:func:`s3_server` and :func:`gcs_server` start one and yield the environment a client needs (for
+S3: endpoint, region, credentials; for GCS: ``CLOUD_STORAGE_EMULATOR_ENDPOINT``);
+:func:`make_bucket` creates a bucket and :func:`upload_tree` copies files, on either;
+:func:`require_auth` makes the S3 server refuse every request whose access key it does not know
+(bad credentials).
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["make_bucket", "require_auth", "s3_server", "upload_tree"]
+__all__ = ["gcs_server", "make_bucket", "require_auth", "s3_server", "upload_tree"]
 
 
 def _free_port() -> int:
@@ -41,31 +48,64 @@ def s3_server() -> Iterator[dict[str, str]]:
         server.stop()
 
 
-def make_bucket(env: dict[str, str], bucket: str) -> None:
-    """Create ``bucket`` on the server of ``env``."""
+@contextmanager
+def gcs_server() -> Iterator[dict[str, str]]:
+    """A GCS emulator for the duration of the block; yields its client environment.
+
+    It runs in its own process, not in a thread of the tests': pyarrow's GCS client holds the
+    GIL in some calls (``open_input_file``), and would wait forever on a server that needs it.
+    """
+    # gcp-storage-emulator is in the test extra: a missing one fails these tests.
+    port = _free_port()
+    argv = ["-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen([sys.executable, *argv, "--in-memory", "--quiet"])
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # up when its health check answers
+            try:
+                with urllib.request.urlopen(f"{endpoint}/", timeout=1) as r:
+                    r.read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the GCS emulator did not start on {endpoint}") from None
+                time.sleep(0.1)
+        yield {"CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _client(env: dict[str, str], **opts: Any) -> Any:
+    """A pyarrow file system on the store of ``env`` (S3 or GCS), built from ``env`` alone."""
     import pyarrow.fs as pafs
 
-    s3 = pafs.S3FileSystem(
+    if "CLOUD_STORAGE_EMULATOR_ENDPOINT" in env:
+        host = env["CLOUD_STORAGE_EMULATOR_ENDPOINT"].removeprefix("http://")
+        # project_id: creating a bucket needs one (the emulator takes any).
+        return pafs.GcsFileSystem(
+            anonymous=True, scheme="http", endpoint_override=host, project_id="test"
+        )
+    return pafs.S3FileSystem(
         endpoint_override=env["AWS_ENDPOINT_URL"],
         access_key=env["AWS_ACCESS_KEY_ID"],
         secret_key=env["AWS_SECRET_ACCESS_KEY"],
         region=env["AWS_DEFAULT_REGION"],
-        allow_bucket_creation=True,
+        **opts,
     )
-    s3.create_dir(bucket)
+
+
+def make_bucket(env: dict[str, str], bucket: str) -> None:
+    """Create ``bucket`` on the server of ``env``."""
+    _client(env, allow_bucket_creation=True).create_dir(bucket)
 
 
 def upload_tree(env: dict[str, str], local: str, url: str) -> None:
-    """Copy a local file or directory to ``url`` (``s3://bucket/prefix``)."""
+    """Copy a local file or directory to ``url`` (``s3://bucket/prefix`` or ``gs://...``)."""
     import pyarrow.fs as pafs
 
-    s3 = pafs.S3FileSystem(
-        endpoint_override=env["AWS_ENDPOINT_URL"],
-        access_key=env["AWS_ACCESS_KEY_ID"],
-        secret_key=env["AWS_SECRET_ACCESS_KEY"],
-        region=env["AWS_DEFAULT_REGION"],
-    )
-    pafs.copy_files(local, url.removeprefix("s3://"), destination_filesystem=s3)
+    pafs.copy_files(local, url.split("://", 1)[1], destination_filesystem=_client(env))
 
 
 def require_auth(env: dict[str, str], on: bool = True) -> None:

@@ -30,12 +30,8 @@ from learners.cli.main import main
 from learners.retention import Checkpoints
 from learners.runs import log_root
 from learners.saved_model import dense_blob
+from tests.learners.store_jobs import ROWS, bad, job, local_ray, metrics, predict, sample, train
 from tests.object_store import make_bucket, require_auth, s3_server, upload_tree
-from tests.short_tmp import short_tmp
-
-ROOT = Path(__file__).resolve().parents[2]
-ROWS = 1200
-LR = "com.tencent.angel.ml.classification.LogisticRegression"
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +39,7 @@ def s3(tmp_path_factory) -> Iterator[dict[str, str]]:
     """The server's environment (set for this module: Ray's workers inherit it), a bucket
     ``angel`` holding ``data/a9a/part-0.libsvm``, and the same data locally (``local``)."""
     tmp = tmp_path_factory.mktemp("objstore")
-    data = tmp / "a9a"
-    data.mkdir()
-    lines = (ROOT / "data/a9a/a9a_123d_train.libsvm").read_text().splitlines(keepends=True)
-    (data / "part-0.libsvm").write_text("".join(lines[:ROWS]))
+    data = sample(tmp)
     with s3_server() as env, pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
@@ -58,42 +51,8 @@ def s3(tmp_path_factory) -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="module")
 def ray_s3(s3) -> Iterator[None]:
     """A local Ray started after the S3 environment is set, so that its workers have it."""
-    import ray
-
-    tmp = short_tmp()
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, namespace="angelps", _temp_dir=tmp)
-    yield
-    ray.shutdown()
-
-
-def _job(tmp: Path, data: str, model: str, log: str, epochs: int = 2) -> Path:
-    conf = tmp / f"job-{time.time_ns()}.properties"
-    conf.write_text(
-        f"ml.model.class.name = {LR}\nangel.train.data.path = {data}\n"
-        "ml.data.type = libsvm\nml.feature.index.range = 123\nml.data.validate.ratio = 0.1\n"
-        f"ml.epoch.num = {epochs}\nml.minibatch.size = 128\nml.inputlayer.optimizer = Adam\n"
-        "ml.learn.rate = 0.05\nangel.workergroup.number = 2\nangel.ps.number = 2\n"
-        f"angel.save.model.path = {model}\nangel.log.path = {log}\nangel.job.name = objstore\n"
-    )
-    return conf
-
-
-def _train(conf: Path, *more: str) -> dict:
-    out = conf.with_suffix(f".{time.time_ns()}.json")
-    assert main(["train", "--conf", str(conf), "--summary-json", str(out), *more]) == 0
-    return json.loads(out.read_text())
-
-
-def _metrics(summary: dict) -> list:
-    keep = ("train_loss", "valid_auc", "valid_logloss")
-    return [{k: row.get(k) for k in keep} for row in summary.get("history", [])] or [
-        {k: v for k, v in summary.items() if k.startswith(("valid_", "best_value"))}
-    ]
-
-
-def _predict(model: str, data: str, out: str) -> None:
-    argv = ["predict", "--model", model, "--input", data, "--out", out]
-    assert main(argv) == 0
+    with local_ray():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +62,14 @@ def s3_run(s3, ray_s3, tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("s3run")
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        summary = _train(_job(tmp, "s3://angel/data/a9a", "s3://angel/model", "s3://angel/log"))
+        summary = train(job(tmp, "s3://angel/data/a9a", "s3://angel/model", "s3://angel/log"))
     return {"summary": summary, "out": out.getvalue(), "err": err.getvalue()}
 
 
 def test_train_predict_on_s3_equal_the_local_run(s3, s3_run, tmp_path) -> None:
-    local = _train(_job(tmp_path, s3["data"], str(tmp_path / "model"), str(tmp_path / "log")))
+    local = train(job(tmp_path, s3["data"], str(tmp_path / "model"), str(tmp_path / "log")))
     remote = s3_run["summary"]
-    assert _metrics(remote) == _metrics(local)
+    assert metrics(remote) == metrics(local)
     # The checkpoint is committed on S3 (pointer + generation), the run's log uploaded.
     names = [n for n, _ in fs.list_dir("s3://angel/model")]
     assert "LATEST.json" in names and any(n.startswith("gen-") for n in names)
@@ -118,8 +77,8 @@ def test_train_predict_on_s3_equal_the_local_run(s3, s3_run, tmp_path) -> None:
     rows = fs.read_bytes(f"s3://angel/log/{run}/metrics.jsonl").decode().splitlines()
     assert sum(json.loads(r)["kind"] == "epoch" for r in rows) == 2
     # Predictions from the S3 model, of S3 data, to S3, equal the local model's.
-    _predict(str(tmp_path / "model"), s3["data"], str(tmp_path / "pred.csv"))
-    _predict("s3://angel/model", "s3://angel/data/a9a", "s3://angel/pred/out.csv")
+    predict(str(tmp_path / "model"), s3["data"], str(tmp_path / "pred.csv"))
+    predict("s3://angel/model", "s3://angel/data/a9a", "s3://angel/pred/out.csv")
     want = pacsv.read_csv(tmp_path / "pred.csv")
     got = pacsv.read_csv(pa.BufferReader(fs.read_bytes("s3://angel/pred/out.csv")))
     assert got.equals(want)
@@ -221,13 +180,13 @@ def test_plot_on_s3_errors_are_one_line_naming_the_path(s3, tmp_path, capsys) ->
 @pytest.mark.slow
 def test_resume_and_evaluate_from_s3_equal_the_local_run(s3, ray_s3, tmp_path, capsys) -> None:
     lm, rm = str(tmp_path / "model"), "s3://angel/resume-model"
-    _train(_job(tmp_path, s3["data"], lm, str(tmp_path / "log")))
-    _train(_job(tmp_path, "s3://angel/data/a9a", rm, str(tmp_path / "log2")))
-    local = _train(_job(tmp_path, s3["data"], lm, str(tmp_path / "log"), epochs=3), "--resume")
-    remote = _train(
-        _job(tmp_path, "s3://angel/data/a9a", rm, str(tmp_path / "log2"), epochs=3), "--resume"
+    train(job(tmp_path, s3["data"], lm, str(tmp_path / "log")))
+    train(job(tmp_path, "s3://angel/data/a9a", rm, str(tmp_path / "log2")))
+    local = train(job(tmp_path, s3["data"], lm, str(tmp_path / "log"), epochs=3), "--resume")
+    remote = train(
+        job(tmp_path, "s3://angel/data/a9a", rm, str(tmp_path / "log2"), epochs=3), "--resume"
     )
-    assert _metrics(remote) == _metrics(local)
+    assert metrics(remote) == metrics(local)
     capsys.readouterr()
     assert main(["evaluate", "--model", lm, "--input", s3["data"], "--json"]) == 0
     want = json.loads(capsys.readouterr().out)
@@ -306,8 +265,8 @@ def test_keep_last_and_best_on_s3_prune_only_their_own_objects(s3) -> None:
 
 def test_train_on_s3_keeps_the_last_epochs_and_the_best_loadable(s3, ray_s3, tmp_path) -> None:
     save = "s3://angel/keep/model"
-    conf = _job(tmp_path, "s3://angel/data/a9a", save, str(tmp_path / "log"), epochs=4)
-    summary = _train(
+    conf = job(tmp_path, "s3://angel/data/a9a", save, str(tmp_path / "log"), epochs=4)
+    summary = train(
         conf,
         "--set",
         "angel.save.model.keep.last=2",
@@ -346,8 +305,8 @@ def test_train_on_s3_keeps_the_last_epochs_and_the_best_loadable(s3, ray_s3, tmp
         dense_blob(checkpoint.verify(kept)["extra"]["learner"], kept)
     assert checkpoint.read_manifest(f"{save}.best")["extra"]["learner"]["epoch"] == best
     # A kept copy loads as the latest does: predictions of epoch-4 equal the latest's.
-    _predict(save, "s3://angel/data/a9a", "s3://angel/keep-pred/latest.csv")
-    _predict(f"{save}.epoch-4", "s3://angel/data/a9a", "s3://angel/keep-pred/kept.csv")
+    predict(save, "s3://angel/data/a9a", "s3://angel/keep-pred/latest.csv")
+    predict(f"{save}.epoch-4", "s3://angel/data/a9a", "s3://angel/keep-pred/kept.csv")
     latest_pred = fs.read_bytes("s3://angel/keep-pred/latest.csv")
     assert len(latest_pred.splitlines()) == ROWS + 1  # a header and one line per row
     assert fs.read_bytes("s3://angel/keep-pred/kept.csv") == latest_pred
@@ -355,7 +314,7 @@ def test_train_on_s3_keeps_the_last_epochs_and_the_best_loadable(s3, ray_s3, tmp
 
 def test_keeping_copies_beside_a_bucket_is_refused(s3, tmp_path, capsys) -> None:
     make_bucket(s3, "bare")
-    conf = _job(tmp_path, "s3://angel/data/a9a", "s3://bare", str(tmp_path / "log"))
+    conf = job(tmp_path, "s3://angel/data/a9a", "s3://bare", str(tmp_path / "log"))
     assert main(["train", "--conf", str(conf), "--set", "angel.save.model.keep.last=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
@@ -372,15 +331,8 @@ def _bucket() -> list[str]:
 
 def _bad(tmp_path: Path, capsys, key: str, value: str) -> str:
     """The one error line of a train job with ``key=value``; exit 2 in seconds, no log."""
-    conf = _job(tmp_path, "s3://angel/data/a9a", "s3://angel/m-bad", str(tmp_path / "log"))
-    t = time.monotonic()
-    code = main(["train", "--conf", str(conf), f"--{key}", value])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, err
-    assert time.monotonic() - t < 25
-    assert len(err) == 1 and f"{key}={value}" in err[0], err
-    assert not (tmp_path / "log").exists()  # nothing written locally
-    return err[0]
+    conf = job(tmp_path, "s3://angel/data/a9a", "s3://angel/m-bad", str(tmp_path / "log"))
+    return bad(conf, capsys, key, value, tmp_path / "log")
 
 
 def test_missing_bucket_is_one_line_naming_the_key(s3, tmp_path, capsys) -> None:
@@ -404,7 +356,7 @@ def test_bad_credentials_are_one_line_naming_the_key(s3, tmp_path, capsys) -> No
 
 
 def test_unreachable_endpoint_is_one_line_in_seconds(s3, tmp_path, capsys, monkeypatch) -> None:
-    conf = _job(tmp_path, s3["data"], "s3://angel/m-x", str(tmp_path / "log"))
+    conf = job(tmp_path, s3["data"], "s3://angel/m-x", str(tmp_path / "log"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     t = time.monotonic()
     assert main(["train", "--conf", str(conf)]) == 2
