@@ -25,18 +25,21 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
 from ray._private import ray_constants
 from ray._private import services as ray_services
+from ray._private import utils as ray_private_utils
 from ray._private import worker as ray_worker
 
 from angelconf.config import ConfigError
 from angelps import PSOptions
 from learners.placement import Placement
 from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
+from learners.terminate import sigterm_held, unwinding
 
 __all__ = [
     "Ask",
@@ -78,7 +81,36 @@ def start_label(cli_address: str | None) -> str:
 
 
 def start_or_join(cli_address: str | None, timeout_s: float) -> None:
-    """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``."""
+    """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``.
+
+    On the command line a SIGTERM during the start stops the job cleanly (exit 143, nothing
+    left running): Ray's own handlers (``sys.exit`` at once, which left the agents of a
+    half-started Ray running) are kept out, and a private Ray's start is finished first
+    (learners.terminate.sigterm_held); a join is cut short at once (it starts nothing)."""
+    with _keep_our_sigterm():
+        if job_address(cli_address)[0] is None:
+            with sigterm_held():
+                _start_or_join(cli_address, timeout_s)
+        else:
+            _start_or_join(cli_address, timeout_s)
+
+
+@contextmanager
+def _keep_our_sigterm() -> Iterator[None]:
+    """While the command line handles SIGTERM, ``ray.init`` may not replace its handler."""
+    if not unwinding():
+        yield
+        return
+    utils = ray_private_utils
+    set_handler = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None  # Ray's own hook for it, not public
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = set_handler
+
+
+def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
     address, source = job_address(cli_address)
     if address is None:
         # Ray warns, at every start, that a new local instance enables token authentication:

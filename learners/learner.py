@@ -123,9 +123,11 @@ class GraphLearner(Inference):
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.cluster);
         then make sure it can hold the job's workers and shards before any of them starts."""
         if not ray.is_initialized():
-            with self._phases.phase(cluster.start_label(self.address)):
-                cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
-            self._ray_started = True
+            try:
+                with self._phases.phase(cluster.start_label(self.address)):
+                    cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
+            finally:  # up, even when a SIGTERM held during the start is raised now
+                self._ray_started = ray.is_initialized()
         cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
 
     def _start_workers(self) -> WorkerGroup:
@@ -263,12 +265,11 @@ class GraphLearner(Inference):
         the whole-job progress bar."""
         assert self._size is not None
         plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
-        model = model_info(_model_name(conf))
         log.record(
             start_record(
-                run_dir.name, conf, plan, self._size, model.angel_name, progress.next_epoch
+                run_dir.name, conf, plan, self._size, _angel_name(conf), progress.next_epoch
             )
-            | {"task": model.task, "watch": self._watch_metric()}
+            | {"task": self._model_task(), "watch": self._watch_metric()}
         )
         log.config_text(conf)
         log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
@@ -299,7 +300,7 @@ class GraphLearner(Inference):
                 self.ps_options,
                 self._size,
                 self._tables,
-                model_info(_model_name(self.conf)).angel_name,
+                _angel_name(self.conf),
                 dense_params,
                 self.sched,
             )
@@ -389,7 +390,7 @@ class GraphLearner(Inference):
         plan, size = self.plan, self._size
         last = progress.history[-1] if progress.history else {}
         summary = {
-            "model": model_info(_model_name(self.conf)).angel_name,
+            "model": _angel_name(self.conf),
             "epochs": len(progress.history),
             "workers": plan.workers,
             "global_batch": size.batch_size * plan.workers * plan.accum,
@@ -437,7 +438,7 @@ class GraphLearner(Inference):
             "best": progress.best,
             "best_epoch": progress.best_epoch,
             "since_best": progress.since_best,
-            "model": model_info(_model_name(conf)).angel_name,
+            "model": _angel_name(conf),
             "num_features": self._size.num_features,
             "num_fields": self._size.num_fields,
             "tables": [t.to_dict() for t in self._tables],
@@ -494,6 +495,6 @@ class GraphLearner(Inference):
         self.shutdown()
 
 
-def _model_name(conf: Mapping[str, Any]) -> str:
-    """The model's name as configured (``ml.model.class.name``)."""
-    return str(conf["ml.model.class.name"])
+def _angel_name(conf: Mapping[str, Any]) -> str:
+    """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
+    return model_info(str(conf["ml.model.class.name"])).angel_name

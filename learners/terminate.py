@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["Terminated", "retake_sigterm", "sigterm_unwinds"]
+__all__ = ["Terminated", "retake_sigterm", "sigterm_held", "sigterm_unwinds", "unwinding"]
 
 _active = False
 
@@ -56,3 +56,29 @@ def retake_sigterm() -> None:
     """Put the handler back after ``ray.init`` replaced it (no-op outside :func:`sigterm_unwinds`)."""
     if _active and _main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def unwinding() -> bool:
+    """Whether SIGTERM unwinds this thread now (inside :func:`sigterm_unwinds`, main thread)."""
+    return _active and _main_thread()
+
+
+@contextmanager
+def sigterm_held() -> Iterator[None]:
+    """Inside :func:`sigterm_unwinds`: a SIGTERM during the block is held, and raised as
+    :class:`Terminated` when the block ends (not when it raises: its own error goes first).
+
+    For a step that must not be cut in half: a private Ray's start, whose processes a
+    half-done ``ray.init`` would leave running (its agents outlive it). Once it is up, the
+    job stops it as after any other SIGTERM."""
+    if not unwinding():
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    if held:
+        raise Terminated()

@@ -295,6 +295,48 @@ def test_sigterm_during_training_stops_cleanly_with_143(tmp_path: Path) -> None:
     assert "Traceback" not in err and "SIGTERM received" not in err
 
 
+def _session(sid: int, name: str = "") -> list[str]:
+    """The processes of session ``sid`` (``pgrep -s``), those named ``name`` when given."""
+    args = ["pgrep", "-s", str(sid), *([name] if name else [])]
+    return subprocess.run(args, capture_output=True, text=True).stdout.split()
+
+
+def test_sigterm_while_the_private_ray_starts_stops_cleanly_leaving_nothing(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM in the middle of ``ray.init``: 143 and one line, and no process of the job left
+    (Ray's own handler used to exit 15 at once, leaving a half-started Ray's agents running)."""
+    if not Path("/usr/bin/pgrep").exists() and not Path("/bin/pgrep").exists():
+        pytest.skip("pgrep is not available")
+    cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
+           "--set", "ml.epoch.num=1", "--set", f"angel.log.path={tmp_path / 'log'}"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _session(proc.pid, "gcs_server"):  # Ray's first process: ray.init is under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "Ray did not start within 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        for _ in range(100):  # what Ray started ends in seconds
+            if not _session(proc.pid):
+                break
+            time.sleep(0.1)
+        left = _session(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], capture_output=True)
+    assert (proc.returncode, err) == (143, "angelps: terminated (SIGTERM); stopped cleanly\n")
+    assert "angelps train" not in out  # stopped before the job's banner
+    assert left == []
+
+
 def test_an_actor_that_died_in_its_constructor_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
