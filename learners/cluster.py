@@ -39,7 +39,7 @@ from angelconf.config import ConfigError
 from angelps import PSOptions
 from learners.placement import Placement
 from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
-from learners.terminate import sigterm_held, unwinding
+from learners.terminate import stops_held, unwinding
 
 __all__ = [
     "Ask",
@@ -83,13 +83,14 @@ def start_label(cli_address: str | None) -> str:
 def start_or_join(cli_address: str | None, timeout_s: float) -> None:
     """Start a private local Ray, or join the cluster of ``--address`` / ``RAY_ADDRESS``.
 
-    On the command line a SIGTERM during the start stops the job cleanly (exit 143, nothing
-    left running): Ray's own handlers (``sys.exit`` at once, which left the agents of a
-    half-started Ray running) are kept out, and a private Ray's start is finished first
-    (learners.terminate.sigterm_held); a join is cut short at once (it starts nothing)."""
+    On the command line a SIGTERM or Ctrl-C during the start stops the job cleanly (exit 143
+    or 130, nothing left running): Ray's own SIGTERM handlers (``sys.exit`` at once, which
+    left the agents of a half-started Ray running) are kept out, and a private Ray's start is
+    finished first (learners.terminate.stops_held); a join is cut short at once (it starts
+    nothing)."""
     with _keep_our_sigterm():
         if job_address(cli_address)[0] is None:
-            with sigterm_held():
+            with stops_held():
                 _start_or_join(cli_address, timeout_s)
         else:
             _start_or_join(cli_address, timeout_s)

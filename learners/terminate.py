@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["Terminated", "retake_sigterm", "sigterm_held", "sigterm_unwinds", "unwinding"]
+__all__ = ["Terminated", "retake_sigterm", "sigterm_unwinds", "stops_held", "unwinding"]
 
 _active = False
 
@@ -64,21 +64,34 @@ def unwinding() -> bool:
 
 
 @contextmanager
-def sigterm_held() -> Iterator[None]:
-    """Inside :func:`sigterm_unwinds`: a SIGTERM during the block is held, and raised as
-    :class:`Terminated` when the block ends (not when it raises: its own error goes first).
+def stops_held() -> Iterator[None]:
+    """Inside :func:`sigterm_unwinds`: a SIGTERM or Ctrl-C (SIGINT) during the block is held,
+    and raised (:class:`Terminated`, ``KeyboardInterrupt``) when the block ends (not when it
+    raises: its own error goes first).
 
     For a step that must not be cut in half: a private Ray's start, whose processes a
     half-done ``ray.init`` would leave running (its agents outlive it). Once it is up, the
-    job stops it as after any other SIGTERM."""
+    job stops it as after any other stop. SIGINT is held only where Python's own handler
+    is in place (someone else's is left alone)."""
     if not unwinding():
         yield
         return
     held: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    own_int = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGTERM, hold)
+    if own_int:
+        signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, _on_sigterm)
-    if held:
+        if own_int:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.SIGTERM in held:
         raise Terminated()
+    if held:
+        raise KeyboardInterrupt()

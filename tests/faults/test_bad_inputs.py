@@ -8,6 +8,7 @@ local Ray by default, the others are marked slow.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,18 +302,27 @@ def _session(sid: int, name: str = "") -> list[str]:
     return subprocess.run(args, capture_output=True, text=True).stdout.split()
 
 
-def test_sigterm_while_the_private_ray_starts_stops_cleanly_leaving_nothing(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [
+        (signal.SIGTERM, 143, "angelps: terminated (SIGTERM); stopped cleanly"),
+        (signal.SIGINT, 130, "angelps: interrupted; stopped cleanly"),
+    ],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_stop_while_the_private_ray_starts_ends_cleanly_leaving_nothing(
+    tmp_path: Path, sig: signal.Signals, code: int, line: str
 ) -> None:
-    """SIGTERM in the middle of ``ray.init``: 143 and one line, and no process of the job left
-    (Ray's own handler used to exit 15 at once, leaving a half-started Ray's agents running)."""
-    if not Path("/usr/bin/pgrep").exists() and not Path("/bin/pgrep").exists():
+    """SIGTERM or Ctrl-C in the middle of ``ray.init``: the exit code and one line, and no
+    process of the job left (Ray's own SIGTERM handler exited 15 at once, and both left a
+    half-started Ray's agents running)."""
+    if shutil.which("pgrep") is None:
         pytest.skip("pgrep is not available")
     cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
            "--set", "ml.epoch.num=1", "--set", f"angel.log.path={tmp_path / 'log'}"]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -320,7 +330,7 @@ def test_sigterm_while_the_private_ray_starts_stops_cleanly_leaving_nothing(
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "Ray did not start within 120 s"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         for _ in range(100):  # what Ray started ends in seconds
             if not _session(proc.pid):
@@ -332,9 +342,14 @@ def test_sigterm_while_the_private_ray_starts_stops_cleanly_leaving_nothing(
             proc.kill()
             proc.communicate()
         subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], capture_output=True)
-    assert (proc.returncode, err) == (143, "angelps: terminated (SIGTERM); stopped cleanly\n")
+    assert (proc.returncode, err) == (code, line + "\n")
     assert "angelps train" not in out  # stopped before the job's banner
     assert left == []
+
+
+def _default_sigint() -> None:
+    # A child of a shell's background job starts with SIGINT ignored; Ctrl-C must reach it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_an_actor_that_died_in_its_constructor_is_one_line(
