@@ -3,26 +3,26 @@
 :class:`Inference` is a base class of :class:`learners.learner.GraphLearner`:
 ``GraphLearner.load(path)`` builds a learner and calls :meth:`Inference._load` (one worker and the
 PS holding the saved model); ``evaluate`` and ``predict`` run on the workers of a trained or loaded
-learner. The attributes declared below are the learner's own (set in its ``__init__``).
+learner. Its actors (Ray, the placement, the workers and the shards) are
+:class:`learners.job_actors.JobActors`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-from angelconf.config import Config, ConfigError
-from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
+from angelconf.config import ConfigError
+from angelps import OptimizerSpec, PSOptions, TableSpec
 from learners import saved_model
 from learners.data import DataOptions
 from learners.inputs import InMemory, in_input_order, is_path, predict_parts
+from learners.job_actors import JobActors
 from learners.metrics import validation_metrics
-from learners.model_config import ModelConfig, model_info
-from learners.placement import Layout
+from learners.model_config import ModelConfig
 from learners.plan import JobSize, TrainPlan
 from learners.run_log import jsonable
 from learners.tables import table_specs
@@ -33,28 +33,8 @@ __all__ = ["Inference"]
 _L = TypeVar("_L", bound="Inference")
 
 
-class Inference:
+class Inference(JobActors):
     """Prediction and evaluation with the learner's workers; the start of a saved model."""
-
-    conf: Config
-    plan: TrainPlan
-    ps_options: PSOptions
-    _workers: WorkerGroup | None
-    _ps: PSClient | None
-    _tables: list[TableSpec]
-    _model: ModelConfig | None
-    _size: JobSize | None
-
-    #: starts (or joins) Ray and checks the job fits (GraphLearner's)
-    _start_ray: Callable[[], None]
-    #: where the actors go (angel.*.resources, angel.placement.strategy) (GraphLearner's)
-    _reserve: Callable[[], Layout]
-    #: starts the shards of the tables where the layout puts them (GraphLearner's)
-    _launch: Callable[[list[TableSpec], Layout | None], PSClient]
-
-    def _model_task(self) -> str:
-        """The model's task (binary, multiclass, regression): what its metrics are."""
-        return model_info(str(self.conf["ml.model.class.name"])).task
 
     def _load(self: _L, p: str) -> _L:
         """Start one worker and the PS from the saved model in ``p`` (a directory or a URL)."""

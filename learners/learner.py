@@ -28,26 +28,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from angelconf.config import Config, load_config
-from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
-from angelps.launch import start_shards, wait_started
+from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler, from_conf
-from learners import cluster, failover, saved_model
-from learners.data import DataOptions
+from learners import failover, saved_model
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig, model_info
-from learners.placement import Layout, Placement, release, reserve
+from learners.placement import Layout
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import (
     check_job,
     check_resume,
     lower_is_better,
-    tables_up_front,
     watched_metric,
 )
 from learners.progress import PROGRESS_EVERY, Chunker, merge_chunks
@@ -63,9 +58,8 @@ from learners.run_log import (
     step_record,
 )
 from learners.runs import log_root, new_run_dir, relative_under_ray_job
-from learners.startup import Phases, plural
-from learners.tables import table_specs
-from learners.worker_group import WorkerGroup, get
+from learners.startup import Phases
+from learners.worker_group import WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
 
@@ -116,77 +110,6 @@ class GraphLearner(Inference):
     ) -> GraphLearner:
         """Load ``path`` (a .properties file, or None for defaults) with overrides and build a learner."""
         return cls(load_config(path, overrides, all_keys()), **kw)
-
-    # --- Ray, the workers and the PS -----------------------------------------------------------
-
-    def _start_ray(self) -> None:
-        """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.cluster);
-        then make sure it can hold the job's workers and shards before any of them starts."""
-        if not ray.is_initialized():
-            try:
-                with self._phases.phase(cluster.start_label(self.address)):
-                    cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
-            finally:  # up, even when a SIGTERM held during the start is raised now
-                self._ray_started = ray.is_initialized()
-        cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
-
-    def _start_workers(self) -> WorkerGroup:
-        """Create the worker actors (each loads its part of the data) and, when the tables'
-        sizes are known without the data, the shards at the same time; size the job, build
-        the model on every worker and hand each its PS client."""
-        conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
-        data = DataOptions.from_config(conf)
-        early = tables_up_front(conf, plan, data)
-        what = f"loading data on {plural(plan.workers, 'worker')}"
-        if early is not None:
-            what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
-        layout = self._reserve()
-        with self._phases.phase(what):
-            workers = self._workers = WorkerGroup(plan, data, layout=layout)
-            summaries = workers.execute_async("data_summary")
-            if early is not None:  # shards start while the workers read their data
-                self._ps = self._launch(early, layout)
-            size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
-        with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
-            model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
-            self._build(workers, model, size)
-            workers.join_process_group()
-        return workers
-
-    def _build(self, workers: WorkerGroup, model: ModelConfig, size: JobSize) -> None:
-        """The model on every worker, the PS tables it reads, and each worker's PS handle."""
-        dense = OptimizerSpec.from_conf(self.conf, "ml.fclayer.optimizer")
-        decls = workers.execute("build", model, size, dense)[0]
-        self._model, self._size = model, size
-        self._tables = table_specs(self.conf, decls)
-        if self._ps is not None and list(self._ps.specs.values()) != self._tables:
-            self._ps.shutdown()  # launched early with other tables: start them again
-            self._ps = None
-        if self._ps is None:
-            with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
-                self._ps = self._launch(self._tables, workers.layout)
-        workers.attach_ps(self._ps)
-
-    def _reserve(self) -> Layout:
-        """The job's placement (learners.placement): a placement group reserved when
-        angel.placement.strategy asks for one."""
-        place = Placement.from_config(self.conf)
-        asks = cluster.job_asks(self.plan, self.ps_options, place)
-        if place.strategy == "none":
-            return reserve(place, [], self.plan.workers, 0.0)
-        with self._phases.phase(f"reserving a placement group ({place.strategy})"):
-            self._layout = reserve(
-                place, cluster.bundles(asks), self.plan.workers, self.ps_options.timeout_s
-            )
-        return self._layout
-
-    def _launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
-        """Start the shards of ``tables`` where ``layout`` puts them and wait for them."""
-        n = self.ps_options.num_shards
-        where = [layout.shard(i) for i in range(n)] if layout is not None else None
-        pending = start_shards(tables, self.ps_options, self.plan.workers, where)
-        handles, opts = wait_started(pending)
-        return PSClient(tables, handles, opts, 0, owner=True)
 
     # --- training ----------------------------------------------------------------------------
 
@@ -472,21 +395,6 @@ class GraphLearner(Inference):
         except BaseException:
             learner.shutdown()
             raise
-
-    def shutdown(self) -> None:
-        """Stop the workers and the PS; stop Ray only if this learner started it."""
-        if self._workers is not None:
-            self._workers.shutdown()
-            self._workers = None
-        if self._ps is not None:
-            self._ps.shutdown()
-            self._ps = None
-            failover.remove_backup_root(self.ps_options, self.plan.log_dir)
-        release(self._layout)
-        self._layout = None
-        if self._ray_started and ray.is_initialized():
-            cluster.stop()
-            self._ray_started = False
 
     def __enter__(self) -> GraphLearner:
         return self
