@@ -208,7 +208,7 @@ KEEP_LAST = Key(
     "int",
     1,
     "Checkpoints of the last N epochs to keep: N > 1 also keeps each epoch's as "
-    "<angel.save.model.path>.epoch-<n> (hard links: no extra disk for the latest); 1: only the "
+    "<angel.save.model.path>.epoch-<n> (hard links on a disk; copies on object storage); 1: only the "
     "latest at angel.save.model.path (and the one before it, <path>.prev).",
     check=positive,
 )
