@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from angelps import fs
+from angelps import backup_remote, fs
 from angelps.checkpoint_dir import (
     FORMAT,
     MANIFEST,
@@ -389,7 +389,10 @@ _LATEST = "LATEST"
 def write_backup(backup_dir: str, shard: Any, meta: Mapping[str, Any]) -> str:
     """Write ``shard`` (a ParameterShard) into a new version directory under ``backup_dir``,
     then point ``LATEST`` at it with an atomic ``os.replace``; older versions are removed.
-    The files' checksums go into the version's manifest, so a restore checks them too."""
+    The files' checksums go into the version's manifest, so a restore checks them too. A URL:
+    a generation and a pointer (:mod:`angelps.backup_remote`)."""
+    if is_remote(backup_dir):
+        return backup_remote.write_backup(backup_dir, shard, meta)
     os.makedirs(backup_dir, exist_ok=True)
     version = f"b-{time.time_ns()}"
     tmp = os.path.join(backup_dir, f"tmp-{uuid.uuid4().hex[:12]}")
@@ -411,7 +414,10 @@ def backup_version(backup_dir: str) -> str | None:
 
     Only a plain name (``b-<digits>``, what :func:`write_backup` writes) is accepted: a pointer
     that could lead out of the backup directory (``../x``, an absolute path, a separator) is
-    refused with a CheckpointError naming the file, never joined into a path."""
+    refused with a CheckpointError naming the file, never joined into a path. A URL: the
+    generation its ``LATEST.json`` names."""
+    if is_remote(backup_dir):
+        return backup_remote.backup_version(backup_dir)
     pointer = os.path.join(backup_dir, _LATEST)
     try:
         with open(pointer, encoding="utf-8", errors="replace") as f:
@@ -433,6 +439,8 @@ def backup_version(backup_dir: str) -> str | None:
 def read_backup(backup_dir: str) -> tuple[str, dict[str, Any]] | None:
     """(directory, meta) of the latest backup under ``backup_dir``, or None if there is none;
     ``LATEST`` checked by :func:`backup_version`, the manifest by its checksum."""
+    if is_remote(backup_dir):
+        return backup_remote.read_backup(backup_dir)
     version = backup_version(backup_dir)
     if version is None:
         return None

@@ -39,6 +39,7 @@ __all__ = [
     "check_target",
     "commit_dir",
     "copy_checkpoint",
+    "current",
     "holds_checkpoint",
     "new_tmp_dir",
     "previous",
@@ -73,6 +74,12 @@ def _pointer(path: str) -> dict[str, Any] | None:
     ):
         raise CheckpointDamaged(f"checkpoint file {where} is damaged: not an angelps pointer")
     return dict(ptr)
+
+
+def current(path: str) -> str | None:
+    """The name of the generation the pointer at ``path`` names (None without a pointer)."""
+    ptr = _pointer(path)
+    return str(ptr["current"]) if ptr else None
 
 
 def holds_checkpoint(path: str) -> bool:

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 
-from angelps import checkpoint, fs
+from angelps import backup_remote, checkpoint, fs
 from angelps.checkpoint_dir import write_durably
 from angelps.launch import launch_shards
 from angelps.options import ClientOptions, PSOptions, ShardOptions
@@ -452,5 +452,8 @@ class PSClient:
                     ray.kill(h, no_restart=True)
                 self.handles = []
                 self._owner = False
-                if self.options.shard.backup_dir:
-                    shutil.rmtree(self.options.shard.backup_dir, ignore_errors=True)
+                backups = self.options.shard.backup_dir
+                if backups and fs.is_remote(backups):
+                    backup_remote.remove_launch(backups)  # only this launch's prefix
+                elif backups:
+                    shutil.rmtree(backups, ignore_errors=True)

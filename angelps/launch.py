@@ -8,7 +8,8 @@ client of the job shares. :meth:`angelps.client.PSClient.launch` is the user-fac
 
 Invariants: either every shard started or none is left running; each launch with backups on
 gets a backup directory of its own, readable by this user only (0700: under
-``angel.ps.backup.path`` when set, else a fresh private temporary directory), so a fresh job
+``angel.ps.backup.path`` when set, else a fresh private temporary directory; on a URL a prefix
+of its own, read by whom the bucket allows), so a fresh job
 never restores an older job's backup and no other user reads one; the data-plane token is new
 at every launch.
 """
@@ -27,7 +28,7 @@ import ray
 from ray.actor import ActorClass, ActorHandle
 from ray.exceptions import GetTimeoutError, RayTaskError
 
-from angelps import wire
+from angelps import fs, wire
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.server import ShardServer, private_dir
 from angelps.table import TableSpec, check_unique_names
@@ -77,9 +78,14 @@ def shard_options(ps: PSOptions, num_workers: int) -> ShardOptions:
 
 def _backup_dir(ps: PSOptions) -> str:
     """A new directory for this launch's backups, 0700: ``<angel.ps.backup.path>/<job>-<id>``,
-    or without a path a private temporary directory (never a shared one under /tmp)."""
+    or without a path a private temporary directory (never a shared one under /tmp); on a URL
+    the prefix ``<angel.ps.backup.path>/<job>-<id>``, nothing created yet."""
     if not ps.backup_path:
         return tempfile.mkdtemp(prefix=f"angelps-backup-{ps.job}-")  # made 0700
+    if fs.is_remote(ps.backup_path):
+        # A prefix of its own (it exists once a shard writes under it); who reads it is the
+        # bucket's permissions: object storage has no 0700.
+        return fs.join(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}")
     path = os.path.abspath(os.path.join(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
     private_dir(path)
     return path

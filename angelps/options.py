@@ -125,8 +125,9 @@ BACKUP_PATH = Key(
     "",
     "Directory for shard backups, reachable from every shard's node (empty: "
     "<angel.log.path>/ps-backup for angelps train, a private temporary directory for a "
-    "PSClient launched alone). Each launch uses its own subdirectory (mode 0700), removed at "
-    "shutdown.",
+    "PSClient launched alone), or an object-storage URL (s3://, gs://: survives a lost node "
+    "without a shared file system; access is the bucket's permissions). Each launch uses its "
+    "own subdirectory (mode 0700) or prefix, removed at shutdown.",
 )
 MAX_ATTEMPTS = Key(
     "angel.ps.max-attempts",

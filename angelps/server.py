@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from angelps import wire
+from angelps import fs, wire
 from angelps.checkpoint import CheckpointError, backup_version, read_backup, write_backup
 from angelps.options import ShardOptions
 from angelps.shard import ParameterShard, ShardRestarted
@@ -86,8 +86,9 @@ class ShardServer:
         self.timeout_s = options.timeout_s
         self.backup_interval = options.backup_interval
         root = options.backup_dir
-        self.backup_dir = os.path.join(root, f"shard-{shard_id}") if root else ""
-        if self.backup_dir:
+        self.backup_dir = fs.join(root, f"shard-{shard_id}") if root else ""
+        # On object storage there is no directory mode: the bucket's permissions decide.
+        if self.backup_dir and not fs.is_remote(root):
             private_dir(root)
             private_dir(self.backup_dir)
         self._since_backup = 0

@@ -5,7 +5,9 @@ A dead **shard** is angelps's business (:mod:`angelps.recovery`): Ray restarts i
 its latest backup and the workers' clients replay the pushes made since. The learner only
 chooses where the backups go: without ``angel.ps.backup.path``, a private directory (0700) under
 the job's log directory, ``<angel.log.path>/ps-backup/<job>-<id>/``, removed at shutdown
-(:func:`backup_options`, :func:`remove_backup_root`).
+(:func:`backup_options`, :func:`remove_backup_root`); with a log path on object storage, under
+its local staging root. ``angel.ps.backup.path`` may be a URL (:mod:`angelps.backup_remote`):
+the backups then survive a lost node without a shared file system.
 
 A dead **worker** (its process killed, crashed, or its node lost) restarts the job from its
 last checkpoint: every worker and shard is stopped and started again (each worker reloads its

@@ -55,10 +55,6 @@ def check_url(conf: Config, key: str) -> bool:
     if not is_url(value):
         return False
     where = f"{key}={value} ({conf.source(key)})"
-    if key == "angel.ps.backup.path":
-        raise ConfigError(
-            f"{where}: shard backups need a local (or shared) file system path, not a URL"
-        )
     from angelps.fs import probe  # pyarrow: only for a job with a URL
 
     why = probe(str(value), must_exist=key in READ_KEYS)

@@ -4,6 +4,7 @@ written last, the previous one kept readable, stale generations removed, damage 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -205,3 +206,129 @@ def test_a_copy_past_the_single_request_limit_is_streamed(
     fs.copy_file(f"{bucket}/big/a.bin", f"{bucket}/big/streamed.bin")
     assert fs.read_bytes(f"{bucket}/big/server-side.bin") == data
     assert fs.read_bytes(f"{bucket}/big/streamed.bin") == data
+
+
+# --- a shard's backups on a URL (angel.ps.backup.path=s3://...) -------------------------------
+
+
+def _state(shard: ParameterShard) -> dict[str, tuple[np.ndarray, ...]]:
+    """Every table's keys, rows and optimizer slots, sorted by key."""
+    out = {}
+    for name in ("emb", "lin"):
+        keys, w, state = shard.export(name)
+        order = np.argsort(keys)
+        out[name] = (keys[order], w[order], *(state[s][order] for s in sorted(state)))
+    return out
+
+
+def _same(a: ParameterShard, b: ParameterShard) -> None:
+    sa, sb = _state(a), _state(b)
+    for name in sa:
+        assert len(sa[name]) == len(sb[name])
+        for x, y in zip(sa[name], sb[name], strict=True):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)  # bit for bit
+
+
+def _restored(path: str) -> ParameterShard:
+    info = checkpoint.read_backup(path)
+    assert info is not None
+    root, meta = info
+    fresh = ParameterShard(0, 2, TABLES)
+    fresh.load(root, meta)
+    fresh.restore_state(meta)
+    return fresh
+
+
+def test_a_backup_on_s3_reads_back_bit_exact_and_replaces_the_last(bucket: str) -> None:
+    path = f"{bucket}/bk/job-1/shard-0"
+    assert checkpoint.read_backup(path) is None and checkpoint.backup_version(path) is None
+    shard = _trained(1)[0]
+    v1 = checkpoint.write_backup(path, shard, shard.backup_meta())
+    assert re.fullmatch(r"gen-\d+-[0-9a-f]{8}", v1)
+    assert checkpoint.backup_version(path) == v1
+    assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", v1]
+    restored = _restored(path)
+    _same(restored, shard)
+    assert restored.backup_meta()["clocks"] == shard.backup_meta()["clocks"]
+    # A second backup replaces the first, which is removed (a restart needs the latest only).
+    shard.push(0, 3, {"emb": (np.arange(0, 40, 2), np.ones((20, 3)))}, 0.1)
+    v2 = checkpoint.write_backup(path, shard, shard.backup_meta())
+    assert v2 != v1 and checkpoint.backup_version(path) == v2
+    assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", v2]
+    pointer = json.loads(fs.read_bytes(f"{path}/LATEST.json"))
+    assert (pointer["current"], pointer["previous"], pointer["kept"]) == (v2, None, [])
+    _same(_restored(path), shard)
+
+
+def test_a_backup_that_dies_before_its_pointer_keeps_the_last_good_one(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = f"{bucket}/bk/job-2/shard-0"
+    shard = _trained(1)[0]
+    good = checkpoint.write_backup(path, shard, shard.backup_meta())
+    before = _state(_restored(path))
+    newer = _trained(2)[0]
+
+    def die(*args: object, **kw: object) -> None:
+        raise OSError("killed before the pointer")  # every file and the manifest are written
+
+    monkeypatch.setattr(checkpoint_remote, "commit_dir", die)
+    with pytest.raises(OSError, match="killed before the pointer"):
+        checkpoint.write_backup(path, newer, newer.backup_meta())
+    monkeypatch.undo()
+    names = [n for n, _ in fs.list_dir(path)]
+    assert len(names) == 3  # the pointer, the good generation, the half-written one
+    assert checkpoint.backup_version(path) == good
+    after = _state(_restored(path))
+    for name in before:
+        for x, y in zip(before[name], after[name], strict=True):
+            np.testing.assert_array_equal(x, y)
+    # The next backup commits and removes the half-written generation.
+    last = checkpoint.write_backup(path, newer, newer.backup_meta())
+    assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", last]
+    _same(_restored(path), newer)
+
+
+def test_a_damaged_backup_pointer_on_s3_is_refused_naming_it(bucket: str) -> None:
+    path = f"{bucket}/bk/job-3/shard-0"
+    fs.write_bytes(
+        f"{path}/LATEST.json", b'{"format": "angelps-checkpoint-pointer", "current": "../x"}'
+    )
+    with pytest.raises(
+        CheckpointDamaged, match=rf"checkpoint file {path}/LATEST.json is damaged: not an angelps"
+    ):
+        checkpoint.read_backup(path)
+
+
+def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
+    bucket: str,
+) -> None:
+    from angelps.backup_remote import remove_launch
+    from angelps.launch import shard_options
+    from angelps.options import PSOptions
+    from angelps.server import ShardServer
+
+    conf = {
+        "angel.job.name": "s3bk",
+        "angel.ps.backup.interval": 5,
+        "angel.ps.backup.path": f"{bucket}/launches",
+    }
+    opts = shard_options(PSOptions.from_config(conf), 1)
+    other = shard_options(PSOptions.from_config(conf), 1)
+    assert re.fullmatch(rf"{bucket}/launches/s3bk-[0-9a-f]{{12}}", opts.backup_dir)
+    assert other.backup_dir != opts.backup_dir  # a prefix per launch: never an older backup
+    servers = [ShardServer(i, 2, TABLES, opts) for i in range(2)] + [
+        ShardServer(0, 2, TABLES, other)
+    ]
+    for srv in servers:  # each wrote its first backup (clock 0) under its own prefix
+        assert srv.backup_dir.startswith(f"{bucket}/launches/s3bk-")
+        assert checkpoint.backup_version(srv.backup_dir) is not None
+    fs.write_bytes(f"{opts.backup_dir}/notes.txt", b"not a backup")
+    remove_launch(opts.backup_dir)
+    assert [n for n, _ in fs.list_dir(opts.backup_dir)] == ["notes.txt"]  # only the backups
+    assert checkpoint.backup_version(servers[2].backup_dir) is not None  # the other launch
+    fs.delete_file(f"{opts.backup_dir}/notes.txt")
+    remove_launch(opts.backup_dir)  # now empty: the prefix goes too
+    remove_launch(other.backup_dir)
+    assert fs.list_dir(f"{bucket}/launches") == []

@@ -341,6 +341,12 @@ def test_missing_bucket_is_one_line_naming_the_key(s3, tmp_path, capsys) -> None
     assert "bucket no-such-bucket does not exist" in line
     line = _bad(tmp_path, capsys, "angel.train.data.path", "s3://angel/data/none")
     assert "no such file or directory" in line
+    # Shard backups on a URL are accepted, after the same check as every other URL key.
+    line = _bad(tmp_path, capsys, "angel.ps.backup.path", "s3://no-such-bucket/bk")
+    assert line == (
+        "angelps: error: angel.ps.backup.path=s3://no-such-bucket/bk (command line): "
+        "the bucket no-such-bucket does not exist"
+    )
     assert _bucket() == before  # nothing written in the bucket
 
 
