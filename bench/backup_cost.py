@@ -1,12 +1,17 @@
 """Cost of shard backups (``angel.ps.backup.interval``) in a real training job.
 
     python bench/backup_cost.py [--epochs 3] [--repeat 3] [--intervals 0,10,50,100,200]
+                                [--targets local,s3]
 
 Trains conf/lr_a9a.properties (LogisticRegression, Adam) and conf/fm_census.properties
 (FactorizationMachines rank 8, Adam) on one private local Ray (2 CPUs), BSP, one worker and one
 shard, ``ml.seed=0``, no checkpoints, once per backup interval (0: backups off), the intervals
 interleaved and the whole round repeated ``--repeat`` times. The backups go to a directory on
-the same local disk as the job's log directory (where the default puts them).
+the same local disk as the job's log directory (where the default puts them); with ``--targets
+local,s3`` each interval also runs with ``angel.ps.backup.path`` on ``s3://`` of a local moto
+S3 server on 127.0.0.1 (the test extra's ``moto[server]``): the cost of the object store's
+protocol and requests (a generation, a pointer, a listing and deletes per backup), without a
+real network's latency.
 
 Training time is the time of the epochs' updates only (``GraphLearner.run_epoch``: start-up,
 validation and shutdown excluded). Prints, per job and interval, the median training seconds,
@@ -21,11 +26,13 @@ accounted share is the steadier figure: the cost of interval N is about
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +40,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 JOBS = {"lr_a9a": "conf/lr_a9a.properties", "fm_census": "conf/fm_census.properties"}
+BUCKET = "bench-backup"
 
 
-def _train(job: str, interval: int, epochs: int, root: str) -> dict[str, Any]:
-    """One job's summary with backups every ``interval`` updates (0: off)."""
+def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict[str, Any]:
+    """One job's summary with backups every ``interval`` updates (0: off) to ``target``
+    (``local``: a directory beside the log; ``s3``: the bench's bucket)."""
     from learners.learner import GraphLearner
 
     d = tempfile.mkdtemp(dir=root)
+    backup = os.path.join(d, "backup") if target == "local" else f"s3://{BUCKET}/{Path(d).name}"
     sets: dict[str, Any] = {
         "ml.epoch.num": epochs,
         "ml.seed": 0,
@@ -47,7 +57,7 @@ def _train(job: str, interval: int, epochs: int, root: str) -> dict[str, Any]:
         "angel.log.path": os.path.join(d, "log"),
         "angel.job.name": f"bench-{job}-{interval}",
         "angel.ps.backup.interval": interval,
-        "angel.ps.backup.path": os.path.join(d, "backup"),
+        "angel.ps.backup.path": backup,
     }
     learner = GraphLearner.from_properties(REPO / JOBS[job], sets, quiet=True)
     epoch_s: list[float] = []
@@ -83,14 +93,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--intervals", default="0,10,50,100,200")
     ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--targets", default="local", help="local, s3 (a local moto server)")
     args = ap.parse_args()
     intervals = [int(x) for x in args.intervals.split(",")]
     jobs = args.jobs.split(",")
+    targets = args.targets.split(",")
+    # Backups off (interval 0) are the same run whatever the target: once, as "local".
+    rounds = [(t, n) for n in intervals for t in (["local"] if n == 0 else targets)]
 
     import ray
 
     os.chdir(REPO)
-    with tempfile.TemporaryDirectory(prefix="bc-") as root:
+    with tempfile.TemporaryDirectory(prefix="bc-") as root, ExitStack() as stack:
+        if "s3" in targets:
+            # Before Ray starts: its workers (the shards) inherit the server's environment.
+            from tests.object_store import make_bucket, s3_server
+
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
+            env = stack.enter_context(s3_server())
+            os.environ.update(env)
+            make_bucket(env, BUCKET)
         ray.init(
             address="local",
             num_cpus=2,
@@ -100,11 +122,12 @@ def main() -> None:
             _temp_dir=os.path.join(root, "ray"),
         )
         try:
-            runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
             for _ in range(args.repeat):
                 for job in jobs:
-                    for n in intervals:
-                        runs.setdefault((job, n), []).append(_train(job, n, args.epochs, root))
+                    for t, n in rounds:
+                        run = _train(job, n, args.epochs, root, t)
+                        runs.setdefault((job, t, n), []).append(run)
         finally:
             ray.shutdown()
     print(
@@ -113,13 +136,17 @@ def main() -> None:
         "the rest of the training time"
     )
     print(
-        f"{'job':10} {'interval':>8} {'train s':>8} {'range':>15} {'cost':>7} "
+        f"{'job':10} {'target':6} {'interval':>8} {'train s':>8} {'range':>15} {'cost':>7} "
         f"{'backups':>7} {'s/backup':>8} {'ms/update':>9} {'accounted':>9}"
     )
     for job in jobs:
-        base = statistics.median(r["train_s"] for r in runs[(job, 0)]) if 0 in intervals else 0
-        for n in intervals:
-            rs = runs[(job, n)]
+        base = (
+            statistics.median(r["train_s"] for r in runs[(job, "local", 0)])
+            if 0 in intervals
+            else 0
+        )
+        for t, n in rounds:
+            rs = runs[(job, t, n)]
             ts = [r["train_s"] for r in rs]
             med = statistics.median(ts)
             cost = f"{(med / base - 1) * 100:+.1f}%" if base else "-"
@@ -130,7 +157,7 @@ def main() -> None:
             )
             share = statistics.median(r["backup_s"] / (r["train_s"] - r["backup_s"]) for r in rs)
             print(
-                f"{job:10} {n:>8} {med:8.3f} {min(ts):7.3f}-{max(ts):<7.3f} {cost:>7} "
+                f"{job:10} {t:6} {n:>8} {med:8.3f} {min(ts):7.3f}-{max(ts):<7.3f} {cost:>7} "
                 f"{count:>7g} {per:8.4f} {step_ms:9.2f} {share * 100:8.1f}%"
             )
 
