@@ -423,6 +423,8 @@ def private_dir(path: str) -> None:
 
 def _was_restarted() -> bool:
     """True inside a Ray actor that Ray has restarted after a failure."""
+    if not ray.is_initialized():  # plain use; ray.get_runtime_context() would start a Ray
+        return False
     try:
         # Ray's own property reads its deprecated actor_id; the warning would reach the
         # driver's console through the actor's log.

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import ray
 
 from angelps import checkpoint, checkpoint_remote, fs
 from angelps.checkpoint import CheckpointDamaged, CheckpointError
@@ -309,6 +310,7 @@ def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
     from angelps.options import PSOptions
     from angelps.server import ShardServer
 
+    ray_before = ray.is_initialized()
     conf = {
         "angel.job.name": "s3bk",
         "angel.ps.backup.interval": 5,
@@ -332,3 +334,4 @@ def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
     remove_launch(opts.backup_dir)  # now empty: the prefix goes too
     remove_launch(other.backup_dir)
     assert fs.list_dir(f"{bucket}/launches") == []
+    assert ray.is_initialized() == ray_before  # a shard used in-process starts no Ray
