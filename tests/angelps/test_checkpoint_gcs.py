@@ -1,7 +1,10 @@
-"""Checkpoints on gs:// (a local GCS emulator): every checkpoint test of the S3 module runs
-here again against this module's ``bucket`` (bit-identical round trip, a crash before the pointer
-keeps the previous checkpoint, stale generations removed, damage refused), and what GCS does its
-own way: prefixes without directory markers, and the emulator chosen by the environment."""
+"""Checkpoints on gs:// (a local GCS emulator): the checkpoint, kept-copy and shard-backup
+tests of the S3 module run here again against this module's ``bucket`` (bit-identical round
+trip, a crash before the pointer keeps the previous checkpoint, stale generations removed,
+damage refused, a copy made whole or not at all, a backup that dies keeps the last good one,
+only a launch's own backups removed; the single-request copy limit is S3's alone), and what GCS
+does its own way: prefixes without directory markers, and the emulator chosen by the
+environment."""
 
 from __future__ import annotations
 
@@ -13,11 +16,17 @@ from angelps import fs
 
 # Collected again in this module, so that they use the GCS ``bucket`` below.
 from tests.angelps.test_checkpoint_s3 import (  # noqa: F401
+    test_a_backup_reads_back_bit_exact_and_replaces_the_last,
+    test_a_backup_that_dies_before_its_pointer_keeps_the_last_good_one,
+    test_a_copy_equals_its_source_and_replaces_the_old_copy_only_when_complete,
+    test_a_damaged_backup_pointer_is_refused_naming_it,
     test_a_prefix_of_other_objects_or_a_file_is_refused,
+    test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it,
     test_crash_before_the_pointer_keeps_the_previous_checkpoint,
     test_damaged_pointer_is_refused_naming_it,
     test_damaged_table_file_refused_naming_it,
     test_previous_generation_kept_older_ones_removed,
+    test_remove_takes_only_the_pointer_and_the_generations,
     test_save_and_load_round_trip_bit_identical,
     test_set_aside_falls_back_to_the_previous_and_keeps_the_damaged,
 )

@@ -241,7 +241,7 @@ def _restored(path: str) -> ParameterShard:
     return fresh
 
 
-def test_a_backup_on_s3_reads_back_bit_exact_and_replaces_the_last(bucket: str) -> None:
+def test_a_backup_reads_back_bit_exact_and_replaces_the_last(bucket: str) -> None:
     path = f"{bucket}/bk/job-1/shard-0"
     assert checkpoint.read_backup(path) is None and checkpoint.backup_version(path) is None
     shard = _trained(1)[0]
@@ -291,7 +291,7 @@ def test_a_backup_that_dies_before_its_pointer_keeps_the_last_good_one(
     _same(_restored(path), newer)
 
 
-def test_a_damaged_backup_pointer_on_s3_is_refused_naming_it(bucket: str) -> None:
+def test_a_damaged_backup_pointer_is_refused_naming_it(bucket: str) -> None:
     path = f"{bucket}/bk/job-3/shard-0"
     fs.write_bytes(
         f"{path}/LATEST.json", b'{"format": "angelps-checkpoint-pointer", "current": "../x"}'
