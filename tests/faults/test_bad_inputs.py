@@ -8,7 +8,7 @@ local Ray by default, the others are marked slow.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import subprocess
 import sys
@@ -297,9 +297,19 @@ def test_sigterm_during_training_stops_cleanly_with_143(tmp_path: Path) -> None:
 
 
 def _session(sid: int, name: str = "") -> list[str]:
-    """The processes of session ``sid`` (``pgrep -s``), those named ``name`` when given."""
-    args = ["pgrep", "-s", str(sid), *([name] if name else [])]
-    return subprocess.run(args, capture_output=True, text=True).stdout.split()
+    """The processes of session ``sid`` (from /proc), those named ``name`` when given."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after ")".
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid and (not name or comm == name):
+            found.append(f"{stat.parent.name} {comm}")
+    return found
 
 
 @pytest.mark.parametrize(
@@ -316,8 +326,6 @@ def test_a_stop_while_the_private_ray_starts_ends_cleanly_leaving_nothing(
     """SIGTERM or Ctrl-C in the middle of ``ray.init``: the exit code and one line, and no
     process of the job left (Ray's own SIGTERM handler exited 15 at once, and both left a
     half-started Ray's agents running)."""
-    if shutil.which("pgrep") is None:
-        pytest.skip("pgrep is not available")
     cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
            "--set", "ml.epoch.num=1", "--set", f"angel.log.path={tmp_path / 'log'}"]  # fmt: skip
     proc = subprocess.Popen(
@@ -341,7 +349,11 @@ def test_a_stop_while_the_private_ray_starts_ends_cleanly_leaving_nothing(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], capture_output=True)
+        for left_over in _session(proc.pid):  # whatever a failed run left behind
+            try:
+                os.kill(int(left_over.split()[0]), signal.SIGKILL)
+            except OSError:
+                pass
     assert (proc.returncode, err) == (code, line + "\n")
     assert "angelps train" not in out  # stopped before the job's banner
     assert left == []
