@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,6 @@ from learners.cli import train as train_verb
 from learners.job_paths import PATH_KEYS, absolute, absolute_paths
 from learners.keys import all_keys
 from learners.startup import Phases, plural
-from tests.short_tmp import short_tmp
 
 
 def test_phase_line_printed_when_the_phase_ends() -> None:
@@ -123,50 +119,3 @@ def test_train_verb_hands_the_learner_absolute_paths(
     assert conf["angel.train.data.path"] == str(tmp_path / "data" / "t.libsvm")
     assert conf["angel.save.model.path"] == str(tmp_path / "out" / "m")
     assert seen["shutdown"]
-
-
-# A private Ray, started and stopped by learners.cluster in a fresh interpreter (the suite's
-# own Ray stays up): every process it started ends, the autoscaler monitor by SIGKILL before
-# ray.shutdown (which would give it a whole second after SIGTERM).
-_STOP_PRIVATE_RAY = """
-import os, signal
-import ray
-from ray._private import worker
-from learners import cluster
-os.environ.pop("RAY_ADDRESS", None)
-cluster.start_or_join(None, 10.0)
-started = {t: [i.process for i in infos] for t, infos in worker._global_node.all_processes.items()}
-shutdown = ray.shutdown
-def recorded():
-    print("monitor ended first:", all(p.poll() is not None for p in started["monitor"]))
-    shutdown()
-ray.shutdown = recorded
-cluster.stop()
-assert not ray.is_initialized()
-alive = sorted(t for t, ps in started.items() for p in ps if p.poll() is None)
-print("alive:", ",".join(alive) or "none")
-print("monitor:", [p.returncode for p in started["monitor"]] == [-signal.SIGKILL])
-"""
-
-
-def test_stopping_a_private_ray_ends_its_processes_monitor_first() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["RAY_TMPDIR"] = short_tmp()
-    root = Path(__file__).resolve().parents[2]
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", _STOP_PRIVATE_RAY],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines()[-3:] == [
-        "monitor ended first: True",
-        "alive: none",
-        "monitor: True",
-    ], run.stdout

@@ -1,0 +1,78 @@
+"""A private local Ray, as a job starts and stops it (learners.cluster), in a fresh interpreter
+(the suite's own Ray stays up): started without Ray's token-authentication warning on stderr,
+stopped with every process it started ended."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.short_tmp import short_tmp
+
+REPO = Path(__file__).resolve().parents[2]
+
+_START = """
+import ray
+from learners import cluster
+cluster.start_or_join(None, 5.0)
+ray.shutdown()
+print("started")
+"""
+
+# A private Ray, started and stopped by learners.cluster in a fresh interpreter (the suite's
+# own Ray stays up): every process it started ends, the autoscaler monitor by SIGKILL before
+# ray.shutdown (which would give it a whole second after SIGTERM).
+_STOP_PRIVATE_RAY = """
+import signal
+import ray
+from ray._private import worker
+from learners import cluster
+cluster.start_or_join(None, 10.0)
+started = {t: [i.process for i in infos] for t, infos in worker._global_node.all_processes.items()}
+shutdown = ray.shutdown
+def recorded():
+    print("monitor ended first:", all(p.poll() is not None for p in started["monitor"]))
+    shutdown()
+ray.shutdown = recorded
+cluster.stop()
+assert not ray.is_initialized()
+alive = sorted(t for t, ps in started.items() for p in ps if p.poll() is None)
+print("alive:", ",".join(alive) or "none")
+print("monitor:", [p.returncode for p in started["monitor"]] == [-signal.SIGKILL])
+"""
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` with no RAY_* of this shell, Ray's files in a short temp dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO), RAY_TMPDIR=short_tmp())
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+
+
+@pytest.mark.slow  # starts a Ray
+def test_a_private_ray_starts_without_the_token_warning() -> None:
+    run = _python(_START)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "started"
+    assert "Token authentication" not in run.stderr, run.stderr
+
+
+def test_stopping_a_private_ray_ends_its_processes_monitor_first() -> None:
+    run = _python(_STOP_PRIVATE_RAY)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-3:] == [
+        "monitor ended first: True",
+        "alive: none",
+        "monitor: True",
+    ], run.stdout
