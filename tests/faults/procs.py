@@ -1,29 +1,38 @@
 """Processes of the fault tests: the tree below a process (this test's own Ray, or the private Ray
-of a job the test started), found through /proc: never another process on the machine."""
+of a job the test started), or the session a job was started in, found through /proc: never
+another process on the machine."""
 
 from __future__ import annotations
 
 import os
 import time
 
-__all__ = ["alive", "descendants", "identity"]
+__all__ = ["alive", "descendants", "identity", "session"]
 
 
-def _parents() -> dict[int, int]:
-    parent: dict[int, int] = {}
+def _stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of ``/proc/<pid>/stat``; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid pgrp session ...: the name may hold spaces and parentheses.
+    head, _, rest = text.rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
+def _all() -> dict[int, tuple[str, list[str]]]:
+    found = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return parent
+        if entry.isdigit() and (stat := _stat(entry)) is not None:
+            found[int(entry)] = stat
+    return found
 
 
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid``."""
-    parent = _parents()
+    parent = {p: int(fields[1]) for p, (_, fields) in _all().items()}
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -33,17 +42,23 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def session(sid: int, name: str = "") -> list[int]:
+    """The processes of session ``sid`` (those named ``name`` when given): what a job started
+    with ``start_new_session`` left, orphans too (their parent is no longer the job)."""
+    return [
+        p
+        for p, (comm, fields) in _all().items()
+        if int(fields[3]) == sid and (not name or comm == name)
+    ]
+
+
 def identity(pid: int) -> tuple[int, int] | None:
     """(pid, start time in clock ticks): a process, not a reused number; None once it is gone
     (a zombie counts as gone: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    stat = _stat(pid)
+    if stat is None or stat[1][0] in ("Z", "X"):
         return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return pid, int(fields[19])
+    return pid, int(stat[1][19])
 
 
 def alive(procs: list[tuple[int, int]], wait_s: float = 0.0) -> list[tuple[int, int]]:

@@ -27,6 +27,7 @@ from learners.cli.main import _report, main
 from learners.keys import all_keys
 from learners.plan import TrainPlan
 from learners.preflight import check_resume
+from tests.faults.procs import session
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "1 3:1 11:1\n-1 5:1 7:1\n"
@@ -296,22 +297,6 @@ def test_sigterm_during_training_stops_cleanly_with_143(tmp_path: Path) -> None:
     assert "Traceback" not in err and "SIGTERM received" not in err
 
 
-def _session(sid: int, name: str = "") -> list[str]:
-    """The processes of session ``sid`` (from /proc), those named ``name`` when given."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # ended meanwhile
-            continue
-        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after ")".
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid and (not name or comm == name):
-            found.append(f"{stat.parent.name} {comm}")
-    return found
-
-
 @pytest.mark.parametrize(
     ("sig", "code", "line"),
     [
@@ -334,24 +319,24 @@ def test_a_stop_while_the_private_ray_starts_ends_cleanly_leaving_nothing(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _session(proc.pid, "gcs_server"):  # Ray's first process: ray.init is under way
+        while not session(proc.pid, "gcs_server"):  # Ray's first process: ray.init is under way
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "Ray did not start within 120 s"
             time.sleep(0.05)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         for _ in range(100):  # what Ray started ends in seconds
-            if not _session(proc.pid):
+            if not session(proc.pid):
                 break
             time.sleep(0.1)
-        left = _session(proc.pid)
+        left = session(proc.pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-        for left_over in _session(proc.pid):  # whatever a failed run left behind
+        for left_over in session(proc.pid):  # whatever a failed run left behind
             try:
-                os.kill(int(left_over.split()[0]), signal.SIGKILL)
+                os.kill(left_over, signal.SIGKILL)
             except OSError:
                 pass
     assert (proc.returncode, err) == (code, line + "\n")
