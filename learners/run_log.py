@@ -94,6 +94,8 @@ class RunLog:
         self.progress: JobBar | PlainProgress | None = None
         #: a log path on object storage: the run (written locally) is copied there
         self.upload_to = upload_to if upload_to and "://" in upload_to else None
+        #: something was written since the last copy (each copy sends every file whole)
+        self._unsent = False
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         if tensorboard:
@@ -152,6 +154,7 @@ class RunLog:
         self.tb.add_text("config", "\n".join(["| key | value | from |", "|---|---|---|", *rows]), 0)
 
     def record(self, obj: Mapping[str, Any]) -> None:
+        self._unsent = True
         if self.file is not None:
             self.file.write(json.dumps(jsonable(obj)) + "\n")
         if self.tb is not None and obj.get("kind") in ("step", "epoch") and "step" in obj:
@@ -165,12 +168,13 @@ class RunLog:
         """Copy the run to ``upload_to`` (object storage); False when that failed. A failure is
         a warning naming the local copy, never the end of the job (the next upload copies
         everything again)."""
-        if self.upload_to is None or self.path is None:
+        if self.upload_to is None or self.path is None or not self._unsent:
             return True
         if self.tb is not None:
             self.tb.flush()
         try:
             upload_run(self.path, self.upload_to)
+            self._unsent = False
         except OSError as e:
             self.warn(
                 f"angelps: warning: cannot copy the run to {self.upload_to}: {e}; "
@@ -201,7 +205,8 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
-        self.upload()
+            self._unsent = True  # TensorBoard's last events
+        self.upload()  # what is new since the summary's copy, if anything
         self.upload_to = None  # once: close may be called again
 
 

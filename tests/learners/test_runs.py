@@ -78,8 +78,14 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
     assert done_line(summary) == f"done: 1 epochs, 1.0 s; run {url}"
     assert json.loads((run / "summary.json").read_text())["run_dir"] == url
     assert copied == [(run.name, "s3://b/runs/")]
-    log.close()  # once more: TensorBoard's last events
-    assert len(copied) == 2 and capsys.readouterr().err == ""
+    log.close()  # nothing written since: not copied again
+    assert copied == [(run.name, "s3://b/runs/")] and capsys.readouterr().err == ""
+    run_b = new_run_dir(tmp_path, "job", WHEN)
+    log = RunLog(run_b, quiet=True, upload_to="s3://b/runs/")
+    log.write_summary({"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run_b)})
+    log.record({"kind": "step", "step": 2})  # written after the summary's copy
+    log.close()  # copied once more, with it
+    assert copied[1:] == [(run_b.name, "s3://b/runs/")] * 2 and capsys.readouterr().err == ""
 
     def unreachable(d: Path, url: str) -> None:
         raise OSError("the store is gone")
@@ -90,7 +96,7 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
     summary = {"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run)}
     log.write_summary(summary)
     # Not copied: the user is told where the run is kept, in the warning and the done line.
-    assert summary["run_dir"] == str(run) and run.name == "job-20261123-124500-2"
+    assert summary["run_dir"] == str(run) and run.name == "job-20261123-124500-3"
     warning = (
         "angelps: warning: cannot copy the run to s3://b/runs: the store is gone; "
         f"it is kept in {run}\n"
