@@ -16,6 +16,7 @@ import os
 
 from angelconf.config import Config, ConfigError
 from learners.keys import all_keys
+from learners.runs import is_url
 
 __all__ = ["PATH_KEYS", "READ_KEYS", "absolute", "absolute_paths", "check_url", "is_url"]
 
@@ -39,11 +40,6 @@ READ_KEYS = (
     "angel.predict.data.path",
     "angel.load.model.path",
 )
-
-
-def is_url(value: object) -> bool:
-    """Whether a path key's value is a URL of object storage (``file://`` is a local path)."""
-    return isinstance(value, str) and "://" in value and not value.startswith("file://")
 
 
 def check_url(conf: Config, key: str) -> bool:

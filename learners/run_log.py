@@ -26,7 +26,7 @@ from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
 from learners.progress import JobBar, PlainProgress
-from learners.runs import METRICS, SUMMARY, run_url, upload_run
+from learners.runs import METRICS, SUMMARY, is_url, run_url, upload_run
 
 __all__ = [
     "RunLog",
@@ -93,7 +93,7 @@ class RunLog:
         self.tb: Any = None
         self.progress: JobBar | PlainProgress | None = None
         #: a log path on object storage: the run (written locally) is copied there
-        self.upload_to = upload_to if upload_to and "://" in upload_to else None
+        self.upload_to = upload_to if is_url(upload_to) else None
         #: something was written since the last copy (each copy sends every file whole)
         self._unsent = False
         if path is not None:

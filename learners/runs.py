@@ -59,10 +59,11 @@ class RunRef:
     metrics: Path | str
 
 
-def is_url(path: str) -> bool:
-    """Whether ``path`` is on object storage (``file://`` is local); the test of
-    :func:`angelps.fs.is_remote`, without loading pyarrow."""
-    return "://" in path and not path.startswith("file://")
+def is_url(path: object) -> bool:
+    """Whether ``path`` (a path key's value) is on object storage (``file://`` is local); the
+    test of :func:`angelps.fs.is_remote`, without loading pyarrow (learners.job_paths and the
+    run log use this one)."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
 
 
 def run_name(job: str, when: float | None = None) -> str:
