@@ -405,9 +405,10 @@ class PSClient:
             checkpoint.commit_dir(tmp, path)
         except BaseException:
             # The shards may still be writing into tmp (the caller's own file failed first, on
-            # a full disk say): wait for them, or they would re-create it once it is removed.
+            # a full disk say): wait for them, or they would re-create it once it is removed;
+            # bounded by the request timeout, so a hung shard cannot hold the error back.
             if refs:
-                ray.wait(refs, num_returns=len(refs))
+                ray.wait(refs, num_returns=len(refs), timeout=self.options.shard.timeout_s)
             _remove_quietly(tmp)
             raise
 
