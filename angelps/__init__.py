@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "PSClient": "angelps.client",
-    "ParameterShard": "angelps.shard",
+    "PSClient": "angelps.client.ps_client",
+    "ParameterShard": "angelps.server.shard",
     "TableSpec": "angelps.table",
     "OptimizerSpec": "angelps.table",
     "PSOptions": "angelps.options",
@@ -40,9 +40,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from angelconf.config import Config, ConfigError, Key, load_config
-    from angelps.client import PSClient
+    from angelps.client.ps_client import PSClient
     from angelps.options import PSOptions
-    from angelps.shard import ParameterShard
+    from angelps.server.shard import ParameterShard
     from angelps.table import OptimizerSpec, TableSpec
 
 

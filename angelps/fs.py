@@ -11,7 +11,7 @@ takes Google's application default credentials, or an emulator (:func:`_gcs_file
 bounded retry time.
 
 Object storage has no rename and no append: a file is written whole (one object) and appears
-only when closed. The checkpoint protocol built on that is :mod:`angelps.checkpoint_remote`.
+only when closed. The checkpoint protocol built on that is :mod:`angelps.checkpoint.remote`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A package's ``__init__`` maps each public name to the module that defines it and installs
 ``__getattr__ = lazy_exports(__name__, EXPORTS, globals())``: the module is imported on first
 use and the object cached in the package. So ``import angelconf.config`` (the key layer, shared
-with the standard-library-only ``decay``) or ``import learners.plan`` (keys read by the
+with the standard-library-only ``decay``) or ``import learners.job.loop_options`` (keys read by the
 config-only CLI verbs) loads no numpy, torch or Ray. Standard library only.
 """
 

@@ -5,7 +5,7 @@ config-only verbs (``angelps conf``) list these keys without loading numpy, torc
 
 Each default is written once, in its :class:`~angelconf.config.Key` declaration below. The rest
 of the package never reads a configuration mapping: the entry point builds a :class:`PSOptions`
-once (:meth:`PSOptions.from_config`), :mod:`angelps.launch` derives the :class:`ShardOptions`
+once (:meth:`PSOptions.from_config`), :mod:`angelps.server.launch` derives the :class:`ShardOptions`
 each shard actor receives (a frozen dataclass: it pickles through Ray, and a misspelt field is
 an error, not a silent default) and the :class:`ClientOptions` its clients share. Optimizer
 hyper-parameters are read by :meth:`angelps.table.OptimizerSpec.from_conf` through
@@ -389,7 +389,7 @@ class ShardOptions:
     """Exactly what one shard actor of a launched job needs besides its id and the tables.
 
     ``backup_dir``: this launch's backup directory ("" with backups off); ``token``: the
-    data-plane password (angelps.wire; "" accepts no TCP clients); ``max_connections``,
+    data-plane password (angelps.client.wire; "" accepts no TCP clients); ``max_connections``,
     ``token_timeout_ms``: the data plane's connection cap and token deadline; ``device``: None
     keeps the rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors.
     """

@@ -46,7 +46,7 @@ BUCKET = "bench-backup"
 def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict[str, Any]:
     """One job's summary with backups every ``interval`` updates (0: off) to ``target``
     (``local``: a directory beside the log; ``s3``: the bench's bucket)."""
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
     d = tempfile.mkdtemp(dir=root)
     backup = os.path.join(d, "backup") if target == "local" else f"s3://{BUCKET}/{Path(d).name}"

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from angelps import checkpoint
-from angelps.shard import ParameterShard
+from angelps.checkpoint import files as checkpoint
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, mix64
 
 _CHUNK = 1 << 20

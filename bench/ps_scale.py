@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows, mix64
 
 COLS = 8
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--bounded", type=int, default=0, metavar="SPAN", help="keys in [0, SPAN)")
     p.add_argument(
-        "--direct-max", type=int, default=None, help="angelps.index.DIRECT_MAX for this run"
+        "--direct-max", type=int, default=None, help="angelps.storage.index.DIRECT_MAX for this run"
     )
     p.add_argument("--label", default="", help="a name for this run (e.g. before, after)")
     p.add_argument("--out", default="bench/results/ps_scale.json")
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--bounded must be a power of two, got {args.bounded}")
     BOUNDED["span"] = args.bounded
     if args.direct_max is not None:
-        from angelps import index
+        from angelps.storage import index
 
         index.DIRECT_MAX = args.direct_max
     points = []

@@ -31,11 +31,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from angelps.client import PSClient
+from angelps.client.ps_client import PSClient
+from angelps.client.routing import Routed, assemble
 from angelps.options import PSOptions
 from angelps.partition import Partitioner
-from angelps.routing import Routed, assemble
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
     ray.init(num_cpus=2, include_dashboard=False, namespace="angelps", log_to_driver=False)
     rows = []

@@ -119,7 +119,8 @@ def _child(t_parent: float, address: list[str]) -> None:
     events["imports"] = time.time()
     import ray
 
-    from learners import startup, worker_group
+    from learners.job import startup
+    from learners.worker import group as worker_group
 
     def wrap(obj: Any, name: str, before: str | None, after: str) -> None:
         fn = getattr(obj, name)
@@ -135,7 +136,7 @@ def _child(t_parent: float, address: list[str]) -> None:
 
     wrap(ray, "init", "config", "ray.init")
     wrap(ray, "shutdown", "rest of training", "shutdown")
-    # The job's own start-up lines (learners.startup.Phases) end the phases after ray.init.
+    # The job's own start-up lines (learners.job.startup.Phases) end the phases after ray.init.
     done = startup.Phases.done
 
     def timed_done(self: Any, label: str, seconds: float) -> None:

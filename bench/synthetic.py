@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 # One AUC for every system compared: the one angelps reports (ties share their mean rank).
-from learners.metrics import auc
+from learners.runs.metrics import auc
 
 __all__ = ["Synthetic", "SyntheticSpec", "auc", "generate", "write_parquet"]
 

@@ -135,8 +135,8 @@ def _hidden(model: str) -> list[int]:
 
 def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
     from angelconf.config import load_config
+    from learners.job.learner import GraphLearner
     from learners.keys import all_keys
-    from learners.learner import GraphLearner
 
     staleness, workers, shards = ANGELPS[case["system"].removesuffix("-cache")]
     threads = case["threads"] if workers == 1 else 1

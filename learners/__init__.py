@@ -1,6 +1,6 @@
 """learners: GraphLearner, models, data readers and metrics; where decay and angelps meet.
 
-The public face is imported lazily (PEP 562): ``import learners.plan`` (key declarations,
+The public face is imported lazily (PEP 562): ``import learners.job.loop_options`` (key declarations,
 used by the CLI's config-only verbs) must not pull in torch or Ray.
 """
 
@@ -12,14 +12,14 @@ from angelps.lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
-    "GraphLearner": "learners.learner",
-    "TrainResult": "learners.learner",
+    "GraphLearner": "learners.job.learner",
+    "TrainResult": "learners.job.learner",
 }
 
 __all__ = ["GraphLearner", "TrainResult"]  # the keys of _EXPORTS, spelled out for linters
 
 if TYPE_CHECKING:
-    from learners.learner import GraphLearner, TrainResult
+    from learners.job.learner import GraphLearner, TrainResult
 
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, globals())

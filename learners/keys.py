@@ -20,11 +20,11 @@ __all__ = ["KEY_MODULES", "all_keys", "key_groups"]
 KEY_MODULES = (
     "decay",
     "angelps.options",
-    "learners.plan",
-    "learners.feed",
-    "learners.action",
-    "learners.progress",
-    "learners.model_config",
+    "learners.job.loop_options",
+    "learners.worker.feed",
+    "learners.job.action",
+    "learners.runs.progress",
+    "learners.models.config",
     "learners.data.options",
 )
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from learners.runs import latest_run
+from learners.runs.folders import latest_run
 
 ROOT = Path(__file__).resolve().parents[1]
 A9A = "data/a9a/a9a_123d_train.libsvm"

@@ -74,11 +74,11 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
     f = tmp_path / "probe.py"
     f.write_text(
         "def f():\n    import numpy\n    from angelps import config\n"
-        "    from angelconf.config import Key\n    import angelps.shard\n"
+        "    from angelconf.config import Key\n    import angelps.server.shard\n"
     )
     modules = imported_modules(f)
-    assert modules == {"numpy", "angelps", "angelconf.config", "angelps.shard"}
-    assert forbidden("decay/probe.py", modules) == ["angelps", "angelps.shard", "numpy"]
+    assert modules == {"numpy", "angelps", "angelconf.config", "angelps.server.shard"}
+    assert forbidden("decay/probe.py", modules) == ["angelps", "angelps.server.shard", "numpy"]
     assert forbidden("learners/probe.py", modules) == []
     assert forbidden("angelps/probe.py", {"decay.keys", "angelconf.config"}) == ["decay.keys"]
     assert forbidden("angelconf/probe.py", {"angelps.options", "decay"}) == [
@@ -112,14 +112,14 @@ def test_importing_decay_loads_no_heavy_library() -> None:
 
 
 def test_a_cpu_shard_process_loads_no_torch() -> None:
-    # A shard actor imports angelps.server; torch (1-3 s of a shard's start) only for rows on
+    # A shard actor imports angelps.server.shard_server; torch (1-3 s of a shard's start) only for rows on
     # a torch device (angel.ps.gpus > 0).
     code = (
         "import sys\n"
         "import numpy as np\n"
-        "import angelps.server, angelps.launch, angelps.client\n"
+        "import angelps.server.shard_server, angelps.server.launch, angelps.client.ps_client\n"
         "from angelps import OptimizerSpec, TableSpec\n"
-        "from angelps.shard import ParameterShard\n"
+        "from angelps.server.shard import ParameterShard\n"
         "t = TableSpec('s', rows=-1, cols=2, sparse=True, optimizer=OptimizerSpec('adam'))\n"
         "s = ParameterShard(0, 1, [t])\n"
         "s.push(0, 0, {'s': (np.arange(3), np.ones((3, 2), np.float32))}, 0.1)\n"
@@ -129,8 +129,8 @@ def test_a_cpu_shard_process_loads_no_torch() -> None:
 
 
 def test_the_driver_of_a_training_job_never_loads_torch(tmp_path: Path) -> None:
-    # torch is the workers' alone: the driver sizes the tables from learners.model_tables and
-    # calls the workers through learners.worker_actor, so on a 2-core machine the 1.5-3 s of
+    # torch is the workers' alone: the driver sizes the tables from learners.models.tables and
+    # calls the workers through learners.worker.actor, so on a 2-core machine the 1.5-3 s of
     # CPU of its import go to the workers starting beside it. A real job, on a private Ray.
     code = (
         "import sys\n"
@@ -146,3 +146,150 @@ def test_the_driver_of_a_training_job_never_loads_torch(tmp_path: Path) -> None:
 def test_all_three_packages_exist() -> None:
     for pkg in ALLOWED:
         assert (ROOT / pkg / "__init__.py").exists(), pkg
+
+
+# --- no import cycles between modules, no function-local import that hides one -----------------
+
+#: The function-local imports of project modules that stay, each with why it is deferred: they
+#: keep torch, Ray, pyarrow or matplotlib out of the processes and verbs that do not need them
+#: (`angelps conf`/`schedule`/`plot`, the driver, a CPU shard). Any other import of a project
+#: module inside a function fails the test below: move the shared code so the import can go to
+#: the top of the file instead of hiding a cycle.
+LAZY_IMPORTS = {
+    ("decay/docs.py", "decay.render"): "rendering the docs table only when asked",
+    ("learners/cli/export.py", "learners.runs.export"): "torch only when exporting",
+    ("learners/cli/plot.py", "learners.runs.curves"): "a plot verb loads no pyarrow up front",
+    ("learners/cli/plot.py", "learners.runs.folders"): "a plot verb loads no pyarrow up front",
+    ("learners/cli/plot.py", "learners.runs.plot"): "a plot verb loads no pyarrow up front",
+    ("learners/cli/predict.py", "angelps.fs"): "pyarrow only for an output URL",
+    ("learners/cli/predict.py", "learners.job.learner"): "torch and Ray only when predicting",
+    ("learners/cli/schedule.py", "learners.job.schedule_length"): "pyarrow only for --conf jobs",
+    ("learners/cli/train.py", "learners.job.learner"): "torch and Ray only when training",
+    ("learners/cli/train.py", "learners.job.loop_options"): "after the keys are checked",
+    ("learners/cli/train.py", "learners.job.preflight"): "pyarrow only when training",
+    ("learners/job/paths.py", "angelps.fs"): "pyarrow only for a job with a URL",
+    ("learners/runs/folders.py", "angelps.fs"): "pyarrow only for a run on object storage",
+    ("learners/runs/plot.py", "learners.runs.plot_draw"): "matplotlib only when drawing",
+    ("learners/runs/curves.py", "angelps.fs"): "pyarrow only for a run on object storage",
+    ("learners/worker/actor.py", "learners.worker.train_worker"): "torch in the actor only",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def project_imports(path: Path, modules: set[str]) -> list[tuple[str, bool]]:
+    """(imported project module, inside a function?) for every import of ``path`` outside
+    ``if TYPE_CHECKING:``; ``from pkg import sub`` names the module ``pkg.sub`` when it is one."""
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, in_function)
+                continue
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                out.extend((a.name, in_function) for a in child.names if a.name in modules)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                for a in child.names:
+                    full = f"{child.module}.{a.name}"
+                    if full in modules:
+                        out.append((full, in_function))
+                    elif child.module in modules:
+                        out.append((child.module, in_function))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return out
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], bool]]:
+    """Module -> the project modules it imports; and every function-local such import."""
+    files = {_module_name(p): p for p in package_files()}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    local: dict[tuple[str, str], bool] = {}
+    for m, p in files.items():
+        for target, in_function in project_imports(p, set(files)):
+            if target != m:
+                graph[m].add(target)
+            if in_function:
+                local[(p.relative_to(ROOT).as_posix(), target)] = True
+    return graph, local
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph, _ = import_graph()
+    found = cycles(graph)
+    assert not found, "import cycles (function-local imports count): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_function_local_imports_of_project_modules_are_only_the_listed_lazy_ones() -> None:
+    _, local = import_graph()
+    hidden = sorted(k for k in local if k not in LAZY_IMPORTS)
+    assert not hidden, (
+        "function-local imports of project modules that are not listed as lazy in "
+        f"LAZY_IMPORTS (move the shared code instead of hiding a cycle): {hidden}"
+    )
+    stale = sorted(k for k in LAZY_IMPORTS if k not in local)
+    assert not stale, f"LAZY_IMPORTS lists imports that no longer exist: {stale}"
+
+
+def test_the_cycle_checker_sees_cycles(tmp_path: Path) -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    f = tmp_path / "probe.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\nfrom p import sub, name\nif TYPE_CHECKING:\n"
+        "    import p.typed\ndef f():\n    import p.lazy\n"
+    )
+    got = project_imports(f, {"p", "p.sub", "p.typed", "p.lazy"})
+    assert got == [("p.sub", False), ("p", False), ("p.lazy", True)]

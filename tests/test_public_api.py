@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_learners_face() -> None:
     from learners import GraphLearner
-    from learners.learner import GraphLearner as Defined
+    from learners.job.learner import GraphLearner as Defined
 
     assert GraphLearner is Defined
 

@@ -1,4 +1,4 @@
-"""The ``angelps export`` verb: a saved model as one torch state_dict (learners/export.py)."""
+"""The ``angelps export`` verb: a saved model as one torch state_dict (learners/runs/export.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out}: the directory {parent} is not writable")
     if not args.max_mb > 0:
         raise ConfigError(f"--max-mb {args.max_mb:g} is not valid: expected a number > 0")
-    from learners.export import export_state_dict, write_state_dict  # torch: only here
+    from learners.runs.export import export_state_dict, write_state_dict  # torch: only here
 
     state = export_state_dict(str(model), int(args.max_mb * 2**20))
     write_state_dict(state, out)

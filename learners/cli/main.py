@@ -20,12 +20,12 @@ from collections.abc import Sequence
 
 from angelconf.config import ConfigError
 from angelps import __version__
-from learners.cli import conf, predict, schedule, train
+from learners.cli import conf, predict, schedule, submit, train
 from learners.cli import export as export_verb
 from learners.cli import plot as plot_verb
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, key_options
 from learners.data.problems import DataError, printable
-from learners.terminate import Terminated, sigterm_unwinds
+from learners.job.terminate import Terminated, sigterm_unwinds
 
 __all__ = ["EXIT_TERMINATED", "build_parser", "main"]
 
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"angelps {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in (train, predict, export_verb, schedule, plot_verb, conf):
+    for verb in (train, predict, submit, export_verb, schedule, plot_verb, conf):
         verb.register(sub)
     return parser
 

@@ -60,8 +60,9 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the figure; a bad metrics file, an unknown run or a store that cannot be read
     (no bucket, refused credentials) is bad input (exit code 2)."""
-    from learners.plot import plot_runs, read_metrics
-    from learners.runs import find_run
+    from learners.runs.curves import read_metrics
+    from learners.runs.folders import find_run
+    from learners.runs.plot import plot_runs
 
     try:
         runs = []

@@ -1,10 +1,9 @@
-"""The ``predict``, ``evaluate`` and ``submit`` verbs: Angel's flow from a job file's keys.
+"""The ``predict`` and ``evaluate`` verbs: Angel's flow from a job file's keys.
 
 ``angelps predict --conf job.properties`` needs nothing else: the saved model is
 ``angel.load.model.path``, the input ``angel.predict.data.path`` and the output
 ``angel.predict.out.path``; ``--model``, ``--input`` and ``--out`` override them (they are set
-as those keys, after the file). ``angelps submit`` runs what ``action.type`` says, as Angel's
-submit does. Every path is checked before Ray or torch starts, and the predictions are written
+as those keys, after the file) (``angelps submit``: learners/cli/submit.py). Every path is checked before Ray or torch starts, and the predictions are written
 to a temporary file renamed into place, so a failed job overwrites nothing.
 """
 
@@ -20,21 +19,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
-from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
-from learners.files import replace_atomically
-from learners.job_paths import absolute_paths, check_url
+from learners.job.action import JobAction
+from learners.job.paths import absolute_paths, check_url
+from learners.runs.output_file import replace_atomically
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
 __all__ = [
     "check_input",
     "check_out",
+    "evaluate_job",
+    "job_from_args",
+    "predict_job",
     "register",
-    "run_action",
     "write_predictions",
 ]
 
@@ -56,7 +57,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``predict``, ``evaluate`` and ``submit`` sub-commands."""
+    """Add the ``predict`` and ``evaluate`` sub-commands."""
     p = add_verb(
         sub,
         "predict",
@@ -97,33 +98,11 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(func=_evaluate)
 
-    p = add_verb(
-        sub,
-        "submit",
-        help="run what action.type says (train, predict, evaluate, train_predict), as Angel's submit",
-        description="Angel's submit: every key as --KEY VALUE (or in --conf); action.type "
-        "chooses train, predict, evaluate or train_predict (train, then predict "
-        f"{_DATA} into {_OUT} with the trained model).",
-        examples=[
-            "angelps submit --conf conf/lr_a9a.properties --action.type train",
-            "angelps submit --action.type predict "
-            "--ml.model.class.name com.tencent.angel.ml.classification.LogisticRegression "
-            "--angel.load.model.path runs/lr_a9a/model "
-            "--angel.predict.data.path data/a9a/a9a_123d_train.libsvm "
-            "--angel.predict.out.path pred.csv",
-        ],
-    )
-    add_config_arguments(p)
-    p.add_argument("--address", metavar="ADDR", default=None, help="join this Ray cluster")
-    p.add_argument("--summary-json", metavar="PATH", help="training: write the summary as JSON")
-    p.add_argument("--json", action="store_true", help="evaluate: print one JSON object")
-    p.set_defaults(func=_submit, model=None, input=None, out=None, resume=False)
-
 
 # --- the job's paths, checked before anything starts ------------------------------------------
 
 
-def _job(args: argparse.Namespace) -> tuple[Config, JobAction]:
+def job_from_args(args: argparse.Namespace) -> tuple[Config, JobAction]:
     """The job with --model/--input/--out set as the keys they stand for (after the file)."""
     flags = {_LOAD: args.model, _DATA: args.input, _OUT: getattr(args, "out", None)}
     # Relative paths mean the command's directory, also for actors on other nodes.
@@ -240,7 +219,7 @@ def _write_url(table: Any, url: str) -> int:
 
 
 def _loaded(conf: Config, model: str, address: str | None) -> GraphLearner:
-    from learners.learner import GraphLearner  # torch and Ray: only when predicting
+    from learners.job.learner import GraphLearner  # torch and Ray: only when predicting
 
     return GraphLearner.load(model, conf, address=address, quiet=True)
 
@@ -277,26 +256,10 @@ def evaluate_job(conf: Config, action: JobAction, address: str | None, as_json: 
 
 
 def _predict(args: argparse.Namespace) -> int:
-    conf, action = _job(args)
+    conf, action = job_from_args(args)
     return predict_job(conf, action, args.address)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    conf, action = _job(args)
+    conf, action = job_from_args(args)
     return evaluate_job(conf, action, args.address, bool(args.json))
-
-
-def run_action(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
-    """Run ``action.type``: predict and evaluate here, train and train_predict in train."""
-    if action.action == "predict":
-        return predict_job(conf, action, args.address)
-    if action.action == "evaluate":
-        return evaluate_job(conf, action, args.address, bool(getattr(args, "json", False)))
-    from learners.cli.train import train_job
-
-    return train_job(args, conf, action)
-
-
-def _submit(args: argparse.Namespace) -> int:
-    conf, action = _job(args)
-    return run_action(args, conf, action)

@@ -2,7 +2,7 @@
 
 With ``--conf job.properties`` it shows the sequence the job will use: one value per epoch
 (``ml.opt.decay.on.batch=false``, ``ml.epoch.num`` values) or per update (``ml.epoch.num`` ×
-updates per epoch, counted from the training input by :mod:`learners.schedule_length`, or
+updates per epoch, counted from the training input by :mod:`learners.job.schedule_length`, or
 ``--updates-per-epoch``), numbered from 1 as the console counts (``epoch,lr`` or ``update,lr``),
 the schedule told that total as the learner tells it. ``--steps N`` overrides the length.
 
@@ -113,7 +113,7 @@ def build(args: argparse.Namespace) -> Preview:
         unit = "update" if conf["ml.opt.decay.on.batch"] else "epoch"
         steps = args.steps
     else:
-        from learners.schedule_length import schedule_length
+        from learners.job.schedule_length import schedule_length
 
         if args.updates_per_epoch is not None and args.updates_per_epoch < 1:
             raise ConfigError(f"--updates-per-epoch {args.updates_per_epoch}: expected >= 1")

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from angelconf.config import Config, ConfigError
-from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, write_predictions
-from learners.job_paths import absolute_paths
+from learners.job.action import JobAction
+from learners.job.paths import absolute_paths
 
 __all__ = ["register", "train_job"]
 
@@ -91,9 +91,9 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
     if action.action == "train_predict":
         check_input(conf, action, "train_predict")
         out = check_out(conf, action)
-    from learners.learner import GraphLearner  # torch and Ray: only when training
-    from learners.plan import TrainPlan
-    from learners.preflight import check_job
+    from learners.job.learner import GraphLearner  # torch and Ray: only when training
+    from learners.job.loop_options import TrainPlan
+    from learners.job.preflight import check_job
 
     # Checked as written (errors name the paths the user gave), then relative paths made
     # absolute against the command's directory, as every node must read them.
@@ -106,7 +106,7 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
         pred = learner.predict(str(action.data_path)) if out is not None else None
     finally:
         learner.shutdown()
-    s = result.summary  # the learner printed its last line (learners.run_log.done_line)
+    s = result.summary  # the learner printed its last line (learners.runs.run_log.done_line)
     if args.summary_json:
         path = Path(args.summary_json)
         if path.parent != Path(""):

@@ -9,10 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from angelps import checkpoint
-from angelps.checkpoint import CheckpointError
+from angelps.checkpoint import backups
+from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint.files import CheckpointError
 from angelps.partition import Partitioner
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec(
@@ -340,8 +341,8 @@ def test_version_1_checkpoint_without_checksums_still_loads(tmp_path):
 
 def test_backup_files_are_checked_on_restore(tmp_path):
     shard = _trained(1)[0]
-    checkpoint.write_backup(str(tmp_path / "b"), shard, shard.backup_meta())
-    root, meta = checkpoint.read_backup(str(tmp_path / "b"))
+    backups.write_backup(str(tmp_path / "b"), shard, shard.backup_meta())
+    root, meta = backups.read_backup(str(tmp_path / "b"))
     fresh = ParameterShard(0, 1, TABLES)
     fresh.load(root, meta)
     _assert_same(_union([shard]), _union([fresh]))

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import ray
 
-from angelps import checkpoint, checkpoint_remote, fs
-from angelps.checkpoint import CheckpointDamaged, CheckpointError
-from angelps.shard import ParameterShard
+from angelps import fs
+from angelps.checkpoint import backups
+from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint import remote as checkpoint_remote
+from angelps.checkpoint.files import CheckpointDamaged, CheckpointError
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 from tests.object_store import make_bucket, s3_server
 
@@ -232,7 +235,7 @@ def _same(a: ParameterShard, b: ParameterShard) -> None:
 
 
 def _restored(path: str) -> ParameterShard:
-    info = checkpoint.read_backup(path)
+    info = backups.read_backup(path)
     assert info is not None
     root, meta = info
     fresh = ParameterShard(0, 2, TABLES)
@@ -243,19 +246,19 @@ def _restored(path: str) -> ParameterShard:
 
 def test_a_backup_reads_back_bit_exact_and_replaces_the_last(bucket: str) -> None:
     path = f"{bucket}/bk/job-1/shard-0"
-    assert checkpoint.read_backup(path) is None and checkpoint.backup_version(path) is None
+    assert backups.read_backup(path) is None and backups.backup_version(path) is None
     shard = _trained(1)[0]
-    v1 = checkpoint.write_backup(path, shard, shard.backup_meta())
+    v1 = backups.write_backup(path, shard, shard.backup_meta())
     assert re.fullmatch(r"gen-\d+-[0-9a-f]{8}", v1)
-    assert checkpoint.backup_version(path) == v1
+    assert backups.backup_version(path) == v1
     assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", v1]
     restored = _restored(path)
     _same(restored, shard)
     assert restored.backup_meta()["clocks"] == shard.backup_meta()["clocks"]
     # A second backup replaces the first, which is removed (a restart needs the latest only).
     shard.push(0, 3, {"emb": (np.arange(0, 40, 2), np.ones((20, 3)))}, 0.1)
-    v2 = checkpoint.write_backup(path, shard, shard.backup_meta())
-    assert v2 != v1 and checkpoint.backup_version(path) == v2
+    v2 = backups.write_backup(path, shard, shard.backup_meta())
+    assert v2 != v1 and backups.backup_version(path) == v2
     assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", v2]
     pointer = json.loads(fs.read_bytes(f"{path}/LATEST.json"))
     assert (pointer["current"], pointer["previous"], pointer["kept"]) == (v2, None, [])
@@ -267,7 +270,7 @@ def test_a_backup_that_dies_before_its_pointer_keeps_the_last_good_one(
 ) -> None:
     path = f"{bucket}/bk/job-2/shard-0"
     shard = _trained(1)[0]
-    good = checkpoint.write_backup(path, shard, shard.backup_meta())
+    good = backups.write_backup(path, shard, shard.backup_meta())
     before = _state(_restored(path))
     newer = _trained(2)[0]
 
@@ -276,17 +279,17 @@ def test_a_backup_that_dies_before_its_pointer_keeps_the_last_good_one(
 
     monkeypatch.setattr(checkpoint_remote, "commit_dir", die)
     with pytest.raises(OSError, match="killed before the pointer"):
-        checkpoint.write_backup(path, newer, newer.backup_meta())
+        backups.write_backup(path, newer, newer.backup_meta())
     monkeypatch.undo()
     names = [n for n, _ in fs.list_dir(path)]
     assert len(names) == 3  # the pointer, the good generation, the half-written one
-    assert checkpoint.backup_version(path) == good
+    assert backups.backup_version(path) == good
     after = _state(_restored(path))
     for name in before:
         for x, y in zip(before[name], after[name], strict=True):
             np.testing.assert_array_equal(x, y)
     # The next backup commits and removes the half-written generation.
-    last = checkpoint.write_backup(path, newer, newer.backup_meta())
+    last = backups.write_backup(path, newer, newer.backup_meta())
     assert sorted(n for n, _ in fs.list_dir(path)) == ["LATEST.json", last]
     _same(_restored(path), newer)
 
@@ -299,16 +302,16 @@ def test_a_damaged_backup_pointer_is_refused_naming_it(bucket: str) -> None:
     with pytest.raises(
         CheckpointDamaged, match=rf"checkpoint file {path}/LATEST.json is damaged: not an angelps"
     ):
-        checkpoint.read_backup(path)
+        backups.read_backup(path)
 
 
 def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
     bucket: str,
 ) -> None:
-    from angelps.backup_remote import remove_launch
-    from angelps.launch import shard_options
+    from angelps.checkpoint.remote_backup import remove_launch
     from angelps.options import PSOptions
-    from angelps.server import ShardServer
+    from angelps.server.launch import shard_options
+    from angelps.server.shard_server import ShardServer
 
     ray_before = ray.is_initialized()
     conf = {
@@ -325,11 +328,11 @@ def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
     ]
     for srv in servers:  # each wrote its first backup (clock 0) under its own prefix
         assert srv.backup_dir.startswith(f"{bucket}/launches/s3bk-")
-        assert checkpoint.backup_version(srv.backup_dir) is not None
+        assert backups.backup_version(srv.backup_dir) is not None
     fs.write_bytes(f"{opts.backup_dir}/notes.txt", b"not a backup")
     remove_launch(opts.backup_dir)
     assert [n for n, _ in fs.list_dir(opts.backup_dir)] == ["notes.txt"]  # only the backups
-    assert checkpoint.backup_version(servers[2].backup_dir) is not None  # the other launch
+    assert backups.backup_version(servers[2].backup_dir) is not None  # the other launch
     fs.delete_file(f"{opts.backup_dir}/notes.txt")
     remove_launch(opts.backup_dir)  # now empty: the prefix goes too
     remove_launch(other.backup_dir)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import ray
 
-from angelps.client import PSClient
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 EMB = TableSpec(
@@ -182,12 +182,12 @@ def test_a_failed_save_leaves_no_temporary_even_while_the_shards_still_write(
     # the temporary: the save waits for them before removing it, so nothing is left behind.
     import errno
 
-    import angelps.client
+    import angelps.client.ps_client
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(angelps.client, "write_durably", full)
+    monkeypatch.setattr(angelps.client.ps_client, "write_durably", full)
     with pytest.raises(OSError, match=r"\[Errno 28\] No space left on device"):
         client.save(str(tmp_path / "ck"), files={"dense.safetensors": b"x"})
     client.stats()  # every shard is done with the failed save's call by now

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import ray
 
-from angelps.client import PSClient
-from angelps.consistency import ClockTable
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
+from angelps.server.consistency import ClockTable
 from angelps.table import OptimizerSpec, TableSpec
 
 # --- the pure rules ----------------------------------------------------------------------------

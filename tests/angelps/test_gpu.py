@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from angelps import checkpoint
-from angelps.shard import ParameterShard
+from angelps.checkpoint import files as checkpoint
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 CUDA = torch.cuda.is_available()
@@ -112,7 +112,7 @@ def test_gpu_shards_on_ray():
 
     import ray
 
-    from angelps.client import PSClient
+    from angelps.client.ps_client import PSClient
     from angelps.options import PSOptions
     from tests.short_tmp import short_tmp
 

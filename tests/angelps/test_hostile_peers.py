@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import ray
 
-from angelps import wire
-from angelps.checkpoint import CheckpointError
-from angelps.client import PSClient
-from angelps.launch import shard_options
+from angelps.checkpoint.files import CheckpointError
+from angelps.client import wire
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
-from angelps.server import ShardServer, backup_version, private_dir
-from angelps.shard import ParameterShard
+from angelps.server.launch import shard_options
+from angelps.server.shard import ParameterShard
+from angelps.server.shard_server import ShardServer, backup_version, private_dir
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)

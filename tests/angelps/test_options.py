@@ -15,8 +15,8 @@ from angelps.table import OptimizerSpec
 def test_public_face():
     from angelps import OptimizerSpec, ParameterShard, PSClient, TableSpec, load_config
 
-    assert PSClient.__module__ == "angelps.client"
-    assert ParameterShard.__module__ == "angelps.shard"
+    assert PSClient.__module__ == "angelps.client.ps_client"
+    assert ParameterShard.__module__ == "angelps.server.shard"
     assert TableSpec.__module__ == OptimizerSpec.__module__ == "angelps.table"
     assert callable(load_config)
     for name in angelps.__all__:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import ray
 
-from angelps.checkpoint import read_backup
-from angelps.client import PSClient
-from angelps.launch import actor_name
+from angelps.checkpoint.backups import read_backup
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
+from angelps.server.launch import actor_name
 from angelps.table import OptimizerSpec, TableSpec
 
 W = TableSpec("w", rows=-1, cols=1, sparse=True, init="zeros", optimizer=OptimizerSpec("adam"))

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from angelps import checkpoint, fs
+from angelps import fs
+from angelps.checkpoint import backups
 from tests.angelps.test_recovery import _launch, _train
 from tests.learners.store_jobs import local_ray
 from tests.object_store import make_bucket, s3_server
@@ -55,7 +56,7 @@ def test_a_killed_shard_restores_its_s3_backup_and_training_is_unchanged(
             capsys.readouterr().err,
         )
         for i in range(2):  # each shard's backup: a pointer and one generation on S3
-            version = checkpoint.backup_version(f"{backup_dir}/shard-{i}")
+            version = backups.backup_version(f"{backup_dir}/shard-{i}")
             assert version is not None and version.startswith("gen-")
             names = sorted(n for n, _ in fs.list_dir(f"{backup_dir}/shard-{i}"))
             assert names == ["LATEST.json", version]

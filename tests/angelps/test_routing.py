@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from angelps.client.routing import Routed as RoutedKeys
+from angelps.client.routing import assemble
 from angelps.partition import Partitioner
-from angelps.routing import Routed as RoutedKeys
-from angelps.routing import assemble
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 TABLES = [

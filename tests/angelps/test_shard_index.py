@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from angelps import index
 from angelps.partition import Partitioner
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
+from angelps.storage import index
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 ROWS = 1000

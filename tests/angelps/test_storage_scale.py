@@ -9,9 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from angelconf.config import ConfigError, load_config
-from angelps import checkpoint, rows, storage
+from angelps.checkpoint import files as checkpoint
 from angelps.options import KEYS, PSOptions, ShardOptions
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
+from angelps.storage import rows
+from angelps.storage import table_rows as storage
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 MOM = OptimizerSpec("momentum", momentum=0.9)

@@ -1,4 +1,4 @@
-"""The data plane (angelps.wire): frames, the token, and both transports on a real local Ray."""
+"""The data plane (angelps.client.wire): frames, the token, and both transports on a real local Ray."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import threading
 import numpy as np
 import pytest
 
-from angelps import transport, wire
-from angelps.client import PSClient
+from angelps.client import transport, wire
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions, ShardOptions
-from angelps.server import ShardServer
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
+from angelps.server.shard_server import ShardServer
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)

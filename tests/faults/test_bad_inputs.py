@@ -22,11 +22,11 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 import learners.data as D
 from angelconf.config import ConfigError, load_config
-from learners import worker_group
 from learners.cli.main import _report, main
+from learners.job.loop_options import TrainPlan
+from learners.job.preflight import check_resume
 from learners.keys import all_keys
-from learners.plan import TrainPlan
-from learners.preflight import check_resume
+from learners.worker import group as worker_group
 from tests.faults.procs import session
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from learners.cli.main import main
-from learners.learner import GraphLearner
-from learners.runs import latest_run
+from learners.job.learner import GraphLearner
+from learners.runs.folders import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf" / "lr_a9a.properties")

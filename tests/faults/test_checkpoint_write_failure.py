@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from angelps import checkpoint
-from learners import saved_model
+from angelps.checkpoint import files as checkpoint
 from learners.cli.main import main
-from learners.learner import GraphLearner
-from learners.retention import CheckpointWriteError
+from learners.job import saved_model
+from learners.job.learner import GraphLearner
+from learners.runs.retention import CheckpointWriteError
 from tests.faults.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]

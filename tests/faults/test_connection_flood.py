@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import ray
 
-from angelps.client import PSClient
+from angelps.client.ps_client import PSClient
+from angelps.client.transport import Channel, Transport
 from angelps.options import PSOptions
-from angelps.shard import ParameterShard
+from angelps.server.shard import ParameterShard
 from angelps.table import TableSpec
-from angelps.transport import Channel, Transport
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from angelps import checkpoint
+from angelps.checkpoint import files as checkpoint
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from angelps import checkpoint
+from angelps.checkpoint import files as checkpoint
 from learners.cli.main import main
-from learners.runs import latest_run
+from learners.runs.folders import latest_run
 from tests.faults.procs import alive, descendants, identity
 from tests.short_tmp import short_tmp
 
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 # to MARKER and sleeps until it is killed. argv: POINT NTH MARKER train-arguments...
 _PARKED = r"""
 import os, sys, time
-from angelps import checkpoint
+from angelps.checkpoint import files as checkpoint
 from learners.cli.main import main
 
 point, nth, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3]

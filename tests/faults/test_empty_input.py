@@ -8,8 +8,8 @@ import pytest
 
 from angelconf.config import ConfigError, load_config
 from learners.cli.main import main
+from learners.job.loop_options import JobSize, TrainPlan
 from learners.keys import all_keys
-from learners.plan import JobSize, TrainPlan
 
 
 def _summary(train: int, valid: int) -> dict[str, object]:

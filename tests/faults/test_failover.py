@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import ray
 
-from angelps.launch import actor_name
 from angelps.options import BACKUP_INTERVAL
-from learners.learner import GraphLearner
-from learners.runs import latest_run
+from angelps.server.launch import actor_name
+from learners.job.learner import GraphLearner
+from learners.runs.folders import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf" / "lr_a9a.properties"

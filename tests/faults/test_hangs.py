@@ -1,10 +1,10 @@
 """No hangs: what used to wait forever (or for minutes) now fails at once with one clear line.
 
 - a job asking for more than the Ray cluster has (CPUs, GPUs, shard memory): ConfigError before
-  any actor starts, naming the keys (learners.cluster.shortfalls, then one real case);
+  any actor starts, naming the keys (learners.job.cluster.shortfalls, then one real case);
 - an unreachable --address: one line after angel.ray.connect.timeout.s, exit 2;
 - a shard dead after its last allowed restart: reported at once, naming the shard and
-  angel.ps.max-attempts (angelps.recovery), not after the 120 s request timeout.
+  angel.ps.max-attempts (angelps.client.recovery), not after the 120 s request timeout.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import pytest
 import ray
 
 from angelconf.config import ConfigError
-from angelps.client import PSClient
-from angelps.launch import actor_name
+from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
+from angelps.server.launch import actor_name
 from angelps.table import OptimizerSpec, TableSpec
-from learners import cluster
-from learners.cluster import Ask, shortfalls
+from learners.job import cluster
+from learners.job.cluster import Ask, shortfalls
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -194,7 +194,7 @@ def test_train_with_an_unreachable_address_exits_2_with_one_line() -> None:
 
 
 def test_a_job_larger_than_the_cluster_fails_before_any_actor_starts(ray_local: None) -> None:
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
     learner = GraphLearner.from_properties(
         REPO / "conf" / "lr_a9a.properties",

@@ -1,4 +1,4 @@
-"""A private local Ray, as a job starts and stops it (learners.cluster), in a fresh interpreter
+"""A private local Ray, as a job starts and stops it (learners.job.cluster), in a fresh interpreter
 (the suite's own Ray stays up): started without Ray's token-authentication warning on stderr,
 stopped with every process it started ended."""
 
@@ -18,20 +18,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 _START = """
 import ray
-from learners import cluster
+from learners.job import cluster
 cluster.start_or_join(None, 5.0)
 ray.shutdown()
 print("started")
 """
 
-# A private Ray, started and stopped by learners.cluster in a fresh interpreter (the suite's
+# A private Ray, started and stopped by learners.job.cluster in a fresh interpreter (the suite's
 # own Ray stays up): every process it started ends, the autoscaler monitor by SIGKILL before
 # ray.shutdown (which would give it a whole second after SIGTERM).
 _STOP_PRIVATE_RAY = """
 import signal
 import ray
 from ray._private import worker
-from learners import cluster
+from learners.job import cluster
 cluster.start_or_join(None, 10.0)
 started = {t: [i.process for i in infos] for t, infos in worker._global_node.all_processes.items()}
 shutdown = ray.shutdown

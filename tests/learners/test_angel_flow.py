@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from learners.cli.main import main
-from learners.runs import latest_run
+from learners.runs.folders import latest_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 1200
@@ -245,8 +245,8 @@ def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tm
 
 
 def test_angels_qualified_class_names_are_aliases() -> None:
-    from learners.model_config import ANGEL_CLASSES, model_name
-    from learners.models import MODELS, model_class
+    from learners.models.config import ANGEL_CLASSES, model_name
+    from learners.models.zoo import MODELS, model_class
 
     assert model_class(LR_CLASS) is MODELS["LogisticRegression"]
     assert model_class("com.tencent.angel.ml.regression.RobustRegression").task == "regression"

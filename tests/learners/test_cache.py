@@ -1,4 +1,4 @@
-"""The worker cache (learners/cache.py) and the prefetch depth: rules in one process, then BSP
+"""The worker cache (learners/worker/cache.py) and the prefetch depth: rules in one process, then BSP
 bit-identical with and without the cache on a real local Ray."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from angelconf.config import ConfigError, load_config
-from learners.cache import RowCache
-from learners.feed import FeedOptions
 from learners.keys import all_keys
+from learners.worker.cache import RowCache
+from learners.worker.feed import FeedOptions
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def local_ray():
 
 
 def _train(tmp_path: Path, name: str, **sets) -> tuple[dict, list[dict]]:
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
     src = ROOT / "data/census/census_148d_train.dummy"
     data = tmp_path / "c.dummy"

@@ -1,4 +1,4 @@
-"""learners/device.py: a step's arrays to the worker's device and its gradients back, and the
+"""learners/worker/device.py: a step's arrays to the worker's device and its gradients back, and the
 dense all-reduce's backend. The CUDA paths run on a CUDA machine (``-m gpu``); here the CPU
 path is checked, which is the same code with the device "cpu"."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from angelconf.config import load_config
-from learners.device import to_device, to_host
+from learners.job.loop_options import TrainPlan
 from learners.keys import all_keys
-from learners.plan import TrainPlan
+from learners.worker.device import to_device, to_host
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")

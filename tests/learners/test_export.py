@@ -14,10 +14,10 @@ import pytest
 import ray
 import torch
 
-from angelps import checkpoint
+from angelps.checkpoint import files as checkpoint
 from learners import GraphLearner
 from learners.cli.main import main
-from learners.dense import read_dense
+from learners.worker.dense import read_dense
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""learners/files.py: an output file is replaced whole or not at all."""
+"""learners/runs/output_file.py: an output file is replaced whole or not at all."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from learners.files import replace_atomically
+from learners.runs.output_file import replace_atomically
 
 
 def test_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:

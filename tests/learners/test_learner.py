@@ -14,7 +14,7 @@ import ray
 
 from learners.cli import train as cli_train
 from learners.cli.main import main
-from learners.learner import GraphLearner
+from learners.job.learner import GraphLearner
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,7 +296,7 @@ def test_save_path_equal_to_the_log_dir_fails_before_any_actor(tmp_path):
 
 def _dense_arrays(blob: bytes) -> dict[str, bytes]:
     """The arrays of a worker's dense_state() but its RNG state, as bytes."""
-    from learners.dense import read_dense
+    from learners.worker.dense import read_dense
 
     arrays, _meta = read_dense(blob)
     return {k: v.tobytes() for k, v in arrays.items() if k != "rng/torch"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from learners.metrics import (
+from learners.runs.metrics import (
     auc,
     binary_metrics,
     multiclass_metrics,

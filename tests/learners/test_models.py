@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from angelconf.config import ConfigError, load_config
-from learners import model_config, models
-from learners.model_config import ModelConfig
-from learners.models import MODELS, build_model, model_class
-from learners.sparse_input import SparseInput
+from learners.models import config as model_config
+from learners.models import zoo as models
+from learners.models.config import ModelConfig
+from learners.models.sparse_input import SparseInput
+from learners.models.zoo import MODELS, build_model, model_class
 
 
 def _conf_keys(d: dict[str, object]):
@@ -70,9 +71,9 @@ def test_registry_has_every_angel_model():
 
 
 def test_the_driver_s_model_table_says_what_the_classes_say():
-    """learners.model_config.MODEL_INFO (torch-free, read by the driver before Ray starts)
+    """learners.models.config.MODEL_INFO (torch-free, read by the driver before Ray starts)
     names every model class, and each class carries its entry's task and field needs."""
-    from learners.model_config import MODEL_INFO
+    from learners.models.config import MODEL_INFO
 
     assert list(MODEL_INFO) == list(MODELS)
     for name, cls in MODELS.items():
@@ -121,9 +122,9 @@ def test_a_dnn_without_hidden_layers_is_refused_by_name():
 
 
 def test_the_driver_s_tables_are_the_models_own():
-    # The driver starts the shards from learners.model_tables (no torch); every model class
+    # The driver starts the shards from learners.models.tables (no torch); every model class
     # declares exactly those tables, with the default DNN width among them.
-    from learners.model_tables import model_tables
+    from learners.models.tables import model_tables
 
     for name in MODELS:
         conf = _conf_keys({"ml.model.class.name": name, "ml.num.class": "3"})

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from learners.runs import latest_run
+from learners.runs.folders import latest_run
 
 REPO = Path(__file__).resolve().parents[2]
 A9A = REPO / "data" / "a9a" / "a9a_123d_train.libsvm"

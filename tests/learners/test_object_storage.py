@@ -25,11 +25,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from angelps import checkpoint, checkpoint_remote, fs
+from angelps import fs
+from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint import remote as checkpoint_remote
 from learners.cli.main import main
-from learners.retention import Checkpoints
-from learners.runs import log_root
-from learners.saved_model import dense_blob
+from learners.job.saved_model import dense_blob
+from learners.runs.folders import log_root
+from learners.runs.retention import Checkpoints
 from tests.learners.store_jobs import ROWS, bad, job, local_ray, metrics, predict, sample, train
 from tests.object_store import make_bucket, require_auth, s3_server, upload_tree
 

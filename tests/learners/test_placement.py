@@ -6,10 +6,10 @@ import pytest
 
 from angelconf.config import ConfigError, load_config
 from angelps import PSOptions
-from learners.cluster import bundles, job_asks, shortfalls
+from learners.job.cluster import bundles, job_asks, shortfalls
+from learners.job.loop_options import TrainPlan, parse_resources
+from learners.job.placement import Layout, Placement
 from learners.keys import all_keys
-from learners.placement import Layout, Placement
-from learners.plan import TrainPlan, parse_resources
 
 
 def _conf(*sets: str):  # type: ignore[no-untyped-def]

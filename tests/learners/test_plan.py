@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from angelconf.config import load_config
+from learners.job.loop_options import KEYS, JobSize, TrainPlan
 from learners.keys import all_keys
-from learners.plan import KEYS, JobSize, TrainPlan
 
 
 def _plan(**sets) -> TrainPlan:

@@ -1,4 +1,4 @@
-"""learners.plot and the `angelps plot` verb: parsing metrics.jsonl, errors, the figure."""
+"""learners.runs.curves and .plot, and the `angelps plot` verb: parsing metrics.jsonl, errors, the figure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from learners.cli.main import main
-from learners.plot import panels, plot_metrics, plot_runs, read_metrics, run_labels, title_of
+from learners.runs.curves import panels, read_metrics, run_labels, title_of
+from learners.runs.plot import plot_metrics, plot_runs
 
 
 def _lines(n_epochs: int = 3, steps_per_epoch: int = 4, lr0: float = 0.5) -> list[dict]:
@@ -264,7 +265,7 @@ def test_cli_plots_the_latest_run_or_compares_named_runs(
         drawn.append(([p.key for p in ps], [r.name for r in runs], title))
         return out
 
-    monkeypatch.setattr("learners.plot_draw.draw", spy)
+    monkeypatch.setattr("learners.runs.plot_draw.draw", spy)
     assert main(["plot", "--log-dir", str(root), "--out", str(tmp_path / "a.png")]) == 0
     assert drawn[-1][1] == ["lr-20261123-130000"]  # the latest
     args = ["plot", "lr-20261123-120000", str(root / "lr-20261123-130000")]

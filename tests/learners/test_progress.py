@@ -1,4 +1,4 @@
-"""The whole-job progress bar (learners.progress): chunks sized by time, the bar's text, a real
+"""The whole-job progress bar (learners.runs.progress): chunks sized by time, the bar's text, a real
 run's console, and the bar closed when training fails or is interrupted."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from learners.learner import GraphLearner
-from learners.progress import Chunker, JobBar, PlainProgress, merge_chunks
+from learners.job.learner import GraphLearner
+from learners.runs.progress import Chunker, JobBar, PlainProgress, merge_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def _learner(tmp_path: Path, **more: object) -> GraphLearner:
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_real_run_on_a_terminal(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("learners.run_log._terminal", lambda: True)
+    monkeypatch.setattr("learners.runs.run_log._terminal", lambda: True)
     monkeypatch.setenv("COLUMNS", "120")
     learner = _learner(tmp_path)
     try:
@@ -146,7 +146,7 @@ def test_a_real_run_on_a_terminal(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_real_run_off_a_terminal_prints_progress_lines(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("learners.run_log._terminal", lambda: False)
+    monkeypatch.setattr("learners.runs.run_log._terminal", lambda: False)
     learner = _learner(tmp_path, **{"angel.log.progress.seconds": 1e-9})  # at every chunk
     try:
         learner.train()
@@ -170,7 +170,7 @@ def test_a_real_run_off_a_terminal_prints_progress_lines(tmp_path, monkeypatch, 
     "error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "ctrl-c"]
 )
 def test_the_bar_is_closed_when_training_stops(tmp_path, monkeypatch, capsys, error):
-    monkeypatch.setattr("learners.run_log._terminal", lambda: True)
+    monkeypatch.setattr("learners.runs.run_log._terminal", lambda: True)
 
     def fail(self):
         raise error

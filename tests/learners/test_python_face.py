@@ -135,7 +135,7 @@ def test_a_loaded_model_is_placed_as_the_keys_say(trained) -> None:
 
 def test_inputs_follow_the_parquet_column_conventions() -> None:
     from learners.data import DataOptions
-    from learners.inputs import to_batch
+    from learners.job.predict_inputs import to_batch
 
     opts = DataOptions(label_trans="PosNegTrans")
     b = to_batch(pa.table({"label": [0.0, 1.0], "ids": [[3, 1], []]}), opts)

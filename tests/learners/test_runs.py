@@ -1,5 +1,5 @@
-"""Runs in their own directories (learners.runs) and the checkpoints a job keeps
-(learners.retention): names, the latest pointer, finding a run, the copies kept and pruned."""
+"""Runs in their own directories (learners.runs.folders) and the checkpoints a job keeps
+(learners.runs.retention): names, the latest pointer, finding a run, the copies kept and pruned."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from angelps import checkpoint_dir
-from learners.retention import Checkpoints, CheckpointWriteError
-from learners.run_log import RunLog, done_line
-from learners.runs import find_run, latest_run, new_run_dir, run_name
+from angelps.checkpoint import local_dir as checkpoint_dir
+from learners.runs.folders import find_run, latest_run, new_run_dir, run_name
+from learners.runs.retention import Checkpoints, CheckpointWriteError
+from learners.runs.run_log import RunLog, done_line
 
 WHEN = time.mktime((2026, 11, 23, 12, 45, 0, 0, 0, -1))
 
@@ -68,7 +68,9 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
     tmp_path, monkeypatch, capsys
 ):
     copied: list[tuple[str, str]] = []
-    monkeypatch.setattr("learners.run_log.upload_run", lambda d, url: copied.append((d.name, url)))
+    monkeypatch.setattr(
+        "learners.runs.run_log.upload_run", lambda d, url: copied.append((d.name, url))
+    )
     run = new_run_dir(tmp_path, "job", WHEN)
     log = RunLog(run, quiet=True, upload_to="s3://b/runs/")
     summary = {"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run)}
@@ -90,7 +92,7 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
     def unreachable(d: Path, url: str) -> None:
         raise OSError("the store is gone")
 
-    monkeypatch.setattr("learners.run_log.upload_run", unreachable)
+    monkeypatch.setattr("learners.runs.run_log.upload_run", unreachable)
     run = new_run_dir(tmp_path, "job", WHEN)
     log = RunLog(run, quiet=True, upload_to="s3://b/runs")
     summary = {"epochs": 1, "elapsed_s": 1.0, "run_dir": str(run)}
@@ -107,7 +109,7 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
 
 
 def _writer(calls: list[int], fail_on: set[int] | None = None):
-    """A checkpoint writer with the real commit (angelps.checkpoint_dir) and a manifest whose
+    """A checkpoint writer with the real commit (angelps.checkpoint.local_dir) and a manifest whose
     learner section records the epoch, failing (as a full disk would) on the given calls."""
 
     def write(path: str) -> None:
@@ -195,7 +197,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _job(tmp_path: Path, **sets: object):
-    from learners.learner import GraphLearner
+    from learners.job.learner import GraphLearner
 
     data = tmp_path / "a9a.libsvm"
     if not data.exists():
@@ -290,7 +292,7 @@ def test_a_run_keeps_its_files_apart_and_says_where_the_best_epoch_is(tmp_path):
 
 
 def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path):
-    from learners.runs import relative_under_ray_job
+    from learners.runs.folders import relative_under_ray_job
 
     paths = {"angel.log.path": "runs", "angel.save.model.path": str(tmp_path / "m")}
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)

@@ -12,8 +12,8 @@ import pytest
 from angelconf.config import load_config
 from learners.cli.main import main
 from learners.data.options import DataOptions
+from learners.job.schedule_length import schedule_length, train_rows
 from learners.keys import all_keys
-from learners.schedule_length import schedule_length, train_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 

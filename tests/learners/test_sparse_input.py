@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from learners.sparse_input import SparseInput, _order
+from learners.models.sparse_input import SparseInput, _order
 
 
 def test_two_pass_radix_order_is_a_stable_sort():

@@ -1,4 +1,4 @@
-"""Start-up lines and relative paths: learners.startup and learners.job_paths (no Ray)."""
+"""Start-up lines and relative paths: learners.job.startup and learners.job.paths (no Ray)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from angelconf.config import load_config
 from learners.cli import train as train_verb
-from learners.job_paths import PATH_KEYS, absolute, absolute_paths
+from learners.job.paths import PATH_KEYS, absolute, absolute_paths
+from learners.job.startup import Phases, plural
 from learners.keys import all_keys
-from learners.startup import Phases, plural
 
 
 def test_phase_line_printed_when_the_phase_ends() -> None:
@@ -100,9 +100,9 @@ def test_train_verb_hands_the_learner_absolute_paths(
         def shutdown(self) -> None:
             seen["shutdown"] = True
 
-    import learners.learner
+    import learners.job.learner
 
-    monkeypatch.setattr(learners.learner, "GraphLearner", Spy)
+    monkeypatch.setattr(learners.job.learner, "GraphLearner", Spy)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "t.libsvm").write_text("1 1:1\n")

@@ -10,7 +10,7 @@ import pytest
 
 from angelconf.config import load_config
 from learners.keys import all_keys
-from learners.run_log import RunLog, tb_scalars
+from learners.runs.run_log import RunLog, tb_scalars
 
 STEP = {
     "kind": "step",

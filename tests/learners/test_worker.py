@@ -18,11 +18,11 @@ from angelconf.config import load_config
 from angelps import OptimizerSpec
 from decay.angel import StandardDecay
 from learners.data import DataOptions
+from learners.job.loop_options import JobSize, TrainPlan
 from learners.keys import all_keys
-from learners.model_config import ModelConfig
-from learners.plan import JobSize, TrainPlan
-from learners.tables import table_specs
-from learners.worker import TrainWorker
+from learners.models.config import ModelConfig
+from learners.models.table_decl import table_specs
+from learners.worker.train_worker import TrainWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 

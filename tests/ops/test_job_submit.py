@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from learners.runs import latest_run
+from learners.runs.folders import latest_run
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray-cluster"

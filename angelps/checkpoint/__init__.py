@@ -1,0 +1,1 @@
+"""Checkpoints and backups: table files, the manifest, local and object-store commits."""

@@ -1,0 +1,174 @@
+"""Where a checkpoint lives on disk: the target check, durable writes, the commit, the previous one.
+
+A checkpoint saved at ``<path>`` is written into a sibling ``<path>.tmp-<id>`` (every file and
+directory fsynced, the manifest last), then committed by renames::
+
+    <path>.prev  -> <path>.old-<id>     (the checkpoint before the previous one: deleted below)
+    <path>       -> <path>.prev         (the previous good checkpoint: kept)
+    <path>.tmp-<id> -> <path>           (the new one)
+
+and the parent directory is fsynced. Only then are ``<path>.old-*`` and the temporaries of
+earlier crashed saves (``<path>.tmp-*``) removed. Invariants: at every instant either ``<path>``
+or ``<path>.prev`` holds a complete, committed checkpoint once one save has finished; a save
+never deletes or renames anything that angelps did not write (:func:`check_target` refuses a
+regular file and a non-empty directory of other files before a byte is written).
+:func:`resolve` finds the checkpoint: ``<path>``, else ``<path>.prev`` (a crash between the
+renames), else the newest ``<path>.old-*`` (left by angelps before version 2). A damaged
+checkpoint that ``--resume`` moved aside (``<path>.damaged-<id>``, :mod:`learners.job.saved_model`)
+is never removed.
+
+A URL (``s3://...``) has no rename: every function here hands it to
+:mod:`angelps.checkpoint.remote` (generations under ``<path>``, a pointer committed last), so
+the local code path above is unchanged.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import uuid
+
+from angelps.checkpoint import remote as checkpoint_remote
+from angelps.checkpoint.errors import FORMAT, MANIFEST, PREV, CheckpointDamaged, CheckpointError
+from angelps.fs import is_remote, write_bytes
+
+__all__ = [
+    "MANIFEST",
+    "PREV",
+    "CheckpointDamaged",
+    "CheckpointError",
+    "check_target",
+    "commit_dir",
+    "fsync_dir",
+    "new_tmp_dir",
+    "previous",
+    "resolve",
+    "write_durably",
+]
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of directory ``path`` (created, renamed files) durable (a URL: an
+    object is durable once written)."""
+    if is_remote(path):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: str, data: bytes | memoryview) -> None:
+    """Write ``data`` to a new file ``path``, flushed and fsynced before returning."""
+    if is_remote(path):
+        write_bytes(path, data)
+        return
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def holds_checkpoint(path: str) -> bool:
+    """Whether directory ``path`` has an angelps manifest (its ``format`` field says so)."""
+    if is_remote(path):
+        return checkpoint_remote.holds_checkpoint(path)
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    # A byte search, not a parse: a damaged manifest still marks the directory as angelps's.
+    return f'"format": "{FORMAT}"'.encode() in data
+
+
+def check_target(path: str) -> None:
+    """Refuse a save path that angelps must not replace: a regular file (or anything but a
+    directory), or a non-empty directory without an angelps checkpoint. Absent, empty, or
+    holding a checkpoint is fine."""
+    if is_remote(path):
+        return checkpoint_remote.check_target(path)
+    path = os.path.abspath(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CheckpointError(
+            f"{path} is a file, not a checkpoint directory: angelps will not replace it "
+            "(remove it or choose another path)"
+        )
+    if os.path.isdir(path) and os.listdir(path) and not holds_checkpoint(path):
+        raise CheckpointError(
+            f"{path} is a non-empty directory without an angelps checkpoint ({MANIFEST}): "
+            "angelps will not replace it (choose a new or empty directory)"
+        )
+
+
+def new_tmp_dir(path: str) -> str:
+    """A fresh sibling directory ``<path>.tmp-<id>`` to write a checkpoint into (after
+    :func:`check_target`, so nothing is written for a path that would be refused)."""
+    if is_remote(path):
+        return checkpoint_remote.new_tmp_dir(path)
+    path = os.path.abspath(path)
+    check_target(path)
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        os.makedirs(tmp)
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        raise CheckpointError(
+            f"cannot write a checkpoint at {path}: {e.strerror or e} ({parent})"
+        ) from None
+    return tmp
+
+
+def commit_dir(tmp: str, path: str) -> None:
+    """Make the complete checkpoint in ``tmp`` appear at ``path``, keeping the previous one as
+    ``<path>.prev`` (see the module docstring). ``tmp`` must be complete and fsynced."""
+    if is_remote(path):
+        return checkpoint_remote.commit_dir(tmp, path)
+    path = os.path.abspath(path)
+    check_target(path)  # again: the path may have changed since the save began
+    parent = os.path.dirname(path)
+    prev = path + PREV
+    if os.path.isdir(path) and not holds_checkpoint(path):
+        os.rmdir(path)  # an empty directory (check_target refuses any other)
+    if os.path.isdir(path):
+        if os.path.lexists(prev):
+            os.rename(prev, f"{path}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(path, prev)
+    os.rename(tmp, path)
+    fsync_dir(parent)
+    for stale in glob.glob(glob.escape(path) + ".old-*") + glob.glob(glob.escape(path) + ".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def previous(path: str) -> str | None:
+    """``<path>.prev`` if it holds a checkpoint (the one before the latest), else None."""
+    if is_remote(path):
+        return checkpoint_remote.previous(path)
+    prev = os.path.abspath(path) + PREV
+    return prev if holds_checkpoint(prev) else None
+
+
+def resolve(path: str) -> str:
+    """The directory holding the checkpoint saved at ``path``: ``path`` itself, or
+    ``<path>.prev`` when a save crashed between its renames, or the newest ``<path>.old-*``."""
+    if is_remote(path):
+        return checkpoint_remote.resolve(path)
+    path = os.path.abspath(path)
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    prev = previous(path)
+    if prev is not None:
+        return prev
+    olds = [
+        p
+        for p in glob.glob(glob.escape(path) + ".old-*")
+        if os.path.isfile(os.path.join(p, MANIFEST))
+    ]
+    if olds:
+        return max(olds, key=os.path.getmtime)
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is not a checkpoint: it has no {MANIFEST}")
+    raise CheckpointError(f"no checkpoint at {path}")

@@ -1,0 +1,470 @@
+"""The worker's view of the parameter server: :class:`PSClient` and its :class:`PSFuture`.
+
+Every operation dedups keys on the worker (duplicate gradients summed), routes them with the
+shared :mod:`angelps.partition` module (:mod:`angelps.client.routing`), makes ONE ``step`` call per
+shard (all shards are called before waiting for any, :mod:`angelps.client.transport`), and sends numpy
+arrays. Pushes do not wait: ``push`` submits the calls and returns; each shard serves one
+caller's calls in order and also orders a worker's calls by clock, so the next pull still sees
+the push. An error raised by a push that was not waited for surfaces at the client's next
+synchronous call (or :meth:`PSClient.flush`). A shard that dies is recovered from its backup
+(:mod:`angelps.client.recovery`).
+
+Clock semantics (see :mod:`angelps.server.consistency`): each ``push``/``push_many``/``push_pull``/
+``clock`` call is one step of this worker. With ``W`` workers under BSP each worker must push
+once per step (``clock()`` when it has nothing to push); the shards apply one update per step
+on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push the mean.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import ray
+from numpy.typing import ArrayLike
+from ray.actor import ActorHandle
+from ray.exceptions import RayTaskError
+
+from angelps import fs
+from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint import remote_backup as backup_remote
+from angelps.checkpoint.local_dir import write_durably
+from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
+from angelps.client.routing import Routed, assemble
+from angelps.client.transport import (
+    Pulls,
+    Pushes,
+    Reply,
+    Transport,
+    call_bytes,
+    get_refs,
+    remote_error,
+)
+from angelps.options import ClientOptions, PSOptions, ShardOptions
+from angelps.partition import Partitioner
+from angelps.server.launch import launch_shards
+from angelps.server.shard import check_keys, check_lr, check_push
+from angelps.table import TableSpec, table_named
+
+__all__ = ["PSClient", "PSFuture"]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+#: Rows returned by one shard for one call (None for a push alone).
+Rows = dict[str, np.ndarray] | None
+#: A push of one table: (keys, gradients).
+Update = tuple[ArrayLike, ArrayLike]
+#: Keys of a pull per table (None: every row of a dense table).
+Requests = Mapping[str, ArrayLike | None]
+
+
+def _remove_quietly(tmp: str) -> None:
+    """Remove the temporary directory (or generation) of a save that failed."""
+    if not fs.is_remote(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    try:
+        fs.delete_dir(tmp)
+    except OSError:
+        pass  # an uncommitted generation: the next save removes it
+
+
+class PSFuture(Generic[T]):
+    """The result of an ``*_async`` call: ``.result()`` waits and returns it (None for a push)."""
+
+    def __init__(
+        self, client: PSClient, calls: list[Call], finish: Callable[[list[Rows]], T]
+    ) -> None:
+        self._client = client
+        self._calls = calls
+        self._finish = finish
+        self._done = False
+        self._value: T | None = None
+
+    def result(self) -> T:
+        if not self._done:
+            self._value = self._finish(self._client._wait(self._calls))
+            self._done = True
+            self._calls = []
+        return self._value  # type: ignore[return-value]
+
+    def map(self, f: Callable[[T], U]) -> PSFuture[U]:
+        """A future of ``f(result)`` over the same calls."""
+        finish = self._finish
+        return PSFuture(self._client, self._calls, lambda rows: f(finish(rows)))
+
+
+class PSClient:
+    """Pull rows from and push gradients to the shard actors of one job.
+
+    Create the shards with :meth:`launch` (on the driver, after ``ray.init``), hand
+    :meth:`for_worker` clients to worker actors. The client that launched the shards owns them:
+    its :meth:`shutdown` kills them; other clients' ``shutdown`` only flushes.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        handles: Sequence[ActorHandle],
+        options: ClientOptions | None = None,
+        worker_id: int = 0,
+        owner: bool = False,
+    ) -> None:
+        if options is None:
+            # Bare handles: no data-plane token is known, so every call takes Ray.
+            options = ClientOptions(ShardOptions.from_config({}), transport="ray", data_host="")
+        self.specs = {t.name: t for t in tables}
+        self.handles = list(handles)
+        self.num_shards = len(self.handles)
+        self.options = options
+        self.parts = {
+            t.name: Partitioner(t, self.num_shards, options.shard.partitioner) for t in tables
+        }
+        self.worker_id = worker_id
+        self.skipped: dict[str, int] = {name: 0 for name in self.specs}
+        self._owner = owner
+        self._clock = 0
+        self._inflight: list[Call] = []
+        self.net = Transport(self.handles, options)
+        # Pushes since the last backup each shard reported, replayed after a restart.
+        self._log = ReplayLog(
+            self.handles, worker_id, options.shard.backup_interval > 0, options.shard.timeout_s
+        )
+
+    @property
+    def num_workers(self) -> int:
+        return self.options.shard.num_workers
+
+    @property
+    def partitioner(self) -> str:
+        return self.options.shard.partitioner
+
+    # --- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls, tables: Sequence[TableSpec], options: PSOptions, num_workers: int = 1
+    ) -> PSClient:
+        """Create ``options.num_shards`` shard actors named ``<job>-ps-<i>`` in the Ray
+        namespace ``angelps`` and return the client of worker 0 (Ray must be initialised)."""
+        handles, client_options = launch_shards(tables, options, num_workers)
+        return cls(tables, handles, client_options, 0, owner=True)
+
+    def for_worker(self, worker_id: int) -> PSClient:
+        """A picklable client for worker ``worker_id`` (0 .. num_workers-1) to pass to a worker
+        actor; it starts at clock 0 and does not own the shards."""
+        if not 0 <= worker_id < self.num_workers:
+            raise ValueError(
+                f"worker id {worker_id} is out of range: num_workers={self.num_workers}"
+            )
+        return PSClient(list(self.specs.values()), self.handles, self.options, worker_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_inflight"] = []
+        state["_owner"] = False
+        return state  # the transport and the log pickle fresh: they belong to this process
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _spec(self, table: str) -> TableSpec:
+        return table_named(self.specs, table)
+
+    def _get(self, refs: Sequence[ray.ObjectRef[T]]) -> list[T]:
+        """``ray.get`` of control calls (stats, save, load) after the pushes in flight."""
+        self._wait([])
+        try:
+            return ray.get(list(refs))  # type: ignore[no-any-return]
+        except RayTaskError as e:
+            raise remote_error(e) from None
+
+    def _wait(self, calls: list[Call]) -> list[Rows]:
+        """Rows (or None) of ``calls``, after every push still in flight; a shard that died
+        and was restarted is recovered (see :mod:`angelps.client.recovery`)."""
+        pending = self._inflight
+        self._inflight = []
+        every = list(calls) + pending
+        results: list[Reply]
+        try:
+            results = get_refs([c.ref for c in every])
+        except RayTaskError as e:
+            if not is_restart(e):
+                raise remote_error(e) from None
+            results = self._log.recover(every, self.net, self._clock)
+        except FAILURES:
+            results = self._log.recover(every, self.net, self._clock)
+        for c, (_, backed_up) in zip(every, results, strict=True):
+            self._log.trim(c.shard, backed_up)
+        return [rows for rows, _ in results[: len(calls)]]
+
+    def _route(self, table: str, keys: ArrayLike) -> Routed:
+        spec = self._spec(table)
+        return Routed(spec, self.parts[table], check_keys(spec, keys))
+
+    def _route_push(self, updates: Mapping[str, Update]) -> list[tuple[Routed, np.ndarray]]:
+        """Validate every update first (nothing is sent if one is bad), dedup and sum;
+        tables whose gradients are not finite are counted in ``skipped`` (policy skip)."""
+        routed: list[tuple[Routed, np.ndarray]] = []
+        skipped: list[str] = []
+        for table, (keys, grads) in updates.items():
+            spec = self._spec(table)
+            checked = check_push(spec, keys, grads, self.options.shard.nan_policy)
+            if checked is None:
+                skipped.append(table)
+                continue
+            r = Routed(spec, self.parts[table], checked[0])
+            routed.append((r, r.sum_grads(checked[1])))
+        for table in skipped:
+            self.skipped[table] += 1
+        return routed
+
+    def _submit(
+        self,
+        push: list[tuple[Routed, np.ndarray]] | None,
+        lr: float,
+        pull: list[Routed],
+        pull_dense: Sequence[str] = (),
+        ahead: int = 0,
+    ) -> list[Call]:
+        """One ``step`` call per shard that has something to do (every shard for a push: it is
+        this worker's clock tick). ``ahead``: the pull is for the batch of ``ahead`` clocks
+        later (a prefetch, SSP/ASP)."""
+        clock = self._clock
+        pull_clock = clock + 1 if push is not None else clock
+        prefetch = pull_clock + ahead if ahead > 0 else None
+        calls: list[Call] = []
+        for s in range(self.num_shards):
+            pushes: Pushes | None = None
+            if push is not None:
+                pushes = {
+                    r.spec.name: (r.uniq[r.index(s)], g[r.index(s)]) for r, g in push if r.count(s)
+                }
+                self._log.record(s, clock, pushes, lr)
+            pulls: Pulls = {r.spec.name: r.uniq[r.index(s)] for r in pull if r.count(s)}
+            for name in pull_dense:
+                pulls[name] = None
+            if pushes is None and not pulls:
+                continue
+            args = (self.worker_id, clock, pushes, lr, pulls or None, False, prefetch)
+            nbytes = call_bytes(self.specs, self.num_shards, pushes, pulls)
+            # (recovery redoes a lost pull at pull_clock: rows as fresh as a prefetch's, or more)
+            calls.append(Call(s, self.net.call(s, args, nbytes), pull_clock, pulls or None))
+        if push is not None:
+            self._clock += 1
+        return calls
+
+    def _track(self, calls: list[Call]) -> None:
+        """Remember pushes not waited for; apply back-pressure when too many are in flight."""
+        self._inflight.extend(calls)
+        limit = 4 * self.num_shards
+        if len(self._inflight) > limit:
+            newest = self._inflight[-limit:]
+            self._inflight = self._inflight[:-limit]
+            try:
+                self._wait([])  # the older ones
+            finally:
+                self._inflight = newest + self._inflight
+
+    def _assemble(
+        self, routed: Sequence[Routed], calls: list[Call], rows: list[Rows]
+    ) -> dict[str, np.ndarray]:
+        return assemble(routed, [c.shard for c in calls], rows)
+
+    # --- public API ----------------------------------------------------------------------------
+
+    def pull_many_async(self, requests: Requests) -> PSFuture[dict[str, np.ndarray]]:
+        """Future of :meth:`pull_many`."""
+        whole = [t for t, k in requests.items() if k is None]
+        for t in whole:
+            if self._spec(t).sparse:
+                raise ValueError(f"table {t!r} is sparse: pulling all rows needs a dense table")
+        routed = [self._route(t, k) for t, k in requests.items() if k is not None]
+        calls = self._submit(None, 0.0, routed, pull_dense=whole)
+
+        def finish(vals: list[Rows]) -> dict[str, np.ndarray]:
+            out = self._assemble(routed, calls, vals)
+            for t in whole:  # every shard sent its block; calls are in shard order
+                out[t] = np.concatenate([v[t] for v in vals if v is not None], axis=0)
+            return {t: out[t] for t in requests}
+
+        return PSFuture(self, calls, finish)
+
+    def pull_many(self, requests: Requests) -> dict[str, np.ndarray]:
+        """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``.
+        ``None`` as the keys of a dense table pulls all its rows."""
+        return self.pull_many_async(requests).result()
+
+    def pull_async(self, table: str, keys: ArrayLike) -> PSFuture[np.ndarray]:
+        """Future of :meth:`pull`."""
+        return self.pull_many_async({table: keys}).map(lambda rows: rows[table])
+
+    def pull(self, table: str, keys: ArrayLike) -> np.ndarray:
+        """Rows ``keys`` (int64, 1-D, duplicates allowed) of ``table``: ``[len(keys), cols]``,
+        in the order of ``keys``. Sparse rows are created on first pull."""
+        return self.pull_async(table, keys).result()
+
+    def pull_dense(self, table: str) -> np.ndarray:
+        """All rows of a dense table, ``[rows, cols]`` (each shard sends its block)."""
+        spec = self._spec(table)
+        if spec.sparse:
+            raise ValueError(f"table {table!r} is sparse: pull_dense needs a dense table")
+        return self.pull_many({table: None})[table]
+
+    def push_many_async(self, updates: Mapping[str, Update], lr: float) -> PSFuture[None]:
+        """Future of :meth:`push_many` (``result()`` waits until every shard applied it)."""
+        lr = check_lr(lr)
+        calls = self._submit(self._route_push(updates), lr, [])
+        return PSFuture(self, calls, lambda vals: None)
+
+    def push_many(self, updates: Mapping[str, Update], lr: float) -> None:
+        """Push gradients of several tables as one step of this worker, without waiting."""
+        lr = check_lr(lr)
+        self._track(self._submit(self._route_push(updates), lr, []))
+
+    def push_async(
+        self, table: str, keys: ArrayLike, grads: ArrayLike, lr: float
+    ) -> PSFuture[None]:
+        """Future of :meth:`push`."""
+        return self.push_many_async({table: (keys, grads)}, lr)
+
+    def push(self, table: str, keys: ArrayLike, grads: ArrayLike, lr: float) -> None:
+        """Push the loss gradient of rows ``keys`` (duplicates summed) with step size ``lr``;
+        the shard applies the table's optimizer. Does not wait (see the module docstring)."""
+        self.push_many({table: (keys, grads)}, lr)
+
+    def push_pull_async(
+        self,
+        updates: Mapping[str, Update],
+        lr: float,
+        requests: Mapping[str, ArrayLike],
+        ahead: int = 0,
+    ) -> PSFuture[dict[str, np.ndarray]]:
+        """Future of :meth:`push_pull`. ``ahead > 0`` (SSP within its staleness, or ASP): the
+        rows are for the step ``ahead`` clocks after the next one, and the shard serves them
+        with the waits SSP asks for at that clock (they may miss this worker's own pushes of
+        the clocks in between)."""
+        lr = check_lr(lr)
+        routed_push = self._route_push(updates)
+        routed_pull = [self._route(t, k) for t, k in requests.items()]
+        calls = self._submit(routed_push, lr, routed_pull, ahead=ahead)
+        return PSFuture(self, calls, lambda vals: self._assemble(routed_pull, calls, vals))
+
+    def push_pull(
+        self, updates: Mapping[str, Update], lr: float, requests: Mapping[str, ArrayLike]
+    ) -> dict[str, np.ndarray]:
+        """Fused step, one call per shard: apply the pushes (this worker's step), then return
+        the rows of ``requests`` as seen by the next step."""
+        return self.push_pull_async(updates, lr, requests).result()
+
+    def clock(self) -> None:
+        """End this worker's step without gradients (so BSP/SSP peers are not kept waiting)."""
+        self._track(self._submit([], 0.0, []))
+
+    def flush(self) -> None:
+        """Wait until every push of this client has been applied (raises its errors)."""
+        self._wait([])
+
+    def backup(self) -> None:
+        """Make every shard write its recovery backup now (e.g. at the end of an epoch)."""
+        refs: list[ray.ObjectRef[list[int]]] = [h.run_backup.remote() for h in self.handles]
+        self._get(refs)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
+        refs: list[ray.ObjectRef[dict[str, Any]]] = [h.stats.remote() for h in self.handles]
+        return self._get(refs)
+
+    def save(
+        self,
+        path: str,
+        extra: Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Checkpoint every shard's rows and optimizer state under directory ``path``, with
+        ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest and
+        ``files`` (name -> bytes: the caller's own files, whose checksums it keeps in
+        ``extra``) beside the tables, inside the same atomic commit.
+        Atomic and durable: written to a temporary directory (every file fsynced, the manifest
+        with every file's SHA-256 last), then renamed into place, the previous checkpoint kept
+        as ``<path>.prev`` (see angelps.checkpoint.local_dir). A ``path`` that is a file or a
+        directory of other files is refused (CheckpointError) before anything is written."""
+        # Build the manifest once before writing anything, so a non-JSON extra fails early.
+        checkpoint.build_manifest([], 0, "", [], extra)
+        self.flush()
+        tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
+        refs: list[ray.ObjectRef[dict[str, Any]]] = []
+        try:
+            refs = [h.save.remote(tmp) for h in self.handles]
+            for name, data in (files or {}).items():
+                write_durably(fs.join(tmp, os.path.basename(name)), data)
+            infos = self._get(refs)
+            manifest = checkpoint.build_manifest(
+                list(self.specs.values()),
+                self.num_shards,
+                self.partitioner,
+                infos,
+                extra,
+                staleness=self.options.shard.staleness,
+                num_workers=self.num_workers,
+            )
+            checkpoint.write_manifest(tmp, manifest)
+            checkpoint.commit_dir(tmp, path)
+        except BaseException:
+            # The shards may still be writing into tmp (the caller's own file failed first, on
+            # a full disk say): wait for them, or they would re-create it once it is removed;
+            # bounded by the request timeout, so a hung shard cannot hold the error back.
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=self.options.shard.timeout_s)
+            _remove_quietly(tmp)
+            raise
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer
+        state, whatever the number of shards that saved it) and return its ``extra``.
+
+        Every shard checks the files it reads against the manifest's SHA-256 and row counts: a
+        damaged checkpoint is refused (CheckpointError naming the file). Clocks restart at 0 on
+        every shard and in this client: create worker clients with :meth:`for_worker` after
+        loading."""
+        manifest = checkpoint.read_manifest(path)
+        checkpoint.check_layout(manifest, list(self.specs.values()))
+        self.flush()
+        root = manifest["root"]
+        refs: list[ray.ObjectRef[dict[str, int]]] = [
+            h.load.remote(root, manifest) for h in self.handles
+        ]
+        self._get(refs)
+        self._clock = 0
+        self._log.clear()  # the shards backed up the loaded model at clock 0
+        return dict(manifest.get("extra", {}))
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes of the step calls this client made (requests and replies)."""
+        return self.net.moved
+
+    @property
+    def step_count(self) -> int:
+        """Pushes (steps) made by this client."""
+        return self._clock
+
+    def shutdown(self) -> None:
+        """Flush; if this client launched the shards, kill them."""
+        try:
+            self.flush()
+        finally:
+            self.net.close()
+            if self._owner:
+                for h in self.handles:
+                    ray.kill(h, no_restart=True)
+                self.handles = []
+                self._owner = False
+                backups = self.options.shard.backup_dir
+                if backups and fs.is_remote(backups):
+                    backup_remote.remove_launch(backups)  # only this launch's prefix
+                elif backups:
+                    shutil.rmtree(backups, ignore_errors=True)

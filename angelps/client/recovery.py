@@ -1,0 +1,215 @@
+"""Request tracking on the client, and recovery from a shard that died and was restarted.
+
+Each ``step`` call in flight is a :class:`Call` (its shard, its reply's ref, and the pull to
+redo). With shard backups on (``angel.ps.backup.interval > 0``), a worker's client keeps a
+:class:`ReplayLog`: per shard, the pushes it sent since the last backup that shard reported
+(each reply carries the worker's clock held by the shard's latest backup, and the log is
+trimmed to it). When a call fails because its shard died, Ray restarts the shard, which
+restores its latest backup and refuses the worker's calls (``ShardRestarted``) until the
+client has replayed its logged pushes from the restored clock; then the failed pulls are
+redone (:meth:`ReplayLog.recover`).
+
+Invariant: updates are redone, never silently dropped: a log that does not reach back to the
+restored clock is an error, as is a second failure during recovery.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Sequence
+
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
+
+from angelps.client.transport import (
+    ChannelDown,
+    Pulls,
+    Pushes,
+    Ref,
+    Reply,
+    Transport,
+    get_refs,
+    remote_error,
+)
+from angelps.server.shard import ShardRestarted
+
+__all__ = ["FAILURES", "Call", "ReplayLog", "dead_for_good", "is_restart"]
+
+#: Errors of a call whose shard died (or was restarted): recovered, not raised.
+FAILURES = (RayActorError, ShardRestarted, ChannelDown)
+
+
+class Call:
+    """One ``step`` call to one shard, with what is needed to redo its pull after a restart."""
+
+    __slots__ = ("clock", "pulls", "ref", "shard")
+
+    def __init__(self, shard: int, ref: Ref, clock: int, pulls: Pulls | None) -> None:
+        self.shard = shard
+        self.ref = ref
+        self.clock = clock  # the clock its pull is served at
+        self.pulls = pulls
+
+
+class _Entry:
+    __slots__ = ("clock", "lr", "pushes")
+
+    def __init__(self, clock: int, pushes: Pushes, lr: float) -> None:
+        self.clock = clock
+        self.pushes = pushes
+        self.lr = lr
+
+
+def dead_for_good(shard: int, e: ActorDiedError) -> str:
+    """The one line that reports a shard Ray will not restart again, with Ray's reason."""
+    why = next(
+        (ln.strip() for ln in str(e).splitlines() if ln.strip().startswith("The actor is dead")),
+        "",
+    )
+    why = why.split(". ")[0].rstrip(".")
+    return (
+        f"parameter shard {shard} died and Ray will not restart it again: the starts "
+        f"angel.ps.max-attempts allows are used up (or its restart failed)"
+        + (f"; Ray says: {why}" if why else "")
+        + "; raise angel.ps.max-attempts to survive more failures"
+    )
+
+
+def is_restart(e: RayTaskError) -> bool:
+    """A remote call refused because its shard restarted (the client must replay)."""
+    return isinstance(getattr(e, "cause", None), ShardRestarted)
+
+
+class ReplayLog:
+    """One worker's pushes to each shard since that shard's last backup."""
+
+    def __init__(
+        self, handles: Sequence[ActorHandle], worker_id: int, enabled: bool, timeout_s: float
+    ) -> None:
+        self.handles = list(handles)
+        self.worker_id = worker_id
+        self.enabled = enabled
+        self.timeout_s = timeout_s
+        self.entries: list[collections.deque[_Entry]] = [collections.deque() for _ in handles]
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()  # the log belongs to this process's pushes
+        state["entries"] = [collections.deque() for _ in self.handles]
+        return state
+
+    def record(self, shard: int, clock: int, pushes: Pushes, lr: float) -> None:
+        if self.enabled:
+            self.entries[shard].append(_Entry(clock, pushes, lr))
+
+    def trim(self, shard: int, backed_up: int) -> None:
+        """Forget the pushes older than the clock the shard's latest backup holds."""
+        log = self.entries[shard]
+        while log and log[0].clock < backed_up:
+            log.popleft()
+
+    def clear(self) -> None:
+        for log in self.entries:
+            log.clear()
+
+    def recover(self, calls: Sequence[Call], net: Transport, clock: int) -> list[Reply]:
+        """Some shard died. Wait for Ray to restart it (it restores its latest backup), replay
+        this worker's logged pushes from the clock the shard came back at, then redo the
+        pulls of the failed calls. ``clock``: this worker's next clock."""
+        results: list[Reply | None] = [None] * len(calls)
+        failed: set[int] = set()
+        for i, c in enumerate(calls):
+            try:
+                results[i] = get_refs([c.ref])[0]
+            except FAILURES:
+                failed.add(c.shard)
+            except RayTaskError as e:
+                if not is_restart(e):
+                    raise remote_error(e) from None
+                failed.add(c.shard)
+        if not self.enabled:
+            raise RuntimeError(
+                f"parameter shard(s) {sorted(failed)} died and shard backups are off "
+                f"(angel.ps.backup.interval=0): their rows are lost; set "
+                f"angel.ps.backup.interval > 0 to let shards restart and recover"
+            )
+        for s in sorted(failed):
+            net.reconnect(s)
+            start, replayed = self._replay(s, clock)
+            # What failed and what was done, on the console (a worker's stderr reaches the
+            # driver's through Ray).
+            print(
+                f"angelps: warning: parameter shard {s} died; Ray restarted it and it restored "
+                f"its backup at clock {start} of worker {self.worker_id}, which replayed "
+                f"{replayed} push(es) since; training goes on",
+                file=sys.stderr,
+                flush=True,
+            )
+        out: list[Reply] = []
+        for c, r in zip(calls, results, strict=True):
+            if r is None and c.pulls:
+                ref: ray.ObjectRef[Reply] = self.handles[c.shard].step.remote(
+                    self.worker_id, c.clock, None, 0.0, c.pulls, True
+                )
+                r = self._retry_get(c.shard, ref)
+            out.append((None, 0) if r is None else r)
+        return out
+
+    def _retry_get(self, shard: int, ref: ray.ObjectRef[Reply]) -> Reply:
+        try:
+            return ray.get(ref)  # type: ignore[no-any-return]
+        except RayTaskError as e:
+            if is_restart(e):
+                raise RuntimeError(
+                    f"parameter shard {shard} failed again during recovery; giving up"
+                ) from e
+            raise remote_error(e) from None
+        except ActorDiedError as e:
+            raise RuntimeError(dead_for_good(shard, e)) from None
+        except RayActorError as e:
+            raise RuntimeError(
+                f"parameter shard {shard} failed again during recovery; giving up"
+            ) from e
+
+    def _restored_clock(self, shard: int) -> int:
+        """The clock of this worker that the restarted shard came back at (waits for it).
+
+        A call to a shard Ray is restarting waits for the restart (or fails as unavailable:
+        tried again); a call to a shard Ray will not restart fails with ActorDiedError at once,
+        and so does this, naming the shard and the key that bounds its restarts."""
+        h = self.handles[shard]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                ref: ray.ObjectRef[int] = h.clock_of.remote(self.worker_id)
+                return int(ray.get(ref))
+            except ActorDiedError as e:
+                raise RuntimeError(dead_for_good(shard, e)) from None
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"parameter shard {shard} did not come back within {self.timeout_s:g} s "
+                        f"(angel.matrixtransfer.request.timeout.ms)"
+                    ) from None
+                time.sleep(0.2)
+
+    def _replay(self, shard: int, clock: int) -> tuple[int, int]:
+        """Replay the logged pushes to ``shard`` from the clock it came back at; returns
+        (that clock, the pushes replayed)."""
+        start = self._restored_clock(shard)
+        entries = [e for e in self.entries[shard] if e.clock >= start]
+        first = entries[0].clock if entries else clock
+        if first != start:
+            raise RuntimeError(
+                f"parameter shard {shard} restarted at clock {start} of worker {self.worker_id} "
+                f"but this client's log starts at clock {first}: updates would be lost"
+            )
+        h = self.handles[shard]
+        refs = [h.step.remote(self.worker_id, e.clock, e.pushes, e.lr, None, True) for e in entries]
+        try:
+            ray.get(refs)
+        except RayTaskError as e:
+            raise remote_error(e) from None
+        return start, len(entries)

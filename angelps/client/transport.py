@@ -1,0 +1,318 @@
+"""How a client process reaches the shards: the client side of the data plane.
+
+Every per-step ``step`` call goes either over this process's TCP connection to the shard
+(:class:`Channel`, frames of :mod:`angelps.client.wire`; ``angel.ps.transport=socket``), whatever its
+size (a large call streams in bounded frames), or as a Ray actor call (``ray``, or when no
+connection can be opened: the fallback). Control calls (save, load, stats, recovery) always
+use Ray and do not pass through here.
+
+Each connection has a reader thread that reads replies as they arrive, so a client sending a
+large call never waits on a shard that waits for it to read a large reply, and the replies of
+all shards are received while the worker computes.
+
+Invariants: a caller's calls to one shard are served in the order sent, whatever their path
+(before changing path, the calls in flight on the other path are waited for); a reply is read
+once and kept by its :class:`SockRef`, so recovery may ask for it again; connections belong to
+the process that opened them (never pickled).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from angelps.client import wire
+from angelps.options import ClientOptions
+from angelps.server.shard import ShardRestarted
+from angelps.table import TableSpec
+
+__all__ = [
+    "Channel",
+    "ChannelDown",
+    "Pulls",
+    "Pushes",
+    "Ref",
+    "Reply",
+    "SockRef",
+    "Transport",
+    "call_bytes",
+    "get_refs",
+    "remote_error",
+]
+
+#: One table's push to one shard: (keys, gradients); a pull: keys (None: a dense block).
+Pushes: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]
+Pulls: TypeAlias = dict[str, np.ndarray | None]
+#: What a shard's ``step`` returns: (rows or None, this worker's clock held by its backup).
+Reply: TypeAlias = tuple[dict[str, np.ndarray] | None, int]
+
+
+class ChannelDown(Exception):
+    """The TCP connection to a shard broke (the shard died): recovered like RayActorError."""
+
+
+class Channel:
+    """A client's TCP connection to one shard (angelps.client.wire): calls are sent at once, and a
+    reader thread reads their replies in order, so several calls can be in flight, as with
+    Ray's actor calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sent = 0
+        self.received = 0
+        self.replies: dict[int, tuple[bool, Any]] = {}
+        self.dead = False
+        self._why = ""
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True, name="angelps-rx")
+        self._reader.start()
+
+    def send(self, frame: Sequence[bytes | memoryview]) -> SockRef:
+        with self._send_lock:
+            if self.dead:
+                raise ChannelDown("connection already broken")
+            try:
+                wire.send_buffers(self.sock, frame)
+            except OSError as e:
+                self._die(str(e))
+                raise ChannelDown(str(e)) from None
+            ref = SockRef(self, self.sent)
+            self.sent += 1
+            return ref
+
+    def result(self, seq: int) -> Reply:
+        with self._cond:
+            while seq not in self.replies:
+                if self.dead:
+                    raise ChannelDown(f"connection broken ({self._why})")
+                self._cond.wait()
+            ok, value = self.replies.pop(seq)
+        if ok:
+            return value  # type: ignore[no-any-return]
+        kind, msg, args = value
+        if kind == "ShardRestarted":
+            raise ShardRestarted(*args)
+        exc = {"ValueError": ValueError, "TimeoutError": TimeoutError, "KeyError": KeyError}
+        raise exc.get(kind, RuntimeError)(msg)
+
+    def drain(self) -> None:
+        """Wait for the replies of every call sent so far (kept for their refs): after this,
+        the shard has served them all (or the connection broke)."""
+        with self._cond:
+            while self.received < self.sent and not self.dead:
+                self._cond.wait()
+
+    def _read_loop(self) -> None:
+        """The reader thread: every reply, in order, until the connection closes."""
+        while True:
+            try:
+                header, body = wire.recv_call(self.sock, wire.MAX_HEADER)
+                reply = wire.decode_reply(header, body)
+            except (OSError, ValueError) as e:
+                self._die(str(e) or type(e).__name__)
+                return
+            with self._cond:
+                self.replies[self.received] = reply
+                self.received += 1
+                self._cond.notify_all()
+
+    def _die(self, why: str) -> None:
+        with self._cond:
+            if not self.dead:
+                self.dead = True
+                self._why = why
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self._die("closed")
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class SockRef:
+    """The reply of one call sent on a :class:`Channel` (what an ObjectRef is for Ray)."""
+
+    __slots__ = ("channel", "error", "seq", "settled", "value")
+
+    def __init__(self, channel: Channel, seq: int) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.settled = False
+        self.value: Reply | None = None
+        self.error: BaseException | None = None
+
+    def get(self) -> Reply:
+        # Kept: recovery asks again for calls whose replies were already read.
+        if not self.settled:
+            try:
+                self.value = self.channel.result(self.seq)
+            except Exception as e:
+                self.error = e
+            self.settled = True
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+#: A call in flight: a Ray ObjectRef of a ``step`` reply, or a socket reply.
+Ref: TypeAlias = "ray.ObjectRef[Reply] | SockRef"
+
+
+def get_refs(refs: Sequence[Ref]) -> list[Reply]:
+    """Values of Ray ObjectRefs and socket replies (one ``ray.get`` for all the Ray ones)."""
+    ray_refs = [r for r in refs if not isinstance(r, SockRef)]
+    got = iter(ray.get(ray_refs)) if ray_refs else iter(())
+    return [r.get() if isinstance(r, SockRef) else next(got) for r in refs]
+
+
+class Transport:
+    """This process's way to each shard of one job: a :class:`Channel` opened on first use,
+    or Ray actor calls. Pickles as a fresh one (connections belong to a process)."""
+
+    def __init__(self, handles: Sequence[ActorHandle], options: ClientOptions) -> None:
+        self.handles = list(handles)
+        self.options = options
+        # None: not opened yet; False: this shard is reached through Ray actor calls.
+        self.chans: list[Channel | bool | None] = [None] * len(self.handles)
+        # Ray calls to each shard not known to be served yet (the fallback after a broken send).
+        self.ray_refs: list[list[ray.ObjectRef[Reply]]] = [[] for _ in self.handles]
+        #: Bytes of the step calls made so far (request and reply, as :func:`call_bytes`).
+        self.moved = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["chans"] = [None] * len(self.handles)
+        state["ray_refs"] = [[] for _ in self.handles]
+        return state
+
+    def call(
+        self,
+        shard: int,
+        args: tuple[int, int, Pushes | None, float, Pulls | None, bool, int | None],
+        nbytes: int,
+    ) -> Ref:
+        """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over
+        the connection, whatever its size, or via Ray where the shard cannot be reached
+        directly (waiting first for the calls in flight on the other path, so that the shard
+        serves them in order)."""
+        self.moved += nbytes
+        chan = self._channel(shard)
+        if chan is not None:
+            if self.ray_refs[shard]:
+                ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
+                self.ray_refs[shard] = []
+            try:
+                return chan.send(wire.encode_request(*args))
+            except ChannelDown:
+                pass  # the shard died: the Ray call below fails too and recovery takes over
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            ch.drain()
+        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(*args)
+        if ch is not False and self.options.transport == "socket":
+            pending = self.ray_refs[shard]
+            pending.append(ref)
+            if len(pending) > 8:  # forget the served ones (and do not keep their replies alive)
+                _, self.ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
+        return ref
+
+    def reconnect(self, shard: int) -> None:
+        """Drop the connection to ``shard`` (it restarted): the next call opens a new one."""
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            ch.close()
+            self.chans[shard] = None
+
+    def close(self) -> None:
+        for ch in self.chans:
+            if isinstance(ch, Channel):
+                ch.close()
+        self.chans = [None] * len(self.handles)
+
+    def _channel(self, shard: int) -> Channel | None:
+        """This process's connection to ``shard`` (opened on first use), or None for Ray calls."""
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            if not ch.dead:
+                return ch
+            ch = None  # broken (the shard restarted): connect to the new one
+        if ch is False or self.options.transport != "socket":
+            return None
+        try:
+            sock = self._connect(shard)
+        except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
+            # Unreachable from here (a firewall, a loopback-only shard on another node): the
+            # shard still answers Ray actor calls, only slower.
+            warnings.warn(
+                f"angelps: no direct connection to parameter shard {shard} ({e}); using Ray "
+                f"actor calls for it (angel.ps.transport=socket)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self.chans[shard] = False
+            return None
+        chan = Channel(sock)
+        self.chans[shard] = chan
+        return chan
+
+    def _connect(self, shard: int) -> socket.socket:
+        served: ray.ObjectRef[tuple[str, int]] = self.handles[shard].serve.remote(
+            self.options.data_host
+        )
+        host, port = ray.get(served, timeout=self.options.shard.timeout_s)
+        sock = socket.create_connection((host, port), timeout=10.0)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(self.options.shard.token.encode())
+            # The shard acknowledges the token; a refused connection (its cap reached) ends
+            # here, as an unreachable shard: this process then uses Ray calls for it.
+            if wire.recv_exact(sock, len(wire.ACK)) != wire.ACK:
+                raise ConnectionError("the shard did not accept the connection")
+        except OSError as e:
+            sock.close()
+            raise ConnectionError(
+                f"shard {shard} refused the data-plane connection ({e})"
+            ) from None
+        sock.settimeout(None)
+        return sock
+
+
+def call_bytes(
+    specs: Mapping[str, TableSpec], num_shards: int, pushes: Pushes | None, pulls: Pulls | None
+) -> int:
+    """Bytes a ``step`` call moves (request and reply), roughly (``specs``: TableSpec by name)."""
+    n = 0
+    for keys, grads in (pushes or {}).values():
+        n += int(keys.nbytes) + int(grads.nbytes)
+    for name, wanted in (pulls or {}).items():
+        spec = specs[name]
+        item = np.dtype(spec.dtype).itemsize
+        if wanted is None:  # this shard's block of a dense table
+            n += (spec.rows // num_shards + 1) * spec.cols * item
+        else:
+            n += len(wanted) * (8 + spec.cols * item)
+    return n
+
+
+def remote_error(e: RayTaskError) -> BaseException:
+    """The user-facing error of a failed remote call: the remote ValueError/TimeoutError itself."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, (ValueError, TimeoutError, KeyError)):
+        return cause
+    return e

@@ -1,0 +1,383 @@
+"""The data plane: a shard's ``step`` over a direct TCP connection instead of a Ray actor call.
+
+A Ray actor call has a fixed cost whatever its payload (submission, scheduling, the reply
+through the core worker) that is several times a shard's work for a step and far above a
+loopback TCP round trip (figures in docs/benchmarks-ps.md). Like Angel's own PS (Netty RPC
+between workers and servers), the hot path therefore bypasses the actor framework: each shard
+actor also listens on a TCP port (opened on request, see
+:meth:`angelps.server.shard_server.ShardServer.serve`), and a client (:mod:`angelps.client.transport`) sends its
+``step`` calls there. Ray still places, names, restarts and controls the shards (save, load,
+stats and recovery go through actor calls).
+
+Frames (little-endian): ``u32 header length, u64 body length``, a JSON header, then the body:
+the raw bytes of the numpy arrays the header lists, in order. No pickle crosses the wire. A call
+of any size streams in bounded frames: a body longer than :data:`MAX_FRAME_BYTES` is split, the
+first frame's header says the whole body's length (``"n"``) and continuation frames (header
+length 0) carry the rest, each at most :data:`MAX_FRAME_BYTES` (:func:`frames`).
+
+* request: ``{"w": worker, "c": clock, "lr": lr, "r": recovering, "push": [[table, n, cols,
+  dtype], ...] | null, "pull": [[table, n], ...] | null}`` and optionally ``"pc"``: the clock
+  the pull is served at (default: the clock after the push; a prefetch names a later one); the
+  body holds, per push, the ``n`` int64 keys then the ``[n, cols]`` gradients, and per pull
+  its ``n`` int64 keys (``n = -1``: all rows of a dense table, no keys);
+* reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` and
+  the rows, or ``{"ok": false, "kind": ..., "msg": ..., "args": [...]}``.
+
+A connection starts with the job's token (sent by the client, checked by the shard in constant
+time), which the shard acknowledges with the byte :data:`ACK`, so only clients the driver handed
+the token to can talk to a shard. Calls on one connection are served one after another, in
+order: the per-caller ordering that BSP's fused push-pull relies on, as with Ray's actor calls.
+
+Invariants (a hostile peer): the two lengths of a frame are checked against
+:class:`FrameLimits` (derived from the shard's tables, :data:`MAX_FRAME_BYTES` and
+:data:`MAX_CALL_BYTES`) before anything is allocated, and a streamed body is kept only as its
+frames arrive (never allocated from an announced length); :func:`decode_request` accepts only a header of the shape above whose
+arrays exactly fill the body, and raises ValueError for anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ACK",
+    "DTYPES",
+    "MAX_CALL_BYTES",
+    "MAX_FRAME_BYTES",
+    "MAX_HEADER",
+    "PREFIX",
+    "TOKEN_BYTES",
+    "FrameLimits",
+    "decode_reply",
+    "decode_request",
+    "encode_error",
+    "encode_reply",
+    "encode_request",
+    "frames",
+    "recv_call",
+    "recv_exact",
+    "send_buffers",
+    "stream_length",
+]
+
+PREFIX = struct.Struct("<IQ")
+TOKEN_BYTES = 32
+#: The shard's answer to a good token: the connection is accepted.
+ACK = b"\x01"
+#: A reply's header lists a few tables; a client drops a stream announcing a longer one.
+MAX_HEADER = 1 << 20
+#: The longest body of one frame: longer calls stream in several frames.
+MAX_FRAME_BYTES = 1 << 22
+#: The longest body of one call (all its frames) to a shard with an unbounded table (rows=-1);
+#: bounded tables give a shard a tighter limit (:class:`FrameLimits`).
+MAX_CALL_BYTES = 1 << 36
+#: The gradient dtypes a push may carry (little-endian float32 and float64).
+DTYPES = ("<f4", "<f8")
+_ROW_BYTES = 8  # the widest value a push may carry (float64)
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """The longest header, frame body and call body of a legal request to one shard, from its
+    tables: a shard drops a connection whose frame announces more, before reading it."""
+
+    max_header: int
+    max_body: int
+
+    @property
+    def max_frame(self) -> int:
+        """The longest body of one frame."""
+        return min(self.max_body, MAX_FRAME_BYTES)
+
+    @classmethod
+    def of(cls, tables: Sequence[Any], num_shards: int) -> FrameLimits:
+        """From the shard's :class:`~angelps.table.TableSpec` list: every table pushed (keys
+        and float64 gradients) and pulled (keys) at once, with as many distinct keys as one
+        shard can hold (a dense block, a sparse index range; unbounded for ``rows=-1``),
+        capped by :data:`MAX_CALL_BYTES` (and streamed in frames of at most
+        :data:`MAX_FRAME_BYTES`)."""
+        header = 1024 + sum(2 * len(json.dumps(t.name)) + 192 for t in tables)
+        body = 0
+        for t in tables:
+            if t.rows < 0:
+                return cls(header, MAX_CALL_BYTES)
+            n = t.rows if t.sparse else -(-t.rows // num_shards)
+            body += n * (8 + t.cols * _ROW_BYTES) + n * 8
+        return cls(header, min(body, MAX_CALL_BYTES))
+
+
+def encode_request(
+    worker: int,
+    clock: int,
+    pushes: Mapping[str, tuple[np.ndarray, np.ndarray]] | None,
+    lr: float,
+    pulls: Mapping[str, np.ndarray | None] | None,
+    recovering: bool = False,
+    pull_clock: int | None = None,
+) -> list[bytes | memoryview]:
+    """The frames of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied)."""
+    bufs: list[bytes | memoryview] = []
+    push_h = None
+    if pushes is not None:
+        push_h = []
+        for name, (keys, grads) in pushes.items():
+            k = np.ascontiguousarray(keys, dtype=np.int64)
+            g = np.ascontiguousarray(grads)
+            push_h.append([name, int(k.size), int(g.shape[1]) if g.ndim == 2 else 1, g.dtype.str])
+            bufs += [k.data, g.data]
+    pull_h = None
+    if pulls is not None:
+        pull_h = []
+        for name, wanted in pulls.items():
+            if wanted is None:
+                pull_h.append([name, -1])
+                continue
+            pk = np.ascontiguousarray(wanted, dtype=np.int64)
+            pull_h.append([name, int(pk.size)])
+            bufs.append(pk.data)
+    head: dict[str, Any] = {
+        "w": worker,
+        "c": clock,
+        "lr": lr,
+        "r": recovering,
+        "push": push_h,
+        "pull": pull_h,
+    }
+    if pull_clock is not None:
+        head["pc"] = pull_clock
+    return frames(head, bufs)
+
+
+def frames(head: dict[str, Any], bufs: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``head`` (JSON) and the body ``bufs`` as frames: one when the body fits in
+    :data:`MAX_FRAME_BYTES`, else the first frame's header gets ``"n"`` (the whole body's
+    length) and continuation frames (header length 0) follow. Buffers are sliced, not copied."""
+    views = [_byte_view(b) for b in bufs]
+    total = sum(v.nbytes for v in views)
+    if total > MAX_FRAME_BYTES:
+        head = dict(head, n=total)
+    header = json.dumps(head).encode()
+    out: list[bytes | memoryview] = [PREFIX.pack(len(header), min(total, MAX_FRAME_BYTES)), header]
+    room = MAX_FRAME_BYTES  # bytes left in the current frame
+    left = total
+    for v in views:
+        while v.nbytes:
+            if room == 0:
+                room = min(left, MAX_FRAME_BYTES)
+                out.append(PREFIX.pack(0, room))
+            take = min(room, v.nbytes)
+            out.append(v[:take])
+            v = v[take:]
+            room -= take
+            left -= take
+    return out
+
+
+def stream_length(header: bytes, first: int) -> int:
+    """The whole body length of a call whose first frame has ``header`` and a ``first``-byte
+    body: its ``"n"`` (ValueError if that is not an integer >= ``first``), else ``first``.
+    A header that is not JSON is left to :func:`decode_request` (its body is the one frame)."""
+    try:
+        h = json.loads(header)
+    except (ValueError, UnicodeDecodeError):
+        return first
+    n = h.get("n", first) if isinstance(h, dict) else first
+    if not _is_int(n) or n < first:
+        raise ValueError(f"a frame announcing a {n!r}-byte call after a {first}-byte frame")
+    return int(n)
+
+
+def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
+    """The arguments of ``ShardServer.step`` from a request frame (arrays are views of body).
+
+    ValueError for anything but a request of the documented shape whose arrays exactly fill
+    ``body`` (garbage, unknown fields' types, a dtype other than :data:`DTYPES`, lengths that
+    do not match the body)."""
+    try:
+        h = json.loads(header)
+        worker, clock, lr, recovering = h["w"], h["c"], h["lr"], h["r"]
+        push_h, pull_h = h["push"], h["pull"]
+        pull_clock = h.get("pc")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError("malformed request header (not an angelps frame)") from None
+    if not (_is_int(worker) and _is_int(clock) and clock >= 0):
+        raise ValueError("malformed request header: worker and clock must be integers >= 0")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not isinstance(recovering, bool):
+        raise ValueError("malformed request header: lr must be a number, r a boolean")
+    if pull_clock is not None and not (_is_int(pull_clock) and pull_clock >= 0):
+        raise ValueError("malformed request header: pc must be an integer >= 0")
+    off = 0
+    pushes: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    if push_h is not None:
+        pushes = {}
+        for name, n, cols, dtype in _entries(push_h, 4):
+            if not (_is_int(n) and n >= 0 and _is_int(cols) and cols >= 1 and dtype in DTYPES):
+                raise ValueError(f"malformed push of table {name!r}: {[n, cols, dtype]}")
+            dt = np.dtype(dtype)
+            need = n * (8 + cols * dt.itemsize)
+            _check_fits(off, need, len(body))
+            keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+            grads = np.frombuffer(body, dtype=dt, count=n * cols, offset=off + 8 * n)
+            pushes[name] = (keys, grads.reshape(n, cols))
+            off += need
+    pulls: dict[str, np.ndarray | None] | None = None
+    if pull_h is not None:
+        pulls = {}
+        for name, n in _entries(pull_h, 2):
+            if not (_is_int(n) and n >= -1):
+                raise ValueError(f"malformed pull of table {name!r}: {n!r} keys")
+            if n < 0:
+                pulls[name] = None
+                continue
+            _check_fits(off, 8 * n, len(body))
+            pulls[name] = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+            off += 8 * n
+    if off != len(body):
+        raise ValueError(f"malformed request: its arrays hold {off} bytes, the body {len(body)}")
+    return {
+        "worker": worker,
+        "clock": clock,
+        "pushes": pushes,
+        "lr": float(lr),
+        "pulls": pulls,
+        "recovering": recovering,
+        "pull_clock": pull_clock,
+    }
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _entries(entries: Any, width: int) -> list[list[Any]]:
+    """A header's push or pull list: lists of ``width`` items, each naming a table once."""
+    if not isinstance(entries, list):
+        raise ValueError("malformed request header: push and pull must be lists or null")
+    seen: set[str] = set()
+    for e in entries:
+        if not (isinstance(e, list) and len(e) == width and isinstance(e[0], str)):
+            raise ValueError(f"malformed request header entry: {str(e)[:80]}")
+        if e[0] in seen:
+            raise ValueError(f"malformed request: table {e[0]!r} listed twice")
+        seen.add(e[0])
+    return entries
+
+
+def _check_fits(off: int, need: int, size: int) -> None:
+    if off + need > size:
+        raise ValueError(f"malformed request: its arrays need more than the body's {size} bytes")
+
+
+def encode_reply(rows: Mapping[str, np.ndarray] | None, backed_up: int) -> list[bytes | memoryview]:
+    """The frames of a successful ``step``: its rows (or none) and the backup clock."""
+    bufs: list[bytes | memoryview] = []
+    rows_h = None
+    if rows is not None:
+        rows_h = []
+        for name, r in rows.items():
+            a = np.ascontiguousarray(r)
+            rows_h.append([name, int(a.shape[0]), int(a.shape[1]), a.dtype.str])
+            bufs.append(a.data)
+    return frames({"ok": True, "b": backed_up, "rows": rows_h}, bufs)
+
+
+def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
+    """The frame of a failed ``step``: the exception's type name, message and arguments."""
+    header = json.dumps({"ok": False, "kind": kind, "msg": msg, "args": args}).encode()
+    return [PREFIX.pack(len(header), 0), header]
+
+
+def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
+    """``(True, (rows or None, backed_up))`` or ``(False, (kind, msg, args))``."""
+    h = json.loads(header)
+    if not h["ok"]:
+        return False, (h["kind"], h["msg"], h["args"])
+    rows = None
+    if h["rows"] is not None:
+        rows = {}
+        off = 0
+        for name, n, cols, dtype in h["rows"]:
+            dt = np.dtype(dtype)
+            rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
+            off += dt.itemsize * n * cols
+    return True, (rows, int(h["b"]))
+
+
+def recv_call(
+    sock: socket.socket, max_header: int, max_frame: int = MAX_FRAME_BYTES
+) -> tuple[bytes, bytearray]:
+    """The header and whole body of one streamed reply from a blocking socket (its frames
+    joined into one buffer, allocated as the first frame announces: the peer is the shard this
+    client authenticated to). ConnectionError on a header over ``max_header`` bytes."""
+    hlen, blen = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+    if hlen > max_header or blen > max_frame:
+        raise ConnectionError(f"not an angelps reply (a {hlen}-byte header, {blen}-byte body)")
+    header = bytes(recv_exact(sock, hlen))
+    try:
+        total = stream_length(header, blen)
+    except ValueError as e:
+        raise ConnectionError(str(e)) from None
+    body = bytearray(total)
+    view = memoryview(body)
+    _recv_into(sock, view[:blen])
+    got = blen
+    while got < total:
+        hlen, blen = PREFIX.unpack(recv_exact(sock, PREFIX.size))
+        if hlen != 0 or blen > min(max_frame, total - got) or blen == 0:
+            raise ConnectionError("a broken continuation frame in a reply")
+        _recv_into(sock, view[got : got + blen])
+        got += blen
+    return header, body
+
+
+def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> None:
+    """Send every buffer in order with ``sendmsg`` (no join: large arrays are not copied)."""
+    views = [_byte_view(b) for b in bufs]
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i : i + 256])
+        while sent:
+            n = views[i].nbytes
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        while i < len(views) and views[i].nbytes == 0:
+            i += 1
+
+
+def _byte_view(b: bytes | memoryview) -> memoryview:
+    """``b`` as a flat view of bytes (an empty array's view cannot be cast)."""
+    v = memoryview(b)
+    return v.cast("B") if v.nbytes else memoryview(b"")
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < view.nbytes:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the shard closed the connection")
+        got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes from a blocking socket (ConnectionError if it closes first)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the shard closed the connection")
+        got += k
+    return buf

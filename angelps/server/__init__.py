@@ -1,0 +1,1 @@
+"""The shard side: ParameterShard, its Ray actor (ShardServer), clocks, launching shards."""

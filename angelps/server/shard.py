@@ -1,0 +1,472 @@
+"""One parameter shard as a plain class (:class:`ParameterShard`, testable without Ray), and the
+checks every pull and push goes through.
+
+A shard holds, for every table, the rows the partitioner assigns to it plus their optimizer
+state (:mod:`angelps.storage.table_rows`), and the clocks of the workers (:mod:`angelps.server.consistency`).
+:class:`angelps.server.shard_server.ShardServer` wraps it in a Ray actor that adds the clock waiting, the
+TCP data plane and backups.
+
+Invariants: every push is validated completely (tables, key ranges, shapes, dtypes,
+finiteness) before any row is touched, so a rejected push leaves the shard unchanged; a
+worker's pushes are applied in clock order; under BSP the pushes of one clock from all workers
+are summed and applied as one optimizer update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from angelps.checkpoint.files import (
+    CheckpointError,
+    file_entry,
+    iter_table_file,
+    table_file,
+    table_rel,
+    write_table_chunks,
+)
+from angelps.dedup import dedup, segment_sum, strictly_increasing
+from angelps.options import (
+    ADMISSION_MIN_COUNT,
+    EVICTION_TTL_UPDATES,
+    NAN_POLICIES,
+    NAN_POLICY,
+    PARTITIONER,
+    PARTITIONERS,
+    STALENESS,
+    one_of,
+)
+from angelps.partition import Partitioner
+from angelps.server.consistency import ClockTable
+from angelps.storage.table_rows import Table, new_table
+from angelps.table import TableSpec, check_unique_names, table_named
+
+__all__ = [
+    "ParameterShard",
+    "ShardRestarted",
+    "all_finite",
+    "check_grads",
+    "check_keys",
+    "check_lr",
+    "check_push",
+]
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """No NaN or inf in ``a``. A finite sum proves it without a boolean temporary (NaN and inf
+    propagate through a sum); only a non-finite sum, which may be an overflow, is checked
+    element by element."""
+    if a.size == 0:
+        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = a.sum(dtype=np.float64)
+    if np.isfinite(total):
+        return True
+    return bool(np.isfinite(a).all())
+
+
+def check_lr(lr: Any) -> float:
+    """The step size of a push: a finite number >= 0."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        raise ValueError(f"learning rate {lr!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"learning rate {lr!r} must be a finite number >= 0")
+    return value
+
+
+def check_keys(spec: TableSpec, keys: ArrayLike) -> np.ndarray:
+    """Keys as a 1-D int64 array, checked against the table's range."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ValueError(f"table {spec.name!r}: keys must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise ValueError(f"table {spec.name!r}: keys must be integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
+        raise ValueError(f"table {spec.name!r}: key {int(arr.max())} does not fit in int64")
+    arr = arr.astype(np.int64, copy=False)
+    if spec.rows > 0 and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= spec.rows:
+            bad = lo if lo < 0 else hi
+            kind = "sparse index" if spec.sparse else "dense"
+            raise ValueError(
+                f"table {spec.name!r}: key {bad} is outside the {kind} range [0, {spec.rows})"
+            )
+    return arr
+
+
+def check_grads(spec: TableSpec, n: int, grads: ArrayLike) -> np.ndarray:
+    """Gradients as a ``[n, cols]`` array of the table's dtype."""
+    arr = np.asarray(grads)
+    if arr.dtype.kind != "f":
+        raise ValueError(
+            f"table {spec.name!r}: gradients must be floating point, got dtype {arr.dtype}"
+        )
+    if arr.ndim == 1 and spec.cols == 1:
+        arr = arr.reshape(-1, 1)
+    if arr.shape != (n, spec.cols):
+        raise ValueError(
+            f"table {spec.name!r}: gradients of shape {arr.shape} do not match "
+            f"{n} keys x {spec.cols} columns"
+        )
+    return arr.astype(spec.dtype, copy=False)
+
+
+def check_push(
+    spec: TableSpec,
+    keys: ArrayLike,
+    grads: ArrayLike,
+    nan_policy: str,
+    check_owned: Callable[[np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Keys and gradients of one table's push, checked (``check_owned``: the shard's check
+    that it holds the keys); None when the gradients are not finite and ``nan_policy`` is
+    skip (ValueError when it is error)."""
+    k = check_keys(spec, keys)
+    if check_owned is not None:
+        check_owned(k)
+    g = check_grads(spec, len(k), grads)
+    if all_finite(g):
+        return k, g
+    if nan_policy == "error":
+        raise ValueError(
+            f"table {spec.name!r}: gradient contains NaN or inf "
+            f"(angel.ps.nan.policy=error; set it to skip to drop such updates)"
+        )
+    return None
+
+
+class ParameterShard:
+    """Shard ``shard_id`` of ``num_shards``: the rows it owns of every table, and the clocks.
+
+    ``push`` applies (or, under BSP with several workers, buffers) one worker's gradients for
+    one clock; ``pull`` returns rows. Clock waiting is the actor's job: the plain class asserts
+    that a push arrives in clock order and serves pulls immediately.
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        num_shards: int,
+        tables: Sequence[TableSpec],
+        partitioner: str = PARTITIONER.default,
+        num_workers: int = 1,
+        staleness: int = STALENESS.default,
+        nan_policy: str = NAN_POLICY.default,
+        device: str | None = None,
+        admission_min_count: int = ADMISSION_MIN_COUNT.default,
+        eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default,
+    ) -> None:
+        if not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard id {shard_id} is out of range for {num_shards} shards")
+        check_unique_names(tables)
+        self.shard_id = shard_id
+        self.num_shards = num_shards
+        self.partitioner = one_of(PARTITIONER.name, partitioner, PARTITIONERS)
+        self.nan_policy = one_of(NAN_POLICY.name, nan_policy, NAN_POLICIES)
+        self.specs = {t.name: t for t in tables}
+        # None: rows in host numpy arrays; a torch device ("cuda", "cuda:1", "cpu"): rows and
+        # optimizer state as torch tensors there.
+        if device is not None:
+            import torch  # only for rows on a torch device: a CPU shard starts without it
+
+            dev = torch.device(device)
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(
+                    f"shard {shard_id}: device {device!r} requested (angel.ps.gpus > 0) but "
+                    f"CUDA is not available on this node"
+                )
+        self.device = device
+        self.min_count = _count_option(ADMISSION_MIN_COUNT.name, admission_min_count)
+        self.ttl = _count_option(EVICTION_TTL_UPDATES.name, eviction_ttl_updates)
+        self.clocks: ClockTable = ClockTable(num_workers, staleness)
+        self.reset(self.clocks)
+
+    def reset(self, clocks: ClockTable | None = None) -> None:
+        """Back to freshly initialised tables and zero clocks (before a restore)."""
+        if clocks is None:
+            clocks = ClockTable(self.clocks.num_workers, self.clocks.staleness)
+        self.tables = {t.name: self._new_table(t) for t in self.specs.values()}
+        self.clocks = clocks
+        # BSP with several workers: clock -> table -> list of (keys, grads); clock -> lr.
+        self._pending: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self._pending_lr: dict[int, float] = {}
+        self.skipped: dict[str, int] = {name: 0 for name in self.specs}
+        self.updates = 0  # optimizer updates applied (per table push)
+
+    def _new_table(self, spec: TableSpec) -> Table:
+        part = Partitioner(spec, self.num_shards, self.partitioner)
+        return new_table(spec, part, self.shard_id, self.device, self.min_count, self.ttl)
+
+    # --- validation ----------------------------------------------------------------------------
+
+    def _table(self, name: str) -> Table:
+        return table_named(self.tables, name)
+
+    def _validate(
+        self, updates: Mapping[str, tuple[Any, Any]]
+    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Checked, deduplicated (keys strictly increasing, duplicate grads summed) updates;
+        tables with non-finite gradients dropped (policy skip) or rejected (policy error)."""
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, (keys, grads) in updates.items():
+            t = self._table(name)
+            checked = check_push(t.spec, keys, grads, self.nan_policy, t.check_owned)
+            if checked is None:
+                self.skipped[name] += 1
+                continue
+            k, g = checked
+            if not strictly_increasing(k):
+                uniq, inv = dedup(k)
+                g = segment_sum(inv, g, len(uniq), t.dtype)
+                k = uniq
+            out[name] = (k, g)
+        return out
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def push(
+        self,
+        worker: int,
+        clock: int,
+        updates: Mapping[str, tuple[Any, Any]],
+        lr: float,
+    ) -> None:
+        """Apply worker ``worker``'s gradients for ``clock`` (see :mod:`angelps.server.consistency`).
+
+        Under BSP the pushes of one clock are summed over the workers and applied as one
+        optimizer update (with the step size of the first push of that clock) when the last
+        worker's push arrives; under SSP/ASP each push is applied at once.
+        """
+        clocks = self.clocks
+        clocks.check_worker(worker)
+        if not clocks.can_push(worker, clock):
+            raise ValueError(
+                f"shard {self.shard_id}: worker {worker} pushed clock {clock} but its next "
+                f"clock is {clocks.pushed[worker]}"
+            )
+        lr = check_lr(lr)
+        checked = self._validate(updates)
+        if not clocks.bsp or clocks.num_workers == 1:
+            for name, (k, g) in checked.items():
+                self.tables[name].update(k, g, lr)
+                self.updates += 1
+            clocks.record_push(worker)
+            if clocks.bsp:
+                clocks.mark_applied()
+            return
+        bucket = self._pending.setdefault(clock, {})
+        self._pending_lr.setdefault(clock, lr)
+        for name, kg in checked.items():
+            bucket.setdefault(name, []).append(kg)
+        clocks.record_push(worker)
+        while clocks.complete_clock():
+            c = clocks.applied
+            self._apply_merged(self._pending.pop(c, {}), self._pending_lr.pop(c, lr))
+            clocks.mark_applied()
+
+    def _apply_merged(
+        self, bucket: Mapping[str, list[tuple[np.ndarray, np.ndarray]]], lr: float
+    ) -> None:
+        for name, parts in bucket.items():
+            t = self.tables[name]
+            if len(parts) == 1:
+                k, g = parts[0]
+            else:
+                keys = np.concatenate([p[0] for p in parts])
+                grads = np.concatenate([p[1] for p in parts])
+                k, inv = dedup(keys)
+                g = segment_sum(inv, grads, len(k), t.dtype)
+            t.update(k, g, lr)
+            self.updates += 1
+
+    def pull(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Rows of the requested keys, per table, in the order of the keys. ``None`` as the
+        keys of a dense table means this shard's whole block."""
+        checked: dict[str, np.ndarray | None] = {}
+        for name, keys in requests.items():  # validate every table before reading any
+            t = self._table(name)
+            if keys is None:
+                checked[name] = None
+                continue
+            k = check_keys(t.spec, keys)
+            t.check_owned(k)
+            checked[name] = k
+        out: dict[str, np.ndarray] = {}
+        for name, req in checked.items():
+            t = self.tables[name]
+            if req is None or strictly_increasing(req):
+                out[name] = t.read(req)
+            else:
+                uniq, inv = dedup(req)
+                out[name] = t.read(uniq)[inv]
+        return out
+
+    def export(self, name: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(keys, rows, optimizer state) of one table, keys sorted (checkpoints)."""
+        return self._table(name).export()
+
+    def assign(
+        self, name: str, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]
+    ) -> None:
+        """Overwrite rows and state of ``keys`` (checkpoint restore); keys must be owned here."""
+        t = self._table(name)
+        k = check_keys(t.spec, keys)
+        t.check_owned(k)
+        t.assign(k, w, state)
+
+    def evict(self) -> dict[str, int]:
+        """Remove the rows that expiry (``angel.ps.eviction.ttl.updates``) says are stale, and
+        forget admitted keys' counts; returns the rows removed per table. Run at every save."""
+        return {name: t.evict() for name, t in self.tables.items()}
+
+    def save(self, root: str) -> dict[str, Any]:
+        """Write this shard's rows and optimizer state of every table under ``root`` (in
+        chunks of rows: no second copy of a table), after expiry; returns its manifest info:
+        rows per table, rows evicted now, clocks, and ``files`` (each file's SHA-256, rows and
+        bytes, for the manifest)."""
+        evicted = self.evict()
+        rows, files = {}, {}
+        for name, t in self.tables.items():
+            entry = write_table_chunks(table_file(root, name, self.shard_id), t.export_chunks())
+            rows[name] = entry["rows"]
+            files[table_rel(name, self.shard_id)] = entry
+        return {
+            "shard": self.shard_id,
+            "rows": rows,
+            "evicted": evicted,
+            "clocks": self.clocks.to_dict(),
+            "files": files,
+        }
+
+    def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Replace this shard's content with the rows that the current layout routes here
+        from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
+        Files are read in chunks of rows, each checked against the manifest
+        (``checkpoint.iter_table_file``). Returns the rows restored per table."""
+        saved_shards = int(manifest["num_shards"])
+        same_layout = (
+            saved_shards == self.num_shards and manifest["partitioner"] == self.partitioner
+        )
+        self.reset()
+        self._pending.clear()
+        self._pending_lr.clear()
+        restored = {}
+        for name, t in self.tables.items():
+            n = 0
+            sources = [self.shard_id] if same_layout else range(saved_shards)
+            entries = {j: file_entry(manifest, name, j) for j in sources}
+            if same_layout and entries[self.shard_id] is not None:
+                t.reserve(int(entries[self.shard_id]["rows"]))  # type: ignore[index]
+            for j in sources:
+                path = table_file(root, name, j)
+                for keys, w, state in iter_table_file(path, entries[j]):
+                    n += self._load_chunk(t, path, keys, w, state, same_layout)
+            restored[name] = n
+        return restored
+
+    def _load_chunk(
+        self,
+        t: Table,
+        path: str,
+        keys: np.ndarray,
+        w: np.ndarray,
+        state: dict[str, np.ndarray],
+        same_layout: bool,
+    ) -> int:
+        """Restore one chunk of a table file (the rows this shard owns); rows restored."""
+        if not same_layout:
+            mine = t.part.owns(self.shard_id, keys)
+            keys, w = keys[mine], w[mine]
+            state = {k: v[mine] for k, v in state.items()}
+        missing = set(t.slots) - set(state)
+        if missing or w.shape[1:] != (t.spec.cols,):
+            raise CheckpointError(
+                f"checkpoint file {path} does not match table {t.spec.name!r} "
+                f"(state slots {sorted(state)}, width {w.shape[1:]})"
+            )
+        if len(keys):
+            t.assign(keys, w.astype(t.dtype, copy=False), state)
+        return len(keys)
+
+    def backup_meta(self) -> dict[str, Any]:
+        """Clocks and counters for a backup. Under BSP, pushes buffered for an incomplete clock
+        are not in the rows, so the backup records each worker at the last applied clock: the
+        clients replay those pushes after a restart."""
+        pushed = list(self.clocks.pushed)
+        if self.clocks.bsp:
+            pushed = [min(p, self.clocks.applied) for p in pushed]
+        return {
+            "num_shards": self.num_shards,
+            "partitioner": self.partitioner,
+            "clocks": {"pushed": pushed, "applied": self.clocks.applied},
+            "updates": self.updates,
+            "skipped": dict(self.skipped),
+        }
+
+    def restore_state(self, meta: Mapping[str, Any]) -> None:
+        """Clocks and counters from :meth:`backup_meta` (after :meth:`load`)."""
+        self.clocks.pushed = [int(p) for p in meta["clocks"]["pushed"]]
+        self.clocks.applied = int(meta["clocks"]["applied"])
+        self.updates = int(meta.get("updates", 0))
+        self.skipped.update({k: int(v) for k, v in meta.get("skipped", {}).items()})
+
+    def stats(self) -> dict[str, Any]:
+        """Rows held, memory (bytes per table and per row), updates applied, skipped
+        (non-finite) pushes, rows evicted by expiry, admission counts, clocks."""
+        tables = self.tables.values()
+        nbytes = {t.spec.name: t.nbytes() for t in tables}
+        return {
+            "shard": self.shard_id,
+            "rows": {t.spec.name: t.num_rows() for t in tables},
+            "bytes": nbytes,
+            "bytes_per_row": {
+                t.spec.name: nbytes[t.spec.name] / max(t.num_rows(), 1) for t in tables
+            },
+            "index": {t.spec.name: t.index_kind for t in tables},
+            "updates": self.updates,
+            "skipped": dict(self.skipped),
+            "evicted": {t.spec.name: t.evicted for t in tables},
+            "admission": {
+                t.spec.name: {
+                    "dropped": t.admission.dropped,
+                    "admitted": t.admission.admitted,
+                    "pending": t.admission.pending(),
+                }
+                for t in tables
+                if t.admission is not None
+            },
+            "clocks": self.clocks.to_dict(),
+        }
+
+
+def _count_option(key: str, value: Any) -> int:
+    """A whole number >= 0 for ``key`` (admission count, expiry), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{key}={value!r} is not valid: expected an integer >= 0 (0: off)")
+    return int(value)
+
+
+class ShardRestarted(Exception):
+    """Raised to a worker whose calls run ahead of a restarted shard: the shard restored its
+    backup at ``clock`` for this worker, so the worker must replay its pushes from there."""
+
+    def __init__(self, shard: int, worker: int, clock: int) -> None:
+        super().__init__(
+            f"shard {shard} was restarted and restored its backup at clock {clock} of worker "
+            f"{worker}; the client replays its pushes from that clock"
+        )
+        self.shard = shard
+        self.worker = worker
+        self.clock = clock
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ShardRestarted, (self.shard, self.worker, self.clock))

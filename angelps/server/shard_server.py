@@ -1,0 +1,437 @@
+"""The shard actor: :class:`ShardServer`, the body of the Ray actor around a
+:class:`~angelps.server.shard.ParameterShard`.
+
+It adds what needs a process of its own: waiting for other workers' clocks (BSP/SSP), the TCP
+data plane (:mod:`angelps.client.wire`, one connection per client process) and backups with restart
+recovery. It receives typed :class:`~angelps.options.ShardOptions`, never configuration keys.
+
+Invariants: one operation at a time touches the rows (an asyncio actor: the numpy work runs on
+the event loop, only clock waits yield), so socket calls and Ray calls interleave exactly as
+Ray calls interleave with each other; after a restart no update is silently dropped (see
+:class:`ShardServer`). A data-plane peer cannot take the shard down: at most
+``angel.ps.max.connections`` connections are open (the rest are closed at once and counted), a
+connection that has not sent the token within ``angel.ps.token.timeout.ms`` is closed, a frame
+longer than :class:`~angelps.client.wire.FrameLimits` allows closes its connection before anything is
+read, a malformed one is answered with an error, and replies a peer does not read stop its
+connection (not the shard) once :data:`MAX_UNREAD` bytes wait. Backups live in a directory only
+this user can read (0700), restored only from a ``LATEST`` naming a version inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+from angelps import fs
+from angelps.checkpoint.backups import backup_version, read_backup, write_backup
+from angelps.checkpoint.files import CheckpointError
+from angelps.client import wire
+from angelps.options import ShardOptions
+from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.table import TableSpec
+
+try:
+    import resource
+except ImportError:  # not a Unix: no open-file limit to read
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
+
+#: Reply bytes a connection may leave unread before the shard stops reading its next calls.
+MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
+
+
+class ShardServer:
+    """Body of the Ray actor around a :class:`ParameterShard`.
+
+    An asyncio actor: the numpy work runs on the event loop (one operation at a time, so no
+    locks around the arrays), while calls that must wait for other workers' clocks park on a
+    condition variable without blocking the actor. ``step`` is the one call per shard per step:
+    apply a push (if any), then serve a pull (if any).
+
+    Backups (``angel.ps.backup.interval`` > 0): at start, then every ``interval`` applied
+    updates, the shard writes its partition, optimizer state and clocks under its backup
+    directory (Parquet, a new version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
+    constructor restores the latest backup, and every worker whose calls are ahead of the
+    restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
+    logged since that backup (the client learns the backup clock from each reply and trims its
+    log). Updates are thus redone, never silently dropped.
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        num_shards: int,
+        tables: Sequence[TableSpec],
+        options: ShardOptions,
+    ) -> None:
+        self.shard = ParameterShard(
+            shard_id,
+            num_shards,
+            tables,
+            partitioner=options.partitioner,
+            num_workers=options.num_workers,
+            staleness=options.staleness,
+            nan_policy=options.nan_policy,
+            device=options.device,
+            admission_min_count=options.admission_min_count,
+            eviction_ttl_updates=options.eviction_ttl_updates,
+        )
+        self.timeout_s = options.timeout_s
+        self.backup_interval = options.backup_interval
+        root = options.backup_dir
+        self.backup_dir = fs.join(root, f"shard-{shard_id}") if root else ""
+        # On object storage there is no directory mode: the bucket's permissions decide.
+        if self.backup_dir and not fs.is_remote(root):
+            private_dir(root)
+            private_dir(self.backup_dir)
+        self._since_backup = 0
+        self._backups = {"count": 0, "seconds": 0.0, "start_s": 0.0}
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self.restarted = False
+        self._awaiting_replay: set[int] = set()
+        self._cond: asyncio.Condition | None = None
+        # The data plane (angelps.client.wire): a TCP server opened by serve(), guarded by the token.
+        self._token = options.token.encode()
+        self._server: asyncio.Server | None = None
+        self._limits = wire.FrameLimits.of(tables, num_shards)
+        self._token_timeout_s = options.token_timeout_s
+        self._max_connections = _connection_cap(options.max_connections)
+        self._conns = {"open": 0, "refused": 0, "dropped": 0}
+        if self.backup_dir and _was_restarted():
+            self._restore_backup()
+        elif self.backup_dir:
+            # A first backup (clock 0) now: its one-time cost (~0.3 s: Parquet's writer warming
+            # up) is paid at start-up, not in the middle of training (bench/backup_cost.py).
+            self.backup()
+            start_s = self._backups["seconds"]
+            self._backups = {"count": 0, "seconds": 0.0, "start_s": start_s}
+
+    # --- backups -------------------------------------------------------------------------------
+
+    def _restore_backup(self) -> None:
+        self.restarted = True
+        self._awaiting_replay = set(range(self.shard.clocks.num_workers))
+        info = read_backup(self.backup_dir)  # LATEST checked: it names a version in the dir
+        if info is None:
+            return  # died before its first backup: clients replay from clock 0
+        root, meta = info
+        self.shard.load(root, meta)
+        self.shard.restore_state(meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+
+    def backup(self) -> list[int]:
+        """Write a backup now; returns the per-worker clocks it holds."""
+        if not self.backup_dir:
+            raise ValueError(
+                "shard backups are off: set angel.ps.backup.interval > 0 (and "
+                "angel.ps.backup.path) to enable them"
+            )
+        t0 = time.perf_counter()
+        meta = self.shard.backup_meta()
+        write_backup(self.backup_dir, self.shard, meta)
+        self.backup_clocks = list(meta["clocks"]["pushed"])
+        self._since_backup = 0
+        # What backups cost this shard (stats(); bench/backup_cost.py reads it).
+        self._backups["count"] += 1
+        self._backups["seconds"] += time.perf_counter() - t0
+        return self.backup_clocks
+
+    def _after_push(self) -> None:
+        if self.backup_interval > 0:
+            self._since_backup += 1
+            if self._since_backup >= self.backup_interval:
+                self.backup()
+
+    # --- waiting -------------------------------------------------------------------------------
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def _wait(self, pred: Callable[[], bool], what: str) -> None:
+        if pred():
+            return
+        cond = self._condition()
+        async with cond:
+            try:
+                await asyncio.wait_for(cond.wait_for(pred), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"shard {self.shard.shard_id}: {what} waited {self.timeout_s:g} s for other "
+                    f"workers ({self.shard.clocks.describe()}); raise "
+                    f"angel.matrixtransfer.request.timeout.ms or check that every worker "
+                    f"pushes (or calls clock()) once per step"
+                ) from None
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    # --- remote methods ------------------------------------------------------------------------
+
+    async def step(
+        self,
+        worker: int,
+        clock: int,
+        pushes: Mapping[str, tuple[Any, Any]] | None,
+        lr: float,
+        pulls: Mapping[str, Any] | None,
+        recovering: bool = False,
+        pull_clock: int | None = None,
+    ) -> tuple[dict[str, np.ndarray] | None, int]:
+        """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
+        (rows or None, the clock of this worker held by the latest backup).
+
+        ``pull_clock`` (SSP, ASP): a prefetch, the rows of a batch the worker computes at that
+        later clock; it waits as SSP asks for a read at that clock, but only for this worker's
+        pushes so far (the calls of its later clocks come behind it on the same connection).
+
+        After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
+        arrives that its client sent knowing of the restart (``recovering``: a replayed push
+        or a redone pull; Ray may deliver those out of order, so they wait for their clock
+        instead) or that is not ahead of the restored clock."""
+        shard = self.shard
+        shard.clocks.check_worker(worker)
+        if worker in self._awaiting_replay:
+            if not recovering and clock > shard.clocks.pushed[worker]:
+                raise ShardRestarted(shard.shard_id, worker, shard.clocks.pushed[worker])
+            self._awaiting_replay.discard(worker)
+        if pushes is not None:
+            await self._wait(
+                lambda: shard.clocks.pushed[worker] >= clock,
+                f"worker {worker}'s push for clock {clock}",
+            )
+            if shard.clocks.can_push(worker, clock):
+                before = shard.clocks.applied if shard.clocks.bsp else -1
+                shard.push(worker, clock, pushes, lr)
+                if shard.clocks.applied != before:
+                    self._after_push()
+                await self._notify()
+            # else: a duplicate of a push already applied (a retried call): ignore it.
+            clock += 1
+        backed_up = self.backup_clocks[worker]
+        if not pulls:
+            return None, backed_up
+        if pull_clock is not None and pull_clock > clock:
+            await self._wait(
+                lambda: _can_prefetch(shard.clocks, pull_clock),
+                f"worker {worker}'s prefetch for clock {pull_clock}",
+            )
+        else:
+            await self._wait(
+                lambda: shard.clocks.can_pull(worker, clock),
+                f"worker {worker}'s pull at clock {clock}",
+            )
+        return shard.pull(pulls), backed_up
+
+    async def clock_of(self, worker: int) -> int:
+        """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
+        return self.shard.clocks.pushed[worker]
+
+    async def run_backup(self) -> list[int]:
+        return self.backup()
+
+    async def stats(self) -> dict[str, Any]:
+        st = self.shard.stats()
+        st["restarted"] = self.restarted
+        st["backup_clocks"] = list(self.backup_clocks)
+        # Backups written by this process since its start-up one: count, seconds (and the
+        # seconds of that one, start_s).
+        st["backups"] = dict(self._backups)
+        st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
+        # The data plane: connections open now, refused over the cap, dropped (no token in
+        # time, a wrong token, a frame over the limits).
+        st["connections"] = dict(self._conns, cap=self._max_connections)
+        return st
+
+    async def save(self, root: str) -> dict[str, Any]:
+        return self.shard.save(root)
+
+    async def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        restored = self.shard.load(root, manifest)
+        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self._awaiting_replay.clear()
+        if self.backup_dir:
+            self.backup()  # a restart must come back to the loaded model, not an older backup
+        await self._notify()
+        return restored
+
+    async def ping(self) -> int:
+        return self.shard.shard_id
+
+    # --- the data plane ----------------------------------------------------------------------
+
+    async def serve(self, host: str) -> tuple[str, int]:
+        """Listen for ``step`` calls over TCP on ``host`` (angelps.client.wire); returns the address.
+
+        Idempotent: every client of the job connects to the same server. The server runs on
+        the actor's event loop, so its calls interleave with actor calls exactly as actor
+        calls interleave with each other (one at a time, waiting only for clocks).
+        """
+        if not self._token:
+            raise ValueError("this shard has no data-plane token (launched without one)")
+        if self._server is None:
+            if not host:  # a cluster: this node's address, reachable from other nodes
+                host = ray.util.get_node_ip_address()
+            self._server = await asyncio.start_server(self._serve_connection, host, 0)
+        addr = self._server.sockets[0].getsockname()
+        return str(addr[0]), int(addr[1])
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client's connection: the token, then its calls in order, each answered."""
+        conns = self._conns
+        if conns["open"] >= self._max_connections:
+            conns["refused"] += 1
+            writer.transport.abort()
+            return
+        conns["open"] += 1
+        try:
+            if await self._authenticate(reader):
+                writer.write(wire.ACK)
+                await self._serve_calls(reader, writer)
+            else:
+                conns["dropped"] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            conns["open"] -= 1
+            writer.close()
+
+    async def _authenticate(self, reader: asyncio.StreamReader) -> bool:
+        """The job's token within the deadline (a constant-time comparison)."""
+        try:
+            token = await asyncio.wait_for(
+                reader.readexactly(wire.TOKEN_BYTES), self._token_timeout_s
+            )
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return False
+        return bool(self._token) and hmac.compare_digest(token, self._token[: wire.TOKEN_BYTES])
+
+    async def _serve_calls(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Calls until the peer goes away or announces a frame over the limits."""
+        while True:
+            try:
+                call = await self._read_call(reader)
+            except asyncio.IncompleteReadError:
+                return  # the client went away
+            if call is None:
+                self._conns["dropped"] += 1
+                return  # not a frame of ours: drop the connection, read no more of it
+            header, body = call
+            # No drain() per reply: the client may be sending its next call while this reply
+            # waits to be read; blocking here would stop reading and deadlock both. Only a
+            # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
+            writer.writelines(await self._answer(header, body))
+            if writer.transport.get_write_buffer_size() > MAX_UNREAD:
+                await writer.drain()
+
+    async def _read_call(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+        """One call's header and body (its frames joined), or None for a frame over the limits
+        (checked before each frame is read; a body is kept only as its frames arrive)."""
+        limits = self._limits
+        hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+        if hlen > limits.max_header or blen > limits.max_frame:
+            return None
+        header = await reader.readexactly(hlen)
+        try:
+            total = wire.stream_length(header, blen)
+        except ValueError:
+            return None
+        if total > limits.max_body:
+            return None
+        chunks = [await reader.readexactly(blen) if blen else b""]
+        got = blen
+        while got < total:
+            hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+            if hlen != 0 or not 0 < blen <= min(limits.max_frame, total - got):
+                return None
+            chunks.append(await reader.readexactly(blen))
+            got += blen
+        return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
+        """The reply frame of one request frame: its rows, or its error."""
+        try:
+            rows, backed_up = await self.step(**wire.decode_request(header, body))
+            return wire.encode_reply(rows, backed_up)
+        except ShardRestarted as e:
+            return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
+        except (ValueError, TimeoutError, KeyError) as e:
+            return wire.encode_error(type(e).__name__, str(e), [])
+        except Exception as e:  # reported to the caller, not lost in the actor's log
+            return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+
+
+def _can_prefetch(clocks: Any, pull_clock: int) -> bool:
+    """A prefetch read for ``pull_clock`` may be served: SSP's bound at that clock over every
+    worker's pushes (ASP: always). BSP has no prefetch (angel.worker.prefetch.depth is 1)."""
+    if clocks.staleness < 0:
+        return True
+    if clocks.staleness == 0:
+        raise ValueError(
+            "a prefetch (a pull for a later clock) needs angel.staleness != 0: under BSP set "
+            "angel.worker.prefetch.depth=1"
+        )
+    return bool(min(clocks.pushed) >= pull_clock - clocks.staleness)
+
+
+def _connection_cap(wanted: int) -> int:
+    """``angel.ps.max.connections``, but never above half this process's open-file limit
+    (the shard needs the rest: Ray's own sockets, backup files)."""
+    if resource is None:
+        return wanted
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft // 2))
+
+
+def private_dir(path: str) -> None:
+    """Create directory ``path`` for this user only (0700); an existing one must belong to
+    this user (else CheckpointError naming it) and is made 0700."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return
+    st = os.stat(path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CheckpointError(
+            f"backup directory {path} belongs to another user (uid {st.st_uid}); choose "
+            f"another angel.ps.backup.path"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def _was_restarted() -> bool:
+    """True inside a Ray actor that Ray has restarted after a failure."""
+    if not ray.is_initialized():  # plain use; ray.get_runtime_context() would start a Ray
+        return False
+    try:
+        # Ray's own property reads its deprecated actor_id; the warning would reach the
+        # driver's console through the actor's log.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # outside Ray (plain use): never a restart
+        return False

@@ -1,0 +1,1 @@
+"""Row storage of a shard: the key index, the rows and their optimizer state, admission."""

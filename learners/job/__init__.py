@@ -1,0 +1,1 @@
+"""A job on the driver: GraphLearner, its actors, cluster, placement, checks, failover."""

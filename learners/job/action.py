@@ -1,0 +1,64 @@
+"""What a job does (``action.type``, Angel's submit) and on which paths: :class:`JobAction`.
+
+A key module: standard library and ``angelconf.config`` only (the command line reads it before
+torch and Ray load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from angelconf.config import Key
+from learners.job.loop_options import LOAD_PATH
+
+__all__ = ["ACTIONS", "KEYS", "JobAction"]
+
+_PREDICT_PATH = "angel.predict.data.path"  # declared in learners.data.options
+
+ACTIONS = ("train", "predict", "evaluate", "train_predict")
+ACTION_TYPE = Key(
+    "action.type",
+    "str",
+    "train",
+    "What the job does (Angel's submit): train; predict (angel.load.model.path on "
+    "angel.predict.data.path into angel.predict.out.path); evaluate (the metrics of "
+    "angel.load.model.path on the labelled angel.predict.data.path); train_predict (train, then "
+    "predict with the trained model). Read by angelps submit; angelps train also predicts "
+    "after training when it is train_predict (docs/angel-migration.md).",
+    choices=ACTIONS,
+)
+PREDICT_OUT_PATH = Key(
+    "angel.predict.out.path",
+    "str",
+    None,
+    "Output of prediction: a .csv or .parquet file (by its suffix; another name is a "
+    "directory that gets predictions.csv) with a pred column, one row per input row in "
+    "input order; its directory must exist.",
+)
+
+KEYS = [ACTION_TYPE, PREDICT_OUT_PATH]
+
+
+@dataclass(frozen=True)
+class JobAction:
+    """What the job does and on which paths: ``action.type`` and the prediction keys."""
+
+    action: str
+    #: angel.load.model.path: the saved model that predicts or evaluates
+    model_path: str | None
+    #: angel.predict.data.path: the input of prediction and evaluation
+    data_path: str | None
+    #: angel.predict.out.path: where predictions go
+    out_path: str | None
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
+        """The action of a job (a Config or a mapping; a missing key takes its default)."""
+        return cls(
+            action=str(ACTION_TYPE.read(conf)),
+            model_path=LOAD_PATH.read(conf) or None,
+            data_path=conf.get(_PREDICT_PATH) or None,
+            out_path=PREDICT_OUT_PATH.read(conf) or None,
+        )

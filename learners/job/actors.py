@@ -1,0 +1,134 @@
+"""The actors of one job: Ray started or joined, the placement reserved, the workers and the
+shards started, and all of them stopped again.
+
+:class:`JobActors` is the base of :class:`learners.job.inference.Inference` and so of
+:class:`learners.job.learner.GraphLearner`, whose ``__init__`` sets the attributes declared here;
+training (learners/job/learner.py) and a saved model's start (learners/job/inference.py) use the same
+steps.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from angelconf.config import Config
+from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
+from angelps.server.launch import start_shards, wait_started
+from learners.data import DataOptions
+from learners.job import cluster, failover
+from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.placement import Layout, Placement, release, reserve
+from learners.job.preflight import tables_up_front
+from learners.job.startup import Phases, plural
+from learners.models.config import ModelConfig, model_info
+from learners.models.table_decl import table_specs
+from learners.worker.group import WorkerGroup, get
+
+__all__ = ["JobActors"]
+
+
+class JobActors:
+    """Ray, the placement, the workers and the shards of one job."""
+
+    conf: Config
+    plan: TrainPlan
+    ps_options: PSOptions
+    #: --address (None: RAY_ADDRESS, else a private local Ray)
+    address: str | None
+    #: whether this job started (or joined) Ray, and so stops (or leaves) it
+    _ray_started: bool
+    _phases: Phases
+    _layout: Layout | None
+    _ps: PSClient | None
+    _workers: WorkerGroup | None
+    _tables: list[TableSpec]
+    _model: ModelConfig | None
+    _size: JobSize | None
+
+    def _model_task(self) -> str:
+        """The model's task (binary, multiclass, regression): what its metrics are."""
+        return model_info(str(self.conf["ml.model.class.name"])).task
+
+    def _start_ray(self) -> None:
+        """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.job.cluster);
+        then make sure it can hold the job's workers and shards before any of them starts."""
+        if not ray.is_initialized():
+            try:
+                with self._phases.phase(cluster.start_label(self.address)):
+                    cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
+            finally:  # up, even when a SIGTERM held during the start is raised now
+                self._ray_started = ray.is_initialized()
+        cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
+
+    def _start_workers(self) -> WorkerGroup:
+        """Create the worker actors (each loads its part of the data) and, when the tables'
+        sizes are known without the data, the shards at the same time; size the job, build
+        the model on every worker and hand each its PS client."""
+        conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
+        data = DataOptions.from_config(conf)
+        early = tables_up_front(conf, plan, data)
+        what = f"loading data on {plural(plan.workers, 'worker')}"
+        if early is not None:
+            what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
+        layout = self._reserve()
+        with self._phases.phase(what):
+            workers = self._workers = WorkerGroup(plan, data, layout=layout)
+            summaries = workers.execute_async("data_summary")
+            if early is not None:  # shards start while the workers read their data
+                self._ps = self._launch(early, layout)
+            size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
+        with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
+            model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+            self._build(workers, model, size)
+            workers.join_process_group()
+        return workers
+
+    def _build(self, workers: WorkerGroup, model: ModelConfig, size: JobSize) -> None:
+        """The model on every worker, the PS tables it reads, and each worker's PS handle."""
+        dense = OptimizerSpec.from_conf(self.conf, "ml.fclayer.optimizer")
+        decls = workers.execute("build", model, size, dense)[0]
+        self._model, self._size = model, size
+        self._tables = table_specs(self.conf, decls)
+        if self._ps is not None and list(self._ps.specs.values()) != self._tables:
+            self._ps.shutdown()  # launched early with other tables: start them again
+            self._ps = None
+        if self._ps is None:
+            with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
+                self._ps = self._launch(self._tables, workers.layout)
+        workers.attach_ps(self._ps)
+
+    def _reserve(self) -> Layout:
+        """The job's placement (learners.job.placement): a placement group reserved when
+        angel.placement.strategy asks for one."""
+        place = Placement.from_config(self.conf)
+        asks = cluster.job_asks(self.plan, self.ps_options, place)
+        if place.strategy == "none":
+            return reserve(place, [], self.plan.workers, 0.0)
+        with self._phases.phase(f"reserving a placement group ({place.strategy})"):
+            self._layout = reserve(
+                place, cluster.bundles(asks), self.plan.workers, self.ps_options.timeout_s
+            )
+        return self._layout
+
+    def _launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
+        """Start the shards of ``tables`` where ``layout`` puts them and wait for them."""
+        n = self.ps_options.num_shards
+        where = [layout.shard(i) for i in range(n)] if layout is not None else None
+        pending = start_shards(tables, self.ps_options, self.plan.workers, where)
+        handles, opts = wait_started(pending)
+        return PSClient(tables, handles, opts, 0, owner=True)
+
+    def shutdown(self) -> None:
+        """Stop the workers and the PS; stop Ray only if this learner started it."""
+        if self._workers is not None:
+            self._workers.shutdown()
+            self._workers = None
+        if self._ps is not None:
+            self._ps.shutdown()
+            self._ps = None
+            failover.remove_backup_root(self.ps_options, self.plan.log_dir)
+        release(self._layout)
+        self._layout = None
+        if self._ray_started and ray.is_initialized():
+            cluster.stop()
+            self._ray_started = False

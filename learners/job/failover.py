@@ -1,0 +1,169 @@
+"""Failover of a training job, on by default: where its shard backups go, and what happens when
+one of its workers dies.
+
+A dead **shard** is angelps's business (:mod:`angelps.client.recovery`): Ray restarts it, it restores
+its latest backup and the workers' clients replay the pushes made since. The learner only
+chooses where the backups go: without ``angel.ps.backup.path``, a private directory (0700) under
+the job's log directory, ``<angel.log.path>/ps-backup/<job>-<id>/``, removed at shutdown
+(:func:`backup_options`, :func:`remove_backup_root`); with a log path on object storage, under
+its local staging root. ``angel.ps.backup.path`` may be a URL (:mod:`angelps.checkpoint.remote_backup`):
+the backups then survive a lost node without a shared file system.
+
+A dead **worker** (its process killed, crashed, or its node lost) restarts the job from its
+last checkpoint: every worker and shard is stopped and started again (each worker reloads its
+data part), the checkpoint in ``angel.save.model.path`` is restored exactly as ``--resume``
+does, and training goes on from the epoch after it; without a checkpoint yet (no save path, or
+a death during the first epoch) it starts again from the beginning (from
+``angel.load.model.path`` when set). Why not have only the dead worker rejoin at the current
+clock: under BSP the dead worker may have pushed the current clock to some shards and not to
+others (so some shards have applied the update and the gradient it needs is gone), its
+prefetched rows and RNG stream are lost, and the dense layers' process group must be rebuilt
+anyway; a restart from the checkpoint is exact (BSP, same seed: the job ends with the weights
+and metrics of an uninterrupted run) and costs at most the epoch in progress.
+
+Invariant: a restart is said on the console (which worker died, why, where the job restarts
+from), and there are at most ``angel.worker.max.restarts`` of them in a job; the next death
+fails the job with one line saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from angelps import PSOptions
+from angelps.checkpoint import files as checkpoint
+from angelps.server.launch import NAMESPACE, actor_name
+from learners.job import saved_model
+from learners.job.loop_options import MAX_WORKER_RESTARTS
+from learners.runs.folders import log_root
+from learners.worker.group import WorkerDied
+
+__all__ = [
+    "BACKUP_DIR",
+    "WorkerFailover",
+    "backup_options",
+    "remove_backup_root",
+]
+
+#: The directory under the job's log directory that holds its launches' shard backups.
+BACKUP_DIR = "ps-backup"
+
+
+def backup_options(ps: PSOptions, log_dir: str) -> PSOptions:
+    """``ps`` with its backups under the job's own path: ``<log_dir>/ps-backup`` when backups
+    are on and ``angel.ps.backup.path`` is not set (an absolute path: shards resolve it in
+    their own working directory)."""
+    if ps.backup_interval <= 0 or ps.backup_path:
+        return ps
+    # A log path on object storage: the backups go under its local staging root instead.
+    return replace(ps, backup_path=str(Path(log_root(log_dir)).resolve() / BACKUP_DIR))
+
+
+def remove_backup_root(ps: PSOptions, log_dir: str) -> None:
+    """Remove ``<log_dir>/ps-backup`` once empty (each launch already removed its own
+    directory at shutdown); kept when it still holds something, e.g. another job's backups."""
+    if ps.backup_path == str(Path(log_root(log_dir)).resolve() / BACKUP_DIR):
+        try:
+            os.rmdir(ps.backup_path)
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class FailoverOptions:
+    """How many times a job may restart itself after a worker died."""
+
+    max_restarts: int
+
+    @classmethod
+    def from_config(cls, conf: Any) -> FailoverOptions:
+        return cls(max_restarts=int(MAX_WORKER_RESTARTS.read(conf)))
+
+
+class WorkerFailover:
+    """The restarts of one training job after worker deaths (at most ``max_restarts``)."""
+
+    def __init__(self, options: FailoverOptions, save_path: str | None) -> None:
+        self.options = options
+        self.save_path = save_path
+        self.restarts = 0
+
+    def restart(self, learner: Any, died: WorkerDied, log: Any, progress: Any) -> Any:
+        """Stop every worker and shard of ``learner``, start them again and restore the last
+        checkpoint (or start over); the new progress (``learner._prepare``'s), keeping the
+        training time and samples counted so far. Raises ``died`` (with the count) when the
+        restarts ``angel.worker.max.restarts`` allows are used up."""
+        limit = self.options.max_restarts
+        if self.restarts >= limit:
+            _kill_workers(learner)  # the live ones may wait for the dead one: do not ask them
+            raise WorkerDied(
+                died.index,
+                f"{died.reason}; the job has restarted {self.restarts} time(s), as many as "
+                f"{MAX_WORKER_RESTARTS.name}={limit} allows",
+            ) from died
+        self.restarts += 1
+        resume = self._checkpoint()
+        where = (
+            f"from the checkpoint {self.save_path} (epoch {resume} done)"
+            if resume is not None
+            else "from the beginning (no checkpoint yet"
+            + ("" if self.save_path else ": angel.save.model.path is not set")
+            + ")"
+        )
+        print(
+            f"angelps: warning: worker {died.index} died ({died.reason}); restarting the "
+            f"workers and parameter shards {where}, restart {self.restarts} of "
+            f"{MAX_WORKER_RESTARTS.name}={limit}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _stop(learner)
+        fresh = learner._prepare(resume is not None, log)
+        fresh.samples, fresh.train_s = progress.samples, progress.train_s
+        return fresh
+
+    def _checkpoint(self) -> int | None:
+        """Epochs done by the checkpoint a restart resumes from (None: no checkpoint)."""
+        if not self.save_path:
+            return None
+        try:
+            checkpoint.resolve(self.save_path)
+        except checkpoint.CheckpointError:
+            return None  # none written yet (a death in the first epoch)
+        # Every file checked; a damaged latest falls back to <path>.prev, as --resume does.
+        return int(saved_model.resume_point(self.save_path)["learner"]["next_epoch"])
+
+
+def _kill_workers(learner: Any) -> None:
+    """Kill every worker actor of ``learner`` at once."""
+    workers, learner._workers = learner._workers, None
+    if workers is not None:
+        for a in workers.actors:
+            ray.kill(a)
+        workers.actors = []
+
+
+def _stop(learner: Any) -> None:
+    """Kill the workers (without asking them: the live ones may be blocked waiting for the dead
+    one) and the shards, and wait until the shards' names are free for the new launch."""
+    _kill_workers(learner)
+    ps, learner._ps = learner._ps, None
+    if ps is None:
+        return
+    job, n = learner.ps_options.job, ps.num_shards
+    ps.shutdown()
+    deadline = time.monotonic() + 60.0
+    for i in range(n):
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(actor_name(job, i), namespace=NAMESPACE)
+            except ValueError:
+                break  # the name is free
+            time.sleep(0.1)

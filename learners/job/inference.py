@@ -1,0 +1,98 @@
+"""GraphLearner's inference face: a saved model started for prediction, ``evaluate``, ``predict``.
+
+:class:`Inference` is a base class of :class:`learners.job.learner.GraphLearner`:
+``GraphLearner.load(path)`` builds a learner and calls :meth:`Inference._load` (one worker and the
+PS holding the saved model); ``evaluate`` and ``predict`` run on the workers of a trained or loaded
+learner. Its actors (Ray, the placement, the workers and the shards) are
+:class:`learners.job.actors.JobActors`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import numpy as np
+
+from angelconf.config import ConfigError
+from angelps import OptimizerSpec, PSOptions, TableSpec
+from learners.data import DataOptions
+from learners.job import saved_model
+from learners.job.actors import JobActors
+from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.predict_inputs import InMemory, in_input_order, is_path, predict_parts
+from learners.models.config import ModelConfig
+from learners.models.table_decl import table_specs
+from learners.runs.metrics import validation_metrics
+from learners.runs.run_log import jsonable
+from learners.worker.group import WorkerGroup
+
+__all__ = ["Inference"]
+
+_L = TypeVar("_L", bound="Inference")
+
+
+class Inference(JobActors):
+    """Prediction and evaluation with the learner's workers; the start of a saved model."""
+
+    def _load(self: _L, p: str) -> _L:
+        """Start one worker and the PS from the saved model in ``p`` (a directory or a URL)."""
+        info = saved_model.read_extra(p)["learner"]
+        conf = saved_model.inference_conf(self.conf, info, str(p))
+        self.conf = conf
+        self.plan = TrainPlan.from_config(conf).for_inference(
+            str(info.get("dense_placement", "worker"))
+        )
+        self._start_ray()
+        data = replace(DataOptions.from_config(conf), train_path=None)
+        # The placement keys hold for a saved model's actors as for training's.
+        layout = self._reserve()
+        workers = self._workers = WorkerGroup(self.plan, data, read_data=False, layout=layout)
+        size = JobSize(
+            num_features=int(info["num_features"]),
+            num_fields=info["num_fields"],
+            batch_size=self.plan.minibatch_size,
+            updates_per_epoch=0,
+        )
+        model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+        decls = workers.execute(
+            "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
+        )[0]
+        saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
+        self._model, self._size = model, size
+        self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
+        self.ps_options = PSOptions.from_config(conf)
+        self._ps = self._launch(self._tables, layout)
+        self._ps.load(str(p))
+        workers.attach_ps(self._ps)
+        saved_model.load_dense(info, workers, str(p))
+        return self
+
+    def _predict_outs(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
+    ) -> list[dict[str, Any]]:
+        """Every worker's predictions of ``data`` (learners/job/predict_inputs.py)."""
+        if not self._workers:
+            raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
+        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
+
+    def evaluate(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, Any]:
+        """Metrics of the current model on labelled data (a path, a pyarrow Table, a pandas
+        DataFrame, or a numpy array with ``labels``; see learners/job/predict_inputs.py), named as the
+        training's validation metrics: ``valid_auc``, ``valid_logloss``, ..."""
+        outs = [o for o in self._predict_outs(data, labels, "evaluate") if o["rows"]]
+        if not outs or any(o["labels"] is None or np.isnan(o["labels"]).all() for o in outs):
+            what = data if is_path(data) else type(data).__name__
+            raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
+        return jsonable(validation_metrics(self._model_task(), outs))
+
+    def predict(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
+        ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
+        (learners/job/predict_inputs.py says which columns)."""
+        return in_input_order(self._predict_outs(data, labels, "predict"))

@@ -1,0 +1,88 @@
+"""The path keys of a job, made absolute on the driver before any actor sees them.
+
+A worker or a shard runs in a directory of Ray's choosing (on another node, inside the job's
+unpacked working directory under ``ray job submit``, or wherever the raylet runs), so a path
+such as ``data/a9a/a9a_123d_train.libsvm`` means what the user meant only in the directory of
+the command. :func:`absolute_paths` resolves every path key against that directory (under
+``ray job submit`` the driver runs in the job's working directory, so the same rule holds
+there) and keeps where each value came from, for error messages.
+
+Standard library only: the command line calls it before torch and Ray load.
+"""
+
+from __future__ import annotations
+
+import os
+
+from angelconf.config import Config, ConfigError
+from learners.keys import all_keys
+from learners.runs.folders import is_url
+
+__all__ = ["PATH_KEYS", "READ_KEYS", "absolute", "absolute_paths", "check_url", "is_url"]
+
+#: Every key whose value is a file or directory read or written by the job.
+PATH_KEYS = (
+    "angel.train.data.path",
+    "angel.validate.data.path",
+    "angel.predict.data.path",
+    "angel.predict.out.path",
+    "angel.save.model.path",
+    "angel.load.model.path",
+    "angel.log.path",
+    "angel.ps.backup.path",
+)
+
+
+#: The path keys a job reads: on object storage they must exist before the job starts.
+READ_KEYS = (
+    "angel.train.data.path",
+    "angel.validate.data.path",
+    "angel.predict.data.path",
+    "angel.load.model.path",
+)
+
+
+def check_url(conf: Config, key: str) -> bool:
+    """For a path key whose value is a URL: ConfigError (one line naming the key and the path)
+    when the store cannot be reached in a few seconds, the credentials are refused, the bucket
+    does not exist, or a path the job reads is absent; nothing is written. False when the
+    value is not a URL (the caller checks the local path), True when the URL was checked."""
+    value = conf[key] if key in conf else None
+    if not is_url(value):
+        return False
+    where = f"{key}={value} ({conf.source(key)})"
+    from angelps.fs import probe  # pyarrow: only for a job with a URL
+
+    why = probe(str(value), must_exist=key in READ_KEYS)
+    if why is not None:
+        raise ConfigError(f"{where}: {why}")
+    return True
+
+
+def absolute(path: str, base: str | None = None) -> str:
+    """``path`` against ``base`` (default: the current directory); ``~`` expanded; a URL
+    (``scheme://...``, read through pyarrow.fs) is left as it is, but ``file://`` is a local
+    path."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif "://" in path:
+        return path
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    return os.path.normpath(os.path.join(base or os.getcwd(), path))
+
+
+def absolute_paths(conf: Config, base: str | None = None) -> Config:
+    """``conf`` with every non-empty relative path key made absolute against ``base``
+    (default: the current directory). Each value keeps its source."""
+    changed = {
+        k: absolute(v, base)
+        for k in PATH_KEYS
+        if k in conf and isinstance(v := conf[k], str) and v and absolute(v, base) != v
+    }
+    if not changed:
+        return conf
+    values = {k: changed.get(k, conf[k]) for k in conf}
+    sources = {k: conf.source(k) for k in conf if conf.is_set(k)}
+    return Config(values, sources, all_keys())

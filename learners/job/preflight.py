@@ -1,0 +1,188 @@
+"""Checks of a training job that need more than one key, made before any actor starts.
+
+A single key's type and range are checked when the configuration is loaded
+(:mod:`angelconf.config`); what depends on several keys, on the model class or on the file
+system is checked here, so that a job that cannot run fails in a second with one line naming
+the keys, not minutes later inside a worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from angelconf.config import Config, ConfigError
+from angelps import TableSpec
+from angelps.checkpoint import local_dir as checkpoint_dir
+from decay import ReduceLROnPlateau
+from learners.data import DataOptions
+from learners.job.loop_options import TrainPlan
+from learners.job.paths import PATH_KEYS, check_url, is_url
+from learners.models.config import ModelConfig, model_info
+from learners.models.table_decl import table_specs
+from learners.models.tables import model_tables
+
+__all__ = [
+    "check_job",
+    "check_resume",
+    "check_save_path",
+    "lower_is_better",
+    "tables_up_front",
+    "watched_metric",
+]
+
+_LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
+_PLATEAU_MODE = inspect.signature(ReduceLROnPlateau).parameters["mode"].default
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` (``valid_auc``, ``valid_loss``...) is better."""
+    return metric.endswith(_LOWER_IS_BETTER)
+
+
+def watched_metric(plan: TrainPlan, task: str) -> str:
+    """The validation metric that early stopping and ReduceLROnPlateau follow
+    (``ml.early.stop.metric``; ``auto``: AUC, accuracy or RMSE by the model's task)."""
+    name = plan.early_stop_metric.lower()
+    if name != "auto":
+        return name if name.startswith("valid_") else f"valid_{name}"
+    return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
+
+
+def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
+    """Raise ConfigError for a job that cannot train: no data, an unknown model or one that
+    lacks its field count, --resume without a checkpoint path, a save path that a checkpoint
+    must not replace (:func:`check_save_path`), a plateau facing the wrong way."""
+    train_path = conf["angel.train.data.path"]
+    if not train_path:
+        raise ConfigError(
+            "angel.train.data.path is not set: expected the path of the training data"
+        )
+    # Object storage first: one bounded check per URL, before anything is written or started.
+    urls = {k for k in PATH_KEYS if "predict" not in k and check_url(conf, k)}
+    if "angel.train.data.path" not in urls and not Path(str(train_path)).exists():
+        raise ConfigError(
+            f"angel.train.data.path={train_path} "
+            f"({conf.source('angel.train.data.path')}) does not exist"
+        )
+    cls = model_info(str(conf["ml.model.class.name"]))  # unknown names fail here, first
+    if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
+        raise ConfigError(
+            f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
+            "in every sample; census: 13)"
+        )
+    if resume and not plan.save_path:
+        raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
+    if plan.save_path:
+        check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
+    _check_plateau(conf, watched_metric(plan, cls.task))
+    _check_kept(conf, plan)
+
+
+def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
+    """Refuse a checkpoint path whose replacement would lose files: the current directory or
+    one that contains it, the log directory (``angel.log.path``) or one that contains it, a
+    regular file, a non-empty directory of other files (no angelps manifest.json); and one
+    whose parent cannot be created or written. ConfigError naming the key, path and reason."""
+    where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
+    if is_url(save_path):  # reachable (check_url); only its content is checked here
+        try:
+            checkpoint_dir.check_target(save_path)
+        except (checkpoint_dir.CheckpointError, OSError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return
+    path = Path(os.path.realpath(save_path))
+    for name, other in (("the current directory", "."), ("the log directory", log_dir)):
+        o = Path(os.path.realpath(other))
+        if path == o or path in o.parents:
+            what = "is" if path == o else "contains"
+            shown = "" if other == "." else f" (angel.log.path={other})"
+            raise ConfigError(
+                f"{where} {what} {name}{shown}: a checkpoint replaces its directory; "
+                "choose a directory of its own"
+            )
+    try:
+        checkpoint_dir.check_target(str(path))
+    except checkpoint_dir.CheckpointError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is a file, so the directory cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: {parent} is not writable")
+
+
+def _check_kept(conf: Config, plan: TrainPlan) -> None:
+    """Keeping checkpoints needs a save path (a URL: a prefix inside its bucket, as the copies
+    are its siblings); keeping the best one needs validation data."""
+    for key, asked in (
+        ("angel.save.model.keep.last", plan.keep_last > 1),
+        ("angel.save.model.keep.best", plan.keep_best),
+    ):
+        if asked and not plan.save_path:
+            raise ConfigError(
+                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
+                "angel.save.model.path is not set: set it, or drop the key"
+            )
+        if asked and is_url(plan.save_path) and not urlsplit(str(plan.save_path)).path.strip("/"):
+            # The copies are siblings (<path>.best): beside a bucket they would be other buckets.
+            raise ConfigError(
+                f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps copies beside the "
+                f"checkpoint (<path>.best, <path>.epoch-<n>), so angel.save.model.path="
+                f"{plan.save_path} ({conf.source('angel.save.model.path')}) must name a prefix "
+                "inside the bucket, not the bucket itself"
+            )
+    if plan.keep_best and not conf["angel.validate.data.path"]:
+        if float(conf["ml.data.validate.ratio"]) <= 0:
+            raise ConfigError(
+                "angel.save.model.keep.best=true needs a validation metric: set "
+                "ml.data.validate.ratio > 0 or angel.validate.data.path"
+            )
+
+
+def _check_plateau(conf: Config, metric: str) -> None:
+    """The plateau's mode must match the direction of the metric it is fed."""
+    if str(conf["ml.opt.decay.class.name"]).lower() != "reducelronplateau":
+        return
+    want = "min" if lower_is_better(metric) else "max"
+    # Unset, the mode is ReduceLROnPlateau's own default (the key is shared with CyclicLR).
+    mode = str(conf["ml.opt.decay.mode"] or _PLATEAU_MODE).lower()
+    if mode != want:
+        raise ConfigError(
+            f"ReduceLROnPlateau is fed {metric} (ml.early.stop.metric), where "
+            f"{'lower' if want == 'min' else 'higher'} is better, but "
+            f"ml.opt.decay.mode={mode}: set ml.opt.decay.mode={want}"
+        )
+
+
+def check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
+    """ConfigError when the checkpoint has already trained ``ml.epoch.num`` epochs or more."""
+    done = int(extra["learner"].get("next_epoch", 0))
+    if plan.epochs <= done:
+        raise ConfigError(
+            f"--resume: the checkpoint in {plan.save_path} has trained {done} epoch(s) and "
+            f"ml.epoch.num={plan.epochs}, so there is nothing left to train; ml.epoch.num is the "
+            f"total number of epochs: set it above {done} to train more"
+        )
+
+
+def tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[TableSpec] | None:
+    """The PS tables when the configuration alone sizes them (``ml.feature.index.range`` set,
+    ``ml.fm.field.num`` too for a model with fields, dense layers on the workers), so that the
+    shards start with the workers; None when the workers' data must be read first."""
+    if data.index_range <= 0 or plan.dense_placement != "worker":
+        return None
+    fields = data.field_num if data.field_num > 0 else None
+    if model_info(str(conf["ml.model.class.name"])).needs_fields and fields is None:
+        return None
+    try:  # learners.models.tables: the tables without building the model (and without torch)
+        tables = model_tables(ModelConfig.from_config(conf, data.index_range, fields))
+    except ConfigError:
+        return None  # the workers' own build reports it
+    return table_specs(conf, tables)

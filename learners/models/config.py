@@ -1,0 +1,251 @@
+"""The model's configuration keys and :class:`ModelConfig`, the hyper-parameters built from them.
+
+A key module: it imports only the standard library and ``angelconf.config``, so the command
+line's config-only verbs (``angelps conf``, ``angelps schedule``) can list and check these keys
+without loading torch. The activation names are therefore plain strings here;
+``learners.models.zoo`` maps each name to its ``torch.nn`` class (a test checks that the two agree).
+
+:class:`ModelConfig` is built once from a job configuration with
+:meth:`ModelConfig.from_config` and is what ``learners.models.zoo.build_model`` takes. Every default
+lives in its :class:`~angelconf.config.Key` declaration below, none in the dataclass.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from angelconf.config import ConfigError, Key, positive
+
+__all__ = [
+    "ACTIVATIONS",
+    "ANGEL_CLASSES",
+    "KEYS",
+    "MODEL_INFO",
+    "ModelConfig",
+    "ModelInfo",
+    "model_info",
+    "model_name",
+]
+
+#: The activation names ``ml.model.activations`` accepts (lower case).
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "identity", "gelu", "leaky_relu")
+
+
+def _activation_check(names: list[str]) -> str | None:
+    bad = [n for n in names if n.lower() not in ACTIVATIONS]
+    return None if not bad else f"activation names from {', '.join(sorted(ACTIVATIONS))}"
+
+
+def _positive_ints(values: list[int]) -> str | None:
+    return None if all(v >= 1 for v in values) else "a comma-separated list of integers >= 1"
+
+
+def _non_negative_float(v: float) -> str | None:
+    return None if v >= 0 and math.isfinite(v) else "a finite number >= 0"
+
+
+#: Angel's fully qualified class names (angel-ps/mllib/.../ml/{classification,regression}/),
+#: accepted as aliases of the model names, so an Angel job file's ml.model.class.name works.
+#: (Angel's DNN is the generic JSON-driven GraphModel: no class name maps to angelps's DNN.)
+ANGEL_CLASSES = {
+    f"com.tencent.angel.ml.{package}.{name}": name
+    for package, names in (
+        (
+            "classification",
+            (
+                "LogisticRegression",
+                "SupportVectorMachine",
+                "SoftmaxRegression",
+                "MixedLogisticRegression",
+                "FactorizationMachines",
+                "DeepFM",
+                "WideAndDeep",
+                "NeuralFactorizationMachines",
+                "ProductNeuralNetwork",
+            ),
+        ),
+        ("regression", ("LinearRegression", "RobustRegression")),
+    )
+    for name in names
+}
+
+
+def model_name(name: str) -> str:
+    """The model name of ``ml.model.class.name``: Angel's fully qualified class name becomes
+    its simple name (case-insensitive); any other name is returned stripped, as it is."""
+    stripped = name.strip()
+    by_lower = {k.lower(): v for k, v in ANGEL_CLASSES.items()}
+    return by_lower.get(stripped.lower(), stripped)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the driver needs to know of a model before any model class (and torch) loads: its
+    name, its task (what its metrics are) and whether it needs one id per field. The model
+    classes of learners/models/zoo.py take theirs from here (``BaseModel.__init_subclass__``)."""
+
+    angel_name: str
+    task: str = "binary"
+    needs_fields: bool = False
+
+
+MODEL_INFO: dict[str, ModelInfo] = {
+    i.angel_name: i
+    for i in (
+        ModelInfo("LogisticRegression"),
+        ModelInfo("SupportVectorMachine"),
+        ModelInfo("SoftmaxRegression", task="multiclass"),
+        ModelInfo("MixedLogisticRegression"),
+        ModelInfo("LinearRegression", task="regression"),
+        ModelInfo("RobustRegression", task="regression"),
+        ModelInfo("FactorizationMachines"),
+        ModelInfo("DeepFM", needs_fields=True),
+        ModelInfo("WideAndDeep", needs_fields=True),
+        ModelInfo("NeuralFactorizationMachines"),
+        ModelInfo("ProductNeuralNetwork", needs_fields=True),
+        ModelInfo("DNN"),
+    )
+}
+
+
+def model_info(name: str) -> ModelInfo:
+    """The model of ``ml.model.class.name`` (case-insensitive; Angel's qualified names are
+    aliases); an unknown name lists the valid ones, closest first."""
+    by_lower = {k.lower(): v for k, v in MODEL_INFO.items()}
+    info = by_lower.get(model_name(name).lower())
+    if info is not None:
+        return info
+    ranked = difflib.get_close_matches(name, list(MODEL_INFO), n=len(MODEL_INFO), cutoff=0.0)
+    raise ConfigError(
+        f"ml.model.class.name={name} is not a known model; valid names (closest first): "
+        f"{', '.join(ranked)}"
+    )
+
+
+MODEL_CLASS_NAME = Key(
+    "ml.model.class.name",
+    "str",
+    "LogisticRegression",
+    "Model to train (Angel's class names, case-insensitive, simple or fully qualified as "
+    "com.tencent.angel.ml.classification.LogisticRegression); see docs/models.md.",
+)
+NUM_CLASS = Key("ml.num.class", "int", 2, "Number of classes (SoftmaxRegression).", check=positive)
+FM_RANK = Key(
+    "ml.fm.rank",
+    "int",
+    8,
+    "Embedding size k of FM, DeepFM, WideAndDeep, NFM, PNN.",
+    check=positive,
+)
+MLR_RANK = Key(
+    "ml.mlr.rank", "int", 5, "Number of regions of MixedLogisticRegression.", check=positive
+)
+HUBER_DELTA = Key(
+    "ml.robustregression.loss.delta",
+    "float",
+    1.0,
+    "Huber threshold δ of RobustRegression: quadratic below δ, linear above.",
+    check=positive,
+)
+HIDDEN_LAYERS = Key(
+    "ml.model.hidden.layers",
+    "int_list",
+    None,
+    "Hidden layer sizes of the MLP (DeepFM 100,100; WideAndDeep 100,100; NFM 50,50; "
+    "PNN 200,200; DNN 500,100, whose first layer is a sparse PS table). "
+    "Unset: the model's default.",
+    check=_positive_ints,
+)
+ACTIVATION_NAMES = Key(
+    "ml.model.activations",
+    "str_list",
+    None,
+    f"Activation after each hidden layer ({', '.join(ACTIVATIONS)}); "
+    "one name for all layers or one per layer. Unset: relu.",
+    check=_activation_check,
+)
+DROPOUT = Key(
+    "ml.model.dropout",
+    "float",
+    0.0,
+    "Dropout probability after each hidden activation of the MLP (0 = none).",
+    check=lambda v: None if 0 <= v < 1 else "a number in [0, 1)",
+)
+INPUT_INIT_STD = Key(
+    "ml.inputlayer.init.std",
+    "float",
+    0.0,
+    "Std of the normal init of sparse input-layer weights (Angel: 1e-5; 0 starts at zero). "
+    "The DNN's sparse first layer uses max(this, 1/sqrt(features)).",
+    check=_non_negative_float,
+)
+EMBEDDING_INIT_STD = Key(
+    "ml.embedding.init.std",
+    "float",
+    0.01,
+    "Std of the normal init of embeddings (Angel: 1e-5, which slows the first epochs).",
+    check=_non_negative_float,
+)
+
+KEYS = [
+    MODEL_CLASS_NAME,
+    NUM_CLASS,
+    FM_RANK,
+    MLR_RANK,
+    HUBER_DELTA,
+    HIDDEN_LAYERS,
+    ACTIVATION_NAMES,
+    DROPOUT,
+    INPUT_INIT_STD,
+    EMBEDDING_INIT_STD,
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The hyper-parameters a model is built from.
+
+    ``num_features`` (the feature id range) and ``num_fields`` (ids per sample for the field
+    models, None when samples vary) come from the data, the rest from the keys above.
+    ``hidden`` and ``activations`` are None when unset: each model then uses its own default.
+    """
+
+    model: str
+    num_features: int
+    num_fields: int | None
+    num_class: int
+    fm_rank: int
+    mlr_rank: int
+    huber_delta: float
+    hidden: tuple[int, ...] | None
+    activations: tuple[str, ...] | None
+    dropout: float
+    input_std: float
+    embedding_std: float
+
+    @classmethod
+    def from_config(
+        cls, conf: Mapping[str, Any], num_features: int, num_fields: int | None = None
+    ) -> ModelConfig:
+        """Read the model keys from a job configuration (a Config, or any mapping of typed
+        values; a missing key takes its declared default)."""
+        hidden = HIDDEN_LAYERS.read(conf)
+        activations = ACTIVATION_NAMES.read(conf)
+        return cls(
+            model=model_name(str(MODEL_CLASS_NAME.read(conf))),
+            num_features=int(num_features),
+            num_fields=None if num_fields is None else int(num_fields),
+            num_class=int(NUM_CLASS.read(conf)),
+            fm_rank=int(FM_RANK.read(conf)),
+            mlr_rank=int(MLR_RANK.read(conf)),
+            huber_delta=float(HUBER_DELTA.read(conf)),
+            hidden=None if hidden is None else tuple(int(h) for h in hidden),
+            activations=None if activations is None else tuple(str(a) for a in activations),
+            dropout=float(DROPOUT.read(conf)),
+            input_std=float(INPUT_INIT_STD.read(conf)),
+            embedding_std=float(EMBEDDING_INIT_STD.read(conf)),
+        )

@@ -1,0 +1,254 @@
+"""Which checkpoints a training job keeps, and what a failed checkpoint write does.
+
+The latest checkpoint is always at ``angel.save.model.path`` (and the one before it at
+``<path>.prev``, :mod:`angelps.checkpoint.local_dir`); ``--resume`` reads it there. Besides it:
+
+- ``angel.save.model.keep.last = N > 1``: the checkpoints of the last N epochs stay as
+  ``<path>.epoch-<n>`` (n counted from 1, as the console counts epochs), older ones are removed;
+- ``angel.save.model.keep.best = true``: the checkpoint of the best epoch by
+  ``ml.early.stop.metric`` stays as ``<path>.best``.
+
+Those copies are hard links of the committed checkpoint's files (a checkpoint's files are
+written once and never changed in place, since every save writes a new directory), so they cost
+no disk until the latest moves on; a copy is made where links are not possible. Each copy is
+made beside its target and renamed into place, so a crash leaves either the old or the new one.
+On object storage (a URL save path) each copy is a checkpoint of its own at the same name,
+copied server-side and committed by its own pointer
+(:func:`angelps.checkpoint.remote.copy_checkpoint`); pruning removes only what angelps wrote
+there (the pointer, the generations), never another object under or beside it.
+
+A checkpoint that cannot be written (a full disk, a path made unwritable) never touches the
+previous one (the save writes into a temporary directory and commits by renames only once
+complete). ``angel.save.failure=stop`` then ends the job with :class:`CheckpointWriteError`
+naming the path and the last good checkpoint; ``continue`` warns and trains on.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from angelps import fs
+
+from angelps.checkpoint import files as checkpoint
+
+from angelps.checkpoint import local_dir as checkpoint_dir
+
+from angelps.checkpoint import remote as checkpoint_remote
+
+__all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
+
+_EPOCH = ".epoch-"
+_BEST = ".best"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written and ``angel.save.failure=stop``: the message names the
+    path, the reason and the last good checkpoint."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A committed checkpoint: where it is and the epoch (0-based) it was saved after."""
+
+    path: str
+    epoch: int
+
+
+def _reason(exc: BaseException) -> str:
+    """One short line for ``exc``: the error inside a Ray actor rather than its wrapper."""
+    seen = 0
+    while isinstance(getattr(exc, "cause", None), BaseException) and seen < 8:
+        exc = exc.cause  # type: ignore[attr-defined]
+        seen += 1
+    lines = str(exc).strip().splitlines() or [""]
+    text = lines[-1] if type(exc).__module__.startswith("ray.") else lines[0]
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+class Checkpoints:
+    """The checkpoints of one training job: the save, the copies kept, the failure policy."""
+
+    def __init__(
+        self,
+        path: str,
+        keep_last: int = 1,
+        keep_best: bool = False,
+        on_failure: str = "stop",
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        # A URL (object storage) as it is: abspath would make s3://b/m a local s3:/b/m; no
+        # trailing / either, or the copies' names would go inside it (s3://b/m/.best).
+        self.path = path.rstrip("/") if fs.is_remote(path) else os.path.abspath(path)
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.on_failure = on_failure
+        self.warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.last_good: Kept | None = None
+        #: the epoch (0-based) whose checkpoint is kept at <path>.best
+        self.best_kept: int | None = None
+        self.failures = 0
+        #: <path>.epoch-<n> prefixes not removed because angelps did not write them (warned once)
+        self._foreign: set[str] = set()
+
+    def resumed(self, epoch: int) -> None:
+        """Training continues from the checkpoint saved after ``epoch``."""
+        self.last_good = Kept(self.path, epoch)
+        self.best_kept = _epoch_of(self.path + _BEST) if self.keep_best else None
+
+    def save(self, write: Callable[[str], None], epoch: int, improved: bool) -> bool:
+        """Write the checkpoint of ``epoch`` with ``write(path)``, then keep its copies.
+        False when the write failed and the job goes on (``continue``); raises
+        :class:`CheckpointWriteError` when it failed and the job stops."""
+        try:
+            write(self.path)
+        except Exception as e:  # a write that failed, for whatever reason: the policy decides
+            self._failed(epoch, e)
+            return False
+        self.last_good = Kept(self.path, epoch)
+        try:
+            self._keep(epoch, improved)
+        except (OSError, checkpoint_dir.CheckpointError) as e:
+            self.warn(
+                f"angelps: warning: the checkpoint of epoch {epoch + 1} is saved at {self.path}, "
+                f"but keeping its copy failed: {_reason(e)}"
+            )
+        return True
+
+    def where(self, epoch: int) -> str | None:
+        """Where the checkpoint saved after ``epoch`` (0-based) is kept, or None."""
+        if self.keep_best and self.best_kept == epoch:
+            return self.path + _BEST
+        if self.last_good is not None and self.last_good.epoch == epoch:
+            return self.path
+        kept = f"{self.path}{_EPOCH}{epoch + 1}"
+        return kept if self.keep_last > 1 and checkpoint_dir.holds_checkpoint(kept) else None
+
+    def last_good_text(self) -> str:
+        """The last good checkpoint, for a message."""
+        if self.last_good is None:
+            return "no checkpoint has been written yet"
+        try:
+            where = checkpoint_dir.resolve(self.path)  # <path>, or <path>.prev mid-commit
+        except checkpoint_dir.CheckpointError:
+            where = self.last_good.path
+        return f"the last good checkpoint is {where} (epoch {self.last_good.epoch + 1})"
+
+    def _failed(self, epoch: int, exc: BaseException) -> None:
+        self.failures += 1
+        what = (
+            f"the checkpoint of epoch {epoch + 1} could not be written to {self.path}: "
+            f"{_reason(exc)}; {self.last_good_text()}"
+        )
+        if self.on_failure == "stop":
+            raise CheckpointWriteError(
+                f"{what}; stopped (angel.save.failure=stop): make room or fix the path, then "
+                "continue with --resume"
+            ) from exc
+        self.warn(f"angelps: warning: {what}; training goes on (angel.save.failure=continue)")
+
+    def _keep(self, epoch: int, improved: bool) -> None:
+        """The copies of the checkpoint just committed at ``self.path``."""
+        copy = checkpoint_remote.copy_checkpoint if fs.is_remote(self.path) else _replace_with_links
+        if self.keep_last > 1:
+            copy(self.path, f"{self.path}{_EPOCH}{epoch + 1}")
+            self._prune(epoch)
+        if improved and self.keep_best:
+            copy(self.path, self.path + _BEST)
+            self.best_kept = epoch
+
+    def _prune(self, epoch: int) -> None:
+        """Remove ``<path>.epoch-<n>`` beyond the last ``keep_last`` epochs (and any of a later
+        epoch: left by a run this one resumed before)."""
+        newest = epoch + 1
+        for n, p in self._epoch_copies():
+            if n > newest or n <= newest - self.keep_last:
+                if fs.is_remote(p):
+                    try:  # the pointer, then the generations: never another object
+                        checkpoint_remote.remove(p)
+                    except checkpoint_dir.CheckpointDamaged as e:
+                        if p not in self._foreign:
+                            self._foreign.add(p)
+                            self.warn(f"angelps: warning: not removing {p}: {e}")
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def _epoch_copies(self) -> list[tuple[int, str]]:
+        """(n, path) of every ``<path>.epoch-<n>`` beside the checkpoint (a URL: every prefix)."""
+        if fs.is_remote(self.path):
+            parent, base = self.path.rsplit("/", 1)
+            names = [n for n, is_dir in fs.list_dir(parent) if is_dir]
+        else:
+            parent, base = os.path.split(self.path)
+            names = [os.path.basename(p) for p in glob.glob(glob.escape(self.path) + _EPOCH + "*")]
+        pattern = re.compile(re.escape(base + _EPOCH) + r"([0-9]+)")
+        return [
+            (int(m.group(1)), fs.join(parent, name))
+            for name in names
+            if (m := pattern.fullmatch(name))
+        ]
+
+
+def kept_summary(
+    ckpts: Checkpoints | None, best_epoch: int | None, metric: str, best: float | None
+) -> dict[str, Any]:
+    """The summary's word on the best epoch (counted from 1, as the console counts) and the
+    checkpoints: the latest written, where the best one is kept, how many writes failed."""
+    found = best_epoch is not None
+    last = ckpts.last_good if ckpts is not None else None
+    return {
+        "best_epoch": best_epoch + 1 if best_epoch is not None else None,
+        "best_metric": metric if found else None,
+        "best_value": best if found else None,
+        "best_checkpoint": ckpts.where(best_epoch)
+        if ckpts is not None and best_epoch is not None
+        else None,
+        "checkpoint": last.path if last is not None else None,
+        "checkpoint_epoch": last.epoch + 1 if last is not None else None,
+        "checkpoint_failures": ckpts.failures if ckpts is not None else 0,
+    }
+
+
+def _epoch_of(path: str) -> int | None:
+    """The epoch a learner's checkpoint at ``path`` was saved after, or None."""
+    try:
+        extra = checkpoint.read_manifest(path).get("extra", {})
+        return int(extra["learner"]["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _replace_with_links(src: str, dst: str) -> None:
+    """Make ``dst`` a copy of checkpoint ``src`` (hard links where possible), replacing what was
+    at ``dst`` only once the copy is complete."""
+    tmp = f"{dst}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        _link_tree(src, tmp)
+        old = None
+        if os.path.lexists(dst):
+            old = f"{dst}.old-{uuid.uuid4().hex[:12]}"
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+        checkpoint_dir.fsync_dir(os.path.dirname(dst))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_tree(src: str, dst: str) -> None:
+    def link_or_copy(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy)

@@ -1,0 +1,372 @@
+"""What a training run reports: console lines, the progress bar, metrics.jsonl, TensorBoard.
+
+Each run writes to its own directory (:mod:`learners.runs.folders`). Every record is one JSON object per
+line of ``<run>/metrics.jsonl``, with a ``kind``: ``start`` (the job, its model and settings),
+``step`` (one per ``angel.log.every.steps`` updates), ``epoch`` (after validation; ``step`` is
+the global update at its end) and ``summary`` (the end of the run, also ``<run>/summary.json``;
+its ``run_dir`` is the run's URL when ``angel.log.path`` is on object storage).
+Non-finite floats are written as ``null`` (JSON has no NaN). TensorBoard, when asked for, gets
+``train/*`` and ``valid/*`` scalars on the global update (:func:`tb_scalars`), seconds per
+phase as ``time/*``, and the job's keys once as text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from angelconf.config import Config, ConfigError
+from angelps import OptimizerSpec, PSOptions, TableSpec
+from decay import StepSizeScheduler
+from learners.job.loop_options import JobSize, TrainPlan
+from learners.runs.progress import JobBar, PlainProgress
+from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
+
+__all__ = [
+    "RunLog",
+    "banner",
+    "done_line",
+    "epoch_line",
+    "jsonable",
+    "start_record",
+    "step_record",
+    "tb_scalars",
+]
+
+# Step fields that are not curves of training: positions and counts.
+_NOT_SCALARS = ("kind", "epoch", "step", "updates", "skipped", "elapsed_s")
+_TIMES = ("pull_s", "compute_s", "push_s", "wait_s")
+
+
+def tb_scalars(obj: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The TensorBoard (tag, value) pairs of one record: a step line gives ``train/loss``,
+    ``train/lr``, ``train/samples_per_s`` and ``time/*``; an epoch line ``train/epoch_loss``
+    and ``valid/<metric>`` (not the row counts); other kinds nothing."""
+    kind = obj.get("kind")
+    out: list[tuple[str, float]] = []
+    for name, value in obj.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            continue
+        if not math.isfinite(float(value)):
+            continue
+        if kind == "step" and name not in _NOT_SCALARS:
+            out.append((f"time/{name}" if name in _TIMES else f"train/{name}", float(value)))
+        elif kind == "epoch" and name == "train_loss":
+            out.append(("train/epoch_loss", float(value)))
+        elif kind == "epoch" and name.startswith("valid_"):
+            if not name.endswith(("_rows", "_count")):
+                out.append((f"valid/{name.removeprefix('valid_')}", float(value)))
+    return out
+
+
+def _terminal() -> bool:
+    """Whether the console is a terminal (the progress bar is drawn on one only)."""
+    return sys.stdout.isatty()
+
+
+class RunLog:
+    """The console (plain lines, and the whole-job bar on a terminal), the run's metrics.jsonl
+    and its TensorBoard events."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        quiet: bool = False,
+        tensorboard: bool = False,
+        *,
+        tty: bool | None = None,
+        progress_s: float = 0.0,
+        upload_to: str | None = None,
+    ) -> None:
+        """``progress_s``: seconds between plain progress lines off a terminal (0: none)."""
+        self.tty = (_terminal() if tty is None else tty) and not quiet
+        self.progress_s = progress_s
+        self.quiet = quiet
+        self.path = path
+        self.file: IO[str] | None = None
+        self.tb: Any = None
+        self.progress: JobBar | PlainProgress | None = None
+        #: a log path on object storage: the run (written locally) is copied there
+        self.upload_to = upload_to if is_url(upload_to) else None
+        #: something was written since the last copy (each copy sends every file whole)
+        self._unsent = False
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                # An optional dependency (the tensorboard extra): imported only when asked for.
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError(
+                    "angel.log.tensorboard=true needs the tensorboard package: "
+                    "pip install 'angelps[tensorboard]'"
+                ) from None
+            self.tb = SummaryWriter(log_dir=str(path if path is not None else "runs"))
+        if path is not None:
+            self.file = open(path / METRICS, "a", buffering=1)
+
+    def say(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.write(text)
+        else:
+            print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """A warning on stderr (above the bar, when there is one), even when quiet."""
+        if self.progress is not None:
+            self.progress.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def bar(
+        self, total: int, done: int, epochs: int, updates_per_epoch: int
+    ) -> JobBar | PlainProgress | None:
+        """The whole-job progress: the bar on a terminal, else a plain line every
+        ``progress_s`` seconds (none when quiet or 0); :meth:`close_bar` closes it."""
+        if self.progress is None and self.tty:
+            self.progress = JobBar(total, done, epochs, updates_per_epoch, file=None)
+        elif self.progress is None and not self.quiet and self.progress_s > 0:
+            self.progress = PlainProgress(total, done, epochs, updates_per_epoch, self.progress_s)
+        return self.progress
+
+    def close_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+    def config_text(self, conf: Config) -> None:
+        """The job's keys (those set, and where), once, as TensorBoard text."""
+        if self.tb is None:
+            return
+        rows = [
+            f"| {k} | {v} | {conf.source(k)} |"
+            for k, v in sorted(conf.to_properties().items())
+            if conf.is_set(k)
+        ]
+        self.tb.add_text("config", "\n".join(["| key | value | from |", "|---|---|---|", *rows]), 0)
+
+    def record(self, obj: Mapping[str, Any]) -> None:
+        self._unsent = True
+        if self.file is not None:
+            self.file.write(json.dumps(jsonable(obj)) + "\n")
+        if self.tb is not None and obj.get("kind") in ("step", "epoch") and "step" in obj:
+            at = int(obj["step"])
+            for tag, value in tb_scalars(obj):
+                self.tb.add_scalar(tag, value, at)
+        if obj.get("kind") == "epoch":
+            self.upload()
+
+    def upload(self) -> bool:
+        """Copy the run to ``upload_to`` (object storage); False when that failed. A failure is
+        a warning naming the local copy, never the end of the job (the next upload copies
+        everything again)."""
+        if self.upload_to is None or self.path is None or not self._unsent:
+            return True
+        if self.tb is not None:
+            self.tb.flush()
+        try:
+            upload_run(self.path, self.upload_to)
+            self._unsent = False
+        except OSError as e:
+            self.warn(
+                f"angelps: warning: cannot copy the run to {self.upload_to}: {e}; "
+                f"it is kept in {self.path}"
+            )
+            return False
+        return True
+
+    def write_summary(self, summary: MutableMapping[str, Any]) -> None:
+        """The summary as a line of metrics.jsonl and as ``summary.json`` in the run directory.
+
+        A run on object storage is copied there at once, and ``summary["run_dir"]`` set, in
+        place, to its URL: the done line and the job's result then name where the run is, not
+        the staging folder; the local copy if the copy failed (the warning says so)."""
+        if self.upload_to is not None and self.path is not None:
+            summary["run_dir"] = run_url(self.upload_to, self.path.name)
+        self.record({"kind": "summary", **summary})
+        if self.path is not None:
+            (self.path / SUMMARY).write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+        if not self.upload():
+            summary["run_dir"] = str(self.path)
+
+    def close(self) -> None:
+        self.close_bar()
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+            self._unsent = True  # TensorBoard's last events
+        self.upload()  # what is new since the summary's copy, if anything
+        self.upload_to = None  # once: close may be called again
+
+
+def start_record(
+    run: str, conf: Config, plan: TrainPlan, size: JobSize, model: str, first_epoch: int
+) -> dict[str, Any]:
+    """The first line of a run's metrics.jsonl: the job, its model and the settings that the
+    plot's title and legend show."""
+    return {
+        "kind": "start",
+        "run": run,
+        "job": str(conf["angel.job.name"]),
+        "model": model,
+        "first_epoch": first_epoch,
+        "epochs": plan.epochs,
+        "updates_per_epoch": size.updates_per_epoch,
+        "global_batch": size.batch_size * plan.workers * plan.accum,
+        "workers": plan.workers,
+        "lr": conf["ml.learn.rate"],
+        "decay": conf["ml.opt.decay.class.name"],
+        "decay_on_batch": plan.decay_on_batch,
+    }
+
+
+def step_record(
+    epoch: int, step: int, updates: int, outs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The metrics.jsonl record of one ``run_steps`` chunk (timings of worker 0)."""
+    o0 = outs[0]
+    samples = sum(o["samples"] for o in outs)
+    return {
+        "kind": "step",
+        "epoch": epoch,
+        "step": step,
+        "updates": updates,
+        "lr": o0["last_lr"],
+        "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
+        "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
+        "pull_s": o0["pull_s"],
+        "compute_s": o0["compute_s"],
+        "push_s": o0["push_s"],
+        # waiting for the rows of a fused push_pull already in flight
+        "wait_s": o0["wait_s"],
+        "elapsed_s": o0["elapsed_s"],
+        "skipped": o0["skipped"],
+        **feed_record(updates, outs),
+    }
+
+
+def feed_record(updates: int, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The data plane's share of a step record: bytes of step calls per update (all workers,
+    requests and replies), and the worker cache's hit rate when it is on."""
+    rec: dict[str, Any] = {
+        "bytes_per_step": sum(o.get("bytes_moved", 0) for o in outs) / max(updates, 1)
+    }
+    if any(o.get("cache_on") for o in outs):
+        lookups = sum(o.get("cache_lookups", 0) for o in outs)
+        hits = sum(o.get("cache_hits", 0) for o in outs)
+        rec["cache_hit_rate"] = hits / lookups if lookups else None
+    return rec
+
+
+def banner(
+    conf: Config,
+    plan: TrainPlan,
+    ps: PSOptions,
+    size: JobSize,
+    tables: Sequence[TableSpec],
+    model: str,
+    dense_params: int,
+    sched: StepSizeScheduler | None,
+) -> str:
+    """The screen at the start of training: data, tables, dense layers, batch and schedule."""
+    w = plan.workers
+    b, k = size.batch_size, plan.accum
+    lines = [
+        f"angelps train: {model}  ({conf.source('ml.model.class.name')})",
+        f"  data     {conf['angel.train.data.path']}: {sum(size.train_rows)} train rows, "
+        f"{sum(size.valid_rows)} validation rows, {size.num_features} features"
+        + (f", {size.num_fields} fields" if size.num_fields else "")
+        + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else ""),
+        f"  tables   on {ps.num_shards} shard(s), sparse keys "
+        f"{ps.partitioner}-partitioned, staleness {ps.staleness}:",
+    ]
+    for t in tables:
+        kind = "sparse" if t.sparse else "dense"
+        lines.append(
+            f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
+            f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
+        )
+    if dense_params and plan.dense_placement == "ps":
+        lines.append(f"  dense    {dense_params} parameters in dense.* tables on the PS")
+    elif dense_params:
+        opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
+        lines.append(
+            f"  dense    {dense_params} parameters on the workers ({opt}"
+            + (f", all-reduced over {plan.collective})" if w > 1 else ")")
+        )
+    if plan.amp and plan.device != "cuda":
+        lines.append(
+            "  amp      ml.amp=true ignored: mixed precision needs angel.worker.device=cuda"
+        )
+    elif plan.amp:
+        lines.append("  amp      fp16 autocast with a dynamic loss scale (starts at 65536)")
+    lines += [
+        f"  workers  {w}; effective batch = {b} x {w} workers x {k} accum = {b * w * k}",
+        f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
+        f"= {size.updates_per_epoch * plan.epochs}",
+    ]
+    if sched is not None:
+        per = "update" if plan.decay_on_batch else "epoch"
+        first = ", ".join(f"{sched.lr_at(i):.4g}" for i in range(4))
+        lines.append(f"  decay    {sched.describe()} per {per}: {first}, ...")
+    return "\n".join(lines)
+
+
+def epoch_line(row: Mapping[str, Any], epochs: int) -> str:
+    """The console line of an epoch record."""
+    parts = [
+        f"epoch {row['epoch'] + 1}/{epochs}",
+        f"lr {row['lr']:.4g}",
+        f"train_loss {row['train_loss']:.4f}",
+    ]
+    for k in ("valid_logloss", "valid_auc", "valid_accuracy", "valid_rmse", "valid_r2"):
+        if row.get(k) is not None:
+            parts.append(f"{k} {row[k]:.4f}")
+    parts.append(f"{row['train_samples_per_s']:.0f} samples/s")
+    return "  ".join(parts)
+
+
+def done_line(summary: Mapping[str, Any]) -> str:
+    """The last console line of a run: epochs, time, the final validation metrics, the best
+    epoch and where its checkpoint is, the checkpoint, the run directory."""
+    s = summary
+    parts = [f"{s['epochs']} epochs", f"{s['elapsed_s']:.1f} s"]
+    for k in ("valid_auc", "valid_logloss", "valid_accuracy", "valid_rmse", "valid_r2"):
+        v = s.get(k)
+        if v is not None:
+            parts.append(f"{k} {v:.4f}")
+    line = "done: " + ", ".join(parts)
+    if s.get("best_epoch") is not None:
+        line += f"; best epoch {s['best_epoch']} ({s['best_metric']} {s['best_value']:.4f})"
+        if s.get("best_checkpoint"):
+            line += f" at {s['best_checkpoint']}"
+    if s.get("checkpoint"):
+        line += f"; checkpoint {s['checkpoint']}"
+    if s.get("run_dir"):
+        line += f"; run {s['run_dir']}"
+    return line
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with numpy scalars as Python numbers and non-finite floats as None."""
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj

@@ -1,0 +1,65 @@
+"""A worker's predictions of a batch of rows, in chunks under ``torch.inference_mode``
+(:meth:`learners.worker.train_worker.TrainWorker.predict_batch`: validation, ``predict`` and ``evaluate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from learners.data import Batch, binary_labels01
+from learners.models.sparse_input import SparseInput
+from learners.models.zoo import BaseModel
+from learners.worker.step_stats import num_rows
+
+__all__ = ["predict_rows"]
+
+#: A batch's model input and labels (``labels=False``: none): ``TrainWorker._input``.
+InputOf = Callable[..., tuple[SparseInput, "Tensor | None", Any, Any]]
+
+
+def predict_rows(
+    model: BaseModel, data: Batch, chunk: int, input_of: InputOf, amp: bool
+) -> dict[str, Any]:
+    """Predict every row of ``data`` in chunks of ``chunk`` rows: predictions, class
+    probabilities (multiclass), labels (binary ones as 0/1; None when unlabelled), the loss's
+    sum over the rows, the row count and the rows' input positions."""
+    model.eval()
+    task = model.task
+    n = num_rows(data)
+    preds: list[np.ndarray] = []
+    scores_out: list[np.ndarray] = []
+    loss_sum = 0.0
+    raw = getattr(data, "labels", None)
+    # Unlabelled rows (ml.data.has.label=false, in-memory inputs) carry NaN labels.
+    has_labels = raw is not None and n > 0 and not bool(np.isnan(raw).all())
+    with torch.inference_mode():
+        for lo in range(0, n, chunk):
+            b = data.take(np.arange(lo, min(n, lo + chunk)))
+            x, y, _req, _ = input_of(b, labels=has_labels)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                scores = model(x).float()
+            preds.append(model.predict(scores).cpu().numpy())
+            if task == "multiclass":
+                # multiclass metrics need the class probabilities
+                scores_out.append(torch.softmax(scores, dim=1).cpu().numpy())
+            if has_labels:
+                assert y is not None
+                loss_sum += float(model.loss(scores, y)) * num_rows(b)
+    model.train()
+    labels = np.asarray(data.labels, dtype=np.float32) if has_labels else None
+    if labels is not None and task == "binary":
+        labels = np.asarray(binary_labels01(labels), dtype=np.float32)
+    return {
+        "pred": np.concatenate(preds) if preds else np.zeros(0, dtype=np.float32),
+        "prob": np.concatenate(scores_out) if scores_out else None,
+        "labels": labels,
+        "loss_sum": loss_sum,
+        "rows": n,
+        "row_index": np.asarray(data.row_index)
+        if getattr(data, "row_index", None) is not None
+        else None,
+    }
