@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN.md, checked on the imports themselves (parsed with ast).
+"""The dependency direction of docs/architecture.md, checked on the imports themselves (parsed with ast).
 
 angelconf -> standard library only (the key layer decay and angelps share)
 decay    -> standard library and angelconf (decay/torch.py may import torch)
@@ -64,7 +64,9 @@ def package_files() -> list[Path]:
 def test_imports_follow_the_layering(path: Path) -> None:
     rel = path.relative_to(ROOT).as_posix()
     bad = forbidden(rel, imported_modules(path))
-    assert not bad, f"{rel} imports {', '.join(bad)}, which the layering of DESIGN.md forbids"
+    assert not bad, (
+        f"{rel} imports {', '.join(bad)}, which the layering of docs/architecture.md forbids"
+    )
 
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:
