@@ -20,7 +20,8 @@ from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.placement import Layout, Placement, release, reserve
 from learners.job.preflight import tables_up_front
 from learners.job.startup import Phases, plural
-from learners.models.config import ModelConfig, model_info
+from learners.models.config import ModelConfig
+from learners.models.registry import model_entry
 from learners.models.table_decl import table_specs
 from learners.worker.group import WorkerGroup, get
 
@@ -47,7 +48,7 @@ class JobActors:
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
-        return model_info(str(self.conf["ml.model.class.name"])).task
+        return model_entry(str(self.conf["ml.model.class.name"])).task
 
     def _start_ray(self) -> None:
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.job.cluster);

@@ -44,7 +44,8 @@ from learners.job.preflight import (
 )
 from learners.job.startup import Phases
 from learners.keys import all_keys
-from learners.models.config import ModelConfig, model_info
+from learners.models.config import ModelConfig
+from learners.models.registry import model_entry
 from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
 from learners.runs.metrics import validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
@@ -405,4 +406,4 @@ class GraphLearner(Inference):
 
 def _angel_name(conf: Mapping[str, Any]) -> str:
     """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
-    return model_info(str(conf["ml.model.class.name"])).angel_name
+    return model_entry(str(conf["ml.model.class.name"])).angel_name

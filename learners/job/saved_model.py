@@ -36,7 +36,7 @@ from angelps import PSClient, TableSpec, fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.files import CheckpointDamaged
-from learners.models.config import model_name
+from learners.models.registry import model_name
 from learners.worker.group import WorkerGroup
 
 _LOAD = "angel.load.model.path"

@@ -12,23 +12,18 @@ lives in its :class:`~angelconf.config.Key` declaration below, none in the datac
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import ConfigError, Key, positive
+from angelconf.config import Key, positive
+from learners.models.registry import ModelEntry, model_entry
 
 __all__ = [
     "ACTIVATIONS",
-    "ANGEL_CLASSES",
     "KEYS",
-    "MODEL_INFO",
     "ModelConfig",
-    "ModelInfo",
-    "model_info",
-    "model_name",
 ]
 
 #: The activation names ``ml.model.activations`` accepts (lower case).
@@ -46,84 +41,6 @@ def _positive_ints(values: list[int]) -> str | None:
 
 def _non_negative_float(v: float) -> str | None:
     return None if v >= 0 and math.isfinite(v) else "a finite number >= 0"
-
-
-#: Angel's fully qualified class names (angel-ps/mllib/.../ml/{classification,regression}/),
-#: accepted as aliases of the model names, so an Angel job file's ml.model.class.name works.
-#: (Angel's DNN is the generic JSON-driven GraphModel: no class name maps to angelps's DNN.)
-ANGEL_CLASSES = {
-    f"com.tencent.angel.ml.{package}.{name}": name
-    for package, names in (
-        (
-            "classification",
-            (
-                "LogisticRegression",
-                "SupportVectorMachine",
-                "SoftmaxRegression",
-                "MixedLogisticRegression",
-                "FactorizationMachines",
-                "DeepFM",
-                "WideAndDeep",
-                "NeuralFactorizationMachines",
-                "ProductNeuralNetwork",
-            ),
-        ),
-        ("regression", ("LinearRegression", "RobustRegression")),
-    )
-    for name in names
-}
-
-
-def model_name(name: str) -> str:
-    """The model name of ``ml.model.class.name``: Angel's fully qualified class name becomes
-    its simple name (case-insensitive); any other name is returned stripped, as it is."""
-    stripped = name.strip()
-    by_lower = {k.lower(): v for k, v in ANGEL_CLASSES.items()}
-    return by_lower.get(stripped.lower(), stripped)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the driver needs to know of a model before any model class (and torch) loads: its
-    name, its task (what its metrics are) and whether it needs one id per field. The model
-    classes of learners/models/zoo.py take theirs from here (``BaseModel.__init_subclass__``)."""
-
-    angel_name: str
-    task: str = "binary"
-    needs_fields: bool = False
-
-
-MODEL_INFO: dict[str, ModelInfo] = {
-    i.angel_name: i
-    for i in (
-        ModelInfo("LogisticRegression"),
-        ModelInfo("SupportVectorMachine"),
-        ModelInfo("SoftmaxRegression", task="multiclass"),
-        ModelInfo("MixedLogisticRegression"),
-        ModelInfo("LinearRegression", task="regression"),
-        ModelInfo("RobustRegression", task="regression"),
-        ModelInfo("FactorizationMachines"),
-        ModelInfo("DeepFM", needs_fields=True),
-        ModelInfo("WideAndDeep", needs_fields=True),
-        ModelInfo("NeuralFactorizationMachines"),
-        ModelInfo("ProductNeuralNetwork", needs_fields=True),
-        ModelInfo("DNN"),
-    )
-}
-
-
-def model_info(name: str) -> ModelInfo:
-    """The model of ``ml.model.class.name`` (case-insensitive; Angel's qualified names are
-    aliases); an unknown name lists the valid ones, closest first."""
-    by_lower = {k.lower(): v for k, v in MODEL_INFO.items()}
-    info = by_lower.get(model_name(name).lower())
-    if info is not None:
-        return info
-    ranked = difflib.get_close_matches(name, list(MODEL_INFO), n=len(MODEL_INFO), cutoff=0.0)
-    raise ConfigError(
-        f"ml.model.class.name={name} is not a known model; valid names (closest first): "
-        f"{', '.join(ranked)}"
-    )
 
 
 MODEL_CLASS_NAME = Key(
@@ -226,6 +143,8 @@ class ModelConfig:
     dropout: float
     input_std: float
     embedding_std: float
+    #: The model's registry entry (its tables and class), carried to the workers with the rest.
+    entry: ModelEntry
 
     @classmethod
     def from_config(
@@ -235,8 +154,9 @@ class ModelConfig:
         values; a missing key takes its declared default)."""
         hidden = HIDDEN_LAYERS.read(conf)
         activations = ACTIVATION_NAMES.read(conf)
+        entry = model_entry(str(MODEL_CLASS_NAME.read(conf)))  # an unknown name fails here
         return cls(
-            model=model_name(str(MODEL_CLASS_NAME.read(conf))),
+            model=entry.name,
             num_features=int(num_features),
             num_fields=None if num_fields is None else int(num_fields),
             num_class=int(NUM_CLASS.read(conf)),
@@ -248,4 +168,5 @@ class ModelConfig:
             dropout=float(DROPOUT.read(conf)),
             input_std=float(INPUT_INIT_STD.read(conf)),
             embedding_std=float(EMBEDDING_INIT_STD.read(conf)),
+            entry=entry,
         )

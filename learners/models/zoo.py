@@ -49,7 +49,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from angelconf.config import ConfigError
-from learners.models.config import MODEL_INFO, ModelConfig, model_info
+from learners.models.config import ModelConfig
+from learners.models.registry import MODELS as REGISTRY
+from learners.models.registry import model_entry
 from learners.models.sparse_input import SparseInput
 from learners.models.table_decl import TableDecl
 from learners.models.tables import DNN_HIDDEN, model_tables
@@ -86,10 +88,10 @@ class BaseModel(nn.Module):
     needs_fields: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Task and field needs are stated once, in learners.models.config.MODEL_INFO, which the
+        # Task and field needs are stated once, in the model's registry entry, which the
         # driver reads without torch; a model class takes them from there.
         super().__init_subclass__(**kwargs)
-        info = MODEL_INFO.get(cls.__dict__.get("angel_name", ""))
+        info = REGISTRY.get(cls.__dict__.get("angel_name", ""))
         if info is not None:
             cls.task, cls.needs_fields = info.task, info.needs_fields
 
@@ -385,8 +387,9 @@ def _fields(cfg: ModelConfig) -> int:
     return cfg.num_fields
 
 
-# --- registry ------------------------------------------------------------------------------------
+# --- the built-in classes by name --------------------------------------------------------------
 
+#: The built-in model classes by name (the registry, learners/models/registry.py, names them).
 MODELS: dict[str, type[BaseModel]] = {
     cls.angel_name: cls
     for cls in (
@@ -407,14 +410,15 @@ MODELS: dict[str, type[BaseModel]] = {
 
 
 def model_class(name: str) -> type[BaseModel]:
-    """The model class for an Angel name (case-insensitive); unknown names list the valid ones
-    (:func:`learners.models.config.model_info`, which the driver uses without torch)."""
-    return MODELS[model_info(name).angel_name]
+    """The model class of a registered name (case-insensitive; Angel's qualified names are
+    aliases); unknown names list the valid ones."""
+    return model_entry(name).load_class()  # type: ignore[no-any-return]
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None) -> BaseModel:
-    """Build the configured model; ``seed`` makes the worker-side dense init reproducible."""
-    cls = model_class(cfg.model)
+    """Build the configured model (its class from ``cfg.entry``: a model registered on the
+    driver alone builds here too); ``seed`` makes the worker-side dense init reproducible."""
+    cls: type[BaseModel] = cfg.entry.load_class()
     if cls.needs_fields:
         _fields(cfg)
     if seed is None:

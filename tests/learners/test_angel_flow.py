@@ -245,7 +245,7 @@ def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tm
 
 
 def test_angels_qualified_class_names_are_aliases() -> None:
-    from learners.models.config import ANGEL_CLASSES, model_name
+    from learners.models.registry import ANGEL_CLASSES, model_name
     from learners.models.zoo import MODELS, model_class
 
     assert model_class(LR_CLASS) is MODELS["LogisticRegression"]

@@ -71,14 +71,15 @@ def test_registry_has_every_angel_model():
 
 
 def test_the_driver_s_model_table_says_what_the_classes_say():
-    """learners.models.config.MODEL_INFO (torch-free, read by the driver before Ray starts)
-    names every model class, and each class carries its entry's task and field needs."""
-    from learners.models.config import MODEL_INFO
+    """learners.models.registry (torch-free, read by the driver before Ray starts) names
+    every model class, and each class carries its entry's task and field needs."""
+    from learners.models.registry import MODELS as REGISTRY
 
-    assert list(MODEL_INFO) == list(MODELS)
+    assert list(REGISTRY) == list(MODELS)
     for name, cls in MODELS.items():
-        info = MODEL_INFO[name]
-        assert (info.task, info.needs_fields) == (cls.task, cls.needs_fields), name
+        entry = REGISTRY[name]
+        assert entry.load_class() is cls, name
+        assert (entry.task, entry.needs_fields) == (cls.task, cls.needs_fields), name
 
 
 def test_unknown_model_lists_valid_names_closest_first():

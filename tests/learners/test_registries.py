@@ -1,0 +1,87 @@
+"""Adding a model from outside the package: one file and one registration, trained on real Ray."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import ray
+
+from angelconf.config import ConfigError
+from learners.job.learner import GraphLearner
+from learners.models import registry
+from learners.models.registry import ModelEntry, model_entry, register
+from tests.short_tmp import short_tmp
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ModelEntry(
+    "ToyLinear",
+    tables="tests.learners.toy_model:toy_tables",
+    module_class="tests.learners.toy_model:ToyLinear",
+    angel_classes=("com.example.ToyLinear",),
+)
+
+
+@pytest.fixture
+def toy_registered():
+    register(TOY)
+    yield TOY
+    registry.MODELS.pop(TOY.name)
+    for alias in TOY.angel_classes:
+        registry.ANGEL_CLASSES.pop(alias)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    tmp = short_tmp()
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_registered_toy_model_trains_saves_and_predicts(
+    toy_registered, local_ray, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(ROOT)  # the workers import the toy's module from the job's directory
+    sets = {
+        "ml.model.class.name": "com.example.ToyLinear",
+        "ml.epoch.num": 2,
+        "angel.log.path": str(tmp_path / "log"),
+        "angel.save.model.path": str(tmp_path / "model"),
+        "angel.job.name": "toy-model",
+    }
+    learner = GraphLearner.from_properties(ROOT / "conf" / "lr_a9a.properties", sets, quiet=True)
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    assert result.summary["valid_auc"] > 0.88  # as LogisticRegression on a9a
+    assert {p.name for p in (tmp_path / "model").iterdir() if p.is_dir()} >= {
+        "toy_weight",
+        "toy_bias",
+    }
+    loaded = GraphLearner.load(str(tmp_path / "model"))
+    try:
+        pred = loaded.predict(str(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm"))
+    finally:
+        loaded.shutdown()
+    values = next(iter(pred.values())) if isinstance(pred, dict) else pred
+    assert len(values) > 1000 and ((values > 0) & (values < 1)).all()
+
+
+def test_registering_a_taken_name_or_a_bad_task_is_refused(toy_registered):
+    with pytest.raises(ValueError, match="'toylinear' is already registered"):
+        register(ModelEntry("toylinear", "m:t", "m:C"))
+    with pytest.raises(ValueError, match="task 'ranking' is not binary, multiclass or regression"):
+        register(ModelEntry("Other", "m:t", "m:C", task="ranking"))
+    assert model_entry("COM.EXAMPLE.TOYLINEAR") is TOY
+
+
+def test_an_entry_whose_class_cannot_load_names_it():
+    bad = ModelEntry("Broken", "tests.learners.toy_model:nope", "no.such.module:Model")
+    with pytest.raises(ConfigError, match=r"cannot load tests\.learners\.toy_model:nope"):
+        bad.table_function()
+    with pytest.raises(ConfigError, match=r"cannot load no\.such\.module:Model"):
+        bad.load_class()
