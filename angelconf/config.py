@@ -69,7 +69,7 @@ class Key:
     default: Any
     doc: str
     check: Callable[[Any], str | None] | None = None
-    choices: tuple[str, ...] | None = None
+    choices: Sequence[str] | None = None
     deprecated: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

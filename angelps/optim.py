@@ -1,4 +1,4 @@
-"""The optimizer math, written once: ``apply(spec, w, state, g, lr)`` on rows or parameters.
+"""Optimizer updates, written once: ``apply(spec, w, state, g, lr)`` on rows or parameters.
 
 ``w`` is ``[k, cols]`` (the rows being updated), ``g`` the summed gradient of those rows (the
 global-batch mean when workers pre-scale by 1/W), ``state`` the optimizer slots of the same rows
@@ -26,7 +26,9 @@ ftrl       FTRL-Proximal (McMahan et al. 2013; Angel's ``FTRLUpdateFunc``), per 
 
 Momentum and Adam apply no L1 (as Angel).
 
-Each formula exists once (:func:`_update`), written over a small array namespace, and runs on
+Each formula exists once, in its optimizer's class (:mod:`angelps.optimizers.builtin`; the
+interface: :mod:`angelps.optimizers.base`; more can be registered:
+:mod:`angelps.optimizers.registry`), written over a small array namespace, and runs on
 numpy arrays (the shards' host rows), on torch tensors of any device (GPU shards) and, through
 :class:`DenseOptimizer`, on the workers' dense layers. The numpy path computes its scalars in the
 rows' dtype and the torch path in float64 (as torch does with Python scalars); the two agree to
@@ -36,14 +38,14 @@ which saves its process 1-3 s of start-up.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from angelconf.config import ConfigError
+from angelps.optimizers.base import Array, ops_for
+from angelps.optimizers.registry import optimizer_for
+from angelps.options import OPTIMIZERS
 from angelps.table import OptimizerSpec
 
 if TYPE_CHECKING:
@@ -51,70 +53,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DenseOptimizer", "apply", "slot_widths"]
 
-# Slot name -> width (None = the table's cols).
-_SLOTS: dict[str, dict[str, int | None]] = {
-    "sgd": {},
-    "momentum": {"v": None},
-    "adam": {"m": None, "v": None, "t": 1},
-    "adagrad": {"n": None},
-    "rmsprop": {"n": None},
-    "ftrl": {"z": None, "n": None},
-}
-
-Array = Any  # np.ndarray or torch.Tensor: the formulas below use what both support
-
 
 def slot_widths(spec: OptimizerSpec, cols: int) -> dict[str, int]:
     """Optimizer state slots of one row: name -> width. Slots start at zero."""
-    return {k: (cols if w is None else w) for k, w in _SLOTS[spec.name].items()}
-
-
-class _Ops:
-    """The few functions the formulas need that numpy and torch spell differently."""
-
-    def __init__(
-        self,
-        scalar: Callable[[Array], Callable[[float], Any]],
-        sqrt: Callable[[Array], Array],
-        sign: Callable[[Array], Array],
-        where: Callable[[Array, Any, Array], Array],
-        clamp0: Callable[[Array], Array],
-        f64: Callable[[Array], Array],
-        like: Callable[[Array, Array], Array],
-    ) -> None:
-        self.scalar = scalar  # the type a formula's scalars are computed in
-        self.sqrt = sqrt
-        self.sign = sign
-        self.where = where
-        self.clamp0 = clamp0  # max(x, 0)
-        self.f64 = f64
-        self.like = like  # cast to the dtype of the second argument
-
-
-_NUMPY = _Ops(
-    scalar=lambda w: w.dtype.type,
-    sqrt=np.sqrt,
-    sign=np.sign,
-    where=np.where,
-    clamp0=lambda x: np.maximum(x, 0.0),
-    f64=lambda x: x.astype(np.float64),
-    like=lambda x, w: x.astype(w.dtype),
-)
-
-
-@lru_cache(maxsize=1)
-def _torch_ops() -> _Ops:
-    import torch
-
-    return _Ops(
-        scalar=lambda w: float,
-        sqrt=torch.sqrt,
-        sign=torch.sign,
-        where=torch.where,
-        clamp0=lambda x: torch.clamp(x, min=0.0),
-        f64=lambda x: x.double(),
-        like=lambda x, w: x.to(w.dtype),
-    )
+    return {k: (cols if w is None else w) for k, w in optimizer_for(spec).slots.items()}
 
 
 def apply(
@@ -123,86 +65,12 @@ def apply(
     state: Mapping[str, Array],
     g: Array,
     lr: float,
+    momentum: float | None = None,
 ) -> None:
     """One optimizer update of the rows ``w`` (in place, with their ``state`` slots) with
-    gradient ``g`` and step size ``lr``. numpy arrays, or torch tensors on any one device."""
-    _update(_NUMPY if isinstance(w, np.ndarray) else _torch_ops(), spec, w, state, g, lr)
-
-
-def _soft_threshold(xp: _Ops, w: Array, thr: Any) -> None:
-    w[...] = xp.sign(w) * xp.clamp0(abs(w) - thr)
-
-
-def _update(
-    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], g: Array, lr: float
-) -> None:
-    """The formulas of the module docstring."""
-    name = spec.name
-    s = xp.scalar(w)
-    lr_ = s(lr)
-    l1, l2 = s(spec.l1), s(spec.l2)
-    if name == "sgd":
-        eta = s(lr / (1.0 + spec.l2 * lr))
-        if spec.l2:
-            w *= s(1.0) - eta * l2
-        w -= eta * g
-        if spec.l1:
-            _soft_threshold(xp, w, eta * l1)
-        return
-    if name == "ftrl":
-        alpha, beta = s(spec.ftrl_alpha), s(spec.ftrl_beta)
-        z, n = state["z"], state["n"]
-        n_new = n + g * g
-        sigma = (xp.sqrt(n_new) - xp.sqrt(n)) / alpha
-        z += g - sigma * w
-        n[...] = n_new
-        denom = l2 + (beta + xp.sqrt(n)) / alpha
-        w[...] = xp.where(abs(z) <= l1, s(0.0), -(z - xp.sign(z) * l1) / denom)
-        return
-    gp = g + l2 * w if spec.l2 else g
-    if name == "momentum":
-        v = state["v"]
-        v *= s(spec.momentum)
-        v += gp
-        w -= lr_ * v
-        return
-    if name == "adam":
-        _adam(xp, spec, w, state, gp, lr)
-        return
-    n = state["n"]
-    if name == "adagrad":
-        n += gp * gp
-    elif name == "rmsprop":
-        rho = s(spec.rho)
-        n *= rho
-        n += (s(1.0) - rho) * gp * gp
-    else:  # pragma: no cover - OptimizerSpec validates names
-        raise ValueError(f"unknown optimizer {name!r}")
-    denom = xp.sqrt(n) + s(spec.eps)
-    w -= lr_ * gp / denom
-    if spec.l1:
-        _soft_threshold(xp, w, lr_ * l1 / denom)
-
-
-def _adam(
-    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], gp: Array, lr: float
-) -> None:
-    s = xp.scalar(w)
-    m, v, t = state["m"], state["v"], state["t"]
-    b1, b2 = s(spec.beta1), s(spec.beta2)
-    m *= b1
-    m += (s(1.0) - b1) * gp
-    v *= b2
-    v += (s(1.0) - b2) * gp * gp
-    t += s(1.0)
-    # Bias corrections in float64: 1 - b^t loses digits in float32 for large t.
-    # The same order of operations as torch.optim.Adam:
-    # denom = sqrt(v)/sqrt(bc2) + eps; w -= (lr/bc1) * m/denom.
-    tt = xp.f64(t)
-    step_size = xp.like(lr / (1.0 - spec.beta1**tt), w)
-    bc2_sqrt = xp.like(xp.sqrt(1.0 - spec.beta2**tt), w)
-    denom = xp.sqrt(v) / bc2_sqrt + s(spec.eps)
-    w -= step_size * (m / denom)
+    gradient ``g`` and step size ``lr``. numpy arrays, or torch tensors on any one device.
+    ``momentum``: this update's momentum (β1 of adam) in place of the spec's; None keeps it."""
+    optimizer_for(spec).update(ops_for(w), spec, w, state, g, lr, momentum)
 
 
 class DenseOptimizer:
@@ -219,15 +87,18 @@ class DenseOptimizer:
     def __init__(self, params: Iterable[torch.nn.Parameter], spec: OptimizerSpec) -> None:
         import torch
 
-        if spec.name == "ftrl":
-            raise ConfigError(
-                f"ml.fclayer.optimizer={spec.name} cannot run on the workers (valid for "
-                "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
+        opt = optimizer_for(spec)
+        if opt.not_for_dense:
+            valid = ", ".join(
+                d for n, d in OPTIMIZERS.items() if not optimizer_for(n).not_for_dense
             )
-        spec = replace(spec, l1=0.0)
-        if spec.name == "sgd":
-            spec = replace(spec, name="momentum", momentum=0.0)
+            raise ConfigError(
+                f"ml.fclayer.optimizer={spec.name} cannot run on the workers ({opt.not_for_dense}; "
+                f"valid for worker-side dense layers: {valid})"
+            )
+        spec = opt.dense_spec(replace(spec, l1=0.0))
         self.spec = spec
+        self._torch_slots = dict(optimizer_for(spec).torch_slots)
         self.params = list(params)
         self.param_groups: list[dict[str, Any]] = [{"lr": 0.0}]
         self.state: list[dict[str, torch.Tensor]] = [
@@ -269,18 +140,7 @@ class DenseOptimizer:
         for i, st in sd["state"].items():
             slots = self.state[int(i)]
             for k, v in st.items():
-                name = k if k in slots else _TORCH_SLOTS.get(k)
+                name = k if k in slots else self._torch_slots.get(k)
                 if name in slots and v is not None:
                     slots[name].copy_(torch.as_tensor(v).reshape(1, -1))
         self.param_groups = [dict(g) for g in sd["param_groups"]]
-
-
-# torch.optim's state names of the same slots (SGD, Adam, Adagrad, RMSprop).
-_TORCH_SLOTS = {
-    "momentum_buffer": "v",
-    "exp_avg": "m",
-    "exp_avg_sq": "v",
-    "step": "t",
-    "sum": "n",
-    "square_avg": "n",
-}

@@ -39,7 +39,8 @@ PARTITIONERS = ("hash", "range")
 NAN_POLICIES = ("error", "skip")
 TRANSPORTS = ("socket", "ray")
 
-#: Canonical optimizer names (lower case) and the spelling used in Angel-style conf files.
+#: Canonical optimizer names (lower case) and the spelling used in Angel-style conf files: the
+#: built-in six, and any optimizer added by ``angelps.optimizers.registry.register``.
 OPTIMIZERS: dict[str, str] = {
     "sgd": "SGD",
     "momentum": "Momentum",
@@ -48,6 +49,23 @@ OPTIMIZERS: dict[str, str] = {
     "rmsprop": "RMSProp",
     "ftrl": "FTRL",
 }
+#: Optimizers registered outside angelps: name -> the module that registers it (imported by a
+#: shard before it applies one).
+OPTIMIZER_MODULES: dict[str, str] = {}
+
+
+class _LiveNames(Sequence[str]):
+    """The values of a name table as a key's choices, read when a value is checked (so an
+    optimizer registered after this module loaded is a valid choice too)."""
+
+    def __init__(self, table: Mapping[str, str]) -> None:
+        self._table = table
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(self._table.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
@@ -207,7 +225,7 @@ EVICTION_TTL_UPDATES = Key(
     check=non_negative,
 )
 
-_OPT_CHOICES = tuple(OPTIMIZERS.values())
+_OPT_CHOICES = _LiveNames(OPTIMIZERS)
 
 #: Keys naming a table kind's optimizer (``OptimizerSpec.from_conf(conf, name_key)``).
 OPTIMIZER_NAME_KEYS = [

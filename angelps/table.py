@@ -9,13 +9,14 @@ many shards there are, or when it was first touched.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-from angelps.options import OPTIMIZER_KEYS, OPTIMIZER_NAME_KEYS, OPTIMIZERS
+from angelps.options import OPTIMIZER_KEYS, OPTIMIZER_MODULES, OPTIMIZER_NAME_KEYS, OPTIMIZERS
 
 __all__ = [
     "INITIALIZERS",
@@ -51,16 +52,22 @@ class OptimizerSpec:
     rho: float = OPTIMIZER_KEYS["rho"].default
     ftrl_alpha: float = OPTIMIZER_KEYS["ftrl_alpha"].default
     ftrl_beta: float = OPTIMIZER_KEYS["ftrl_beta"].default
+    #: The module that registers an optimizer added outside angelps (set from the registry):
+    #: another process (a shard) imports it before applying the optimizer. "" for built-ins.
+    impl: str = ""
 
     def __post_init__(self) -> None:
         canon = str(self.name).strip().lower()
+        if canon not in OPTIMIZERS and self.impl:
+            importlib.import_module(self.impl)  # a spec read back in another process
         if canon not in OPTIMIZERS:
             raise ValueError(
                 f"unknown optimizer {self.name!r}; valid names: {', '.join(OPTIMIZERS.values())}"
             )
         object.__setattr__(self, "name", canon)
+        object.__setattr__(self, "impl", self.impl or OPTIMIZER_MODULES.get(canon, ""))
         for f in fields(self):
-            if f.name == "name":
+            if f.name in ("name", "impl"):
                 continue
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or not np.isfinite(v):
@@ -90,8 +97,11 @@ class OptimizerSpec:
         return cls(name=names[name_key].read(conf), **params)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form (for checkpoint manifests)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """JSON-safe form (for checkpoint manifests; ``impl`` only when set)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not d["impl"]:
+            del d["impl"]
+        return d
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any
 
 from angelps import fs
 from angelps.checkpoint import remote as checkpoint_remote
-from angelps.checkpoint.files import VERSION, load_manifest_file, write_manifest
 from angelps.checkpoint.errors import CheckpointError
+from angelps.checkpoint.files import VERSION, load_manifest_file, write_manifest
 
 __all__ = ["backup_version", "read_backup", "remove_launch", "write_backup"]
 

@@ -15,9 +15,10 @@ What the cache may serve is what the PS's consistency model allows (``angel.stal
   batch reads is pushed in the same step, so during training the hits are rows read and not
   written: other tables' rows, validation and prediction passes.)
 * **SSP** (s > 0): rows fetched at most ``s`` clocks before the clock they are used at (read
-  staleness). The worker's own updates are applied to its cached copy at once (as plain SGD
-  steps of the pushed gradient, until the refetch brings the shard's optimizer result) and are
-  pushed in the same step (write staleness 0 <= s).
+  staleness). The worker's own updates are applied to its cached copy at once, with the table's
+  own optimizer (:func:`angelps.optim.apply`, the shards' code, over optimizer state the cache
+  keeps for its rows), until the refetch brings the shard's result; they are pushed in the
+  same step (write staleness 0 <= s).
 * **ASP** (< 0): as SSP with ``s`` = the prefetch depth's bound: rows at most 1 clock old.
 
 Invariants: a served row was fetched from the shards (never invented); ``fetched`` only grows;
@@ -34,6 +35,8 @@ import torch
 from torch import Tensor
 
 from angelconf.config import ConfigError
+from angelps.optim import apply, slot_widths
+from angelps.table import OptimizerSpec
 from learners.worker.feed import FeedOptions
 
 __all__ = [
@@ -80,8 +83,14 @@ class RowCache:
         staleness: int,
         num_workers: int,
         device: torch.device,
+        optimizers: Mapping[str, OptimizerSpec] | None = None,
     ) -> None:
-        row_bytes = 4 * sum(tables.values()) + _SLOT_BYTES
+        # Each table's optimizer (default SGD) and its state for the cached rows: the local
+        # update of a pushed row under SSP/ASP is the shards' own.
+        specs = {t: (optimizers or {}).get(t, OptimizerSpec("sgd")) for t in tables}
+        widths = {t: slot_widths(specs[t], c) for t, c in tables.items()}
+        state_cols = sum(sum(w.values()) for w in widths.values())
+        row_bytes = 4 * (sum(tables.values()) + state_cols) + _SLOT_BYTES
         cap = capacity // row_bytes if capacity_bytes else capacity
         if cap < 1:
             raise ConfigError(
@@ -108,6 +117,11 @@ class RowCache:
         self.fetched = np.zeros(cap, dtype=np.int64)
         self.pushed = np.full(cap, -1, dtype=np.int64)
         self.rows = {t: torch.zeros(cap, c, device=device) for t, c in tables.items()}
+        self.optimizers = specs
+        self.state = {
+            t: {k: torch.zeros(cap, w, device=device) for k, w in ws.items()}
+            for t, ws in widths.items()
+        }
         self.size = 0
         self.stats = CacheStats()
 
@@ -176,6 +190,10 @@ class RowCache:
             self.keys[slots] = keys[new]
             self.pushed[slots] = -1
             self.slot_of[keys[new]] = slots + 1
+            fresh = torch.from_numpy(slots.astype(np.int64)).to(self.device)
+            for st in self.state.values():
+                for v in st.values():
+                    v.index_fill_(0, fresh, 0.0)  # a slot reused by a new key starts at zero
             slot = slot.copy()
             slot[new] = slots
             old[new] = True
@@ -194,7 +212,7 @@ class RowCache:
         self, updates: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float, clock: int
     ) -> None:
         """This worker pushes ``updates`` (table -> (ids, gradient)) at ``clock``: their cached
-        rows are marked, and under SSP/ASP the gradient step is applied to them locally."""
+        rows are marked, and under SSP/ASP the table's optimizer step is applied to them."""
         for t, (ids, g) in updates.items():
             if t not in self.rows or ids.size == 0:
                 continue
@@ -207,7 +225,12 @@ class RowCache:
             if self.staleness != 0:
                 idx = torch.from_numpy(s.astype(np.int64)).to(self.device)
                 grad = torch.from_numpy(np.ascontiguousarray(g[cached], dtype=np.float32))
-                self.rows[t].index_add_(0, idx, grad.to(self.device), alpha=-lr)
+                w = self.rows[t].index_select(0, idx)
+                st = {k: v.index_select(0, idx) for k, v in self.state[t].items()}
+                apply(self.optimizers[t], w, st, grad.to(self.device), lr)
+                self.rows[t].index_copy_(0, idx, w)
+                for k, v in st.items():
+                    self.state[t][k].index_copy_(0, idx, v)
 
     def take_stats(self) -> CacheStats:
         """The counters since the last call (and reset them)."""
@@ -226,8 +249,10 @@ def worker_cache(
     num_features: int,
     num_workers: int,
     device: torch.device,
+    optimizers: Mapping[str, OptimizerSpec] | None = None,
 ) -> RowCache:
-    """A worker's cache of its sparse ``tables`` (name, cols, sparse) as ``feed`` sizes it."""
+    """A worker's cache of its sparse ``tables`` (name, cols, sparse) as ``feed`` sizes it,
+    updating its rows with each table's optimizer (``optimizers``: table -> spec)."""
     return RowCache(
         cached_tables(tables),
         num_features,
@@ -237,6 +262,7 @@ def worker_cache(
         feed.staleness,
         num_workers,
         device,
+        optimizers,
     )
 
 

@@ -171,8 +171,9 @@ class TrainWorker:
         feed = self.plan.feed
         if feed.cache and self.model is not None:
             tables = [(t.name, t.cols, t.sparse) for t in self.tables]
+            optimizers = {name: spec.optimizer for name, spec in ps.specs.items()}
             self.cache = worker_cache(
-                feed, tables, self.num_features, self.num_workers, self.device
+                feed, tables, self.num_features, self.num_workers, self.device, optimizers
             )
 
     def setup_dist(self, master_addr: str, master_port: int) -> None:

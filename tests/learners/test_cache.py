@@ -95,6 +95,29 @@ def test_ssp_applies_own_updates_locally():
     np.testing.assert_allclose(rows["v"].numpy(), [[1.0, -1.0], [1.5, -1.0]])
 
 
+@pytest.mark.parametrize("name", ["momentum", "adam", "adagrad", "rmsprop"])
+def test_ssp_local_updates_use_the_tables_optimizer(name):
+    # The cached copy follows the shards' own optimizer code (angelps.optim.apply), with the
+    # optimizer state the cache keeps for its rows, not a plain SGD step of the gradient.
+    from angelps.optim import apply, slot_widths
+    from angelps.table import OptimizerSpec
+
+    spec = OptimizerSpec(name)
+    c = RowCache({"w": 1, "v": 2}, 50, 100, False, 1, 2, 1, CPU, {"v": spec})
+    keys = np.array([1, 2])
+    _read(c, keys, 0, _shard(0.0))
+    w = np.array([[2.0, -2.0]], np.float32)  # row 2 as pulled
+    state = {k: np.zeros((1, n), np.float32) for k, n in slot_widths(spec, 2).items()}
+    for clock, (g, lr) in enumerate([([1.0, -2.0], 0.5), ([0.25, 3.0], 0.1)]):
+        grad = np.array([g], np.float32)
+        c.note_push({"v": (np.array([2]), grad)}, lr, clock)
+        apply(spec, w, state, grad, lr)
+    pulled, rows = _read(c, keys, 2, _shard(9.0))
+    assert pulled.size == 0
+    np.testing.assert_allclose(rows["v"].numpy()[1], w[0], rtol=1e-6)
+    assert not np.allclose(w[0], [2.0 - 0.5 - 0.025, -2.0 + 1.0 - 0.3])  # not SGD's result
+
+
 def test_admission_by_frequency_and_capacity():
     c = _cache(2, capacity=3, admit=2)
     _read(c, np.array([1, 2, 3, 4]), 0, _shard(0.0))

@@ -85,3 +85,63 @@ def test_an_entry_whose_class_cannot_load_names_it():
         bad.table_function()
     with pytest.raises(ConfigError, match=r"cannot load no\.such\.module:Model"):
         bad.load_class()
+
+
+# --- an optimizer added from outside the package ---------------------------------------------
+
+
+@pytest.fixture
+def toy_optimizer():
+    import importlib
+
+    from angelps.optimizers.registry import unregister
+
+    mod = importlib.import_module("tests.learners.toy_optimizer")  # registers signsgd
+    yield mod
+    unregister("signsgd")
+    import sys
+
+    sys.modules.pop("tests.learners.toy_optimizer", None)
+
+
+def test_a_registered_toy_optimizer_trains_on_the_shards(
+    toy_optimizer, local_ray, tmp_path, monkeypatch
+):
+    import numpy as np
+
+    from angelps.optim import apply
+    from angelps.table import OptimizerSpec
+
+    spec = OptimizerSpec("SignSGD")
+    assert spec.impl == "tests.learners.toy_optimizer"  # what a shard imports to run it
+    w = np.array([[1.0, 2.0]], np.float32)
+    apply(spec, w, {}, np.array([[0.3, -5.0]], np.float32), 0.5)
+    np.testing.assert_array_equal(w, [[0.5, 2.5]])
+
+    monkeypatch.chdir(ROOT)
+    sets = {
+        "ml.inputlayer.optimizer": "SignSGD",
+        "ml.learn.rate": 0.002,
+        "ml.epoch.num": 1,
+        "angel.log.path": str(tmp_path / "log"),
+        "angel.save.model.path": str(tmp_path / "model"),
+        "angel.job.name": "toy-optimizer",
+    }
+    learner = GraphLearner.from_properties(ROOT / "conf" / "lr_a9a.properties", sets, quiet=True)
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    assert result.summary["valid_auc"] > 0.85
+    manifest = (tmp_path / "model" / "manifest.json").read_text()
+    assert '"impl": "tests.learners.toy_optimizer"' in manifest
+
+
+def test_an_unknown_optimizer_name_lists_the_registered_ones(toy_optimizer):
+    from angelconf.config import load_config
+    from learners.keys import all_keys
+
+    with pytest.raises(
+        ConfigError, match=r"ml\.embedding\.optimizer=Adamw is not valid: .*SignSGD"
+    ):
+        load_config(None, ["ml.embedding.optimizer=Adamw"], all_keys())

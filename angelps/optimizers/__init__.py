@@ -1,0 +1,1 @@
+"""The optimizers: one interface (slots and update), the built-in six, and their registry."""
