@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from angelconf.config import ConfigError
 
-__all__ = ["FORMAT", "MANIFEST", "PREV", "CheckpointDamaged", "CheckpointError"]
+__all__ = ["FORMAT", "MANIFEST", "PREV", "CheckpointDamaged", "CheckpointError", "NoCheckpoint"]
 
 MANIFEST = "manifest.json"
 PREV = ".prev"
@@ -21,3 +21,8 @@ class CheckpointError(ConfigError):
 class CheckpointDamaged(CheckpointError):
     """A checkpoint file whose content is not what was written: a checksum or row count that
     does not match, an unreadable Parquet file, a missing file."""
+
+
+class NoCheckpoint(CheckpointError):
+    """Nothing committed at a checkpoint path: absent, or a directory without its manifest
+    (the message names the path, and an older checkpoint beside it when there is one)."""

@@ -47,6 +47,7 @@ from angelps.checkpoint.local_dir import (
     MANIFEST,
     CheckpointDamaged,
     CheckpointError,
+    NoCheckpoint,
     check_target,
     commit_dir,
     fsync_dir,
@@ -64,12 +65,14 @@ __all__ = [
     "VERSION",
     "CheckpointDamaged",
     "CheckpointError",
+    "NoCheckpoint",
     "build_manifest",
     "check_layout",
     "check_target",
     "commit_dir",
     "file_entry",
     "iter_table_file",
+    "member",
     "new_tmp_dir",
     "previous",
     "read_manifest",
@@ -89,7 +92,39 @@ READ_CHUNK_ROWS = 1 << 20
 
 
 def table_file(root: str, table: str, shard: int) -> str:
-    return os.path.join(root, table_rel(table, shard))
+    """A table file of the checkpoint at ``root`` (:func:`member`: never outside it)."""
+    return member(root, table_rel(table, shard))
+
+
+def member(root: str, rel: str) -> str:
+    """The file ``rel`` (a name from a manifest: a table file, ``dense.safetensors``) inside the
+    checkpoint directory ``root``: the one resolver of every file a checkpoint names, so that a
+    reader never leaves the checkpoint. A name that could lead out of it (absolute, ``..``, an
+    empty or ``.`` part, a backslash, a NUL) or, on a local disk, a symbolic link that leads
+    out is a CheckpointDamaged naming the checkpoint and the name."""
+    parts = rel.split("/")
+    bad = (
+        not rel
+        or "\\" in rel
+        or "\0" in rel
+        or rel.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+    )
+    if bad:
+        raise CheckpointDamaged(
+            f"checkpoint {root} is damaged: its manifest names {rel!r}, which is not a file "
+            "inside the checkpoint; refusing to read it"
+        )
+    if is_remote(root):
+        return fs.join(root, rel)
+    path = os.path.join(root, *parts)
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(path), real_root]) != real_root:
+        raise CheckpointDamaged(
+            f"checkpoint file {path} leads outside the checkpoint {root} (a symbolic link); "
+            "refusing to read it"
+        )
+    return path
 
 
 def table_rel(table: str, shard: int) -> str:

@@ -12,8 +12,11 @@ earlier crashed saves (``<path>.tmp-*``) removed. Invariants: at every instant e
 or ``<path>.prev`` holds a complete, committed checkpoint once one save has finished; a save
 never deletes or renames anything that angelps did not write (:func:`check_target` refuses a
 regular file and a non-empty directory of other files before a byte is written).
-:func:`resolve` finds the checkpoint: ``<path>``, else ``<path>.prev`` (a crash between the
-renames), else the newest ``<path>.old-*`` (left by angelps before version 2). A damaged
+:func:`resolve` finds the checkpoint: ``<path>`` with its manifest, else an error naming
+``<path>`` (and ``<path>.prev`` when it is there: a reader never gets an older model
+silently); only ``--resume`` and a restart after a lost worker fall back (``fallback=True``) to
+``<path>.prev`` (a crash between the renames) or the newest ``<path>.old-*`` (left by angelps
+before version 2), and say so. A damaged
 checkpoint that ``--resume`` moved aside (``<path>.damaged-<id>``, :mod:`learners.job.saved_model`)
 is never removed.
 
@@ -30,7 +33,14 @@ import shutil
 import uuid
 
 from angelps.checkpoint import remote as checkpoint_remote
-from angelps.checkpoint.errors import FORMAT, MANIFEST, PREV, CheckpointDamaged, CheckpointError
+from angelps.checkpoint.errors import (
+    FORMAT,
+    MANIFEST,
+    PREV,
+    CheckpointDamaged,
+    CheckpointError,
+    NoCheckpoint,
+)
 from angelps.fs import is_remote, write_bytes
 
 __all__ = [
@@ -38,10 +48,12 @@ __all__ = [
     "PREV",
     "CheckpointDamaged",
     "CheckpointError",
+    "NoCheckpoint",
     "check_target",
     "commit_dir",
     "fsync_dir",
     "new_tmp_dir",
+    "older_hint",
     "previous",
     "resolve",
     "write_durably",
@@ -151,14 +163,41 @@ def previous(path: str) -> str | None:
     return prev if holds_checkpoint(prev) else None
 
 
-def resolve(path: str) -> str:
-    """The directory holding the checkpoint saved at ``path``: ``path`` itself, or
+def resolve(path: str, fallback: bool = False) -> str:
+    """The directory holding the checkpoint saved at ``path``: ``path`` itself when it has its
+    manifest. Anything else is a CheckpointError naming ``path`` (never an older model
+    silently), with a hint naming ``<path>.prev`` when one is there. ``fallback=True`` (what
+    ``--resume`` and a restart after a lost worker use, saying so on the console) returns
     ``<path>.prev`` when a save crashed between its renames, or the newest ``<path>.old-*``."""
     if is_remote(path):
         return checkpoint_remote.resolve(path)
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
+    older = _older(path)
+    if fallback and older is not None:
+        return older
+    hint = older_hint(path)
+    if os.path.isdir(path):
+        raise NoCheckpoint(f"{path} is not a checkpoint: it has no {MANIFEST}{hint}")
+    raise NoCheckpoint(f"no checkpoint at {path}{hint}")
+
+
+def older_hint(path: str) -> str:
+    """``; an older checkpoint is at <path>.prev: pass it explicitly ...`` for an error about
+    ``path`` when a save left one beside it; empty otherwise (a URL: its pointer decides)."""
+    older = None if is_remote(path) else _older(os.path.abspath(path))
+    if older is None:
+        return ""
+    return (
+        f"; an older checkpoint is at {older}: pass {older} explicitly to use it "
+        "(train --resume falls back to it by itself and says so)"
+    )
+
+
+def _older(path: str) -> str | None:
+    """The checkpoint a save of ``path`` kept or left behind: ``<path>.prev``, else the newest
+    ``<path>.old-*`` (left by angelps before version 2); None."""
     prev = previous(path)
     if prev is not None:
         return prev
@@ -167,8 +206,4 @@ def resolve(path: str) -> str:
         for p in glob.glob(glob.escape(path) + ".old-*")
         if os.path.isfile(os.path.join(p, MANIFEST))
     ]
-    if olds:
-        return max(olds, key=os.path.getmtime)
-    if os.path.isdir(path):
-        raise CheckpointError(f"{path} is not a checkpoint: it has no {MANIFEST}")
-    raise CheckpointError(f"no checkpoint at {path}")
+    return max(olds, key=os.path.getmtime) if olds else None

@@ -32,7 +32,7 @@ import uuid
 from typing import Any
 
 from angelps import fs
-from angelps.checkpoint.errors import MANIFEST, CheckpointDamaged, CheckpointError
+from angelps.checkpoint.errors import MANIFEST, CheckpointDamaged, CheckpointError, NoCheckpoint
 
 __all__ = [
     "POINTER",
@@ -187,8 +187,8 @@ def resolve(path: str) -> str:
     ptr = _pointer(path)
     if ptr is None:
         if fs.exists(path):
-            raise CheckpointError(f"{path} is not a checkpoint: it has no {POINTER}")
-        raise CheckpointError(f"no checkpoint at {path}")
+            raise NoCheckpoint(f"{path} is not a checkpoint: it has no {POINTER}")
+        raise NoCheckpoint(f"no checkpoint at {path}")
     return fs.join(path, ptr["current"])
 
 

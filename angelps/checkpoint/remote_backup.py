@@ -1,6 +1,6 @@
 """A shard's backups on object storage (``angel.ps.backup.path`` a URL: ``s3://``, ``gs://``).
 
-A local backup (:func:`angelps.checkpoint.files.write_backup`) is a version directory renamed into
+A local backup (:func:`angelps.checkpoint.backups.write_backup`) is a version directory renamed into
 place and a ``LATEST`` file replaced atomically. Object storage has no rename, so a backup on a
 URL is a remote checkpoint (:mod:`angelps.checkpoint.remote`) of its own at
 ``<backup path>/<job>-<launch id>/shard-<i>``::

@@ -45,7 +45,12 @@ def register(sub: Subparsers) -> None:
 def _export(args: argparse.Namespace) -> int:
     model, out = Path(args.model), Path(args.out)
     if not model.is_dir():
-        raise ConfigError(f"--model {args.model}: no saved model there (no such directory)")
+        from angelps.checkpoint.local_dir import older_hint  # (a save's .prev beside it)
+
+        raise ConfigError(
+            f"--model {args.model}: no saved model there (no such directory)"
+            + older_hint(args.model)
+        )
     if out.is_dir():
         raise ConfigError(f"--out {args.out} is a directory: expected a file name")
     parent = out.parent

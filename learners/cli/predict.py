@@ -125,7 +125,12 @@ def check_model(conf: Config, action: JobAction, verb: str) -> str:
     if check_url(conf, _LOAD):
         return action.model_path
     if not Path(action.model_path).is_dir():
-        raise ConfigError(f"{_shown(conf, _LOAD)}: no saved model there (no such directory)")
+        from angelps.checkpoint.local_dir import older_hint  # (a save's .prev beside it)
+
+        raise ConfigError(
+            f"{_shown(conf, _LOAD)}: no saved model there (no such directory)"
+            + older_hint(action.model_path)
+        )
     return action.model_path
 
 

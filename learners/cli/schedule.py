@@ -28,6 +28,7 @@ from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
+from learners.runs.output_file import replace_atomically
 
 PLOT_MAX_STEPS = 1_000_000
 _BLOCK = 1 << 16  # values computed and written at a time
@@ -173,8 +174,12 @@ def plot(
     ax.set_title("\n".join(textwrap.wrap(text, 80)), fontsize=8)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    target = Path(out)
+    fmt = target.suffix[1:].lower() or None
+    try:  # replaced whole: a symbolic link there is replaced, never written through
+        replace_atomically(target, lambda tmp: fig.savefig(tmp, format=fmt))
+    finally:
+        plt.close(fig)
 
 
 def catalogue(out_dir: str | Path) -> list[Path]:

@@ -17,6 +17,7 @@ from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_v
 from learners.cli.predict import check_input, check_out, write_predictions
 from learners.job.action import JobAction
 from learners.job.paths import absolute_paths
+from learners.runs.output_file import replace_atomically
 
 __all__ = ["register", "train_job"]
 
@@ -111,7 +112,9 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
         path = Path(args.summary_json)
         if path.parent != Path(""):
             path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(s, indent=2) + "\n")
+        text = json.dumps(s, indent=2) + "\n"
+        # Replaced whole (a symbolic link there is replaced, never written through).
+        replace_atomically(path, lambda tmp: Path(tmp).write_text(text))
     if pred is not None and out is not None:
         rows = write_predictions(pred, out)
         print(f"wrote {rows} predictions to {out}", file=sys.stderr)

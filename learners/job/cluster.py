@@ -6,9 +6,10 @@
   refuse the ``num_cpus`` a local start passes.
 - ``--address`` (``auto``, ``host:port``, ``ray://host:port``) or ``RAY_ADDRESS`` (as Ray sets
   it inside ``ray job submit``): the job joins that cluster and asks it for no resources of its
-  own. The address is first probed with TCP connections for at most
-  ``angel.ray.connect.timeout.s``: an unreachable address is one clear error, not minutes of
-  Ray's connection warnings.
+  own. The address is first probed, for at most ``angel.ray.connect.timeout.s`` in all, with
+  TCP connections and then a gRPC handshake: an unreachable address, or a port that accepts
+  connections but is not Ray, is one clear error, not minutes (or forever) of Ray's connection
+  warnings.
 
 Then, before any actor starts, :func:`check_fits` compares what the workers and shards ask for
 (CPUs, GPUs, shard memory) with what the cluster's live nodes have: an actor that no node can
@@ -207,7 +208,9 @@ def probe(address: str, timeout_s: float, what: str) -> None:
         left = deadline - time.monotonic()
         try:
             with socket.create_connection(hp, timeout=max(0.05, min(left, 5.0))):
-                return
+                pass
+            _speaks_grpc(hp, deadline, timeout_s, what)
+            return
         except OSError as e:
             reason = e.strerror or str(e) or type(e).__name__
         left = deadline - time.monotonic()
@@ -218,6 +221,29 @@ def probe(address: str, timeout_s: float, what: str) -> None:
                 f"the cluster runs, or leave out --address and RAY_ADDRESS for a private local Ray"
             )
         time.sleep(min(0.25, left))
+
+
+def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: str) -> None:
+    """ConfigError unless ``hp`` completes a gRPC (HTTP/2) handshake before ``deadline``: a
+    port that accepts connections but is not Ray (or not yet) would hold ``ray.init`` forever.
+    The channel is Ray's own (its TLS settings, RAY_USE_TLS, apply)."""
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel  # (no public API for it)
+
+    host = f"[{hp[0]}]" if ":" in hp[0] else hp[0]
+    channel = init_grpc_channel(f"{host}:{hp[1]}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.05, deadline - time.monotonic()))
+    except grpc.FutureTimeoutError:
+        raise ConfigError(
+            f"{what}: {hp[0]}:{hp[1]} accepts connections but does not answer as Ray (no gRPC "
+            f"handshake) within {CONNECT_TIMEOUT_KEY}={timeout_s:g} s; check the address (the "
+            "head's GCS port, 6379 unless ray start --port says otherwise, or ray://host:10001) "
+            "and that the cluster runs, or leave out --address and RAY_ADDRESS for a private "
+            "local Ray"
+        ) from None
+    finally:
+        channel.close()
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ class WorkerFailover:
         if not self.save_path:
             return None
         try:
-            checkpoint.resolve(self.save_path)
+            checkpoint.resolve(self.save_path, fallback=True)
         except checkpoint.CheckpointError:
             return None  # none written yet (a death in the first epoch)
         # Every file checked; a damaged latest falls back to <path>.prev, as --resume does.

@@ -42,6 +42,7 @@ from learners.job.preflight import (
     lower_is_better,
     watched_metric,
 )
+from learners.job.save_lock import SaveLock
 from learners.job.startup import Phases
 from learners.keys import all_keys
 from learners.models.config import ModelConfig
@@ -116,8 +117,18 @@ class GraphLearner(Inference):
 
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
-        plan, t_start = self.plan, time.perf_counter()
         check_job(self.conf, self.plan, resume)
+        if not self.plan.save_path:
+            return self._train(resume)
+        # One writer per save path, for the whole job (a second job is refused: exit 2).
+        key = "angel.save.model.path"
+        with SaveLock(
+            str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
+        ):
+            return self._train(resume)
+
+    def _train(self, resume: bool) -> TrainResult:
+        plan, t_start = self.plan, time.perf_counter()
         if resume:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
             check_resume(saved_model.resume_point(str(plan.save_path)), plan)

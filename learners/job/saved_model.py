@@ -14,9 +14,11 @@ read.
 Nothing damaged is used: the manifest, every table file and the dense file are checked against
 their SHA-256
 (``angelps.checkpoint.files``) whenever they are read. :func:`resume_point` checks the whole checkpoint
-before anything starts; when the latest is damaged and ``<path>.prev`` (the previous good
-checkpoint, kept by every save) is sound, it moves the damaged one aside to
-``<path>.damaged-<id>``, says so on stderr, and the job resumes from the previous one.
+before anything starts; when the latest is damaged or has no manifest and ``<path>.prev`` (the
+previous good checkpoint, kept by every save) is sound, it moves the damaged one aside to
+``<path>.damaged-<id>`` and the previous one back to ``<path>``, says so on stderr, and the job
+resumes from the previous one. Every other reader (evaluate, predict, export, load) refuses a
+checkpoint without its manifest with an error naming it (``angelps.checkpoint.local_dir.resolve``).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def dense_blob(info: Mapping[str, Any], where: str) -> bytes:
             raise CheckpointDamaged(
                 f"checkpoint {where}: the worker-side layers in its manifest are damaged ({e})"
             ) from None
-    file = fs.join(checkpoint.read_manifest(where)["root"], str(entry["file"]))
+    file = checkpoint.member(checkpoint.read_manifest(where)["root"], str(entry["file"]))
     try:
         blob = fs.read_bytes(file)  # a local file, or an object (s3://...)
     except OSError as e:
@@ -124,17 +126,15 @@ def load_dense(info: Mapping[str, Any], workers: WorkerGroup, where: str = "chec
 
 def resume_point(path: str) -> dict[str, Any]:
     """The ``extra`` of the checkpoint ``--resume`` continues from, every file checked; before
-    any actor starts. A damaged latest checkpoint with a sound ``<path>.prev`` is moved aside
-    (so that :func:`restore` of ``path`` finds the previous one) and the console says so;
-    damaged without a sound previous one, it is a CheckpointDamaged naming the file."""
+    any actor starts. The documented fallback, said on the console: when the latest checkpoint
+    is missing its manifest (a save that stopped between its renames) or is damaged, and
+    ``<path>.prev`` is sound, the latest (if any) is moved aside to ``<path>.damaged-<id>`` and
+    the previous one back to ``<path>``, where the restore reads it; damaged without a sound
+    previous one, it is a CheckpointDamaged naming the file."""
+    if not fs.is_remote(path):
+        _fall_back(path)
     try:
-        root = _verify(path)["root"]
-        # (On object storage the root is always a generation: a save commits or is not seen.)
-        if not fs.is_remote(path) and root != os.path.abspath(path):
-            print(
-                f"angelps: note: resuming from {root} (the latest save did not complete)",
-                file=sys.stderr,
-            )
+        _verify(path)
     except CheckpointDamaged as damaged:
         prev = checkpoint.previous(path)
         if prev is None or not (fs.is_remote(path) or os.path.isdir(path)):
@@ -146,6 +146,8 @@ def resume_point(path: str) -> dict[str, Any]:
                 f"{damaged}; the previous checkpoint is damaged too: {e}"
             ) from None
         aside = _set_aside(path)
+        if not fs.is_remote(path):
+            os.rename(prev, os.path.abspath(path))
         print(
             f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
             f"(the damaged one is kept as {aside})",
@@ -154,6 +156,28 @@ def resume_point(path: str) -> dict[str, Any]:
     except checkpoint.CheckpointError:
         pass  # not a checkpoint at all: read_extra below says so
     return read_extra(path)
+
+
+def _fall_back(path: str) -> None:
+    """``--resume`` of a local ``path`` without its manifest: the older checkpoint a save left
+    (``<path>.prev``, or ``<path>.old-*``) moved back to ``path`` (a directory there set aside,
+    kept), and the console says so; nothing when ``path`` has its manifest or nothing older is
+    there (the reader's error then names ``path``)."""
+    try:
+        root = checkpoint.resolve(path, fallback=True)
+    except checkpoint.CheckpointError:
+        return
+    path = os.path.abspath(path)
+    if root == path:
+        return
+    kept = ""
+    if os.path.lexists(path):
+        kept = f"; what was at {path} is kept as {_set_aside(path)}"
+    os.rename(root, path)
+    print(
+        f"angelps: note: resuming from {root} (the latest save did not complete){kept}",
+        file=sys.stderr,
+    )
 
 
 def _set_aside(path: str) -> str:
@@ -179,8 +203,8 @@ def read_extra(path: str | Path) -> dict[str, Any]:
     CheckpointDamaged (naming the file) when its manifest is damaged."""
     try:
         manifest = checkpoint.read_manifest(str(path))
-    except CheckpointDamaged:
-        raise
+    except (CheckpointDamaged, checkpoint.NoCheckpoint):
+        raise  # their messages name the path (and an older checkpoint beside it)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not a saved angelps model: {e}") from None
     extra = dict(manifest.get("extra", {}))

@@ -51,7 +51,7 @@ def export_size(path: str) -> int:
     learner = manifest.get("extra", {}).get("learner", {})
     dense = learner.get("dense")
     if dense is not None:
-        total += (Path(manifest["root"]) / str(dense["file"])).stat().st_size
+        total += Path(checkpoint.member(manifest["root"], str(dense["file"]))).stat().st_size
     return total
 
 

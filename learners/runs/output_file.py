@@ -15,7 +15,7 @@ from pathlib import Path
 __all__ = ["replace_atomically"]
 
 
-def replace_atomically(out: Path, write: Callable[[str], None]) -> None:
+def replace_atomically(out: Path, write: Callable[[str], object]) -> None:
     """Call ``write(tmp)`` to write a temporary file next to ``out``, then rename it to
     ``out``; on any failure the temporary is removed and the error raised."""
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)

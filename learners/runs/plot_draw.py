@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from learners.runs.curves import Panel, Run, Series, run_labels
+from learners.runs.output_file import replace_atomically
 
 __all__ = ["draw"]
 
@@ -135,7 +136,9 @@ def draw(panels: Sequence[Panel], runs: Sequence[Run], out: Path, title: str) ->
     if out.parent != Path(""):
         out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(out, dpi=100)
+        # Replaced whole (a symbolic link there is replaced, never written through).
+        fmt = out.suffix[1:].lower() or None
+        replace_atomically(out, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt))
     except ValueError as e:  # matplotlib: unknown format
         raise ValueError(f"--out {out}: {e}") from None
     finally:

@@ -136,7 +136,7 @@ class Checkpoints:
         if self.last_good is None:
             return "no checkpoint has been written yet"
         try:
-            where = checkpoint_dir.resolve(self.path)  # <path>, or <path>.prev mid-commit
+            where = checkpoint_dir.resolve(self.path, fallback=True)  # <path>.prev mid-commit
         except checkpoint_dir.CheckpointError:
             where = self.last_good.path
         return f"the last good checkpoint is {where} (epoch {self.last_good.epoch + 1})"

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from angelps.checkpoint import backups
 from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint import backups
 from angelps.checkpoint.files import CheckpointError
 from angelps.partition import Partitioner
 from angelps.server.shard import ParameterShard
@@ -227,8 +227,13 @@ def test_crash_between_renames_is_recovered(tmp_path):
     _save(first, tmp_path / "ck", extra={"v": 1})
     # Simulate a crash after the old checkpoint was moved aside, before the new one landed.
     os.rename(tmp_path / "ck", tmp_path / "ck.old-123")
-    restored, m = _load(1, tmp_path / "ck")
-    assert m["extra"] == {"v": 1} and m["root"].endswith("ck.old-123")
+    old = str(tmp_path / "ck.old-123")
+    # A reader is told where the older checkpoint is, never handed it silently.
+    with pytest.raises(checkpoint.NoCheckpoint, match=f"an older checkpoint is at {old}: pass"):
+        _load(1, tmp_path / "ck")
+    assert checkpoint.resolve(str(tmp_path / "ck"), fallback=True) == old  # --resume's way
+    restored, m = _load(1, old)
+    assert m["extra"] == {"v": 1} and m["root"] == old
     _assert_same(_union(first), _union(restored))
     # The next save cleans the leftovers.
     _save(first, tmp_path / "ck", extra={"v": 3})
@@ -395,7 +400,11 @@ def test_crash_at_any_point_of_a_save_keeps_a_loadable_checkpoint(tmp_path, stop
         os.rename(path, path + ".prev")  # commit_dir's renames, one at a time
     if stop == "second-rename":
         os.rename(tmp, path)
-    restored, m = _load(2, tmp_path / "ck")
+    if stop == "first-rename":  # only --resume falls back to <path>.prev (and says so)
+        with pytest.raises(checkpoint.NoCheckpoint, match=r"no checkpoint at .*ck; an older"):
+            _load(2, tmp_path / "ck")
+    last = tmp_path / ("ck.prev" if stop == "first-rename" else "ck")
+    restored, m = _load(2, last)
     want, v = (second, 2) if stop == "second-rename" else (first, 1)
     assert m["extra"] == {"v": v}
     _assert_same(_union(want), _union(restored))

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_start_or_join_forces_a_new_local_ray_and_joins_without_resources(
     # plain ray.init() would join it and refuse num_cpus).
     assert calls[-1]["address"] == "local"
     assert calls[-1]["num_cpus"] == (os.cpu_count() or 1)
+    monkeypatch.setattr(cluster, "_speaks_grpc", lambda *a: None)  # as a real Ray port does
     with socket.socket() as srv:  # something that accepts connections, as a head would
         srv.bind(("127.0.0.1", 0))
         srv.listen()
@@ -126,6 +128,7 @@ def test_a_cluster_that_refuses_the_job_names_ray_s_token(
         raise ConnectionError(f"Failed to connect to Ray cluster at {kw['address']}")
 
     monkeypatch.setattr(cluster.ray, "init", refused)
+    monkeypatch.setattr(cluster, "_speaks_grpc", lambda *a: None)  # as a real Ray port does
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -188,6 +191,48 @@ def test_train_with_an_unreachable_address_exits_2_with_one_line() -> None:
     assert len(lines) == 1, run.stderr
     assert f"--address 127.0.0.1:{port}: no Ray cluster answers" in lines[0]
     assert "angel.ray.connect.timeout.s=1 s" in lines[0]
+
+
+def test_a_port_that_accepts_and_holds_is_one_error_after_the_timeout() -> None:
+    """A TCP listener that accepts every connection and never answers (not Ray): Ray's own
+    join waited forever on it; now one line after angel.ray.connect.timeout.s, exit 2."""
+    held: list[socket.socket] = []
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(64)
+        port = srv.getsockname()[1]
+
+        def accept() -> None:
+            while True:
+                try:
+                    held.append(srv.accept()[0])
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        run = subprocess.run(
+            [
+                *(sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"),
+                *("--address", f"127.0.0.1:{port}", "--set", "angel.ray.connect.timeout.s=1"),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    for c in held:
+        c.close()
+    assert held  # it did connect: the port accepted
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (
+        f"angelps: error: --address 127.0.0.1:{port}: 127.0.0.1:{port} accepts connections but "
+        "does not answer as Ray (no gRPC handshake) within angel.ray.connect.timeout.s=1 s; "
+        "check the address (the head's GCS port, 6379 unless ray start --port says otherwise, "
+        "or ray://host:10001) and that the cluster runs, or leave out --address and "
+        "RAY_ADDRESS for a private local Ray\n"
+    )
 
 
 # --- on a real local Ray -----------------------------------------------------------------------

@@ -271,7 +271,7 @@ def test_resume_without_checkpoint_is_a_config_error(tmp_path):
         "lr_a9a.properties", tmp_path, **{"angel.save.model.path": str(tmp_path / "none")}
     )
     try:
-        with pytest.raises(ConfigError, match="is not a saved angelps model"):
+        with pytest.raises(ConfigError, match=f"^no checkpoint at {tmp_path / 'none'}$"):
             learner.train(resume=True)
     finally:
         learner.shutdown()

@@ -1,0 +1,160 @@
+"""Fault matrix: one writer per save path.
+
+On a real local Ray: ``angelps train`` in its own process (with its own private Ray) is parked
+inside its first save, holding ``model.lock``; a second job with the same
+``angel.save.model.path`` is refused before it starts anything, exit 2, one line naming the
+holder (job, pid, host). The first job is then SIGKILLed with its process group: its lock is
+stale (its pid is gone) and the next job takes it over, says so, trains and removes it. A lock
+naming a reused pid is stale too; on object storage (moto's S3) the lock object works the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from learners.job.save_lock import SaveLock
+
+from angelconf.config import ConfigError
+from learners.cli.main import main
+from tests.object_store import make_bucket, s3_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = str(ROOT / "conf" / "lr_a9a.properties")
+
+# `angelps train` parked in its first save: writes its pid to MARKER, then sleeps until killed.
+_PARKED = r"""
+import os, sys, time
+from angelps.checkpoint import files as checkpoint
+from learners.cli.main import main
+
+marker = sys.argv[1]
+
+def write_manifest(root, manifest, real=checkpoint.write_manifest):
+    if ".tmp-" in os.path.basename(root):
+        with open(marker + ".part", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(marker + ".part", marker)
+        time.sleep(3600)
+    return real(root, manifest)
+
+checkpoint.write_manifest = write_manifest
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _args(d: Path, job: str) -> list[str]:
+    data = d / "a9a.libsvm"
+    if not data.exists():
+        with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
+            data.write_text("".join(next(f) for _ in range(1000)))
+    sets = {
+        "angel.train.data.path": data,
+        "angel.save.model.path": d / "model",
+        "angel.log.path": d / job,
+        "angel.job.name": job,
+        "ml.epoch.num": 1,
+    }
+    return ["train", "--conf", CONF, *(f"--set={k}={v}" for k, v in sets.items())]
+
+
+def _wait(marker: Path, proc: subprocess.Popen[bytes]) -> int:
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the first job never reached its save"
+        time.sleep(0.2)
+    return int(marker.read_text())
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_second_job_on_the_same_save_path_is_refused(tmp_path, capsys):
+    marker = tmp_path / "parked"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", _PARKED, str(marker), *_args(tmp_path, "first")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its private Ray in its group: one kill ends the job
+    )
+    try:
+        pid = _wait(marker, first)
+        lock = tmp_path / "model.lock"
+        holder = json.loads(lock.read_text())
+        assert (holder["job"], holder["pid"], holder["host"]) == (
+            "first",
+            pid,
+            socket.gethostname(),
+        )
+        assert main(_args(tmp_path, "second")) == 2
+        err = capsys.readouterr().err
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["since"]))
+        assert err == (
+            f"angelps: error: angel.save.model.path={tmp_path / 'model'} (command line) is in "
+            f"use by job 'first' (pid {pid} on {socket.gethostname()}, since {since}): one job "
+            "writes a save path at a time; wait for it to end or choose another path (if that "
+            f"job is gone, remove {lock})\n"
+        )
+        assert not (tmp_path / "second").exists()  # refused before its run folder
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    # The killed job's lock is stale: the next job takes it over, says so, and removes it.
+    assert lock.exists()
+    assert main(_args(tmp_path, "third")) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"angelps: note: removing the stale lock {lock} of job 'first' (pid {pid} on "
+        f"{socket.gethostname()}, since {since}), which is no longer running\n"
+    ) in err
+    assert not lock.exists()
+    assert (tmp_path / "model" / "manifest.json").exists()
+
+
+def test_a_lock_of_a_reused_pid_or_another_host(tmp_path, capsys):
+    save = str(tmp_path / "model")
+    lock = tmp_path / "model.lock"
+    # This very pid, but another process start: the holder is gone (its pid was reused).
+    lock.write_text(
+        json.dumps({"job": "old", "host": socket.gethostname(), "pid": os.getpid(),
+                    "pid_start": "1", "since": 0})
+    )  # fmt: skip
+    with SaveLock(save, "new"):
+        assert json.loads(lock.read_text())["job"] == "new"
+    assert not lock.exists()
+    assert "removing the stale lock" in capsys.readouterr().err
+    # Another host's lock cannot be checked from here: it is respected.
+    lock.write_text(json.dumps({"job": "far", "host": "elsewhere", "pid": 1, "since": 0}))
+    with pytest.raises(ConfigError, match=r"in use by job 'far' \(pid 1 on elsewhere, since "):
+        SaveLock(save, "new").acquire()
+    assert json.loads(lock.read_text())["job"] == "far"
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    with s3_server() as env, pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        make_bucket(env, "locks")
+        yield "s3://locks"
+
+
+def test_the_lock_on_object_storage(bucket):
+    save = f"{bucket}/runs/model"
+    with SaveLock(save, "one"):
+        with pytest.raises(
+            ConfigError, match=f"^angel.save.model.path={save} is in use by job 'one'"
+        ):
+            SaveLock(save, "two").acquire()
+    with SaveLock(save, "two") as lock:  # released: the next job takes it
+        assert lock.held
