@@ -20,6 +20,7 @@ from learners.model_config import ModelConfig, model_info
 from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import tables_up_front
+from learners.sparse_placement import Placed, place_tables
 from learners.startup import Phases, plural
 from learners.tables import table_specs
 from learners.worker_group import WorkerGroup, get
@@ -44,6 +45,8 @@ class JobActors:
     _tables: list[TableSpec]
     _model: ModelConfig | None
     _size: JobSize | None
+    #: which tables the shards serve and which the workers hold (angel.sparse.placement)
+    _placed: Placed | None = None
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
@@ -67,6 +70,8 @@ class JobActors:
         conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
         data = DataOptions.from_config(conf)
         early = tables_up_front(conf, plan, data)
+        if early is not None:  # (the shards serve the tables that the workers do not hold)
+            early = place_tables(plan, early).ps
         what = f"loading data on {plural(plan.workers, 'worker')}"
         if early is not None:
             what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
@@ -89,13 +94,21 @@ class JobActors:
         decls = workers.execute("build", model, size, dense)[0]
         self._model, self._size = model, size
         self._tables = table_specs(self.conf, decls)
-        if self._ps is not None and list(self._ps.specs.values()) != self._tables:
+        self._placed = placed = place_tables(self.plan, self._tables)
+        if placed.held:
+            kind = self.ps_options.partitioner
+            workers.execute("hold_tables", placed.held, kind)
+        if self._ps is not None and list(self._ps.specs.values()) != placed.ps:
             self._ps.shutdown()  # launched early with other tables: start them again
             self._ps = None
         if self._ps is None:
             with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
-                self._ps = self._launch(self._tables, workers.layout)
+                self._ps = self._launch(placed.ps, workers.layout)
         workers.attach_ps(self._ps)
+
+    def _held(self) -> list[TableSpec]:
+        """The tables the workers hold (angel.sparse.placement)."""
+        return list(self._placed.held) if self._placed is not None else []
 
     def _reserve(self) -> Layout:
         """The job's placement (learners.placement): a placement group reserved when
