@@ -113,3 +113,26 @@ def test_one_worker_holding_the_tables_trains_as_the_shards(tmp_path, census, co
     _assert_same(ps_w, held_w)
     assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
     assert held["valid_logloss"] == pytest.approx(ps["valid_logloss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("conf", "opt"),
+    [("fm_census.properties", "Adam"), ("deepfm_census.properties", "Momentum")],
+)
+def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf, opt):
+    """Each worker owns the rows the partitioner gives it; rows and gradients cross over
+    gloo all-to-alls; the owners apply one update per step on the sum (as a BSP shard)."""
+    sets = {
+        "ml.inputlayer.optimizer": opt,
+        "ml.embedding.optimizer": opt,
+        "angel.workergroup.number": 2,
+        "angel.worker.cpus": 0.5,
+    }
+    ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
+    held, held_w = _train(
+        conf, tmp_path / "held", census, **sets, **{"angel.sparse.placement": "worker"}
+    )
+    manifest = checkpoint.read_manifest(str(tmp_path / "held" / "model"))
+    assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
+    _assert_same(ps_w, held_w)
+    assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
