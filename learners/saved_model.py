@@ -59,6 +59,8 @@ class _HeldFiles:
     """The tables the workers hold, written by every worker into a checkpoint's temporary
     directory (one file per worker and table, as the shards write theirs)."""
 
+    tables: Sequence[TableSpec]
+
     def __init__(self, tables: Sequence[TableSpec], workers: WorkerGroup) -> None:
         self.tables = list(tables)
         self.owners = len(workers)

@@ -292,12 +292,12 @@ class TrainWorker(HoldsTables):
         pulled now); its push also pulls the rows of the next batch while fewer than ``want``
         are in flight (appended to ``queue``, prepared, their rows in flight)."""
         assert self.ps is not None and self.sched is not None
-        parts = self._accumulate(queue, stats)
+        plan, parts = self.plan, self._accumulate(queue, stats)
         t0 = time.perf_counter()
         grads = {name: merge_rows(p) for name, p in parts.items() if p}
         assert self.model is not None
-        every = {**grads, **self.held.merged()}
-        ok, coef = finish_grads(self.model, every, self.loss_scale, self.num_workers, self.plan.clip)
+        every: dict[str, tuple[Any, Any]] = {**grads, **self.held.merged()}
+        ok, coef = finish_grads(self.model, every, self.loss_scale, self.num_workers, plan.clip)
         stats.compute_s += time.perf_counter() - t0
         if not ok:
             self.held.clear()

@@ -80,7 +80,9 @@ class HeldTable:
             local = np.full(spec.rows, -1, dtype=np.int64)
             local[self.keys] = np.arange(len(self.keys), dtype=np.int64)
             self.local = to_device(local, device)
-        self.data = torch.zeros((len(self.keys), self.width), dtype=_torch_dtype(spec), device=device)
+        self.data = torch.zeros(
+            (len(self.keys), self.width), dtype=_torch_dtype(spec), device=device
+        )
         self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
         self.reset()
 
@@ -211,8 +213,12 @@ class HeldTables:
             ids = torch.cat([p[0] for p in parts])
             g = torch.cat([p[1] for p in parts])
             uniq, inv = torch.unique(ids, sorted=True, return_inverse=True)
-            out[name] = (uniq, torch.zeros((len(uniq), g.shape[1]), dtype=g.dtype,
-                                           device=g.device).index_add_(0, inv, g))
+            out[name] = (
+                uniq,
+                torch.zeros((len(uniq), g.shape[1]), dtype=g.dtype, device=g.device).index_add_(
+                    0, inv, g
+                ),
+            )
         self._parts = {name: [v] for name, v in out.items()}
         return out
 

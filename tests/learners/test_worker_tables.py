@@ -136,3 +136,61 @@ def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf,
     assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
     _assert_same(ps_w, held_w)
     assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+
+
+def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
+    """A shard checkpoint resumes on a worker that holds the tables (and ends where an
+    uninterrupted shard run ends); the worker's checkpoint predicts from shards as the
+    workers did, and starts a two-worker job as it starts a two-shard-free job."""
+    conf, sets = "fm_census.properties", {"ml.inputlayer.optimizer": "Momentum"}
+    _, full = _train(conf, tmp_path / "full", census, **sets)
+    _train(conf, tmp_path / "half", census, **sets, **{"ml.epoch.num": 1})
+    shutil.copytree(tmp_path / "half" / "model", tmp_path / "resumed" / "model")
+    learner = _learner(
+        conf, tmp_path / "resumed", census, **sets, **{"angel.sparse.placement": "worker"}
+    )
+    try:
+        result = learner.train(resume=True)
+        assert [h["epoch"] for h in result.history] == [0, 1]
+        live = learner.predict(census)["pred"]
+    finally:
+        learner.shutdown()
+    resumed = _tables(str(tmp_path / "resumed" / "model"))
+    _assert_same(full, resumed)
+    loaded = GraphLearner.load(tmp_path / "resumed" / "model")  # shards, one worker
+    try:
+        np.testing.assert_allclose(loaded.predict(census)["pred"], live, rtol=1e-6)
+    finally:
+        loaded.shutdown()
+    # Into another worker count: the same start as the shards'.
+    two = {"angel.workergroup.number": 2, "angel.worker.cpus": 0.5, "ml.epoch.num": 1}
+    start = {"angel.load.model.path": str(tmp_path / "resumed" / "model")}
+    _, a = _train(conf, tmp_path / "two_ps", census, **sets, **two, **start)
+    _, b = _train(
+        conf,
+        tmp_path / "two_held",
+        census,
+        **sets,
+        **two,
+        **start,
+        **{"angel.sparse.placement": "worker"},
+    )
+    _assert_same(a, b)
+
+
+def test_worker_placement_refuses_what_it_cannot_run(tmp_path, census):
+    for key, value in [
+        ("angel.staleness", 2),
+        ("angel.worker.cache.enable", True),
+        ("angel.ps.admission.min.count", 3),
+        ("angel.ps.eviction.ttl.updates", 10),
+    ]:
+        with pytest.raises(
+            ConfigError, match=f"angel.sparse.placement=worker cannot run with {key}="
+        ):
+            _learner(
+                "fm_census.properties",
+                tmp_path,
+                census,
+                **{key: value, "angel.sparse.placement": "worker"},
+            )

@@ -1,0 +1,97 @@
+"""angel.sparse.placement: which tables the workers hold, why (the start screen's words), and
+a worker's share of a table (learners/sparse_placement.py, learners/worker_tables.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from angelconf.config import load_config
+from angelps import OptimizerSpec, TableSpec
+from angelps.optim import apply
+from angelps.partition import Partitioner
+from angelps.table import init_rows
+from learners.keys import all_keys
+from learners.plan import TrainPlan
+from learners.sparse_placement import held_bytes, place_tables
+from learners.worker_tables import HeldTable
+
+ADAM = OptimizerSpec(name="adam")
+TABLES = [
+    TableSpec("wide", 1000, 1, sparse=True, optimizer=ADAM),
+    TableSpec("wide_bias", 1, 1, optimizer=ADAM),
+    TableSpec("embedding", 1000, 8, sparse=True, optimizer=ADAM),
+]
+
+
+def _plan(**sets: object) -> TrainPlan:
+    return TrainPlan.from_config(load_config(None, sets, all_keys()))
+
+
+def test_ps_keeps_every_table_on_the_shards() -> None:
+    placed = place_tables(_plan(), TABLES)
+    assert [t.name for t in placed.ps] == ["wide", "wide_bias", "embedding"] and not placed.held
+    assert placed.where()["wide"] == "on the shards: angel.sparse.placement=ps"
+
+
+def test_worker_holds_the_sparse_tables_and_leaves_the_dense_ones() -> None:
+    placed = place_tables(_plan(**{"angel.sparse.placement": "worker"}), TABLES)
+    assert [t.name for t in placed.held] == ["wide", "embedding"]
+    assert [t.name for t in placed.ps] == ["wide_bias"]
+    assert placed.where()["wide_bias"] == "on the shards: dense tables stay on the shards"
+
+
+def test_auto_holds_tables_that_fit_the_budget_under_bsp() -> None:
+    # Adam: weights + m + v + t: (1 + 1 + 1 + 1) + (8 + 8 + 8 + 1) columns of float32
+    assert held_bytes(TABLES[0], 1) == 1000 * 4 * 4
+    assert held_bytes(TABLES[2], 2) == 500 * 25 * 4
+    need = (1000 * 4 + 1000 * 25) * 4
+    fits = place_tables(_plan(**{"angel.sparse.placement": "auto"}), TABLES)
+    assert [t.name for t in fits.held] == ["wide", "embedding"]
+    assert fits.where()["embedding"] == (
+        f"on the workers: auto: BSP, {need / 2**20:.1f} MiB a worker within "
+        "angel.sparse.worker.memory.mb=2048"
+    )
+    small = _plan(**{"angel.sparse.placement": "auto", "angel.sparse.worker.memory.mb": 0.01})
+    over = place_tables(small, TABLES)
+    assert not over.held
+    assert over.where()["wide"] == (
+        f"on the shards: auto: {need / 2**20:.1f} MiB a worker is above "
+        "angel.sparse.worker.memory.mb=0.01"
+    )
+    ssp = place_tables(_plan(**{"angel.sparse.placement": "auto", "angel.staleness": 2}), TABLES)
+    assert not ssp.held
+    assert ssp.where()["wide"].startswith("on the shards: auto: angel.staleness=2: ")
+
+
+def test_a_worker_owns_the_rows_of_its_shard_and_updates_them_as_a_shard() -> None:
+    spec = TABLES[2]
+    part = Partitioner(spec, 3, "hash")
+    owned = [HeldTable(spec, part, i, torch.device("cpu")) for i in range(3)]
+    keys = np.concatenate([t.keys for t in owned])
+    assert sorted(keys.tolist()) == list(range(1000))  # every row has exactly one owner
+    t = owned[1]
+    assert (part.shard_of(t.keys) == 1).all()
+    ids = torch.from_numpy(t.keys[[0, 5, 9]])
+    np.testing.assert_array_equal(t.gather(ids).numpy(), init_rows(spec, ids.numpy()))
+    g = torch.full((3, 8), 0.5)
+    t.update(ids, g, 0.1)
+    w = init_rows(spec, ids.numpy())
+    state = {
+        "m": np.zeros((3, 8), np.float32),
+        "v": np.zeros((3, 8), np.float32),
+        "t": np.zeros((3, 1), np.float32),
+    }
+    apply(spec.optimizer, w, state, g.numpy(), 0.1)  # a shard's (numpy) update
+    np.testing.assert_allclose(t.gather(ids).numpy(), w, rtol=1e-6)
+    keys_saved, rows, saved = next(t.export_chunks())  # only the rows read or written
+    np.testing.assert_array_equal(keys_saved, ids.numpy())
+    np.testing.assert_allclose(rows, w, rtol=1e-6)
+    np.testing.assert_allclose(saved["m"], state["m"], rtol=1e-6)
+
+
+def test_a_table_without_a_row_range_cannot_be_held() -> None:
+    spec = TableSpec("open", -1, 4, sparse=True)
+    with pytest.raises(ValueError, match="table 'open' has no row range"):
+        HeldTable(spec, Partitioner(spec, 1, "hash"), 0, torch.device("cpu"))
