@@ -47,6 +47,11 @@ __all__ = ["HeldTable", "HeldTables"]
 _CHUNK = 1 << 18
 
 
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """A contiguous 2-D array as a 1-D array of opaque rows (one element a row)."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
+
+
 def _torch_dtype(spec: TableSpec) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
 
@@ -75,15 +80,20 @@ class HeldTable:
         if part.num_shards == 1:
             self.keys = everything
             self.local: Tensor | None = None  # local row = key
+            self._local_host: np.ndarray | None = None
         else:
             self.keys = everything[part.owns(owner, everything)]
             local = np.full(spec.rows, -1, dtype=np.int64)
             local[self.keys] = np.arange(len(self.keys), dtype=np.int64)
             self.local = to_device(local, device)
+            self._local_host = local if device.type == "cpu" else None
         self.data = torch.zeros(
             (len(self.keys), self.width), dtype=_torch_dtype(spec), device=device
         )
         self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
+        # On the CPU, whole rows move as numpy's opaque rows (take/put: 5-10x faster than
+        # torch's index_select/index_copy_ there); the same memory as ``data``.
+        self._host = _as_rows(self.data.numpy()) if device.type == "cpu" else None
         self.reset()
 
     def reset(self) -> None:
@@ -102,20 +112,40 @@ class HeldTable:
     def _slots(self, keys: Tensor) -> Tensor:
         return keys if self.local is None else self.local.index_select(0, keys)
 
+    def _host_slots(self, keys: Tensor) -> np.ndarray:
+        s = keys.numpy()
+        return s if self._local_host is None else self._local_host[s]
+
+    def _take(self, keys: Tensor) -> Tensor:
+        """Whole rows (weights and slots) of owned ``keys``, a new tensor; they are touched."""
+        if self._host is not None:
+            s = self._host_slots(keys)
+            self.touched.numpy()[s] = True
+            rows = self._host.take(s).view(self.data.numpy().dtype)
+            return torch.from_numpy(rows.reshape(-1, self.width))
+        idx = self._slots(keys)
+        self.touched.index_fill_(0, idx, True)
+        return self.data.index_select(0, idx)
+
+    def _put(self, keys: Tensor, block: Tensor) -> None:
+        """Write whole rows of owned ``keys``."""
+        if self._host is not None:
+            rows = _as_rows(np.ascontiguousarray(block.numpy()))
+            np.put(self._host, self._host_slots(keys), rows)
+            return
+        self.data.index_copy_(0, self._slots(keys), block)
+
     def gather(self, keys: Tensor) -> Tensor:
-        """The weights of owned ``keys`` (a new ``[k, cols]`` tensor); the rows are touched."""
-        s = self._slots(keys)
-        self.touched.index_fill_(0, s, True)
-        return self.data.index_select(0, s)[:, : self.cols]
+        """The weights of owned ``keys`` (a new contiguous ``[k, cols]`` tensor); the rows are
+        touched (as a shard creates a row when it is first read)."""
+        return self._take(keys)[:, : self.cols].contiguous()
 
     def update(self, keys: Tensor, grads: Tensor, lr: float) -> None:
         """One optimizer update of the owned unique ``keys`` with their summed gradients."""
-        s = self._slots(keys)
-        block = self.data.index_select(0, s)
+        block = self._take(keys)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         apply(self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr)
-        self.data.index_copy_(0, s, block)
-        self.touched.index_fill_(0, s, True)
+        self._put(keys, block)
 
     # --- checkpoints: the shards' file format ----------------------------------------------
 
@@ -134,9 +164,9 @@ class HeldTable:
         block[:, : self.cols] = w
         for k, (a, b) in self.slots.items():
             block[:, a:b] = state[k]
-        s = self._slots(to_device(keys, self.device))
-        self.data.index_copy_(0, s, to_device(block, self.device))
-        self.touched.index_fill_(0, s, True)
+        ids = to_device(keys, self.device)
+        self._take(ids)  # (touched)
+        self._put(ids, to_device(block, self.device))
 
 
 class HeldTables:
