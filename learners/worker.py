@@ -345,9 +345,7 @@ class TrainWorker(HoldsTables):
                 batch, x, y, req, rows = queue.popleft()
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                pulled = self._with_held(pulled, req)
-                stats.pull_s += time.perf_counter() - t0
+                pulled = self._held_rows(pulled, req, stats)
                 x = self.inputs.attach(x, pulled)
             else:
                 batch = self._next_batch()

@@ -4,6 +4,7 @@ their exchanges: learners/worker_tables.py, learners/table_exchange.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from angelps import TableSpec
 from learners.plan import TrainPlan
-from learners.step_state import RowMap
+from learners.step_state import RowMap, StepStats
 from learners.worker_tables import HeldTables
 
 __all__ = ["HoldsTables"]
@@ -48,6 +49,17 @@ class HoldsTables:
         if not self.held:
             return pulled
         return {**pulled, **self.held.rows(req)}
+
+    def _held_rows(self, pulled: RowMap, req: Mapping[str, np.ndarray], stats: StepStats) -> RowMap:
+        """:meth:`_with_held` in a training step: the time of an exchange with the other
+        workers is ``pull_s``; one worker's read of its own rows is local work (``compute_s``)."""
+        t0 = time.perf_counter()
+        out = self._with_held(pulled, req)
+        if self.num_workers > 1:
+            stats.pull_s += time.perf_counter() - t0
+        else:
+            stats.compute_s += time.perf_counter() - t0
+        return out
 
     def _rounds(self) -> Rounds | None:
         """With tables held by several workers, each chunk of a prediction is a collective:
