@@ -67,6 +67,8 @@ ANGELPS = {
 #: Extra keys of the systems named ``<angelps system>-<variant>``.
 VARIANTS: dict[str, list[str]] = {
     "cache": ["angel.worker.cache.enable=true", "angel.worker.cache.capacity=262144"],
+    # the sparse tables held by the workers (angel.sparse.placement=worker): no shard holds them
+    "held": ["angel.sparse.placement=worker"],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -138,7 +140,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
     from learners.job.learner import GraphLearner
     from learners.keys import all_keys
 
-    staleness, workers, shards = ANGELPS[case["system"].removesuffix("-cache")]
+    base, variants = _system(case["system"])
+    staleness, workers, shards = ANGELPS[base]
     threads = case["threads"] if workers == 1 else 1
     log_dir = tempfile.mkdtemp(prefix="bench-angelps-")
     sets = [
@@ -161,7 +164,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         "ml.inputlayer.init.std=0",
         "ml.data.use.shuffle=false",
         f"angel.log.path={log_dir}",
-        "angel.log.every.steps=100000",
+        # feed: a step record every 10 updates (the phase breakdown of a step)
+        f"angel.log.every.steps={10 if case['suite'] == 'feed' else 100000}",
         f"angel.job.name=bench{os.getpid()}",
     ]
     if case["model"] == "DeepFM":
@@ -185,8 +189,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         ]
     if case.get("device", "cpu") != "cpu":
         sets += [f"angel.worker.device={case['device']}", "angel.worker.gpus=1"]
-    if case["system"].endswith("-cache"):
-        sets += VARIANTS["cache"]
+    for v in variants:
+        sets += VARIANTS[v]
     if staleness > 0 and case["suite"] == "feed":
         # SSP: keep as many batches in flight as the staleness allows
         sets.append(f"angel.worker.prefetch.depth={staleness}")
@@ -225,8 +229,15 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
     return {"epochs": epochs, "startup_s": startup, "summary": s, **feed}
 
 
+def _system(name: str) -> tuple[str, list[str]]:
+    """An angelps system's base (a key of ANGELPS) and its variants (keys of VARIANTS)."""
+    parts = name.split("-")
+    return "-".join(parts[:3]), parts[3:]
+
+
 def _feed_metrics(path: Path) -> dict[str, Any]:
-    """Mean bytes per step and cache hit rate of the step records after the first epoch."""
+    """Mean bytes per step, cache hit rate and ms per update of each phase (worker 0: pull,
+    compute, push, wait and the whole step) of the step records after the first epoch."""
     steps = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     steps = [x for x in steps if x.get("kind") == "step"]
     later = [x for x in steps if x["epoch"] > 0] or steps
@@ -236,6 +247,11 @@ def _feed_metrics(path: Path) -> dict[str, Any]:
         rates = [x["cache_hit_rate"] for x in later if x.get("cache_hit_rate") is not None]
         if rates:
             out["cache_hit_rate"] = statistics.mean(rates)
+        updates = sum(x["updates"] for x in later)
+        out["phase_ms"] = {
+            k: 1000 * sum(x[k] for x in later) / max(updates, 1)
+            for k in ("pull_s", "compute_s", "push_s", "wait_s", "elapsed_s")
+        }
     return out
 
 
@@ -401,7 +417,14 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return cases
 
 
-FEED_SYSTEMS = ("torch", "angelps-bsp-w1s1", "angelps-bsp-w1s1-cache", "angelps-ssp-w1s1-cache")
+FEED_SYSTEMS = (
+    "torch",
+    "angelps-bsp-w1s1",
+    "angelps-bsp-w1s1-cache",
+    "angelps-ssp-w1s1-cache",
+    "angelps-bsp-w1s1-held",
+    "angelps-bsp-w2s1-held",
+)
 
 
 def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
@@ -411,7 +434,8 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
     cases = []
     for model in args.models.split(","):
         for b in batches:
-            for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS)):
+            held = [f"{a}-held" for a in ANGELPS if a.startswith("angelps-bsp")]
+            for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS, *held)):
                 if want(system, system in FEED_SYSTEMS):
                     cases.append(
                         {
@@ -653,8 +677,8 @@ def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
     out = [
         "\n### synthetic data (10^6 ids), B=8192: samples/s (ratio to plain PyTorch), AUC\n",
         "| model | device | system | samples/s | ratio | AUC after the last epoch "
-        "| MB per step | cache hit rate |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| MB per step | cache hit rate | ms a step: pull / compute / push / wait / all |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in feed:
         c = r["case"]
@@ -672,9 +696,17 @@ def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
         ratio = f"{r['median_samples_per_s'] / base['median_samples_per_s']:.2f}" if base else "-"
         mb = f"{r['bytes_per_step'] / 1e6:.2f}" if "bytes_per_step" in r else "-"
         hit = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else "-"
+        ph = r.get("phase_ms")
+        phases = (
+            " / ".join(f"{ph[k]:.1f}" for k in ("pull_s", "compute_s", "push_s", "wait_s"))
+            + f" / {ph['elapsed_s']:.1f}"
+            if ph
+            else "-"
+        )
         out.append(
             f"| {c['model']} | {c.get('device', 'cpu')} | {c['system']} | "
-            f"{_fmt_sps(r['median_samples_per_s'])} | {ratio} | {r['final_auc']:.4f} | {mb} | {hit} |"
+            f"{_fmt_sps(r['median_samples_per_s'])} | {ratio} | {r['final_auc']:.4f} | {mb} | "
+            f"{hit} | {phases} |"
         )
     return out
 

@@ -78,6 +78,7 @@ __all__ = [
     "read_manifest",
     "read_table_file",
     "resolve",
+    "table_shards",
     "verify",
     "write_manifest",
     "write_table_chunks",
@@ -160,6 +161,12 @@ def write_table_chunks(
         os.fsync(f.fileno())
     fsync_dir(os.path.dirname(path))
     return {"rows": rows, "sha256": sink.sha.hexdigest(), "bytes": sink.size}
+
+
+def table_shards(manifest: Mapping[str, Any], table: str) -> int:
+    """How many files hold ``table``: the manifest's ``num_shards``, or the table's own count
+    in ``table_shards`` (tables that the workers held are written one file per worker)."""
+    return int(manifest.get("table_shards", {}).get(table, manifest["num_shards"]))
 
 
 def file_entry(manifest: Mapping[str, Any], table: str, shard: int) -> Mapping[str, Any] | None:
@@ -372,7 +379,7 @@ def verify(path: str) -> dict[str, Any]:
     manifest = read_manifest(path)
     root = manifest["root"]
     for spec in manifest.get("tables", []):
-        for shard in range(int(manifest["num_shards"])):
+        for shard in range(table_shards(manifest, spec["name"])):
             entry = file_entry(manifest, spec["name"], shard)
             _open_checked(table_file(root, spec["name"], shard), entry, keep=False)
     return manifest

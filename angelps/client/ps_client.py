@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import ray
@@ -49,7 +49,7 @@ from angelps.server.launch import launch_shards
 from angelps.server.shard import check_keys, check_lr, check_push
 from angelps.table import TableSpec, table_named
 
-__all__ = ["PSClient", "PSFuture"]
+__all__ = ["HeldWriter", "PSClient", "PSFuture"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -96,6 +96,18 @@ class PSFuture(Generic[T]):
         """A future of ``f(result)`` over the same calls."""
         finish = self._finish
         return PSFuture(self._client, self._calls, lambda rows: f(finish(rows)))
+
+
+class HeldWriter(Protocol):
+    """Tables held outside the shards that a checkpoint also writes (:meth:`PSClient.save`)."""
+
+    tables: Sequence[TableSpec]
+    #: files per table (one per owner)
+    owners: int
+
+    def write(self, root: str) -> Mapping[str, Any]:
+        """Write the tables' files under ``root``; their manifest entries by file name."""
+        ...
 
 
 class PSClient:
@@ -383,6 +395,7 @@ class PSClient:
         path: str,
         extra: Mapping[str, Any] | None = None,
         files: Mapping[str, bytes] | None = None,
+        held: HeldWriter | None = None,
     ) -> None:
         """Checkpoint every shard's rows and optimizer state under directory ``path``, with
         ``extra`` (a JSON-safe dict: scheduler state, data position...) in the manifest and
@@ -391,7 +404,10 @@ class PSClient:
         Atomic and durable: written to a temporary directory (every file fsynced, the manifest
         with every file's SHA-256 last), then renamed into place, the previous checkpoint kept
         as ``<path>.prev`` (see angelps.checkpoint.local_dir). A ``path`` that is a file or a
-        directory of other files is refused (CheckpointError) before anything is written."""
+        directory of other files is refused (CheckpointError) before anything is written.
+        ``held``: tables held outside the shards (by the workers), written into the same
+        commit by ``held.write(tmp)``, one file per owner each (the manifest's
+        ``table_shards``)."""
         # Build the manifest once before writing anything, so a non-JSON extra fails early.
         checkpoint.build_manifest([], 0, "", [], extra)
         self.flush()
@@ -401,16 +417,25 @@ class PSClient:
             refs = [h.save.remote(tmp) for h in self.handles]
             for name, data in (files or {}).items():
                 write_durably(fs.join(tmp, os.path.basename(name)), data)
+            more: dict[str, Any] = {}
+            if held is not None:
+                more = {
+                    "files": dict(held.write(tmp)),
+                    "table_shards": {t.name: held.owners for t in held.tables},
+                }
             infos = self._get(refs)
             manifest = checkpoint.build_manifest(
-                list(self.specs.values()),
+                [*self.specs.values(), *(held.tables if held is not None else ())],
                 self.num_shards,
                 self.partitioner,
-                infos,
+                [*infos, {"files": more.get("files", {})}] if more else infos,
                 extra,
                 staleness=self.options.shard.staleness,
                 num_workers=self.num_workers,
+                **({"table_shards": more["table_shards"]} if more else {}),
             )
+            if more:
+                manifest["shards"].pop()  # (the held files' entry, not a shard)
             checkpoint.write_manifest(tmp, manifest)
             checkpoint.commit_dir(tmp, path)
         except BaseException:
@@ -422,7 +447,7 @@ class PSClient:
             _remove_quietly(tmp)
             raise
 
-    def load(self, path: str) -> dict[str, Any]:
+    def load(self, path: str, held: Sequence[TableSpec] = ()) -> dict[str, Any]:
         """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer
         state, whatever the number of shards that saved it) and return its ``extra``.
 
@@ -431,7 +456,8 @@ class PSClient:
         every shard and in this client: create worker clients with :meth:`for_worker` after
         loading."""
         manifest = checkpoint.read_manifest(path)
-        checkpoint.check_layout(manifest, list(self.specs.values()))
+        # (``held``: the job's tables held by its workers, which load them themselves)
+        checkpoint.check_layout(manifest, [*self.specs.values(), *held])
         self.flush()
         root = manifest["root"]
         refs: list[ray.ObjectRef[dict[str, int]]] = [

@@ -27,6 +27,7 @@ from angelps.checkpoint.files import (
     iter_table_file,
     table_file,
     table_rel,
+    table_shards,
     write_table_chunks,
 )
 from angelps.dedup import dedup, segment_sum, strictly_increasing
@@ -352,16 +353,17 @@ class ParameterShard:
         from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
         Files are read in chunks of rows, each checked against the manifest
         (``checkpoint.iter_table_file``). Returns the rows restored per table."""
-        saved_shards = int(manifest["num_shards"])
-        same_layout = (
-            saved_shards == self.num_shards and manifest["partitioner"] == self.partitioner
-        )
         self.reset()
         self._pending.clear()
         self._pending_lr.clear()
         restored = {}
         for name, t in self.tables.items():
             n = 0
+            # (a table the workers held has one file per worker: its own count)
+            saved_shards = table_shards(manifest, name)
+            same_layout = (
+                saved_shards == self.num_shards and manifest["partitioner"] == self.partitioner
+            )
             sources = [self.shard_id] if same_layout else range(saved_shards)
             entries = {j: file_entry(manifest, name, j) for j in sources}
             if same_layout and entries[self.shard_id] is not None:

@@ -19,6 +19,7 @@ from learners.job import cluster, failover
 from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.placement import Layout, Placement, release, reserve
 from learners.job.preflight import tables_up_front
+from learners.job.sparse_placement import Placed, place_tables
 from learners.job.startup import Phases, plural
 from learners.models.config import ModelConfig
 from learners.models.registry import model_entry
@@ -45,6 +46,8 @@ class JobActors:
     _tables: list[TableSpec]
     _model: ModelConfig | None
     _size: JobSize | None
+    #: which tables the shards serve and which the workers hold (angel.sparse.placement)
+    _placed: Placed | None = None
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
@@ -68,6 +71,8 @@ class JobActors:
         conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
         data = DataOptions.from_config(conf)
         early = tables_up_front(conf, plan, data)
+        if early is not None:  # (the shards serve the tables that the workers do not hold)
+            early = place_tables(plan, early).ps
         what = f"loading data on {plural(plan.workers, 'worker')}"
         if early is not None:
             what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
@@ -90,13 +95,21 @@ class JobActors:
         decls = workers.execute("build", model, size, dense)[0]
         self._model, self._size = model, size
         self._tables = table_specs(self.conf, decls)
-        if self._ps is not None and list(self._ps.specs.values()) != self._tables:
+        self._placed = placed = place_tables(self.plan, self._tables)
+        if placed.held:
+            kind = self.ps_options.partitioner
+            workers.execute("hold_tables", placed.held, kind)
+        if self._ps is not None and list(self._ps.specs.values()) != placed.ps:
             self._ps.shutdown()  # launched early with other tables: start them again
             self._ps = None
         if self._ps is None:
             with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
-                self._ps = self._launch(self._tables, workers.layout)
+                self._ps = self._launch(placed.ps, workers.layout)
         workers.attach_ps(self._ps)
+
+    def _held(self) -> list[TableSpec]:
+        """The tables the workers hold (angel.sparse.placement)."""
+        return list(self._placed.held) if self._placed is not None else []
 
     def _reserve(self) -> Layout:
         """The job's placement (learners.job.placement): a placement group reserved when

@@ -220,14 +220,14 @@ class GraphLearner(Inference):
         self.sched = from_conf(self.conf, total_steps=total)
         progress = _Progress()
         if resume:
-            info = saved_model.restore(str(plan.save_path), self._ps, workers)
+            info = saved_model.restore(str(plan.save_path), self._ps, workers, self._held())
             self.sched.load_state_dict(info["scheduler"])
             progress.next_epoch = int(info["next_epoch"])
             progress.history = list(info["history"])
             progress.best, progress.since_best = info["best"], int(info["since_best"])
             progress.best_epoch = info.get("best_epoch", progress.epoch_of_best())
         elif plan.load_path:
-            saved_model.restore(plan.load_path, self._ps, workers)
+            saved_model.restore(plan.load_path, self._ps, workers, self._held())
         log.say(
             banner(
                 self.conf,
@@ -238,6 +238,7 @@ class GraphLearner(Inference):
                 _angel_name(self.conf),
                 dense_params,
                 self.sched,
+                self._placed.where() if self._placed is not None else None,
             )
         )
         return progress
@@ -380,7 +381,7 @@ class GraphLearner(Inference):
             # Shuffling is a pure function of (ml.seed, epoch): the data position is the epoch.
             "data_position": {"epoch": epoch + 1, "row": 0},
         }
-        saved_model.save(path, self._ps, self._workers, section)
+        saved_model.save(path, self._ps, self._workers, section, self._held())
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""

@@ -29,7 +29,7 @@ import hashlib
 import os
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +59,34 @@ __all__ = [
 ]
 
 
-def save(path: str, ps: PSClient, workers: WorkerGroup, section: Mapping[str, Any]) -> None:
+class _HeldFiles:
+    """The tables the workers hold, written by every worker into a checkpoint's temporary
+    directory (one file per worker and table, as the shards write theirs)."""
+
+    tables: Sequence[TableSpec]
+
+    def __init__(self, tables: Sequence[TableSpec], workers: WorkerGroup) -> None:
+        self.tables = list(tables)
+        self.owners = len(workers)
+        self.workers = workers
+
+    def write(self, root: str) -> dict[str, Any]:
+        files: dict[str, Any] = {}
+        for part in self.workers.execute("save_held", root):
+            files.update(part)
+        return files
+
+
+def save(
+    path: str,
+    ps: PSClient,
+    workers: WorkerGroup,
+    section: Mapping[str, Any],
+    held: Sequence[TableSpec] = (),
+) -> None:
     """Checkpoint the PS tables and the workers' state, with ``section`` as the learner's part
-    of the manifest (JSON-safe)."""
+    of the manifest (JSON-safe); ``held``: the tables the workers hold (their files go into
+    the same checkpoint, in the shards' format)."""
     info = dict(section)
     # The worker-side layers go to dense.safetensors beside the tables, inside the PS
     # checkpoint's atomic commit; its SHA-256 is in the manifest, which checks itself.
@@ -69,15 +94,26 @@ def save(path: str, ps: PSClient, workers: WorkerGroup, section: Mapping[str, An
     info["dense"] = {"file": DENSE_FILE, "sha256": hashlib.sha256(blob).hexdigest()}
     rngs = workers.execute("rng_state")
     info["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
-    ps.save(path, {"learner": info}, files={DENSE_FILE: blob})
+    ps.save(
+        path,
+        {"learner": info},
+        files={DENSE_FILE: blob},
+        held=_HeldFiles(held, workers) if held else None,
+    )
 
 
-def restore(path: str, ps: PSClient, workers: WorkerGroup) -> dict[str, Any]:
+def restore(
+    path: str, ps: PSClient, workers: WorkerGroup, held: Sequence[TableSpec] = ()
+) -> dict[str, Any]:
     """Load a checkpoint into the PS and the workers (to resume it, or to start from its
     weights and optimizer state: ``angel.load.model.path``); the learner section of its
-    manifest."""
+    manifest. ``held``: the tables the workers hold, which each reads its rows of (from
+    files the shards or workers wrote, any number of them)."""
     read_extra(path)  # a clear error before the shards are touched
-    info: dict[str, Any] = ps.load(path)["learner"]
+    info: dict[str, Any] = ps.load(path, held)["learner"]
+    if held:
+        manifest = checkpoint.read_manifest(path)
+        workers.execute("load_held", manifest["root"], manifest)
     load_dense(info, workers, path)
     # Clocks restart at 0 after a load: hand the workers fresh clients.
     workers.attach_ps(ps)

@@ -34,7 +34,7 @@ __all__ = ["export_size", "export_state_dict", "write_state_dict"]
 
 def _rows(manifest: dict[str, Any], spec: TableSpec) -> int:
     """Rows of ``spec`` saved over every shard (from the manifest)."""
-    shards = range(int(manifest["num_shards"]))
+    shards = range(checkpoint.table_shards(manifest, spec.name))
     return sum(int((checkpoint.file_entry(manifest, spec.name, s) or {})["rows"]) for s in shards)
 
 
@@ -58,7 +58,7 @@ def export_size(path: str) -> int:
 def _table(manifest: dict[str, Any], spec: TableSpec) -> dict[str, np.ndarray]:
     root = manifest["root"]
     keys, rows = [], []
-    for shard in range(int(manifest["num_shards"])):
+    for shard in range(checkpoint.table_shards(manifest, spec.name)):
         entry = checkpoint.file_entry(manifest, spec.name, shard)
         k, w, _state = checkpoint.read_table_file(
             checkpoint.table_file(root, spec.name, shard), entry

@@ -278,8 +278,10 @@ def banner(
     model: str,
     dense_params: int,
     sched: StepSizeScheduler | None,
+    where: Mapping[str, str] | None = None,
 ) -> str:
-    """The screen at the start of training: data, tables, dense layers, batch and schedule."""
+    """The screen at the start of training: data, tables, dense layers, batch and schedule.
+    ``where``: table name → where it lives and why (angel.sparse.placement)."""
     w = plan.workers
     b, k = size.batch_size, plan.accum
     lines = [
@@ -297,6 +299,8 @@ def banner(
             f"    {t.name:<20} {kind:<6} {t.rows} x {t.cols}  {t.optimizer.name}"
             f"  init {t.init}{'' if t.init == 'zeros' else f'({t.init_std:g})'}"
         )
+        if where and t.name in where:
+            lines.append(f"      {where[t.name]}")
     if dense_params and plan.dense_placement == "ps":
         lines.append(f"  dense    {dense_params} parameters in dense.* tables on the PS")
     elif dense_params:

@@ -31,7 +31,7 @@ __all__ = ["finish_grads", "load_dense", "read_dense", "save_dense"]
 
 def finish_grads(
     model: nn.Module,
-    grads: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    grads: Mapping[str, tuple[Any, np.ndarray | Tensor]],
     loss_scale: float,
     num_workers: int,
     clip: float,
@@ -52,9 +52,7 @@ def finish_grads(
         for g in dense:
             g.div_(loss_scale)
     w = num_workers
-    sparse_sq = sum(float(np.square(g, dtype=np.float64).sum()) for _, g in grads.values()) / (
-        w * w
-    )
+    sparse_sq = sum(_square_sum(g) for _, g in grads.values()) / (w * w)
     bad = 0.0 if math.isfinite(sparse_sq) else 1.0
     if w > 1:
         like = dense[0] if dense else torch.zeros(1)
@@ -92,6 +90,14 @@ def finish_grads(
         for g in dense:
             g.mul_(coef)
     return finite, coef
+
+
+def _square_sum(g: np.ndarray | Tensor) -> float:
+    """Σ g² in float64: a pushed gradient (numpy) or one of a table the workers hold (a tensor
+    on the worker's device)."""
+    if isinstance(g, Tensor):
+        return float(g.detach().double().square().sum())
+    return float(np.square(g, dtype=np.float64).sum())
 
 
 def _all_reduce(t: Tensor) -> Tensor:

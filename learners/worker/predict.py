@@ -22,11 +22,20 @@ InputOf = Callable[..., tuple[SparseInput, "Tensor | None", Any, Any]]
 
 
 def predict_rows(
-    model: BaseModel, data: Batch, chunk: int, input_of: InputOf, amp: bool
+    model: BaseModel,
+    data: Batch,
+    chunk: int,
+    input_of: InputOf,
+    amp: bool,
+    rounds: tuple[Callable[[int], int], Callable[[], None]] | None = None,
 ) -> dict[str, Any]:
     """Predict every row of ``data`` in chunks of ``chunk`` rows: predictions, class
     probabilities (multiclass), labels (binary ones as 0/1; None when unlabelled), the loss's
-    sum over the rows, the row count and the rows' input positions."""
+    sum over the rows, the row count and the rows' input positions.
+
+    ``rounds`` (tables held by several workers, whose reads are collectives): (the most
+    chunks of any worker, given this one's; one read without rows), so that every worker
+    reads as often as the others."""
     model.eval()
     task = model.task
     n = num_rows(data)
@@ -37,6 +46,10 @@ def predict_rows(
     # Unlabelled rows (ml.data.has.label=false, in-memory inputs) carry NaN labels.
     has_labels = raw is not None and n > 0 and not bool(np.isnan(raw).all())
     with torch.inference_mode():
+        if rounds is not None:
+            mine = -(-n // chunk)
+            for _ in range(rounds[0](mine) - mine):
+                rounds[1]()
         for lo in range(0, n, chunk):
             b = data.take(np.arange(lo, min(n, lo + chunk)))
             x, y, _req, _ = input_of(b, labels=has_labels)

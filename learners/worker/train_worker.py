@@ -56,6 +56,7 @@ from learners.worker.dense import (
     save_dense,
 )
 from learners.worker.device import to_host
+from learners.worker.held_step import HoldsTables
 from learners.worker.predict import predict_rows
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
 
@@ -65,7 +66,7 @@ __all__ = ["StepStats", "TrainWorker"]
 _PREDICT_BATCHES = 32
 
 
-class TrainWorker:
+class TrainWorker(HoldsTables):
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
@@ -156,6 +157,7 @@ class TrainWorker:
             self.dedup,
         )
         self.task = self.model.task
+        self.hold_tables([], "hash")
         torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
 
@@ -195,7 +197,7 @@ class TrainWorker:
         slots, req = self.inputs.request(batch)
         t0 = time.perf_counter()
         want, sp = self._cache_split(req, self.ps.step_count)
-        pulled = self._cache_fill(sp, self.ps.pull_many(want))
+        pulled = self._with_held(self._cache_fill(sp, self.ps.pull_many(want)), req)
         pull_s = time.perf_counter() - t0
         x, y = self.inputs.prepare(batch, slots, labels)
         return self.inputs.attach(x, pulled), y, req, pull_s
@@ -203,8 +205,9 @@ class TrainWorker:
     def _cache_split(
         self, req: dict[str, np.ndarray], clock: int, use_clock: int | None = None
     ) -> tuple[dict[str, np.ndarray], Split | None]:
-        """The rows to pull for ``req`` once the worker cache has served what it may."""
-        return split_request(self.cache, req, clock, use_clock)
+        """The rows to pull for ``req`` once the worker cache has served what it may (and
+        without the tables this worker group holds)."""
+        return split_request(self.cache, self._from_ps(req), clock, use_clock)
 
     def _cache_fill(self, sp: Split | None, pulled: Mapping[str, np.ndarray]) -> RowMap:
         """The batch's rows: pulled ones and (with a split) those the cache served."""
@@ -250,7 +253,7 @@ class TrainWorker:
         assert self.ps is not None
         stats = StepStats()
         t_start = time.perf_counter()
-        moved = self.ps.bytes_moved
+        moved = self.ps.bytes_moved + self.held.bytes_moved
         self.model.train()
         # The next updates' first micro-batches, prepared while their rows are in flight: the
         # next one's come with this update's push (one fused push_pull call per shard per
@@ -269,7 +272,7 @@ class TrainWorker:
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
         stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
-        stats.bytes_moved = self.ps.bytes_moved - moved
+        stats.bytes_moved = self.ps.bytes_moved + self.held.bytes_moved - moved
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
@@ -290,15 +293,15 @@ class TrainWorker:
         pulled now); its push also pulls the rows of the next batch while fewer than ``want``
         are in flight (appended to ``queue``, prepared, their rows in flight)."""
         assert self.ps is not None and self.sched is not None
-        parts = self._accumulate(queue, stats)
+        plan, parts = self.plan, self._accumulate(queue, stats)
         t0 = time.perf_counter()
         grads = {name: merge_rows(p) for name, p in parts.items() if p}
         assert self.model is not None
-        ok, coef = finish_grads(
-            self.model, grads, self.loss_scale, self.num_workers, self.plan.clip
-        )
+        every: dict[str, tuple[Any, Any]] = {**grads, **self.held.merged()}
+        ok, coef = finish_grads(self.model, every, self.loss_scale, self.num_workers, plan.clip)
         stats.compute_s += time.perf_counter() - t0
         if not ok:
+            self.held.clear()
             self._skip(stats)
             return
         scale = coef / self.num_workers
@@ -312,6 +315,7 @@ class TrainWorker:
             self._push_and_fetch(update, lr, last, next_epoch, queue, want)
         else:
             self.ps.push_many(update, lr=lr)
+        self.held.apply(scale, lr)  # (the tables the workers hold: updated by their owners)
         stats.push_s += time.perf_counter() - t0
         if self.opt is not None:
             self.opt.step(lr)
@@ -342,6 +346,7 @@ class TrainWorker:
                 batch, x, y, req, rows = queue.popleft()
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
+                pulled = self._held_rows(pulled, req, stats)
                 x = self.inputs.attach(x, pulled)
             else:
                 batch = self._next_batch()
@@ -358,7 +363,9 @@ class TrainWorker:
                 (loss * (self.loss_scale / self.plan.accum)).backward()
             for t in self.push_tables:
                 rg = x.rows[t.name].grad
-                if rg is not None:
+                if rg is not None and t.name in self.held:
+                    self.held.add_grad(t.name, req[t.name], self._unscaled(rg))
+                elif rg is not None:
                     grads.append((t.name, req[t.name], self._unscaled(rg)))
             for name, p in self.ps_dense:
                 if p.grad is not None and name in parts:
@@ -459,7 +466,7 @@ class TrainWorker:
     def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
         """Predict every row of ``data`` in chunks (learners/worker/predict.py)."""
         assert self.model is not None
-        return predict_rows(self.model, data, chunk, self._input, self.amp)
+        return predict_rows(self.model, data, chunk, self._input, self.amp, self._rounds())
 
     def predict_file(self, path: str) -> dict[str, Any]:
         """Read a file (this worker's part) and predict it."""

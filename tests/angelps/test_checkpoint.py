@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint import backups
+from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.files import CheckpointError
 from angelps.partition import Partitioner
 from angelps.server.shard import ParameterShard

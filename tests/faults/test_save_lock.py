@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from learners.job.save_lock import SaveLock
 
 from angelconf.config import ConfigError
 from learners.cli.main import main
+from learners.job.save_lock import SaveLock
 from tests.object_store import make_bucket, s3_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,86 @@
+"""A worker's side of the tables the workers hold (``angel.sparse.placement=worker``): the
+:class:`HoldsTables` part of :class:`learners.worker.train_worker.TrainWorker` (the tables themselves and
+their exchanges: learners/worker/held_tables.py, learners/worker/table_exchange.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from angelps import TableSpec
+from learners.job.loop_options import TrainPlan
+from learners.worker.held_tables import HeldTables
+from learners.worker.step_stats import RowMap, StepStats
+
+__all__ = ["HoldsTables"]
+
+#: Agree on the number of prediction chunks, and take part in one exchange without rows.
+Rounds = tuple[Callable[[int], int], Callable[[], None]]
+
+
+class HoldsTables:
+    """The held tables of one worker: set up, read into a batch's rows, saved and loaded."""
+
+    plan: TrainPlan
+    worker_id: int
+    num_workers: int
+    device: torch.device
+    held: HeldTables
+
+    def hold_tables(self, specs: Sequence[TableSpec], partitioner: str) -> int:
+        """Hold this worker's share of ``specs`` (the partitioner's ``W``-owner split, on
+        this worker's device); the bytes it takes."""
+        self.held = HeldTables(
+            specs, self.worker_id, self.num_workers, partitioner, self.device, self.plan.collective
+        )
+        return self.held.nbytes()
+
+    def _from_ps(self, req: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The part of a request that the shards serve."""
+        return {k: v for k, v in req.items() if k not in self.held}
+
+    def _with_held(self, pulled: RowMap, req: Mapping[str, np.ndarray]) -> RowMap:
+        """``pulled`` (the shards' rows) with the held tables' rows of ``req``."""
+        if not self.held:
+            return pulled
+        return {**pulled, **self.held.rows(req)}
+
+    def _held_rows(self, pulled: RowMap, req: Mapping[str, np.ndarray], stats: StepStats) -> RowMap:
+        """:meth:`_with_held` in a training step: the time of an exchange with the other
+        workers is ``pull_s``; one worker's read of its own rows is local work (``compute_s``)."""
+        t0 = time.perf_counter()
+        out = self._with_held(pulled, req)
+        if self.num_workers > 1:
+            stats.pull_s += time.perf_counter() - t0
+        else:
+            stats.compute_s += time.perf_counter() - t0
+        return out
+
+    def _rounds(self) -> Rounds | None:
+        """With tables held by several workers, each chunk of a prediction is a collective:
+        every worker runs as many as the one with the most chunks (None: no need)."""
+        if not self.held or self.num_workers == 1:
+            return None
+
+        def agree(n: int) -> int:
+            on = self.device if self.plan.collective == "nccl" else torch.device("cpu")
+            t = torch.tensor([n], dtype=torch.int64, device=on)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t[0])
+
+        return agree, self.held.idle
+
+    def save_held(self, root: str) -> dict[str, Any]:
+        """Write this worker's share of the held tables under ``root`` (a checkpoint's
+        temporary directory); the files' manifest entries."""
+        return self.held.save(root)
+
+    def load_held(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Restore the held tables from the checkpoint at ``root`` (``manifest``: its
+        manifest); the rows this worker restored per table."""
+        return self.held.load(root, manifest)

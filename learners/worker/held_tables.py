@@ -1,0 +1,313 @@
+"""Sparse tables held by the workers (``angel.sparse.placement=worker``).
+
+Each of the ``W`` workers owns the rows that the table's partitioner
+(:class:`angelps.partition.Partitioner` with ``W`` owners: the shard mapping) assigns it, on its
+own device, weights and optimizer slots side by side in one ``[rows, cols + slots]`` tensor as
+a shard stores them, and updates them with the shards' optimizer code
+(:func:`angelps.optim.apply`, its torch path). A row starts at :func:`angelps.table.init_rows`
+of its key, as on a shard; a row is *touched* once read (a shard creates it then), and only
+touched rows are saved, so a checkpoint holds the rows a shard would hold.
+
+One step (learners/worker/train_worker.py): every micro-batch reads the rows of its unique ids
+(:meth:`HeldTables.rows`); the row gradients of the update's micro-batches are merged (ids
+unique, gradients summed: :meth:`HeldTables.add_grad`), then :meth:`HeldTables.apply` sends
+them to their owners, each of which sums a row's gradients from all workers and applies the
+optimizer once with this update's step size. With one worker nothing is exchanged; with
+several, the exchanges are all-to-all collectives (learners/worker/table_exchange.py). This is BSP:
+every worker reads rows after every owner applied the previous update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from angelps import TableSpec
+from angelps.checkpoint.files import (
+    file_entry,
+    iter_table_file,
+    table_file,
+    table_rel,
+    table_shards,
+    write_table_chunks,
+)
+from angelps.optim import apply, slot_widths
+from angelps.partition import Partitioner
+from angelps.table import init_rows
+from learners.worker.device import to_device
+from learners.worker.table_exchange import Exchange
+
+__all__ = ["HeldTable", "HeldTables"]
+
+#: Rows per chunk of initialisation and of a checkpoint's export.
+_CHUNK = 1 << 18
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """A contiguous 2-D array as a 1-D array of opaque rows (one element a row)."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
+
+
+def _torch_dtype(spec: TableSpec) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
+
+
+class HeldTable:
+    """One worker's share of a sparse table: the rows it owns and their optimizer state."""
+
+    def __init__(self, spec: TableSpec, part: Partitioner, owner: int, device: torch.device):
+        if spec.rows <= 0:
+            raise ValueError(
+                f"table {spec.name!r} has no row range (rows={spec.rows}): only tables of a "
+                "known id range can be held by the workers"
+            )
+        self.spec = spec
+        self.part = part
+        self.owner = owner
+        self.device = device
+        self.cols = spec.cols
+        self.slots: dict[str, tuple[int, int]] = {}
+        c = spec.cols
+        for k, width in slot_widths(spec.optimizer, spec.cols).items():
+            self.slots[k] = (c, c + width)
+            c += width
+        self.width = c
+        everything = np.arange(spec.rows, dtype=np.int64)
+        if part.num_shards == 1:
+            self.keys = everything
+            self.local: Tensor | None = None  # local row = key
+            self._local_host: np.ndarray | None = None
+        else:
+            self.keys = everything[part.owns(owner, everything)]
+            local = np.full(spec.rows, -1, dtype=np.int64)
+            local[self.keys] = np.arange(len(self.keys), dtype=np.int64)
+            self.local = to_device(local, device)
+            self._local_host = local if device.type == "cpu" else None
+        self.data = torch.zeros(
+            (len(self.keys), self.width), dtype=_torch_dtype(spec), device=device
+        )
+        self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
+        # On the CPU, whole rows move as numpy's opaque rows (take/put: 5-10x faster than
+        # torch's index_select/index_copy_ there); the same memory as ``data``.
+        self._host = _as_rows(self.data.numpy()) if device.type == "cpu" else None
+        self.reset()
+
+    def reset(self) -> None:
+        """Every row at its initial value, its optimizer state zero, none touched."""
+        self.data.zero_()
+        self.touched.zero_()
+        if self.spec.init == "zeros":
+            return
+        for a in range(0, len(self.keys), _CHUNK):
+            block = init_rows(self.spec, self.keys[a : a + _CHUNK])
+            self.data[a : a + len(block), : self.cols] = to_device(block, self.device)
+
+    def nbytes(self) -> int:
+        return int(self.data.numel() * self.data.element_size())
+
+    def _slots(self, keys: Tensor) -> Tensor:
+        return keys if self.local is None else self.local.index_select(0, keys)
+
+    def _host_slots(self, keys: Tensor) -> np.ndarray:
+        s = keys.numpy()
+        return s if self._local_host is None else self._local_host[s]
+
+    def _take(self, keys: Tensor) -> Tensor:
+        """Whole rows (weights and slots) of owned ``keys``, a new tensor; they are touched."""
+        if self._host is not None:
+            s = self._host_slots(keys)
+            self.touched.numpy()[s] = True
+            rows = self._host.take(s).view(self.data.numpy().dtype)
+            return torch.from_numpy(rows.reshape(-1, self.width))
+        idx = self._slots(keys)
+        self.touched.index_fill_(0, idx, True)
+        return self.data.index_select(0, idx)
+
+    def _put(self, keys: Tensor, block: Tensor) -> None:
+        """Write whole rows of owned ``keys``."""
+        if self._host is not None:
+            rows = _as_rows(np.ascontiguousarray(block.numpy()))
+            np.put(self._host, self._host_slots(keys), rows)
+            return
+        self.data.index_copy_(0, self._slots(keys), block)
+
+    def gather(self, keys: Tensor) -> Tensor:
+        """The weights of owned ``keys`` (a new contiguous ``[k, cols]`` tensor); the rows are
+        touched (as a shard creates a row when it is first read)."""
+        return self._take(keys)[:, : self.cols].contiguous()
+
+    def update(self, keys: Tensor, grads: Tensor, lr: float) -> None:
+        """One optimizer update of the owned unique ``keys`` with their summed gradients."""
+        block = self._take(keys)
+        state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
+        apply(self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr)
+        self._put(keys, block)
+
+    # --- checkpoints: the shards' file format ----------------------------------------------
+
+    def export_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """(keys, rows, state) of the touched rows, keys ascending, in chunks (at least one)."""
+        idx = torch.nonzero(self.touched).flatten().cpu().numpy()
+        for a in range(0, max(len(idx), 1), _CHUNK):
+            sel = idx[a : a + _CHUNK]
+            block = self.data.index_select(0, to_device(sel, self.device)).cpu().numpy()
+            state = {k: np.ascontiguousarray(block[:, x:y]) for k, (x, y) in self.slots.items()}
+            yield self.keys[sel], np.ascontiguousarray(block[:, : self.cols]), state
+
+    def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
+        """Overwrite the rows (and state) of owned ``keys`` (a restore); they are touched."""
+        block = np.empty((len(keys), self.width), dtype=np.dtype(self.spec.dtype))
+        block[:, : self.cols] = w
+        for k, (a, b) in self.slots.items():
+            block[:, a:b] = state[k]
+        ids = to_device(keys, self.device)
+        self._take(ids)  # (touched)
+        self._put(ids, to_device(block, self.device))
+
+
+class HeldTables:
+    """The tables this worker holds a share of, and the steps' row and gradient exchanges."""
+
+    def __init__(
+        self,
+        specs: Sequence[TableSpec],
+        worker_id: int,
+        num_workers: int,
+        partitioner: str,
+        device: torch.device,
+        backend: str = "gloo",
+    ) -> None:
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.partitioner = partitioner
+        self.device = device
+        self.tables = {
+            s.name: HeldTable(s, Partitioner(s, num_workers, partitioner), worker_id, device)
+            for s in specs
+        }
+        self.names = frozenset(self.tables)
+        self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
+        self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        #: bytes this worker sent to other workers (ids, rows, gradients)
+        self.bytes_moved = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes() for t in self.tables.values())
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def rows(self, req: Mapping[str, np.ndarray]) -> dict[str, Tensor]:
+        """The rows of the held tables named in ``req`` (unique ids each), on the device:
+        read here (one worker) or from their owners (several; every worker calls this in
+        the same order, as each call is a collective)."""
+        names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
+        if self.exchange is None:
+            return {n: self.tables[n].gather(to_device(req[n], self.device)) for n in names}
+        got: dict[str, Tensor] = {}
+        for group in self._groups(names):
+            ids = req[group[0]]
+            tables = [self.tables[n] for n in group]
+            rows, sent = self.exchange.fetch(ids, tables)
+            self.bytes_moved += sent
+            got |= dict(zip(group, rows, strict=True))
+        return got
+
+    def idle(self) -> None:
+        """Take part in one :meth:`rows` exchange without asking for rows (a worker whose
+        prediction data ran out before its peers')."""
+        names = sorted(self.names)
+        empty = np.zeros(0, dtype=np.int64)
+        self.rows(dict.fromkeys(names, empty))
+
+    def add_grad(self, name: str, ids: np.ndarray, grad: Tensor) -> None:
+        """One micro-batch's row gradients of a held table (ids unique)."""
+        self._parts.setdefault(name, []).append((to_device(ids, self.device), grad))
+
+    def merged(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """This update's gradients by table: ids unique, a repeated id's gradients summed."""
+        out: dict[str, tuple[Tensor, Tensor]] = {}
+        for name, parts in self._parts.items():
+            if len(parts) == 1:
+                out[name] = parts[0]
+                continue
+            ids = torch.cat([p[0] for p in parts])
+            g = torch.cat([p[1] for p in parts])
+            uniq, inv = torch.unique(ids, sorted=True, return_inverse=True)
+            out[name] = (
+                uniq,
+                torch.zeros((len(uniq), g.shape[1]), dtype=g.dtype, device=g.device).index_add_(
+                    0, inv, g
+                ),
+            )
+        self._parts = {name: [v] for name, v in out.items()}
+        return out
+
+    def clear(self) -> None:
+        """Drop this update's gradients (a skipped update)."""
+        self._parts = {}
+
+    def apply(self, scale: float, lr: float) -> None:
+        """Apply this update: every owner sums its rows' gradients × ``scale`` from all the
+        workers and updates them once with step size ``lr``."""
+        single = all(len(p) == 1 for p in self._parts.values())
+        grads = self.merged()
+        self._parts = {}
+        if self.exchange is None:
+            for name, (ids, g) in grads.items():
+                self.tables[name].update(ids, g * scale, lr)
+            return
+        groups = self._groups(sorted(self.names))
+        for group in groups:
+            tables = [self.tables[n] for n in group]
+            local = [grads.get(n) for n in group]
+            # one micro-batch an update (the same on every worker): the ids are the read's
+            reuse = single and len(groups) == 1
+            self.bytes_moved += self.exchange.push(local, tables, scale, lr, reuse)
+
+    def _groups(self, names: Sequence[str]) -> list[list[str]]:
+        """Tables routed alike (the same row range) exchange together."""
+        groups: dict[int, list[str]] = {}
+        for n in names:
+            groups.setdefault(self.tables[n].spec.rows, []).append(n)
+        return list(groups.values())
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save(self, root: str) -> dict[str, Any]:
+        """Write this worker's share of every held table as ``<table>/shard-<worker>.parquet``
+        under ``root`` (the shards' format); the files' manifest entries."""
+        files = {}
+        for name, t in self.tables.items():
+            entry = write_table_chunks(table_file(root, name, self.worker_id), t.export_chunks())
+            files[table_rel(name, self.worker_id)] = entry
+        return files
+
+    def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Replace every held table's rows with the checkpoint's at ``root`` (written by the
+        shards or by workers, any number of them): this worker keeps the rows it owns."""
+        restored = {}
+        for name, t in self.tables.items():
+            t.reset()
+            n = 0
+            for j in range(table_shards(manifest, name)):
+                path = table_file(root, name, j)
+                for keys, w, state in iter_table_file(path, file_entry(manifest, name, j)):
+                    mine = t.part.owns(self.worker_id, keys)
+                    if not mine.all():
+                        keys, w = keys[mine], w[mine]
+                        state = {k: v[mine] for k, v in state.items()}
+                    if len(keys):
+                        t.assign(keys, w, state)
+                    n += len(keys)
+            restored[name] = n
+        return restored

@@ -1,0 +1,196 @@
+"""Sparse tables held by the workers (angel.sparse.placement=worker) on a real local Ray: the
+same training as with shard actors (same seed, BSP), checkpoints in the shards' format that
+load either way, and the keys it refuses."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from angelconf.config import ConfigError
+from angelps.checkpoint import files as checkpoint
+from learners.job.learner import GraphLearner
+from tests.short_tmp import short_tmp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory) -> str:
+    dst = tmp_path_factory.mktemp("data") / "census.dummy"
+    with open(ROOT / "data/census/census_148d_train.dummy") as f, open(dst, "w") as g:
+        for _ in range(1200):
+            g.write(f.readline())
+    return str(dst)
+
+
+def _learner(conf: str, tmp: Path, data: str, **sets: object) -> GraphLearner:
+    keys = {
+        "angel.train.data.path": data,
+        "angel.log.path": str(tmp / "log"),
+        "angel.save.model.path": str(tmp / "model"),
+        "angel.job.name": "held",
+        "ml.epoch.num": 2,
+        "ml.seed": 3,
+        **sets,
+    }
+    return GraphLearner.from_properties(ROOT / "conf" / conf, keys, quiet=True)
+
+
+def _train(conf: str, tmp: Path, data: str, **sets: object) -> tuple[dict, dict]:
+    learner = _learner(conf, tmp, data, **sets)
+    try:
+        result = learner.train()
+    finally:
+        learner.shutdown()
+    return result.summary, _tables(str(tmp / "model"))
+
+
+def _tables(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """Every table of a checkpoint: (keys, rows, state), keys ascending over all its files."""
+    manifest = checkpoint.read_manifest(path)
+    out = {}
+    for spec in manifest["tables"]:
+        name = spec["name"]
+        parts = [
+            checkpoint.read_table_file(
+                checkpoint.table_file(manifest["root"], name, j),
+                checkpoint.file_entry(manifest, name, j),
+            )
+            for j in range(checkpoint.table_shards(manifest, name))
+        ]
+        keys = np.concatenate([p[0] for p in parts])
+        order = np.argsort(keys)
+        w = np.concatenate([p[1] for p in parts])[order]
+        state = {k: np.concatenate([p[2][k] for p in parts])[order] for k in parts[0][2]}
+        out[name] = (keys[order], w, state)
+    return out
+
+
+def _assert_same(a: dict, b: dict, rtol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name][0], b[name][0], err_msg=name)
+        np.testing.assert_allclose(a[name][1], b[name][1], rtol=rtol, atol=1e-7, err_msg=name)
+        for slot in a[name][2]:
+            np.testing.assert_allclose(
+                a[name][2][slot], b[name][2][slot], rtol=rtol, atol=1e-7, err_msg=f"{name}.{slot}"
+            )
+
+
+CASES = [
+    ("fm_census.properties", "Momentum"),
+    ("fm_census.properties", "Adam"),
+    ("fm_census.properties", "FTRL"),
+    ("deepfm_census.properties", "Momentum"),
+    ("deepfm_census.properties", "Adam"),
+    ("deepfm_census.properties", "FTRL"),
+]
+
+
+@pytest.mark.parametrize(("conf", "opt"), CASES)
+def test_one_worker_holding_the_tables_trains_as_the_shards(tmp_path, census, conf, opt):
+    sets = {"ml.inputlayer.optimizer": opt, "ml.embedding.optimizer": opt}
+    if opt == "FTRL":
+        sets["ml.fclayer.optimizer"] = "Adam"
+    ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
+    held, held_w = _train(
+        conf, tmp_path / "held", census, **sets, **{"angel.sparse.placement": "worker"}
+    )
+    _assert_same(ps_w, held_w)
+    assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    assert held["valid_logloss"] == pytest.approx(ps["valid_logloss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("conf", "opt"),
+    [("fm_census.properties", "Adam"), ("deepfm_census.properties", "Momentum")],
+)
+def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf, opt):
+    """Each worker owns the rows the partitioner gives it; rows and gradients cross over
+    gloo all-to-alls; the owners apply one update per step on the sum (as a BSP shard)."""
+    sets = {
+        "ml.inputlayer.optimizer": opt,
+        "ml.embedding.optimizer": opt,
+        "angel.workergroup.number": 2,
+        "angel.worker.cpus": 0.5,
+    }
+    ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
+    held, held_w = _train(
+        conf, tmp_path / "held", census, **sets, **{"angel.sparse.placement": "worker"}
+    )
+    manifest = checkpoint.read_manifest(str(tmp_path / "held" / "model"))
+    assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
+    _assert_same(ps_w, held_w)
+    assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+
+
+def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
+    """A shard checkpoint resumes on a worker that holds the tables (and ends where an
+    uninterrupted shard run ends); the worker's checkpoint predicts from shards as the
+    workers did, and starts a two-worker job as it starts a two-shard-free job."""
+    conf, sets = "fm_census.properties", {"ml.inputlayer.optimizer": "Momentum"}
+    _, full = _train(conf, tmp_path / "full", census, **sets)
+    _train(conf, tmp_path / "half", census, **sets, **{"ml.epoch.num": 1})
+    shutil.copytree(tmp_path / "half" / "model", tmp_path / "resumed" / "model")
+    learner = _learner(
+        conf, tmp_path / "resumed", census, **sets, **{"angel.sparse.placement": "worker"}
+    )
+    try:
+        result = learner.train(resume=True)
+        assert [h["epoch"] for h in result.history] == [0, 1]
+        live = learner.predict(census)["pred"]
+    finally:
+        learner.shutdown()
+    resumed = _tables(str(tmp_path / "resumed" / "model"))
+    _assert_same(full, resumed)
+    loaded = GraphLearner.load(tmp_path / "resumed" / "model")  # shards, one worker
+    try:
+        np.testing.assert_allclose(loaded.predict(census)["pred"], live, rtol=1e-6)
+    finally:
+        loaded.shutdown()
+    # Into another worker count: the same start as the shards'.
+    two = {"angel.workergroup.number": 2, "angel.worker.cpus": 0.5, "ml.epoch.num": 1}
+    start = {"angel.load.model.path": str(tmp_path / "resumed" / "model")}
+    _, a = _train(conf, tmp_path / "two_ps", census, **sets, **two, **start)
+    _, b = _train(
+        conf,
+        tmp_path / "two_held",
+        census,
+        **sets,
+        **two,
+        **start,
+        **{"angel.sparse.placement": "worker"},
+    )
+    _assert_same(a, b)
+
+
+def test_worker_placement_refuses_what_it_cannot_run(tmp_path, census):
+    for key, value in [
+        ("angel.staleness", 2),
+        ("angel.worker.cache.enable", True),
+        ("angel.ps.admission.min.count", 3),
+        ("angel.ps.eviction.ttl.updates", 10),
+    ]:
+        with pytest.raises(
+            ConfigError, match=f"angel.sparse.placement=worker cannot run with {key}="
+        ):
+            _learner(
+                "fm_census.properties",
+                tmp_path,
+                census,
+                **{key: value, "angel.sparse.placement": "worker"},
+            )
