@@ -24,7 +24,10 @@ ftrl       FTRL-Proximal (McMahan et al. 2013; Angel's ``FTRLUpdateFunc``), per 
            As in Angel, α (``ml.opt.ftrl.alpha``) is the rate and the pushed η is not used.
 =========  ==================================================================================
 
-Momentum and Adam apply no L1 (as Angel).
+Momentum and Adam apply no L1 (as Angel). ``momentum`` (an argument of :func:`apply`, from a
+schedule that cycles it: torch's CyclicLR and OneCycleLR) replaces ``m`` of momentum and ``β1`` of
+adam for that update, as those schedulers write ``momentum``/``betas[0]`` into torch's
+optimizer before each step (Adam's bias correction then uses the new ``β1``: ``1−β1^t``).
 
 Each formula exists once (:func:`_update`), written over a small array namespace, and runs on
 numpy arrays (the shards' host rows), on torch tensors of any device (GPU shards) and, through
@@ -123,10 +126,13 @@ def apply(
     state: Mapping[str, Array],
     g: Array,
     lr: float,
+    momentum: float | None = None,
 ) -> None:
     """One optimizer update of the rows ``w`` (in place, with their ``state`` slots) with
-    gradient ``g`` and step size ``lr``. numpy arrays, or torch tensors on any one device."""
-    _update(_NUMPY if isinstance(w, np.ndarray) else _torch_ops(), spec, w, state, g, lr)
+    gradient ``g`` and step size ``lr``. numpy arrays, or torch tensors on any one device.
+    ``momentum``: this update's momentum (β1 of adam) in place of the spec's; None keeps it."""
+    xp = _NUMPY if isinstance(w, np.ndarray) else _torch_ops()
+    _update(xp, spec, w, state, g, lr, momentum)
 
 
 def _soft_threshold(xp: _Ops, w: Array, thr: Any) -> None:
@@ -134,7 +140,13 @@ def _soft_threshold(xp: _Ops, w: Array, thr: Any) -> None:
 
 
 def _update(
-    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], g: Array, lr: float
+    xp: _Ops,
+    spec: OptimizerSpec,
+    w: Array,
+    state: Mapping[str, Array],
+    g: Array,
+    lr: float,
+    momentum: float | None = None,
 ) -> None:
     """The formulas of the module docstring."""
     name = spec.name
@@ -162,12 +174,12 @@ def _update(
     gp = g + l2 * w if spec.l2 else g
     if name == "momentum":
         v = state["v"]
-        v *= s(spec.momentum)
+        v *= s(spec.momentum if momentum is None else momentum)
         v += gp
         w -= lr_ * v
         return
     if name == "adam":
-        _adam(xp, spec, w, state, gp, lr)
+        _adam(xp, spec, w, state, gp, lr, spec.beta1 if momentum is None else momentum)
         return
     n = state["n"]
     if name == "adagrad":
@@ -185,11 +197,17 @@ def _update(
 
 
 def _adam(
-    xp: _Ops, spec: OptimizerSpec, w: Array, state: Mapping[str, Array], gp: Array, lr: float
+    xp: _Ops,
+    spec: OptimizerSpec,
+    w: Array,
+    state: Mapping[str, Array],
+    gp: Array,
+    lr: float,
+    beta1: float,
 ) -> None:
     s = xp.scalar(w)
     m, v, t = state["m"], state["v"], state["t"]
-    b1, b2 = s(spec.beta1), s(spec.beta2)
+    b1, b2 = s(beta1), s(spec.beta2)
     m *= b1
     m += (s(1.0) - b1) * gp
     v *= b2
@@ -199,7 +217,7 @@ def _adam(
     # The same order of operations as torch.optim.Adam:
     # denom = sqrt(v)/sqrt(bc2) + eps; w -= (lr/bc1) * m/denom.
     tt = xp.f64(t)
-    step_size = xp.like(lr / (1.0 - spec.beta1**tt), w)
+    step_size = xp.like(lr / (1.0 - beta1**tt), w)
     bc2_sqrt = xp.like(xp.sqrt(1.0 - spec.beta2**tt), w)
     denom = xp.sqrt(v) / bc2_sqrt + s(spec.eps)
     w -= step_size * (m / denom)
@@ -225,6 +243,8 @@ class DenseOptimizer:
                 "worker-side dense layers: SGD, Momentum, Adam, AdaGrad, RMSProp)"
             )
         spec = replace(spec, l1=0.0)
+        # A schedule's momentum applies to momentum and adam only (plain SGD has none to cycle).
+        self.cycles = spec.name in ("momentum", "adam")
         if spec.name == "sgd":
             spec = replace(spec, name="momentum", momentum=0.0)
         self.spec = spec
@@ -238,15 +258,17 @@ class DenseOptimizer:
             for p in self.params
         ]
 
-    def step(self, lr: float) -> None:
-        """Update every parameter that has a gradient with step size ``lr``."""
+    def step(self, lr: float, momentum: float | None = None) -> None:
+        """Update every parameter that has a gradient with step size ``lr`` (and ``momentum``,
+        β1 of adam, when a schedule drives it; None: the configured one)."""
         import torch
 
         self.param_groups[0]["lr"] = lr
         with torch.no_grad():
             for p, st in zip(self.params, self.state, strict=True):
                 if p.grad is not None:
-                    apply(self.spec, p.view(1, -1), st, p.grad.view(1, -1), lr)
+                    g = p.grad.view(1, -1)
+                    apply(self.spec, p.view(1, -1), st, g, lr, momentum if self.cycles else None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

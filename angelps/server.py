@@ -33,6 +33,7 @@ import ray
 from angelps import fs, wire
 from angelps.checkpoint import CheckpointError, backup_version, read_backup, write_backup
 from angelps.options import ShardOptions
+from angelps.rates import Step
 from angelps.shard import ParameterShard, ShardRestarted
 from angelps.table import TableSpec
 
@@ -183,7 +184,7 @@ class ShardServer:
         worker: int,
         clock: int,
         pushes: Mapping[str, tuple[Any, Any]] | None,
-        lr: float,
+        lr: Step,
         pulls: Mapping[str, Any] | None,
         recovering: bool = False,
         pull_clock: int | None = None,
