@@ -85,6 +85,15 @@ class StepSizeScheduler:
         """The momentum (or Adam's beta1) for update ``k``; None when the schedule leaves it alone."""
         return self._momentum(_check_k(k))
 
+    def value_at(self, x: float) -> tuple[float, float | None]:
+        """Step size and momentum at a real position ``x >= 0``: the same formulas read between
+        updates (a fractional epoch when the learner counts the schedule in epochs; step-like
+        schedules such as StepLR change at whole multiples, smooth ones move continuously)."""
+        if isinstance(x, bool) or not _is_real(x) or x < 0:
+            raise ValueError(f"position x={x!r} is not valid: expected a finite number >= 0")
+        at: Any = x  # the formulas are written for integers and hold for reals
+        return self._lr(at), self._momentum(at)
+
     def _lr(self, k: int) -> float:
         raise NotImplementedError
 

@@ -30,7 +30,7 @@ _INDEX = KeyIndex(KEYS)
 _CHILD = re.compile(r"^ml\.opt\.decay\.(\d+)\.(.+)$")
 _LISTING = "docs/decay.md lists every decay key"
 # Keys the learner reads, not the schedule: never reported as unused.
-_LEARNER_KEYS = (PREFIX + "on.batch", PREFIX + "intervals")
+_LEARNER_KEYS = (PREFIX + "on.batch", PREFIX + "intervals", PREFIX + "unit")
 
 
 class DecayDeprecationWarning(UserWarning):

@@ -328,6 +328,15 @@ _TOP_ONLY = [
         "Advance the schedule once per update (true) or once per epoch (false).",
     ),
     Key(
+        PREFIX + "unit",
+        "str",
+        "updates",
+        "What the schedule counts: updates (optimizer steps), samples (training rows seen "
+        "before the update) or epochs (fractional: samples / rows per epoch); step sizes, "
+        "warmup and periods are read in that unit.",
+        choices=("updates", "samples", "epochs"),
+    ),
+    Key(
         PREFIX + "schedulers",
         "str_list",
         None,
@@ -337,6 +346,21 @@ _TOP_ONLY = [
 
 _BASE = [
     Key(LR_KEY, "float", 0.5, "Initial step size (Angel's eta).", non_negative),
+    Key(
+        LR_KEY + ".scaling",
+        "str",
+        "none",
+        "Scale every step size by the global batch over ml.learn.rate.reference.batch: none, "
+        "linear (Goyal et al. 2017) or sqrt.",
+        choices=("none", "linear", "sqrt"),
+    ),
+    Key(
+        LR_KEY + ".reference.batch",
+        "int",
+        256,
+        "The global batch ml.learn.rate is tuned for (ml.learn.rate.scaling).",
+        _AT_LEAST_ONE,
+    ),
     Key(
         DEPRECATED_ALPHA_KEY,
         "float",

@@ -228,6 +228,7 @@ def start_record(
         "lr": conf["ml.learn.rate"],
         "decay": conf["ml.opt.decay.class.name"],
         "decay_on_batch": plan.decay_on_batch,
+        "decay_unit": conf["ml.opt.decay.unit"],
     }
 
 
@@ -243,6 +244,8 @@ def step_record(
         "step": step,
         "updates": updates,
         "lr": o0["last_lr"],
+        # momentum, lr/<table>, momentum/<table>, schedule_at (learners/rate_plan.py)
+        **o0.get("last_rates", {}),
         "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
         "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
         "pull_s": o0["pull_s"],

@@ -1,0 +1,263 @@
+"""The step size and momentum of every update: the job's schedule, the tables' own schedules,
+the unit they count in and the batch scaling (:class:`RatePlan`).
+
+* Momentum: a schedule that defines ``momentum_at`` (CyclicLR, OneCycleLR with
+  ``cycle_momentum``) sets the momentum of Momentum and β1 of Adam for each update, as torch's
+  schedulers write ``momentum``/``betas[0]`` into the optimizer before each step.
+* Tables: ``ml.opt.decay.<table>.*`` / ``ml.learn.rate.<table>`` give a table (``dense``: the
+  worker-side layers) a schedule of its own (:mod:`learners.table_schedules`).
+* Unit (``ml.opt.decay.unit``): ``updates`` evaluates each schedule at its count (advanced per
+  update or per epoch, ``ml.opt.decay.on.batch``); ``samples`` at the training rows seen before
+  the update, ``epoch × rows + min(update × global batch, rows)``; ``epochs`` at that divided by
+  the rows of an epoch (a real number). These do not depend on the worker count or batch size,
+  so a job resumed with others continues the same curve per sample.
+* Scaling (``ml.learn.rate.scaling``): every step size times ``G/ref`` (linear) or
+  ``√(G/ref)`` (sqrt), ``G`` the global batch, ``ref`` ``ml.learn.rate.reference.batch``.
+
+The driver holds the plan; each worker gets a copy per epoch (``begin_epoch``), asks it for each
+update's rates (:meth:`RatePlan.rates`) and advances it once per applied update; its state comes
+back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from angelconf.config import ConfigError
+from angelps import OptimizerSpec
+from angelps.rates import Step, StepRates
+from angelps.table import TableSpec
+from decay import StepSizeScheduler, from_conf
+from learners.plan import JobSize, TrainPlan
+
+__all__ = [
+    "DENSE",
+    "UNITS",
+    "RatePlan",
+    "UpdateRates",
+    "batch_scale",
+    "build_rate_plan",
+    "schedule_total",
+]
+
+UNITS = ("updates", "samples", "epochs")
+#: The name that stands for the worker-side dense layers in per-table keys.
+DENSE = "dense"
+#: Keys of state_dict() that are the plan's own (the rest is the job schedule's).
+_OWN = ("tables", "in_epoch", "epoch")
+
+
+@dataclass(frozen=True)
+class UpdateRates:
+    """What one update uses: ``push`` goes with the PS push (a float when nothing but the
+    step size is set), ``dense_lr``/``dense_momentum`` step the worker-side layers, ``lr`` is
+    the job schedule's (the record's ``lr``), ``record`` the step record's other fields."""
+
+    push: Step
+    lr: float
+    dense_lr: float
+    dense_momentum: float | None
+    record: dict[str, float] = field(default_factory=dict)
+
+
+def schedule_total(unit: str, on_batch: bool, epochs: int, updates: int, rows: int) -> int:
+    """The length the schedules are told (fills ``total.steps``/``t.max`` when unset)."""
+    if unit == "samples":
+        return max(1, epochs * rows)
+    if unit == "epochs":
+        return epochs
+    return updates * epochs if on_batch else epochs
+
+
+class RatePlan:
+    """The schedules of a job and where they stand; see the module docstring."""
+
+    def __init__(
+        self,
+        main: StepSizeScheduler,
+        tables: Mapping[str, StepSizeScheduler] | None = None,
+        unit: str = "updates",
+        on_batch: bool = False,
+        global_batch: int = 1,
+        epoch_rows: int = 1,
+        scale: float = 1.0,
+    ) -> None:
+        if unit not in UNITS:
+            raise ValueError(f"ml.opt.decay.unit={unit} is not valid: expected one of {UNITS}")
+        self.main = main
+        self.tables = dict(tables or {})
+        self.unit = unit
+        self.on_batch = on_batch
+        self.global_batch = global_batch
+        self.epoch_rows = max(1, epoch_rows)
+        self.scale = scale
+        self.epoch = 0
+        self.in_epoch = 0  # updates applied in this epoch
+        self._plain = not self.tables and main.momentum_at(0) is None and unit == "updates"
+
+    # --- where the schedules stand ---------------------------------------------------------------
+
+    def start_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` begins (its first update has seen ``epoch × rows`` samples)."""
+        self.epoch = epoch
+        self.in_epoch = 0
+
+    def position(self) -> float:
+        """Where the next update reads the schedules: samples seen, or the fractional epoch
+        (unit updates: the job schedule's count)."""
+        if self.unit == "updates":
+            return float(self.main.count)
+        seen = self.epoch * self.epoch_rows + min(
+            self.in_epoch * self.global_batch, self.epoch_rows
+        )
+        return seen if self.unit == "samples" else seen / self.epoch_rows
+
+    def advance(self) -> None:
+        """An update was applied: the per-update schedules count it."""
+        self.in_epoch += 1
+        if self.unit == "updates" and self.on_batch:
+            self.main.advance()
+            for s in self.tables.values():
+                s.advance()
+
+    def schedules(self) -> list[StepSizeScheduler]:
+        """The job schedule, then the tables' own."""
+        return [self.main, *self.tables.values()]
+
+    # --- the rates of the next update ------------------------------------------------------------
+
+    def _at(self, s: StepSizeScheduler) -> tuple[float, float | None]:
+        if self.unit == "updates":
+            lr, m = s.peek(), s.momentum_at(s.count)
+        elif self.unit == "samples":
+            k = int(self.position())
+            lr, m = s.lr_at(k), s.momentum_at(k)
+        else:
+            lr, m = s.value_at(self.position())
+        return lr * self.scale, m
+
+    def peek(self) -> float:
+        """The job schedule's step size for the next update."""
+        return self._at(self.main)[0]
+
+    def rates(self) -> UpdateRates:
+        """Step sizes and momenta of the next update."""
+        if self._plain:  # the common case: one float, as before
+            lr = self.main.peek() * self.scale
+            return UpdateRates(lr, lr, lr, None)
+        lr, m = self._at(self.main)
+        record: dict[str, float] = {}
+        if m is not None:
+            record["momentum"] = m
+        own: dict[str, tuple[float, float | None]] = {}
+        for name, s in self.tables.items():
+            t_lr, t_m = self._at(s)
+            own[name] = (t_lr, t_m)
+            record[f"lr/{name}"] = t_lr
+            if t_m is not None:
+                record[f"momentum/{name}"] = t_m
+        if self.unit != "updates":
+            record["schedule_at"] = self.position()
+        dense_lr, dense_m = own.get(DENSE, (lr, m))
+        own.pop(DENSE, None)
+        push: Step = StepRates(lr, m, own) if own or m is not None else lr
+        return UpdateRates(push, lr, dense_lr, dense_m, record)
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The job schedule's state (what checkpoints always held), the tables' and the position
+        in the epoch."""
+        return {
+            **self.main.state_dict(),
+            "tables": {n: s.state_dict() for n, s in self.tables.items()},
+            "in_epoch": self.in_epoch,
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a checkpoint without a table's state (the table had no
+        schedule of its own then) starts that table at the job schedule's count."""
+        self.main.load_state_dict({k: v for k, v in state.items() if k not in _OWN})
+        saved = state.get("tables") or {}
+        for name, s in self.tables.items():
+            s.load_state_dict(saved.get(name, {"count": self.main.count}))
+        self.in_epoch = int(state.get("in_epoch", 0))
+        self.epoch = int(state.get("epoch", self.epoch))
+
+
+def batch_scale(scaling: str, global_batch: int, reference: int) -> float:
+    """``ml.learn.rate.scaling``'s factor for a global batch of ``global_batch``."""
+    if scaling == "linear":
+        return global_batch / reference
+    if scaling == "sqrt":
+        return math.sqrt(global_batch / reference)
+    return 1.0
+
+
+#: The optimizers whose momentum (β1) a schedule can drive.
+_CYCLABLE = ("momentum", "adam")
+
+
+def check_momentum_cycle(
+    sched: StepSizeScheduler, users: Mapping[str, str], prefix: str = "ml.opt.decay."
+) -> None:
+    """ConfigError when ``sched`` cycles the momentum but one of its ``users`` (what -> its
+    optimizer's name) has none, as torch raises for an optimizer without momentum or betas; or
+    when the cycle leaves [0, 1)."""
+    if sched.momentum_at(0) is None:
+        return
+    key = f"{prefix}cycle.momentum"
+    for what, opt in users.items():
+        if opt not in _CYCLABLE:
+            raise ConfigError(
+                f"{key}=true: {type(sched).__name__} cycles the momentum, but {what} "
+                f"uses {opt}, which has none (valid with a momentum cycle: Momentum, Adam); "
+                f"set {key}=false or use Momentum or Adam"
+            )
+    for name in ("base_momentum", "max_momentum"):
+        m = getattr(sched, name, None)
+        if m is not None and not 0 <= m < 1:
+            raise ConfigError(
+                f"{prefix}{name.replace('_', '.')}={m!r} is not valid with {key}=true: "
+                "expected a number in [0, 1) (the optimizer's momentum or Adam's beta1)"
+            )
+
+
+def build_rate_plan(
+    conf: Mapping[str, Any],
+    plan: TrainPlan,
+    size: JobSize,
+    tables: list[TableSpec],
+    dense_params: int,
+) -> RatePlan:
+    """The job's rate plan from its configuration, once the tables and the job's size are known."""
+    from learners.table_schedules import table_schedules
+
+    unit = str(conf["ml.opt.decay.unit"])
+    rows = sum(size.train_rows) or size.batch_size * plan.workers * size.updates_per_epoch
+    total = schedule_total(unit, plan.decay_on_batch, plan.epochs, size.updates_per_epoch, rows)
+    main = from_conf(conf, total_steps=total)
+    users = {f"table {t.name}": t.optimizer.name for t in tables}
+    if dense_params and plan.dense_placement == "worker":
+        users["the dense layers (ml.fclayer.optimizer)"] = OptimizerSpec.from_conf(
+            conf, "ml.fclayer.optimizer"
+        ).name
+    own = table_schedules(conf, [t.name for t in tables], total)
+    for name, s in own.items():
+        user = {
+            k: v
+            for k, v in users.items()
+            if k == f"table {name}" or (name == DENSE and k.startswith("the dense"))
+        }
+        check_momentum_cycle(s, user, f"ml.opt.decay.{name}.")
+        users = {k: v for k, v in users.items() if k not in user}
+    check_momentum_cycle(main, users)
+    global_batch = size.batch_size * plan.workers * plan.accum
+    scale = batch_scale(
+        str(conf["ml.learn.rate.scaling"]), global_batch, int(conf["ml.learn.rate.reference.batch"])
+    )
+    return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale)
