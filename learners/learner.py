@@ -226,7 +226,7 @@ class GraphLearner(Inference):
                 self._tables,
                 _angel_name(self.conf),
                 dense_params,
-                self.sched,
+                self.rates,
             )
         )
         return progress

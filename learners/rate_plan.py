@@ -31,10 +31,11 @@ from angelps import OptimizerSpec
 from angelps.rates import Step, StepRates
 from angelps.table import TableSpec
 from decay import StepSizeScheduler, from_conf
+from decay.keys import PREFIX
 from learners.plan import JobSize, TrainPlan
+from learners.table_schedules import DENSE, table_schedules
 
 __all__ = [
-    "DENSE",
     "UNITS",
     "RatePlan",
     "UpdateRates",
@@ -44,8 +45,6 @@ __all__ = [
 ]
 
 UNITS = ("updates", "samples", "epochs")
-#: The name that stands for the worker-side dense layers in per-table keys.
-DENSE = "dense"
 #: Keys of state_dict() that are the plan's own (the rest is the job schedule's).
 _OWN = ("tables", "in_epoch", "epoch")
 
@@ -84,7 +83,10 @@ class RatePlan:
         global_batch: int = 1,
         epoch_rows: int = 1,
         scale: float = 1.0,
+        ps_dense: tuple[str, ...] = (),
     ) -> None:
+        """``tables``: the tables' own schedules by name (``dense``: the dense layers, and the
+        PS tables ``ps_dense`` that hold them under angel.dense.placement=ps)."""
         if unit not in UNITS:
             raise ValueError(f"ml.opt.decay.unit={unit} is not valid: expected one of {UNITS}")
         self.main = main
@@ -94,6 +96,7 @@ class RatePlan:
         self.global_batch = global_batch
         self.epoch_rows = max(1, epoch_rows)
         self.scale = scale
+        self.ps_dense = ps_dense if DENSE in self.tables else ()
         self.epoch = 0
         self.in_epoch = 0  # updates applied in this epoch
         self._plain = not self.tables and main.momentum_at(0) is None and unit == "updates"
@@ -162,9 +165,32 @@ class RatePlan:
         if self.unit != "updates":
             record["schedule_at"] = self.position()
         dense_lr, dense_m = own.get(DENSE, (lr, m))
-        own.pop(DENSE, None)
+        if DENSE in own:
+            for name in self.ps_dense:
+                own[name] = own[DENSE]
+            del own[DENSE]
         push: Step = StepRates(lr, m, own) if own or m is not None else lr
         return UpdateRates(push, lr, dense_lr, dense_m, record)
+
+    def describe(self) -> list[str]:
+        """The start screen's lines: each schedule, what it counts and its first values."""
+        if self.unit == "updates":
+            per = "per update" if self.on_batch else "per epoch"
+            points: list[float] = [0, 1, 2, 3]
+        else:
+            per = f"in {self.unit} (ml.opt.decay.unit)"
+            seen = [float(min(i * self.global_batch, self.epoch_rows)) for i in range(4)]
+            points = seen if self.unit == "samples" else [x / self.epoch_rows for x in seen]
+        if self.scale != 1.0:
+            per += f", x{self.scale:.4g} (ml.learn.rate.scaling)"
+        lines = []
+        for name, s in [("", self.main), *((f"{n}: ", t) for n, t in self.tables.items())]:
+            vals = [s.value_at(x) for x in points]
+            text = ", ".join(f"{lr * self.scale:.4g}" for lr, _ in vals)
+            if vals[0][1] is not None:
+                text += "; momentum " + ", ".join(f"{m:.4g}" for _, m in vals)
+            lines.append(f"{name}{s.describe()} {per}: {text}, ...")
+        return lines
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -203,7 +229,7 @@ _CYCLABLE = ("momentum", "adam")
 
 
 def check_momentum_cycle(
-    sched: StepSizeScheduler, users: Mapping[str, str], prefix: str = "ml.opt.decay."
+    sched: StepSizeScheduler, users: Mapping[str, str], prefix: str = PREFIX
 ) -> None:
     """ConfigError when ``sched`` cycles the momentum but one of its ``users`` (what -> its
     optimizer's name) has none, as torch raises for an optimizer without momentum or betas; or
@@ -234,30 +260,30 @@ def build_rate_plan(
     tables: list[TableSpec],
     dense_params: int,
 ) -> RatePlan:
-    """The job's rate plan from its configuration, once the tables and the job's size are known."""
-    from learners.table_schedules import table_schedules
-
+    """The job's rate plan from its configuration, once the tables and the job's size are
+    known. ConfigError for a per-table key of an unknown table, or a momentum cycle on an
+    optimizer without momentum."""
     unit = str(conf["ml.opt.decay.unit"])
     rows = sum(size.train_rows) or size.batch_size * plan.workers * size.updates_per_epoch
     total = schedule_total(unit, plan.decay_on_batch, plan.epochs, size.updates_per_epoch, rows)
     main = from_conf(conf, total_steps=total)
-    users = {f"table {t.name}": t.optimizer.name for t in tables}
-    if dense_params and plan.dense_placement == "worker":
-        users["the dense layers (ml.fclayer.optimizer)"] = OptimizerSpec.from_conf(
-            conf, "ml.fclayer.optimizer"
-        ).name
-    own = table_schedules(conf, [t.name for t in tables], total)
+    worker_dense = bool(dense_params) and plan.dense_placement == "worker"
+    names = [t.name for t in tables]
+    own = table_schedules(conf, names, total, worker_dense)
+    # (schedule of, what, optimizer) of everything that takes a step
+    users = [
+        (DENSE if t.name.startswith(DENSE + ".") else t.name, f"table {t.name}", t.optimizer.name)
+        for t in tables
+    ]
+    if worker_dense:
+        opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
+        users.append((DENSE, "the dense layers (ml.fclayer.optimizer)", opt))
     for name, s in own.items():
-        user = {
-            k: v
-            for k, v in users.items()
-            if k == f"table {name}" or (name == DENSE and k.startswith("the dense"))
-        }
-        check_momentum_cycle(s, user, f"ml.opt.decay.{name}.")
-        users = {k: v for k, v in users.items() if k not in user}
-    check_momentum_cycle(main, users)
+        check_momentum_cycle(s, {w: o for t, w, o in users if t == name}, f"{PREFIX}{name}.")
+    check_momentum_cycle(main, {w: o for t, w, o in users if t not in own})
     global_batch = size.batch_size * plan.workers * plan.accum
     scale = batch_scale(
         str(conf["ml.learn.rate.scaling"]), global_batch, int(conf["ml.learn.rate.reference.batch"])
     )
-    return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale)
+    ps_dense = tuple(n for n in names if n.startswith(DENSE + "."))
+    return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale, ps_dense)

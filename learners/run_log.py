@@ -26,6 +26,7 @@ from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
 from learners.progress import JobBar, PlainProgress
+from learners.rate_plan import RatePlan
 from learners.runs import METRICS, SUMMARY, is_url, run_url, upload_run
 
 __all__ = [
@@ -280,7 +281,7 @@ def banner(
     tables: Sequence[TableSpec],
     model: str,
     dense_params: int,
-    sched: StepSizeScheduler | None,
+    sched: RatePlan | StepSizeScheduler | None,
 ) -> str:
     """The screen at the start of training: data, tables, dense layers, batch and schedule."""
     w = plan.workers
@@ -319,7 +320,9 @@ def banner(
         f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
         f"= {size.updates_per_epoch * plan.epochs}",
     ]
-    if sched is not None:
+    if isinstance(sched, RatePlan):  # the job's schedule, then each table's own
+        lines += [f"  decay    {x}" for x in sched.describe()]
+    elif sched is not None:
         per = "update" if plan.decay_on_batch else "epoch"
         first = ", ".join(f"{sched.lr_at(i):.4g}" for i in range(4))
         lines.append(f"  decay    {sched.describe()} per {per}: {first}, ...")
