@@ -21,7 +21,6 @@ back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from angelps.rates import Step, StepRates
 from angelps.table import TableSpec
 from decay import StepSizeScheduler, from_conf
 from decay.keys import PREFIX
+from learners.lr_scaling import batch_scale
 from learners.plan import JobSize, TrainPlan
 from learners.table_schedules import DENSE, table_schedules
 
@@ -213,15 +213,6 @@ class RatePlan:
             s.load_state_dict(saved.get(name, {"count": self.main.count}))
         self.in_epoch = int(state.get("in_epoch", 0))
         self.epoch = int(state.get("epoch", self.epoch))
-
-
-def batch_scale(scaling: str, global_batch: int, reference: int) -> float:
-    """``ml.learn.rate.scaling``'s factor for a global batch of ``global_batch``."""
-    if scaling == "linear":
-        return global_batch / reference
-    if scaling == "sqrt":
-        return math.sqrt(global_batch / reference)
-    return 1.0
 
 
 #: The optimizers whose momentum (β1) a schedule can drive.

@@ -176,8 +176,8 @@ def _schedules(conf: Any, total: int) -> tuple[StepSizeScheduler, dict[str, Step
 
 def _scale(conf: Any, global_batch: int | None) -> float:
     """ml.learn.rate.scaling's factor (the global batch of ml.minibatch.size when not counted)."""
+    from learners.lr_scaling import batch_scale
     from learners.plan import TrainPlan
-    from learners.rate_plan import batch_scale
 
     if global_batch is None:
         plan = TrainPlan.from_config(conf)
