@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 __all__ = ["Step", "StepRates", "check_momentum", "rate_of"]
 
@@ -38,28 +37,43 @@ def _check_lr(lr: Any) -> float:
     return float(lr)
 
 
-@dataclass(frozen=True)
-class StepRates:
+class _Rates(NamedTuple):
+    lr: float
+    momentum: float | None
+    tables: Mapping[str, tuple[float, float | None]]
+
+
+class StepRates(_Rates):
     """Step size and momentum of one push, with per-table values.
 
     ``lr``/``momentum`` apply to every table not in ``tables``; ``tables`` maps a table name to
     its own ``(lr, momentum)``. A momentum of None keeps the table's configured one
-    (``ml.opt.momentum`` / ``ml.opt.adam.beta1``).
+    (``ml.opt.momentum`` / ``ml.opt.adam.beta1``). An immutable tuple whose constructor checks
+    every value (also when Ray unpickles one at a shard); :meth:`unchecked` skips the checks.
     """
 
-    lr: float
-    momentum: float | None = None
-    tables: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _check_lr(self.lr))
-        object.__setattr__(self, "momentum", check_momentum(self.momentum))
+    def __new__(
+        cls,
+        lr: float,
+        momentum: float | None = None,
+        tables: Mapping[str, tuple[float, float | None]] | None = None,
+    ) -> StepRates:
         own: dict[str, tuple[float, float | None]] = {}
-        for name, pair in dict(self.tables).items():
+        for name, pair in dict(tables or {}).items():
             if not isinstance(name, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValueError(f"StepRates.tables: {name!r}: {pair!r} is not (lr, momentum)")
             own[name] = (_check_lr(pair[0]), check_momentum(pair[1]))
-        object.__setattr__(self, "tables", own)
+        return tuple.__new__(cls, (_check_lr(lr), check_momentum(momentum), own))
+
+    @classmethod
+    def unchecked(
+        cls, lr: float, momentum: float | None, tables: Mapping[str, tuple[float, float | None]]
+    ) -> StepRates:
+        """Built without the checks, from values the caller has checked (the learner's rate
+        plan, once per update: the checks would cost more than the schedule)."""
+        return tuple.__new__(cls, (lr, momentum, tables))
 
     def of(self, table: str) -> tuple[float, float | None]:
         """``(lr, momentum)`` of ``table``."""

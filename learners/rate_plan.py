@@ -22,8 +22,7 @@ back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from angelconf.config import ConfigError
 from angelps import OptimizerSpec
@@ -45,21 +44,43 @@ __all__ = [
 ]
 
 UNITS = ("updates", "samples", "epochs")
+_NONE: dict[str, tuple[float, float | None]] = {}  # (never written to)
 #: Keys of state_dict() that are the plan's own (the rest is the job schedule's).
 _OWN = ("tables", "in_epoch", "epoch")
 
 
-@dataclass(frozen=True)
-class UpdateRates:
+class UpdateRates(NamedTuple):
     """What one update uses: ``push`` goes with the PS push (a float when nothing but the
-    step size is set), ``dense_lr``/``dense_momentum`` step the worker-side layers, ``lr`` is
-    the job schedule's (the record's ``lr``), ``record`` the step record's other fields."""
+    step size is set), ``dense_lr``/``dense_momentum`` step the worker-side layers, ``lr`` and
+    ``momentum`` are the job schedule's, ``tables`` each table's own ``(lr, momentum)``, ``at``
+    the position read (a schedule counted in samples or epochs). A tuple: built every update."""
 
     push: Step
     lr: float
     dense_lr: float
     dense_momentum: float | None
-    record: dict[str, float] = field(default_factory=dict)
+    momentum: float | None = None
+    tables: Mapping[str, tuple[float, float | None]] | None = None
+    at: float | None = None
+
+    @classmethod
+    def fixed(cls, lr: float) -> UpdateRates:
+        """A plain step size ``lr`` for everything."""
+        return cls(lr, lr, lr, None)
+
+    def record(self) -> dict[str, float]:
+        """The step record's fields beside ``lr``: momentum, lr/<table>, momentum/<table>,
+        schedule_at (built once per record, not per update)."""
+        out: dict[str, float] = {}
+        if self.momentum is not None:
+            out["momentum"] = self.momentum
+        for name, (lr, m) in (self.tables or {}).items():
+            out[f"lr/{name}"] = lr
+            if m is not None:
+                out[f"momentum/{name}"] = m
+        if self.at is not None:
+            out["schedule_at"] = self.at
+        return out
 
 
 def schedule_total(unit: str, on_batch: bool, epochs: int, updates: int, rows: int) -> int:
@@ -100,6 +121,7 @@ class RatePlan:
         self.epoch = 0
         self.in_epoch = 0  # updates applied in this epoch
         self._plain = not self.tables and main.momentum_at(0) is None and unit == "updates"
+        self._own = list(self.tables.items())  # (name, schedule): read every update
 
     # --- where the schedules stand ---------------------------------------------------------------
 
@@ -132,45 +154,42 @@ class RatePlan:
 
     # --- the rates of the next update ------------------------------------------------------------
 
-    def _at(self, s: StepSizeScheduler) -> tuple[float, float | None]:
-        if self.unit == "updates":
-            lr, m = s.peek(), s.momentum_at(s.count)
-        elif self.unit == "samples":
-            k = int(self.position())
-            lr, m = s.lr_at(k), s.momentum_at(k)
-        else:
-            lr, m = s.value_at(self.position())
+    def _read(self, s: StepSizeScheduler, x: float | None) -> tuple[float, float | None]:
+        """``s``'s (scaled step size, momentum) at ``x`` (None: at its own count)."""
+        lr, m = s.value_at(s.count if x is None else x)
         return lr * self.scale, m
 
     def peek(self) -> float:
         """The job schedule's step size for the next update."""
-        return self._at(self.main)[0]
+        return self._read(self.main, None if self.unit == "updates" else self.position())[0]
 
     def rates(self) -> UpdateRates:
-        """Step sizes and momenta of the next update."""
+        """Step sizes and momenta of the next update (called once per update: kept lean)."""
         if self._plain:  # the common case: one float, as before
             lr = self.main.peek() * self.scale
             return UpdateRates(lr, lr, lr, None)
-        lr, m = self._at(self.main)
-        record: dict[str, float] = {}
-        if m is not None:
-            record["momentum"] = m
+        x: float | None = None
+        if self.unit != "updates":  # (position(), inlined)
+            rows, seen = self.epoch_rows, self.in_epoch * self.global_batch
+            x = self.epoch * rows + (seen if seen < rows else rows)
+            if self.unit == "epochs":
+                x /= rows
+        scale = self.scale
+        lr, m = self.main.value_at(self.main.count if x is None else x)
+        lr *= scale
+        if not self._own:
+            return UpdateRates(StepRates.unchecked(lr, m, _NONE), lr, lr, m, m, None, x)
         own: dict[str, tuple[float, float | None]] = {}
-        for name, s in self.tables.items():
-            t_lr, t_m = self._at(s)
-            own[name] = (t_lr, t_m)
-            record[f"lr/{name}"] = t_lr
-            if t_m is not None:
-                record[f"momentum/{name}"] = t_m
-        if self.unit != "updates":
-            record["schedule_at"] = self.position()
+        for name, s in self._own:  # (inlined _read: this runs every update)
+            t_lr, t_m = s.value_at(s.count if x is None else x)
+            own[name] = (t_lr * scale, t_m)
+        pushed = own  # (an entry for dense, no PS table's name, is never read)
+        if self.ps_dense:  # the PS's dense.* tables take dense's rates
+            pushed = dict(own)
+            for t in self.ps_dense:
+                pushed[t] = own[DENSE]
         dense_lr, dense_m = own.get(DENSE, (lr, m))
-        if DENSE in own:
-            for name in self.ps_dense:
-                own[name] = own[DENSE]
-            del own[DENSE]
-        push: Step = StepRates(lr, m, own) if own or m is not None else lr
-        return UpdateRates(push, lr, dense_lr, dense_m, record)
+        return UpdateRates(StepRates.unchecked(lr, m, pushed), lr, dense_lr, dense_m, m, own, x)
 
     def describe(self) -> list[str]:
         """The start screen's lines: each schedule, what it counts and its first values."""

@@ -103,6 +103,7 @@ class TrainWorker:
         self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
+        self._last_rates = UpdateRates.fixed(0.0)
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -263,11 +264,7 @@ class TrainWorker:
         queue, self._ready = self._ready, collections.deque()
         depth = self.plan.feed.prefetch_depth
         for u in range(n_updates):
-            rates = (
-                UpdateRates(epoch_lr, epoch_lr, epoch_lr, None)
-                if epoch_lr is not None
-                else self.sched.rates()
-            )
+            rates = self.sched.rates() if epoch_lr is None else UpdateRates.fixed(epoch_lr)
             last = u + 1 == n_updates
             # batches to have in flight after this update: those of this chunk, and the next
             # chunk's first one after the last update (prefetch)
@@ -282,6 +279,8 @@ class TrainWorker:
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
+        if stats.updates:  # momentum, lr/<table>, ... of the last update (learners/rate_plan.py)
+            stats.last_rates = self._last_rates.record()
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
@@ -327,7 +326,7 @@ class TrainWorker:
             self.opt.zero_grad(set_to_none=True)
         stats.updates += 1
         stats.last_lr = rates.lr
-        stats.last_rates = rates.record
+        self._last_rates = rates
         if self.amp:
             self.good_steps += 1
             if self.good_steps % 2000 == 0:

@@ -33,8 +33,8 @@ def test_samples_and_epochs_units_read_the_schedule_at_the_samples_seen():
     seen = []
     for _ in range(17):  # 16 updates fill the epoch; the 17th is capped at its rows
         r = plan.rates()
-        seen.append(r.record["schedule_at"])
-        assert r.lr == sched.lr_at(int(r.record["schedule_at"]))
+        seen.append(r.record()["schedule_at"])
+        assert r.lr == sched.lr_at(int(r.record()["schedule_at"]))
         plan.advance()
     assert seen[:3] == [2000, 2064, 2128] and seen[-1] == 3000
     assert sched.count == 0  # a schedule counted in samples keeps no count of updates

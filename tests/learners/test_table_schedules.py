@@ -100,7 +100,7 @@ def test_dense_names_the_dense_layers_and_the_ps_dense_tables():
     r = plan.rates()
     assert (r.lr, r.dense_lr) == (0.1, 0.3)
     assert r.push.of("dense.0.weight") == (0.3, None) and r.push.of("weight") == (0.1, None)
-    assert r.record == {"lr/dense": 0.3}
+    assert r.record() == {"lr/dense": 0.3}
 
 
 def test_table_rates_go_to_tensorboard():
