@@ -61,7 +61,8 @@ class Key:
     ``check(value)`` returns ``None`` when the value is fine, else a short phrase saying what is
     valid ("an integer >= 1"). ``choices`` restricts a ``str`` key to these names (matched
     case-insensitively, stored in the declared spelling). A ``<i>`` in the name stands for a
-    non-negative integer index. ``default=None`` means "unset": the reader decides.
+    non-negative integer index, a ``<table>`` for a model's table name (a letter or ``_``, then
+    letters, digits or ``_``). ``default=None`` means "unset": the reader decides.
     """
 
     name: str
@@ -241,8 +242,8 @@ def _validate(key: Key, value: Any, where: str, name: str | None = None) -> Any:
 
 
 class KeyIndex:
-    """Declarations by name: exact names plus ``<i>`` patterns, nearest-name suggestions and the
-    error for an unknown key. A name is declared at most once."""
+    """Declarations by name: exact names plus ``<i>``/``<table>`` patterns, nearest-name
+    suggestions and the error for an unknown key. A name is declared at most once."""
 
     def __init__(self, keys: Iterable[Key]) -> None:
         self.exact: dict[str, Key] = {}
@@ -250,9 +251,10 @@ class KeyIndex:
         for k in keys:
             if k.name in self.exact or any(k.name == p.name for _, p in self.patterns):
                 raise ValueError(f"key {k.name} is declared twice")
-            if "<i>" in k.name:
-                rx = re.compile("^" + re.escape(k.name).replace("<i>", r"(\d+)") + "$")
-                self.patterns.append((rx, k))
+            if "<i>" in k.name or "<table>" in k.name:
+                rx = re.escape(k.name).replace("<i>", r"(\d+)")
+                rx = rx.replace("<table>", r"([A-Za-z_][A-Za-z0-9_]*)")
+                self.patterns.append((re.compile("^" + rx + "$"), k))
             else:
                 self.exact[k.name] = k
 
@@ -465,8 +467,9 @@ def render_markdown(groups: Sequence[tuple[str, Sequence[Key]]]) -> str:
         "by hand (a test fails when this file is stale).",
         "",
         "Precedence: built-in defaults < `.properties` file < `--set key=value`. A key written as",
-        "`<i>` stands for a child index (0, 1, ...). `angelps conf --conf F` prints the effective",
-        "configuration and where each value came from.",
+        "`<i>` stands for a child index (0, 1, ...), `<table>` for a model's table name (see",
+        "docs/decay.md). `angelps conf --conf F` prints the effective configuration and where",
+        "each value came from.",
         "",
     ]
     for title, keys in groups:

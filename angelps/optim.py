@@ -24,7 +24,10 @@ ftrl       FTRL-Proximal (McMahan et al. 2013; Angel's ``FTRLUpdateFunc``), per 
            As in Angel, α (``ml.opt.ftrl.alpha``) is the rate and the pushed η is not used.
 =========  ==================================================================================
 
-Momentum and Adam apply no L1 (as Angel).
+Momentum and Adam apply no L1 (as Angel). ``momentum`` (an argument of :func:`apply`, from a
+schedule that cycles it: torch's CyclicLR and OneCycleLR) replaces ``m`` of momentum and ``β1`` of
+adam for that update, as those schedulers write ``momentum``/``betas[0]`` into torch's
+optimizer before each step (Adam's bias correction then uses the new ``β1``: ``1−β1^t``).
 
 Each formula exists once, in its optimizer's class (:mod:`angelps.optimizers.builtin`; the
 interface: :mod:`angelps.optimizers.base`; more can be registered:
@@ -96,6 +99,8 @@ class DenseOptimizer:
                 f"ml.fclayer.optimizer={spec.name} cannot run on the workers ({opt.not_for_dense}; "
                 f"valid for worker-side dense layers: {valid})"
             )
+        # A schedule's momentum applies to an optimizer that has one (plain SGD has none).
+        self.cycles = opt.has_momentum
         spec = opt.dense_spec(replace(spec, l1=0.0))
         self.spec = spec
         self._torch_slots = dict(optimizer_for(spec).torch_slots)
@@ -109,15 +114,17 @@ class DenseOptimizer:
             for p in self.params
         ]
 
-    def step(self, lr: float) -> None:
-        """Update every parameter that has a gradient with step size ``lr``."""
+    def step(self, lr: float, momentum: float | None = None) -> None:
+        """Update every parameter that has a gradient with step size ``lr`` (and ``momentum``,
+        β1 of adam, when a schedule drives it; None: the configured one)."""
         import torch
 
         self.param_groups[0]["lr"] = lr
         with torch.no_grad():
             for p, st in zip(self.params, self.state, strict=True):
                 if p.grad is not None:
-                    apply(self.spec, p.view(1, -1), st, p.grad.view(1, -1), lr)
+                    g = p.grad.view(1, -1)
+                    apply(self.spec, p.view(1, -1), st, g, lr, momentum if self.cycles else None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

@@ -21,6 +21,8 @@ from typing import Any
 
 __all__ = ["ParamError", "StepSizeScheduler"]
 
+_INF = math.inf
+
 
 class ParamError(ValueError):
     """A bad schedule parameter: names the schedule, the parameter, the value and what is valid.
@@ -85,6 +87,28 @@ class StepSizeScheduler:
         """The momentum (or Adam's beta1) for update ``k``; None when the schedule leaves it alone."""
         return self._momentum(_check_k(k))
 
+    def value_at(self, x: float) -> tuple[float, float | None]:
+        """Step size and momentum at a real position ``x >= 0``: the same formulas read between
+        updates (a fractional epoch when the learner counts the schedule in epochs; step-like
+        schedules such as StepLR change at whole multiples, smooth ones move continuously)."""
+        if not 0 <= x < _INF:  # (negative, NaN and infinite positions fail; cheap: per update)
+            raise ValueError(f"position x={x!r} is not valid: expected a finite number >= 0")
+        at: Any = x  # the formulas are written for integers and hold for reals
+        return self._rates(at)
+
+    def _rates(self, k: int) -> tuple[float, float | None]:
+        """``(_lr(k), _momentum(k))``; schedules that share work between the two override it."""
+        return self._lr(k), self._momentum(k)
+
+    def _lr_only(self, k: int) -> tuple[float, float | None]:
+        return self._lr(k), None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A schedule that leaves the momentum alone reads one formula per update, not two.
+        if cls._momentum is StepSizeScheduler._momentum and "_rates" not in cls.__dict__:
+            cls._rates = StepSizeScheduler._lr_only  # type: ignore[method-assign]
+
     def _lr(self, k: int) -> float:
         raise NotImplementedError
 
@@ -119,7 +143,7 @@ class StepSizeScheduler:
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more updates (call after an update was really applied)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if type(n) is not int or n < 0:  # (not isinstance: bool is refused too; per update)
             raise ValueError(f"advance(n): n={n!r} is not valid: expected an integer >= 0")
         self._count += n
 

@@ -132,6 +132,13 @@ class CyclicLR(StepSizeScheduler):
         sf, scale = self._factor(k)
         return self.max_momentum - (self.max_momentum - self.base_momentum) * sf * scale
 
+    def _rates(self, k: int) -> tuple[float, float | None]:
+        sf, scale = self._factor(k)  # once for both
+        lr = _finite(self, k, self.base_lr + (self.max_lr - self.base_lr) * sf * scale)
+        if not self.cycle_momentum:
+            return lr, None
+        return lr, self.max_momentum - (self.max_momentum - self.base_momentum) * sf * scale
+
 
 class OneCycleLR(StepSizeScheduler):
     """The 1cycle policy (torch ``OneCycleLR``, Smith & Topin 2018), with its momentum cycle.
@@ -252,3 +259,14 @@ class OneCycleLR(StepSizeScheduler):
         pct, i = self._phase(k)
         ph = self._phases[i]
         return self._anneal(ph[3], ph[4], pct)
+
+    def _rates(self, k: int) -> tuple[float, float | None]:
+        pct, i = self._phase(k)  # once for both, and the cosine once (the same operations)
+        ph = self._phases[i]
+        if self.anneal_strategy == "cos":
+            c = math.cos(math.pi * pct) + 1
+            lr = ph[2] + (ph[1] - ph[2]) / 2.0 * c
+            m = ph[4] + (ph[3] - ph[4]) / 2.0 * c if self.cycle_momentum else None
+            return lr, m
+        lr = self._anneal(ph[1], ph[2], pct)
+        return lr, self._anneal(ph[3], ph[4], pct) if self.cycle_momentum else None

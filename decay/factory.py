@@ -30,7 +30,7 @@ _INDEX = KeyIndex(KEYS)
 _CHILD = re.compile(r"^ml\.opt\.decay\.(\d+)\.(.+)$")
 _LISTING = "docs/decay.md lists every decay key"
 # Keys the learner reads, not the schedule: never reported as unused.
-_LEARNER_KEYS = (PREFIX + "on.batch", PREFIX + "intervals")
+_LEARNER_KEYS = (PREFIX + "on.batch", PREFIX + "intervals", PREFIX + "unit")
 
 
 class DecayDeprecationWarning(UserWarning):
@@ -308,6 +308,11 @@ def _check_every_value(r: _Reader) -> None:
             r.get(key, mark=False)
 
 
+def _is_table_key(key: str) -> bool:
+    declared = _INDEX.find(key)
+    return declared is not None and "<table>" in declared.name
+
+
 def _warn_unused(r: _Reader, sched: StepSizeScheduler) -> None:
     unused = [
         k
@@ -316,6 +321,7 @@ def _warn_unused(r: _Reader, sched: StepSizeScheduler) -> None:
         and k not in r.used
         and k not in _LEARNER_KEYS
         and not _CHILD.match(k)
+        and not _is_table_key(k)  # a table's own schedule reads it (learners)
         and r.is_set(k)
     ]
     if unused:

@@ -14,7 +14,15 @@ from dataclasses import replace
 
 from angelconf.config import Key, at_least, between, in_range, interval, non_negative, positive
 
-__all__ = ["CLASS_KEY", "DEPRECATED_ALPHA_KEY", "KEYS", "LR_KEY", "PREFIX", "SCHEDULE_SUFFIXES"]
+__all__ = [
+    "CLASS_KEY",
+    "DEPRECATED_ALPHA_KEY",
+    "KEYS",
+    "LR_KEY",
+    "PREFIX",
+    "SCHEDULE_SUFFIXES",
+    "TABLE_LR_KEY",
+]
 
 PREFIX = "ml.opt.decay."
 LR_KEY = "ml.learn.rate"
@@ -328,6 +336,15 @@ _TOP_ONLY = [
         "Advance the schedule once per update (true) or once per epoch (false).",
     ),
     Key(
+        PREFIX + "unit",
+        "str",
+        "updates",
+        "What the schedule counts: updates (optimizer steps), samples (training rows seen "
+        "before the update) or epochs (fractional: samples / rows per epoch); step sizes, "
+        "warmup and periods are read in that unit.",
+        choices=("updates", "samples", "epochs"),
+    ),
+    Key(
         PREFIX + "schedulers",
         "str_list",
         None,
@@ -337,6 +354,21 @@ _TOP_ONLY = [
 
 _BASE = [
     Key(LR_KEY, "float", 0.5, "Initial step size (Angel's eta).", non_negative),
+    Key(
+        LR_KEY + ".scaling",
+        "str",
+        "none",
+        "Scale every step size by the global batch over ml.learn.rate.reference.batch: none, "
+        "linear (Goyal et al. 2017) or sqrt.",
+        choices=("none", "linear", "sqrt"),
+    ),
+    Key(
+        LR_KEY + ".reference.batch",
+        "int",
+        256,
+        "The global batch ml.learn.rate is tuned for (ml.learn.rate.scaling).",
+        _AT_LEAST_ONE,
+    ),
     Key(
         DEPRECATED_ALPHA_KEY,
         "float",
@@ -355,8 +387,34 @@ def _child(key: Key) -> Key:
     return replace(key, name=f"{PREFIX}<i>.{suffix}", default=None, doc=f"Child <i>: {key.doc}")
 
 
+def _table(key: Key) -> Key:
+    """The ``ml.opt.decay.<table>.*`` twin of a schedule key: a table's own schedule (unset
+    by default: the global key applies)."""
+    suffix = key.name.removeprefix(PREFIX)
+    return replace(
+        key, name=f"{PREFIX}<table>.{suffix}", default=None, doc=f"Table <table>'s own: {key.doc}"
+    )
+
+
+#: ``ml.learn.rate.<table>``: a table's own initial step size.
+TABLE_LR_KEY = Key(
+    LR_KEY + ".<table>",
+    "float",
+    None,
+    "Table <table>'s own initial step size (unset: ml.learn.rate); gives the table a schedule "
+    "of its own, as any ml.opt.decay.<table>.* key does.",
+    non_negative,
+)
+
 #: Every key read by decay, each declared once.
-KEYS: list[Key] = [*_BASE, *_SCHEDULE_KEYS, *_TOP_ONLY, *(_child(k) for k in _SCHEDULE_KEYS)]
+KEYS: list[Key] = [
+    *_BASE,
+    *_SCHEDULE_KEYS,
+    *_TOP_ONLY,
+    *(_child(k) for k in _SCHEDULE_KEYS),
+    *(_table(k) for k in _SCHEDULE_KEYS),
+    TABLE_LR_KEY,
+]
 
 #: Suffixes under ``ml.opt.decay.`` of the schedule keys (``step.size``, ``gamma``, ...).
 SCHEDULE_SUFFIXES = frozenset(k.name.removeprefix(PREFIX) for k in _SCHEDULE_KEYS)

@@ -45,6 +45,7 @@ from angelps.client.transport import (
 )
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
+from angelps.rates import Step
 from angelps.server.launch import launch_shards
 from angelps.server.shard import check_keys, check_lr, check_push
 from angelps.table import TableSpec, table_named
@@ -237,7 +238,7 @@ class PSClient:
     def _submit(
         self,
         push: list[tuple[Routed, np.ndarray]] | None,
-        lr: float,
+        lr: Step,
         pull: list[Routed],
         pull_dense: Sequence[str] = (),
         ahead: int = 0,
@@ -326,24 +327,22 @@ class PSClient:
             raise ValueError(f"table {table!r} is sparse: pull_dense needs a dense table")
         return self.pull_many({table: None})[table]
 
-    def push_many_async(self, updates: Mapping[str, Update], lr: float) -> PSFuture[None]:
+    def push_many_async(self, updates: Mapping[str, Update], lr: Step) -> PSFuture[None]:
         """Future of :meth:`push_many` (``result()`` waits until every shard applied it)."""
         lr = check_lr(lr)
         calls = self._submit(self._route_push(updates), lr, [])
         return PSFuture(self, calls, lambda vals: None)
 
-    def push_many(self, updates: Mapping[str, Update], lr: float) -> None:
+    def push_many(self, updates: Mapping[str, Update], lr: Step) -> None:
         """Push gradients of several tables as one step of this worker, without waiting."""
         lr = check_lr(lr)
         self._track(self._submit(self._route_push(updates), lr, []))
 
-    def push_async(
-        self, table: str, keys: ArrayLike, grads: ArrayLike, lr: float
-    ) -> PSFuture[None]:
+    def push_async(self, table: str, keys: ArrayLike, grads: ArrayLike, lr: Step) -> PSFuture[None]:
         """Future of :meth:`push`."""
         return self.push_many_async({table: (keys, grads)}, lr)
 
-    def push(self, table: str, keys: ArrayLike, grads: ArrayLike, lr: float) -> None:
+    def push(self, table: str, keys: ArrayLike, grads: ArrayLike, lr: Step) -> None:
         """Push the loss gradient of rows ``keys`` (duplicates summed) with step size ``lr``;
         the shard applies the table's optimizer. Does not wait (see the module docstring)."""
         self.push_many({table: (keys, grads)}, lr)
@@ -351,7 +350,7 @@ class PSClient:
     def push_pull_async(
         self,
         updates: Mapping[str, Update],
-        lr: float,
+        lr: Step,
         requests: Mapping[str, ArrayLike],
         ahead: int = 0,
     ) -> PSFuture[dict[str, np.ndarray]]:
@@ -366,7 +365,7 @@ class PSClient:
         return PSFuture(self, calls, lambda vals: self._assemble(routed_pull, calls, vals))
 
     def push_pull(
-        self, updates: Mapping[str, Update], lr: float, requests: Mapping[str, ArrayLike]
+        self, updates: Mapping[str, Update], lr: Step, requests: Mapping[str, ArrayLike]
     ) -> dict[str, np.ndarray]:
         """Fused step, one call per shard: apply the pushes (this worker's step), then return
         the rows of ``requests`` as seen by the next step."""

@@ -34,6 +34,7 @@ from angelps.client.transport import (
     get_refs,
     remote_error,
 )
+from angelps.rates import Step
 from angelps.server.shard import ShardRestarted
 
 __all__ = ["FAILURES", "Call", "ReplayLog", "dead_for_good", "is_restart"]
@@ -57,7 +58,7 @@ class Call:
 class _Entry:
     __slots__ = ("clock", "lr", "pushes")
 
-    def __init__(self, clock: int, pushes: Pushes, lr: float) -> None:
+    def __init__(self, clock: int, pushes: Pushes, lr: Step) -> None:
         self.clock = clock
         self.pushes = pushes
         self.lr = lr
@@ -100,7 +101,7 @@ class ReplayLog:
         state["entries"] = [collections.deque() for _ in self.handles]
         return state
 
-    def record(self, shard: int, clock: int, pushes: Pushes, lr: float) -> None:
+    def record(self, shard: int, clock: int, pushes: Pushes, lr: Step) -> None:
         if self.enabled:
             self.entries[shard].append(_Entry(clock, pushes, lr))
 

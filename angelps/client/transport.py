@@ -31,6 +31,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelps.client import wire
 from angelps.options import ClientOptions
+from angelps.rates import Step
 from angelps.server.shard import ShardRestarted
 from angelps.table import TableSpec
 
@@ -204,7 +205,7 @@ class Transport:
     def call(
         self,
         shard: int,
-        args: tuple[int, int, Pushes | None, float, Pulls | None, bool, int | None],
+        args: tuple[int, int, Pushes | None, Step, Pulls | None, bool, int | None],
         nbytes: int,
     ) -> Ref:
         """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over

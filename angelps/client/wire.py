@@ -15,7 +15,8 @@ of any size streams in bounded frames: a body longer than :data:`MAX_FRAME_BYTES
 first frame's header says the whole body's length (``"n"``) and continuation frames (header
 length 0) carry the rest, each at most :data:`MAX_FRAME_BYTES` (:func:`frames`).
 
-* request: ``{"w": worker, "c": clock, "lr": lr, "r": recovering, "push": [[table, n, cols,
+* request: ``{"w": worker, "c": clock, "lr": lr (a number, or ``[lr, momentum, {table: [lr,
+  momentum]}]``: :meth:`angelps.rates.StepRates.to_json`), "r": recovering, "push": [[table, n, cols,
   dtype], ...] | null, "pull": [[table, n], ...] | null}`` and optionally ``"pc"``: the clock
   the pull is served at (default: the clock after the push; a prefetch names a later one); the
   body holds, per push, the ``n`` int64 keys then the ``[n, cols]`` gradients, and per pull
@@ -45,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from angelps.rates import Step, StepRates
 
 __all__ = [
     "ACK",
@@ -117,7 +120,7 @@ def encode_request(
     worker: int,
     clock: int,
     pushes: Mapping[str, tuple[np.ndarray, np.ndarray]] | None,
-    lr: float,
+    lr: Step,
     pulls: Mapping[str, np.ndarray | None] | None,
     recovering: bool = False,
     pull_clock: int | None = None,
@@ -145,7 +148,7 @@ def encode_request(
     head: dict[str, Any] = {
         "w": worker,
         "c": clock,
-        "lr": lr,
+        "lr": lr.to_json() if isinstance(lr, StepRates) else lr,
         "r": recovering,
         "push": push_h,
         "pull": pull_h,
@@ -209,8 +212,15 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
         raise ValueError("malformed request header (not an angelps frame)") from None
     if not (_is_int(worker) and _is_int(clock) and clock >= 0):
         raise ValueError("malformed request header: worker and clock must be integers >= 0")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not isinstance(recovering, bool):
-        raise ValueError("malformed request header: lr must be a number, r a boolean")
+    if isinstance(lr, list):
+        try:
+            lr = StepRates.from_json(lr)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed request header: lr: {e}") from None
+    elif not isinstance(lr, (int, float)) or isinstance(lr, bool):
+        raise ValueError("malformed request header: lr must be a number or step rates")
+    if not isinstance(recovering, bool):
+        raise ValueError("malformed request header: r must be a boolean")
     if pull_clock is not None and not (_is_int(pull_clock) and pull_clock >= 0):
         raise ValueError("malformed request header: pc must be an integer >= 0")
     off = 0
@@ -245,7 +255,7 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
         "worker": worker,
         "clock": clock,
         "pushes": pushes,
-        "lr": float(lr),
+        "lr": lr if isinstance(lr, StepRates) else float(lr),
         "pulls": pulls,
         "recovering": recovering,
         "pull_clock": pull_clock,

@@ -42,6 +42,7 @@ from angelps.options import (
     one_of,
 )
 from angelps.partition import Partitioner
+from angelps.rates import Step, StepRates, rate_of
 from angelps.server.consistency import ClockTable
 from angelps.storage.table_rows import Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
@@ -70,8 +71,11 @@ def all_finite(a: np.ndarray) -> bool:
     return bool(np.isfinite(a).all())
 
 
-def check_lr(lr: Any) -> float:
-    """The step size of a push: a finite number >= 0."""
+def check_lr(lr: Any) -> Step:
+    """The step of a push: a finite number >= 0, or :class:`~angelps.rates.StepRates` (checked
+    when built)."""
+    if isinstance(lr, StepRates):
+        return lr
     try:
         value = float(lr)
     except (TypeError, ValueError):
@@ -199,7 +203,7 @@ class ParameterShard:
         self.clocks = clocks
         # BSP with several workers: clock -> table -> list of (keys, grads); clock -> lr.
         self._pending: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
-        self._pending_lr: dict[int, float] = {}
+        self._pending_lr: dict[int, Step] = {}
         self.skipped: dict[str, int] = {name: 0 for name in self.specs}
         self.updates = 0  # optimizer updates applied (per table push)
 
@@ -239,9 +243,10 @@ class ParameterShard:
         worker: int,
         clock: int,
         updates: Mapping[str, tuple[Any, Any]],
-        lr: float,
+        lr: Step,
     ) -> None:
         """Apply worker ``worker``'s gradients for ``clock`` (see :mod:`angelps.server.consistency`).
+        ``lr``: the step size, or the per-table step sizes and momentum (:mod:`angelps.rates`).
 
         Under BSP the pushes of one clock are summed over the workers and applied as one
         optimizer update (with the step size of the first push of that clock) when the last
@@ -258,7 +263,7 @@ class ParameterShard:
         checked = self._validate(updates)
         if not clocks.bsp or clocks.num_workers == 1:
             for name, (k, g) in checked.items():
-                self.tables[name].update(k, g, lr)
+                self.tables[name].update(k, g, *rate_of(lr, name))
                 self.updates += 1
             clocks.record_push(worker)
             if clocks.bsp:
@@ -275,7 +280,7 @@ class ParameterShard:
             clocks.mark_applied()
 
     def _apply_merged(
-        self, bucket: Mapping[str, list[tuple[np.ndarray, np.ndarray]]], lr: float
+        self, bucket: Mapping[str, list[tuple[np.ndarray, np.ndarray]]], lr: Step
     ) -> None:
         for name, parts in bucket.items():
             t = self.tables[name]
@@ -286,7 +291,7 @@ class ParameterShard:
                 grads = np.concatenate([p[1] for p in parts])
                 k, inv = dedup(keys)
                 g = segment_sum(inv, grads, len(k), t.dtype)
-            t.update(k, g, lr)
+            t.update(k, g, *rate_of(lr, name))
             self.updates += 1
 
     def pull(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -35,6 +35,7 @@ from angelps.checkpoint.backups import backup_version, read_backup, write_backup
 from angelps.checkpoint.files import CheckpointError
 from angelps.client import wire
 from angelps.options import ShardOptions
+from angelps.rates import Step
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.table import TableSpec
 
@@ -185,7 +186,7 @@ class ShardServer:
         worker: int,
         clock: int,
         pushes: Mapping[str, tuple[Any, Any]] | None,
-        lr: float,
+        lr: Step,
         pulls: Mapping[str, Any] | None,
         recovering: bool = False,
         pull_clock: int | None = None,

@@ -224,14 +224,17 @@ class Table:
             slots[missing] = self._create(new)
         return slots
 
-    def update(self, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """One optimizer update of the rows ``keys`` with their summed gradients."""
+    def update(
+        self, keys: np.ndarray, grads: np.ndarray, lr: float, momentum: float | None = None
+    ) -> None:
+        """One optimizer update of the rows ``keys`` with their summed gradients (``momentum``:
+        this update's, from a schedule that drives it; None: the optimizer's own)."""
         self.updates += 1
         if not self.spec.sparse:
             if len(keys) and _is_range(keys):
                 # A contiguous block: update views in place, no gather/scatter.
                 a = int(keys[0]) - self.lo
-                self._apply(self.rows.block(a, a + len(keys)), grads, lr)
+                self._apply(self.rows.block(a, a + len(keys)), grads, lr, momentum)
                 return
             slots = keys - self.lo
         else:
@@ -244,18 +247,18 @@ class Table:
                 self.stamps.scatter(slots, np.full((len(slots), 1), self._stamp(), np.uint32))
         if isinstance(self.rows, TorchRows):
             tblock = self.rows.gather_t(slots)
-            self._apply(tblock, grads, lr)
+            self._apply(tblock, grads, lr, momentum)
             self.rows.scatter_t(slots, tblock)
             return
         block = self.rows.gather(slots)
-        self._apply(block, grads, lr)
+        self._apply(block, grads, lr, momentum)
         self.rows.scatter(slots, block)
 
-    def _apply(self, block: Any, grads: np.ndarray, lr: float) -> None:
+    def _apply(self, block: Any, grads: np.ndarray, lr: float, momentum: float | None) -> None:
         """The optimizer on a block of whole rows (weights and slots), in place."""
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         g = self.rows.tensor(grads) if isinstance(self.rows, TorchRows) else grads
-        apply(self.spec.optimizer, block[:, : self.cols], state, g, lr)
+        apply(self.spec.optimizer, block[:, : self.cols], state, g, lr, momentum)
 
     def evict(self) -> int:
         """Remove the rows not updated (nor created) in the last ``ttl`` updates and compact

@@ -15,19 +15,24 @@ values are written as they are computed, a block at a time, so memory stays flat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 import textwrap
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import decay
 from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
+from learners.job.loop_options import TrainPlan
+from learners.job.lr_scaling import batch_scale
+from learners.job.table_schedules import table_keys, table_schedules
 from learners.runs.output_file import replace_atomically
 
 PLOT_MAX_STEPS = 1_000_000
@@ -93,21 +98,47 @@ class Preview:
 
     sched: StepSizeScheduler
     steps: int
-    #: "epoch" or "update" (a job's sequence, numbered from 1), or "step" (from 0)
+    #: "epoch" or "update" (a job's sequence, numbered from 1), "step" (from 0), or "samples" /
+    #: "epochs" (ml.opt.decay.unit: each value at the samples or epochs seen before it)
     unit: str
     why: str | None = None
     #: updates per epoch of a per-update job (the plot marks the epochs' ends)
     per_epoch: int | None = None
+    #: the tables' own schedules (ml.opt.decay.<table>.*, ml.learn.rate.<table>)
+    tables: dict[str, StepSizeScheduler] = field(default_factory=dict)
+    #: where value i reads the schedules (a job counted in samples or epochs); None: at i
+    at: Callable[[int], float] | None = None
+    #: ml.learn.rate.scaling's factor
+    scale: float = 1.0
 
     @property
     def first(self) -> int:
-        return 0 if self.unit == "step" else 1
+        return 0 if self.unit in ("step", "samples", "epochs") else 1
+
+    def x(self, i: int) -> float:
+        """The first column of value ``i``."""
+        return i + self.first if self.at is None else self.at(i)
+
+    def lr(self, sched: StepSizeScheduler, i: int) -> float:
+        """The step size ``sched`` gives value ``i``."""
+        lr = sched.lr_at(i) if self.at is None else sched.value_at(self.at(i))[0]
+        return lr * self.scale
+
+    def momentum(self, sched: StepSizeScheduler, i: int) -> float | None:
+        return sched.momentum_at(i) if self.at is None else sched.value_at(self.at(i))[1]
+
+    def columns(self) -> list[tuple[str, StepSizeScheduler]]:
+        """(column name, schedule): ``lr``, then ``lr/<table>`` for each table's own."""
+        return [("lr", self.sched), *((f"lr/{t}", s) for t, s in self.tables.items())]
 
 
 def build(args: argparse.Namespace) -> Preview:
     """The schedule of ``--conf``/``--set``: the job's sequence with --conf, else ``--steps``."""
     conf = load_job(args)
     why, per_epoch = None, None
+    counted = str(conf["ml.opt.decay.unit"])
+    if counted != "updates":
+        return _build_in(conf, args, counted)
     if args.conf is None:
         unit, steps = "step", 100 if args.steps is None else args.steps
     elif args.steps is not None:
@@ -121,19 +152,74 @@ def build(args: argparse.Namespace) -> Preview:
         length = schedule_length(conf, args.updates_per_epoch)
         unit, steps, why = length.unit, length.total, length.why
         per_epoch = length.updates_per_epoch
+    sched, tables = _schedules(conf, max(steps, 1))
+    return Preview(
+        sched,
+        steps,
+        unit,
+        why,
+        per_epoch if args.conf and why else None,
+        tables,
+        scale=_scale(conf, None),
+    )
+
+
+def _schedules(conf: Any, total: int) -> tuple[StepSizeScheduler, dict[str, StepSizeScheduler]]:
+    """The job's schedule and the tables' own (every table a key names: the preview has no
+    model to check the names against)."""
+
     try:
-        sched = decay.from_conf(conf, total_steps=max(steps, 1))
-        return Preview(sched, steps, unit, why, per_epoch if args.conf and why else None)
+        sched = decay.from_conf(conf, total_steps=total)
+        return sched, table_schedules(conf, list(table_keys(conf)), total)
     except ConfigError:
         raise
     except ValueError as e:  # a bad schedule parameter is bad input, like a bad key
         raise ConfigError(str(e)) from None
 
 
-def values(sched: StepSizeScheduler, steps: int) -> tuple[list[float], list[float] | None]:
-    """lr_at(k) (and momentum_at(k) when the schedule drives momentum) for k < steps."""
-    lrs = [sched.lr_at(k) for k in range(steps)]
-    moms = [sched.momentum_at(k) for k in range(steps)] if steps else []
+def _scale(conf: Any, global_batch: int | None) -> float:
+    """ml.learn.rate.scaling's factor (the global batch of ml.minibatch.size when not counted)."""
+
+    if global_batch is None:
+        plan = TrainPlan.from_config(conf)
+        global_batch = plan.minibatch_size * plan.workers * plan.accum
+    return batch_scale(
+        str(conf["ml.learn.rate.scaling"]), global_batch, int(conf["ml.learn.rate.reference.batch"])
+    )
+
+
+def _build_in(conf: Any, args: argparse.Namespace, unit: str) -> Preview:
+    """A schedule counted in samples or epochs: with --conf one value per update of the job,
+    at the samples (epochs) seen before it; else --steps values at 0, 1, 2, ... of the unit."""
+    if args.conf is None or args.steps is not None:
+        steps = 100 if args.steps is None else args.steps
+        sched, tables = _schedules(conf, max(steps, 1))
+        why = f"in {unit} (ml.opt.decay.unit={unit}): the schedule at 0..{steps - 1} {unit}"
+        return Preview(sched, steps, unit, why, None, tables, scale=_scale(conf, None))
+    from learners.job.schedule_length import sample_length
+
+    n = sample_length(conf)
+    total = n.epochs * n.rows if unit == "samples" else n.epochs
+    sched, tables = _schedules(conf, max(total, 1))
+    steps = n.epochs * n.updates_per_epoch
+
+    def at(i: int) -> float:
+        return n.position(i, unit)
+
+    return Preview(sched, steps, unit, n.why, None, tables, at, _scale(conf, n.global_batch))
+
+
+def values(
+    sched: StepSizeScheduler, steps: int, p: Preview | None = None
+) -> tuple[list[float], list[float] | None]:
+    """lr_at(k) (and momentum_at(k) when the schedule drives momentum) for k < steps; with
+    ``p``, the values the preview shows (at its positions, scaled)."""
+    if p is not None:
+        lrs = [p.lr(sched, i) for i in range(steps)]
+        moms = [p.momentum(sched, i) for i in range(steps)]
+    else:
+        lrs = [sched.lr_at(k) for k in range(steps)]
+        moms = [sched.momentum_at(k) for k in range(steps)] if steps else []
     if not moms or moms[0] is None:
         return lrs, None
     return lrs, [float(m) for m in moms if m is not None]
@@ -146,22 +232,44 @@ def plot(
     title: str | None = None,
     unit: str = "step",
     per_epoch: int | None = None,
+    preview: Preview | None = None,
 ) -> None:
     """Draw lr (and momentum, on a second axis) against the update index into a PNG; a job's
-    sequence (``unit`` epoch or update) is numbered from 1 and its axis says which."""
+    sequence (``unit`` epoch or update) is numbered from 1 and its axis says which. With
+    ``preview``: its values, against the samples or epochs of a schedule counted in them, and
+    each table's own schedule as a curve of its own."""
     import matplotlib  # only when drawing: the config-only verb stays fast
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lrs, moms = values(sched, steps)
-    xs = range(steps) if unit == "step" else range(1, steps + 1)
+    lrs, moms = values(sched, steps, preview)
+    xs: Any = range(steps) if unit == "step" else range(1, steps + 1)
+    if preview is not None:
+        xs = [preview.x(i) for i in range(steps)]
     fig, ax = plt.subplots(figsize=(7.0, 3.6), dpi=100)
     ax.plot(
         xs, lrs, color="tab:blue", lw=1.6, label="lr", marker="o" if steps <= 60 else None, ms=3
     )
-    ax.set_xlabel({"step": "update k", "epoch": "epoch", "update": "update"}[unit])
-    ax.set_ylabel("lr_at(k)" if unit == "step" else f"lr of the {unit}", color="tab:blue")
+    colors = itertools.cycle(("tab:green", "tab:red", "tab:purple", "0.4"))
+    for name, s in preview.columns()[1:] if preview else []:
+        color = next(colors)
+        ax.plot(xs, values(s, steps, preview)[0], color=color, lw=1.2, label=name)
+    if preview is not None and preview.tables:
+        ax.legend(fontsize=7, loc="upper right")
+    ax.set_xlabel(
+        {
+            "step": "update k",
+            "epoch": "epoch",
+            "update": "update",
+            "samples": "samples seen",
+            "epochs": "epochs seen",
+        }[unit]
+    )
+    ax.set_ylabel(
+        "lr_at(k)" if unit in ("step", "samples", "epochs") else f"lr of the {unit}",
+        color="tab:blue",
+    )
     if per_epoch and steps // per_epoch <= 50:  # where each epoch ends
         for e in range(1, steps // per_epoch):
             ax.axvline(e * per_epoch + 0.5, color="0.6", lw=0.6, ls=":")
@@ -208,28 +316,51 @@ def _blocks(n: int) -> Iterator[range]:
 
 
 def _write_csv(p: Preview) -> None:
-    out, sched = sys.stdout, p.sched
-    out.write(f"{p.unit},lr\n")
+    out, cols = sys.stdout, p.columns()
+    out.write(f"{p.unit},{','.join(name for name, _ in cols)}\n")
     for ks in _blocks(p.steps):
-        out.write("".join(f"{k + p.first},{sched.lr_at(k)!r}\n" for k in ks))
+        out.write(
+            "".join(
+                f"{p.x(k)!r},{','.join(repr(p.lr(s, k)) for _, s in cols)}\n"
+                if p.at is not None
+                else f"{k + p.first},{','.join(repr(p.lr(s, k)) for _, s in cols)}\n"
+                for k in ks
+            )
+        )
 
 
 def _write_json(p: Preview) -> None:
     """The JSON object ``json.dumps`` writes for the whole lists, written a block at a time."""
     out, sched, n = sys.stdout, p.sched, p.steps
     head = f'{{"schedule": {json.dumps(sched.describe())}, "unit": "{p.unit}", '
-    out.write(f'{head}"first": {p.first}, "steps": {n}, "lr": [')
+    out.write(f'{head}"first": {p.first}, "steps": {n}')
+    if p.at is not None:
+        _json_list(out, "at", n, lambda k: p.x(k))
+    _json_values(out, p, sched)
+    if p.tables:
+        out.write(', "tables": {')
+        for j, (name, s) in enumerate(p.tables.items()):
+            out.write(f'{", " if j else ""}{json.dumps(name)}: {{"schedule": ')
+            out.write(json.dumps(s.describe()))
+            _json_values(out, p, s)
+            out.write("}")
+        out.write("}")
+    out.write("}\n")
+
+
+def _json_values(out: Any, p: Preview, sched: StepSizeScheduler) -> None:
+    """``, "lr": [...]`` (and ``"momentum"`` when the schedule drives it), a block at a time."""
+    _json_list(out, "lr", p.steps, lambda k: p.lr(sched, k))
+    if p.steps and p.momentum(sched, 0) is not None:
+        _json_list(out, "momentum", p.steps, lambda k: float(p.momentum(sched, k) or 0.0))
+
+
+def _json_list(out: Any, name: str, n: int, value: Callable[[int], float]) -> None:
+    out.write(f', "{name}": [')
     for ks in _blocks(n):
         sep = ", " if ks.start else ""
-        out.write(sep + ", ".join(json.dumps(sched.lr_at(k)) for k in ks))
+        out.write(sep + ", ".join(json.dumps(value(k)) for k in ks))
     out.write("]")
-    if n and sched.momentum_at(0) is not None:
-        out.write(', "momentum": [')
-        for ks in _blocks(n):
-            sep = ", " if ks.start else ""
-            out.write(sep + ", ".join(json.dumps(float(sched.momentum_at(k) or 0.0)) for k in ks))
-        out.write("]")
-    out.write("}\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,6 +390,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.plot:
         title = f"{p.sched.describe()}; {p.why}" if p.why else None
-        plot(p.sched, p.steps, args.plot, title, p.unit, p.per_epoch)
+        plot(p.sched, p.steps, args.plot, title, p.unit, p.per_epoch, p)
         print(f"wrote {args.plot}", file=sys.stderr)
     return EXIT_OK

@@ -24,11 +24,17 @@ def is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
 
 
 def schedule_epoch(
-    sched: StepSizeScheduler, plan: TrainPlan, row: Mapping[str, Any], metric_name: str
+    sched: StepSizeScheduler,
+    plan: TrainPlan,
+    row: Mapping[str, Any],
+    metric_name: str,
+    unit: str = "updates",
 ) -> None:
     """The schedule after an epoch whose record is ``row``: ReduceLROnPlateau fed
     ``metric_name`` (the watched validation metric, decided once by the learner); per-epoch
-    decay advanced. ConfigError when the metric is watched but the model does not report it."""
+    decay advanced (``unit`` updates only: a schedule counted in samples or epochs reads its
+    position from the samples seen). ConfigError when the metric is watched but the model
+    does not report it."""
     if (
         any(k.startswith("valid_") for k in row)
         and metric_name not in row
@@ -48,5 +54,5 @@ def schedule_epoch(
                 "or angel.validate.data.path"
             )
         plateau.step(watched)
-    if not plan.decay_on_batch:
+    if not plan.decay_on_batch and unit == "updates":
         sched.advance()

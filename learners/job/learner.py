@@ -30,7 +30,7 @@ from typing import Any
 
 from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
-from decay import StepSizeScheduler, from_conf
+from decay import StepSizeScheduler
 from learners.job import failover, saved_model
 from learners.job.epoch_schedule import schedule_epoch
 from learners.job.inference import Inference
@@ -42,6 +42,7 @@ from learners.job.preflight import (
     lower_is_better,
     watched_metric,
 )
+from learners.job.rate_plan import RatePlan, build_rate_plan
 from learners.job.save_lock import SaveLock
 from learners.job.startup import Phases
 from learners.keys import all_keys
@@ -100,6 +101,7 @@ class GraphLearner(Inference):
         self._model: ModelConfig | None = None
         self._size: JobSize | None = None
         self.sched: StepSizeScheduler | None = None
+        self.rates: RatePlan | None = None  # the schedules of every update (job's, tables')
         self.epoch = 0
         self._chunker = Chunker(self.plan.log_every)
 
@@ -215,13 +217,12 @@ class GraphLearner(Inference):
         workers = self._start_workers()
         assert self._size is not None and self._ps is not None
         dense_params = int(workers.execute_single(0, "dense_param_count"))
-        updates = self._size.updates_per_epoch
-        total = updates * plan.epochs if plan.decay_on_batch else plan.epochs
-        self.sched = from_conf(self.conf, total_steps=total)
+        self.rates = build_rate_plan(self.conf, plan, self._size, self._tables, dense_params)
+        self.sched = self.rates.main
         progress = _Progress()
         if resume:
             info = saved_model.restore(str(plan.save_path), self._ps, workers, self._held())
-            self.sched.load_state_dict(info["scheduler"])
+            self.rates.load_state_dict(info["scheduler"])
             progress.next_epoch = int(info["next_epoch"])
             progress.history = list(info["history"])
             progress.best, progress.since_best = info["best"], int(info["since_best"])
@@ -237,7 +238,7 @@ class GraphLearner(Inference):
                 self._tables,
                 _angel_name(self.conf),
                 dense_params,
-                self.sched,
+                self.rates,
                 self._placed.where() if self._placed is not None else None,
             )
         )
@@ -246,13 +247,13 @@ class GraphLearner(Inference):
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
         """One epoch of updates, in chunks of about a quarter second (so that the bar moves),
         one metrics line per ``angel.log.every.steps`` updates: its training record."""
-        assert self._workers is not None and self._size is not None and self.sched is not None
+        assert self._workers is not None and self._size is not None and self.rates is not None
         plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
-        workers.execute("begin_epoch", epoch, self.sched)
-        epoch_lr = None if plan.decay_on_batch else float(self.sched.peek())
+        self.rates.start_epoch(epoch)
+        workers.execute("begin_epoch", epoch, self.rates)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0
         line: list[dict[str, Any]] | None = None  # the chunks since the last metrics line
-        last_lr = float(self.sched.peek())
+        last_lr = float(self.rates.peek())
         t_epoch = time.perf_counter()
         while done < updates:
             n = self._chunker.next(done, updates)
@@ -261,7 +262,7 @@ class GraphLearner(Inference):
             end = done + n >= updates
             more = not end or epoch + 1 < plan.epochs
             t0 = time.perf_counter()
-            outs = workers.execute("run_steps", n, epoch_lr, more, epoch + 1 if end else None)
+            outs = workers.execute("run_steps", n, None, more, epoch + 1 if end else None)
             seconds = time.perf_counter() - t0
             self._chunker.observe(n, seconds)
             done += n
@@ -271,8 +272,7 @@ class GraphLearner(Inference):
             skipped += outs[0]["skipped"]
             if outs[0]["updates"]:
                 last_lr = outs[0]["last_lr"]
-            if plan.decay_on_batch:
-                self.sched.load_state_dict(outs[0]["sched_state"])
+            self.rates.load_state_dict(outs[0]["sched_state"])
             line = merge_chunks(line, outs)
             if done % plan.log_every == 0 or done == updates:
                 n_line = (done - 1) % plan.log_every + 1
@@ -288,8 +288,8 @@ class GraphLearner(Inference):
             "epoch": epoch,
             # the global update at the end of the epoch: the x of its metrics in plots and TB
             "step": (epoch + 1) * updates,
-            # per-update decay: the step size of the epoch's last update
-            "lr": epoch_lr if epoch_lr is not None else last_lr,
+            # the step size of the epoch's last update
+            "lr": last_lr,
             "train_loss": loss_sum / max(samples, 1),
             "train_samples_per_s": samples / max(train_s, 1e-9),
             "skipped_updates": skipped,
@@ -297,8 +297,9 @@ class GraphLearner(Inference):
 
     def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
         """The schedule after an epoch (learners/job/epoch_schedule.py)."""
-        assert self.sched is not None
-        schedule_epoch(self.sched, self.plan, row, self._watch_metric())
+        assert self.rates is not None
+        for sched in self.rates.schedules():  # the job's schedule and the tables' own
+            schedule_epoch(sched, self.plan, row, self._watch_metric(), self.rates.unit)
 
     def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
         """Early stopping's count: epochs since the watched metric last improved; True when
@@ -367,7 +368,7 @@ class GraphLearner(Inference):
         section = {
             "epoch": epoch,
             "next_epoch": epoch + 1,
-            "scheduler": self.sched.state_dict() if self.sched is not None else None,
+            "scheduler": self.rates.state_dict() if self.rates is not None else None,
             "dense_placement": self.plan.dense_placement,
             "conf": {k: v for k, v in conf.to_properties().items() if conf.is_set(k)},
             "history": jsonable(progress.history),

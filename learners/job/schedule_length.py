@@ -24,7 +24,7 @@ from angelconf.config import ConfigError
 from learners.data.options import DataOptions, split_period
 from learners.job.loop_options import TrainPlan
 
-__all__ = ["ScheduleLength", "schedule_length", "train_rows"]
+__all__ = ["SampleLength", "ScheduleLength", "sample_length", "schedule_length", "train_rows"]
 
 _OPEN = {".gz": gzip.open, ".bz2": bz2.open}
 
@@ -139,3 +139,39 @@ def schedule_length(
         f"per update (ml.opt.decay.on.batch=true): ml.epoch.num={plan.epochs} epochs x "
         f"{updates_per_epoch} updates ({how}) = {total} updates",
     )
+
+
+@dataclass(frozen=True)
+class SampleLength:
+    """A schedule counted in samples or epochs (``ml.opt.decay.unit``): the training rows of an
+    epoch, the global batch and the updates per epoch, as the job will have them."""
+
+    rows: int
+    global_batch: int
+    updates_per_epoch: int
+    epochs: int
+    why: str
+
+    def position(self, i: int, unit: str) -> float:
+        """Where update ``i`` of the job (0-based) reads its schedule: the samples seen before
+        it (``epoch × rows + min(update × global batch, rows)``) or that in epochs."""
+        e, u = divmod(i, self.updates_per_epoch)
+        seen = e * self.rows + min(u * self.global_batch, self.rows)
+        return seen if unit == "samples" else seen / self.rows
+
+
+def sample_length(conf: Mapping[str, Any]) -> SampleLength:
+    """The rows, global batch and updates of a job whose schedule counts samples or epochs,
+    counted from its training input as :func:`schedule_length` counts them."""
+    plan = TrainPlan.from_config(conf)
+    opts = DataOptions.from_config(conf)
+    parts = train_rows(opts, plan.workers)
+    batch, updates = _updates(plan, parts)
+    rows, g = sum(parts), batch * plan.workers * plan.accum
+    unit = str(conf["ml.opt.decay.unit"])
+    why = (
+        f"in {unit} (ml.opt.decay.unit={unit}): {sum(parts)} training rows of {opts.train_path} "
+        f"per epoch x ml.epoch.num={plan.epochs}; one value per update, {updates} updates of "
+        f"global batch {g} per epoch"
+    )
+    return SampleLength(rows, g, updates, plan.epochs, why)

@@ -130,6 +130,7 @@ def merge_chunks(
         m["elapsed_s"] = a["elapsed_s"] + o["elapsed_s"]
         if o["updates"]:
             m["last_lr"] = o["last_lr"]
+            m["last_rates"] = o.get("last_rates", {})
         m["sched_state"] = o.get("sched_state", a.get("sched_state"))
         merged.append(m)
     return merged

@@ -25,8 +25,9 @@ from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.job.loop_options import JobSize, TrainPlan
-from learners.runs.progress import JobBar, PlainProgress
+from learners.job.rate_plan import RatePlan
 from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
+from learners.runs.progress import JobBar, PlainProgress
 
 __all__ = [
     "RunLog",
@@ -228,6 +229,7 @@ def start_record(
         "lr": conf["ml.learn.rate"],
         "decay": conf["ml.opt.decay.class.name"],
         "decay_on_batch": plan.decay_on_batch,
+        "decay_unit": conf["ml.opt.decay.unit"],
     }
 
 
@@ -243,6 +245,8 @@ def step_record(
         "step": step,
         "updates": updates,
         "lr": o0["last_lr"],
+        # momentum, lr/<table>, momentum/<table>, schedule_at (learners/job/rate_plan.py)
+        **o0.get("last_rates", {}),
         "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
         "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
         "pull_s": o0["pull_s"],
@@ -277,7 +281,7 @@ def banner(
     tables: Sequence[TableSpec],
     model: str,
     dense_params: int,
-    sched: StepSizeScheduler | None,
+    sched: RatePlan | StepSizeScheduler | None,
     where: Mapping[str, str] | None = None,
 ) -> str:
     """The screen at the start of training: data, tables, dense layers, batch and schedule.
@@ -320,7 +324,9 @@ def banner(
         f"  updates  {size.updates_per_epoch} per epoch x {plan.epochs} epochs "
         f"= {size.updates_per_epoch * plan.epochs}",
     ]
-    if sched is not None:
+    if isinstance(sched, RatePlan):  # the job's schedule, then each table's own
+        lines += [f"  decay    {x}" for x in sched.describe()]
+    elif sched is not None:
         per = "update" if plan.decay_on_batch else "epoch"
         first = ", ".join(f"{sched.lr_at(i):.4g}" for i in range(4))
         lines.append(f"  decay    {sched.describe()} per {per}: {first}, ...")

@@ -37,6 +37,7 @@ from angelps.checkpoint.files import (
 )
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
+from angelps.rates import Step, rate_of
 from angelps.table import init_rows
 from learners.worker.device import to_device
 from learners.worker.table_exchange import Exchange
@@ -140,11 +141,15 @@ class HeldTable:
         touched (as a shard creates a row when it is first read)."""
         return self._take(keys)[:, : self.cols].contiguous()
 
-    def update(self, keys: Tensor, grads: Tensor, lr: float) -> None:
-        """One optimizer update of the owned unique ``keys`` with their summed gradients."""
+    def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
+        """One optimizer update of the owned unique ``keys`` with their summed gradients, at
+        this table's step size and momentum under ``step`` (as a shard resolves a push's)."""
+        lr, momentum = rate_of(step, self.spec.name)
         block = self._take(keys)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
-        apply(self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr)
+        apply(
+            self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
+        )
         self._put(keys, block)
 
     # --- checkpoints: the shards' file format ----------------------------------------------
@@ -256,9 +261,9 @@ class HeldTables:
         """Drop this update's gradients (a skipped update)."""
         self._parts = {}
 
-    def apply(self, scale: float, lr: float) -> None:
+    def apply(self, scale: float, lr: Step) -> None:
         """Apply this update: every owner sums its rows' gradients × ``scale`` from all the
-        workers and updates them once with step size ``lr``."""
+        workers and updates them once with step ``lr`` (a step size, or per-table rates)."""
         single = all(len(p) == 1 for p in self._parts.values())
         grads = self.merged()
         self._parts = {}

@@ -4,7 +4,7 @@ micro-batches with their rows in flight (:class:`Prefetched`, learners/worker/tr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -30,6 +30,8 @@ class StepStats:
     wait_s: float = 0.0
     elapsed_s: float = 0.0
     last_lr: float = 0.0
+    #: the last update's momentum and tables' own rates (learners.job.rate_plan.UpdateRates.record)
+    last_rates: dict[str, float] = field(default_factory=dict)
     #: rows looked up in / served by the worker cache, and step-call bytes moved
     cache_on: bool = False
     cache_lookups: int = 0

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from angelps.rates import Step
 from learners.worker.device import to_device
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class Exchange:
         grads: Sequence[tuple[Tensor, Tensor] | None],
         tables: Sequence[HeldTable],
         scale: float,
-        lr: float,
+        lr: Step,
         reuse: bool,
     ) -> int:
         """Send each table's (ids, gradient) × ``scale`` to the owners; each owner sums a

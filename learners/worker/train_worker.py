@@ -8,8 +8,9 @@ every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
     for each of ml.grad.accum.steps micro-batches:
         dedup ids → pull rows → forward → (loss / accum).backward() → keep the row gradients
     merge row gradients; all-reduce dense gradients (W > 1); skip the update everywhere if any
-    gradient is not finite; clip; push row gradients × 1/W with this update's lr; step the dense
-    optimizer with the same lr; advance the scheduler (per-batch decay) once.
+    gradient is not finite; clip; push row gradients × 1/W with this update's rates (step
+    sizes and momentum, :mod:`learners.job.rate_plan`); step the dense optimizer with its rates;
+    advance the rate plan once.
 
 Under BSP the shard applies one optimizer update on the sum of the W pushes, so ×1/W makes it
 the mean gradient of the global batch (batch × W × accum samples).
@@ -37,9 +38,11 @@ from angelconf.config import ConfigError
 from angelps import OptimizerSpec, PSClient
 from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
+from angelps.rates import Step
 from decay import StepSizeScheduler
 from learners.data import Batch, DataOptions
 from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.rate_plan import RatePlan, UpdateRates
 from learners.models.config import ModelConfig
 from learners.models.sparse_input import SparseInput
 from learners.models.table_decl import TableDecl
@@ -92,7 +95,7 @@ class TrainWorker(HoldsTables):
         self.ps: PSClient | None = None
         self.model: BaseModel | None = None
         self.opt: DenseOptimizer | None = None
-        self.sched: StepSizeScheduler | None = None
+        self.sched: RatePlan | None = None
         self._iter: Iterator[Batch] | None = None
         # The next batches with their rows in flight (angel.worker.prefetch.depth of them at
         # most); between run_steps, the first batch of the next one, its rows already pulled
@@ -101,6 +104,7 @@ class TrainWorker(HoldsTables):
         self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
+        self._last_rates = UpdateRates.fixed(0.0)
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -213,13 +217,16 @@ class TrainWorker(HoldsTables):
         """The batch's rows: pulled ones and (with a split) those the cache served."""
         return fill_rows(self.cache, sp, pulled)
 
-    def begin_epoch(self, epoch: int, sched: StepSizeScheduler) -> int:
+    def begin_epoch(self, epoch: int, sched: RatePlan | StepSizeScheduler) -> int:
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
 
-        ``sched`` is the driver's ``StepSizeScheduler`` (a copy arrives here); under per-batch
-        decay this copy advances once per applied update and ``run_steps`` returns its state.
+        ``sched`` is the driver's :class:`~learners.job.rate_plan.RatePlan` (a copy arrives here;
+        a bare schedule is taken as the job's only one): it gives each update's step sizes and
+        momenta, advances once per applied update and ``run_steps`` returns its state.
         Returns the number of batches of this worker's part.
         """
+        if isinstance(sched, StepSizeScheduler):
+            sched = RatePlan(sched, on_batch=self.plan.decay_on_batch)
         if not self._ready or self._ready_epoch != epoch:
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
             self._ready = collections.deque()
@@ -239,8 +246,8 @@ class TrainWorker(HoldsTables):
     ) -> dict[str, Any]:
         """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches).
 
-        ``epoch_lr``: the step size of every update (per-epoch decay); None: this worker's
-        scheduler copy gives each update's (per-batch decay).
+        ``epoch_lr``: a fixed step size for every update; None (what the learner passes): this
+        worker's copy of the rate plan gives each update's.
 
         ``prefetch``: another ``run_steps`` follows (of this epoch, or of ``next_epoch`` when
         given), so the last update's push also pulls the rows of that call's first batch, in
@@ -261,12 +268,12 @@ class TrainWorker(HoldsTables):
         queue, self._ready = self._ready, collections.deque()
         depth = self.plan.feed.prefetch_depth
         for u in range(n_updates):
-            lr = float(epoch_lr) if epoch_lr is not None else float(self.sched.peek())
+            rates = self.sched.rates() if epoch_lr is None else UpdateRates.fixed(epoch_lr)
             last = u + 1 == n_updates
             # batches to have in flight after this update: those of this chunk, and the next
             # chunk's first one after the last update (prefetch)
             want = 1 if last and prefetch else min(depth, n_updates - u - 1)
-            self._update(lr, queue, stats, want if self.plan.fused else 0, last, next_epoch)
+            self._update(rates, queue, stats, want if self.plan.fused else 0, last, next_epoch)
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
@@ -276,20 +283,24 @@ class TrainWorker(HoldsTables):
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
+        if (
+            stats.updates
+        ):  # momentum, lr/<table>, ... of the last update (learners/job/rate_plan.py)
+            stats.last_rates = self._last_rates.record()
         out = stats.__dict__.copy()
         out["sched_state"] = self.sched.state_dict()
         return out
 
     def _update(
         self,
-        lr: float,
+        rates: UpdateRates,
         queue: collections.deque[Prefetched],
         stats: StepStats,
         want: int,
         last: bool,
         next_epoch: int | None,
     ) -> None:
-        """One optimizer update at step size ``lr`` on the first batch of ``queue`` (or a batch
+        """One optimizer update at ``rates`` on the first batch of ``queue`` (or a batch
         pulled now); its push also pulls the rows of the next batch while fewer than ``want``
         are in flight (appended to ``queue``, prepared, their rows in flight)."""
         assert self.ps is not None and self.sched is not None
@@ -308,26 +319,26 @@ class TrainWorker(HoldsTables):
         t0 = time.perf_counter()
         update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
         if self.cache is not None:
-            self.cache.note_push(update, lr, self.ps.step_count)
+            self.cache.note_push(update, rates.lr, self.ps.step_count)
         if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
             # those after this push (and, under BSP, after every worker's push).
-            self._push_and_fetch(update, lr, last, next_epoch, queue, want)
+            self._push_and_fetch(update, rates.push, last, next_epoch, queue, want)
         else:
-            self.ps.push_many(update, lr=lr)
-        self.held.apply(scale, lr)  # (the tables the workers hold: updated by their owners)
+            self.ps.push_many(update, lr=rates.push)
+        self.held.apply(scale, rates.push)  # (the tables the workers hold: updated by their owners)
         stats.push_s += time.perf_counter() - t0
         if self.opt is not None:
-            self.opt.step(lr)
+            self.opt.step(rates.dense_lr, rates.dense_momentum)
             self.opt.zero_grad(set_to_none=True)
         stats.updates += 1
-        stats.last_lr = lr
+        stats.last_lr = rates.lr
+        self._last_rates = rates
         if self.amp:
             self.good_steps += 1
             if self.good_steps % 2000 == 0:
                 self.loss_scale *= 2.0
-        if self.plan.decay_on_batch:
-            self.sched.advance()
+        self.sched.advance()
 
     def _accumulate(
         self, queue: collections.deque[Prefetched], stats: StepStats
@@ -399,7 +410,7 @@ class TrainWorker(HoldsTables):
     def _push_and_fetch(
         self,
         update: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        lr: float,
+        lr: Step,
         last: bool,
         next_epoch: int | None,
         queue: collections.deque[Prefetched],

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from angelps.optim import apply, slot_widths
+from angelps.rates import Step, rate_of
 from angelps.table import TableSpec, init_rows
 
 
@@ -63,7 +64,7 @@ class LocalPS:
         """End a step without gradients (a skipped update)."""
         self.clocks += 1
 
-    def push_many(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float) -> None:
+    def push_many(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: Step) -> None:
         self.pushes.append(
             {"lr": lr, "grads": {k: (np.array(i), np.array(g)) for k, (i, g) in grads.items()}}
         )
@@ -72,7 +73,7 @@ class LocalPS:
             ids = np.asarray(ids)
             w = self.w[name][ids]
             st = {k: v[ids] for k, v in self.state[name].items()}
-            apply(spec.optimizer, w, st, np.asarray(g, dtype=w.dtype), lr)
+            apply(spec.optimizer, w, st, np.asarray(g, dtype=w.dtype), *rate_of(lr, name))
             self.w[name][ids] = w
             for k, v in st.items():
                 self.state[name][k][ids] = v

@@ -1,0 +1,299 @@
+"""The step size and momentum of every update: the job's schedule, the tables' own schedules,
+the unit they count in and the batch scaling (:class:`RatePlan`).
+
+* Momentum: a schedule that defines ``momentum_at`` (CyclicLR, OneCycleLR with
+  ``cycle_momentum``) sets the momentum of Momentum and β1 of Adam for each update, as torch's
+  schedulers write ``momentum``/``betas[0]`` into the optimizer before each step.
+* Tables: ``ml.opt.decay.<table>.*`` / ``ml.learn.rate.<table>`` give a table (``dense``: the
+  worker-side layers) a schedule of its own (:mod:`learners.job.table_schedules`).
+* Unit (``ml.opt.decay.unit``): ``updates`` evaluates each schedule at its count (advanced per
+  update or per epoch, ``ml.opt.decay.on.batch``); ``samples`` at the training rows seen before
+  the update, ``epoch × rows + min(update × global batch, rows)``; ``epochs`` at that divided by
+  the rows of an epoch (a real number). These do not depend on the worker count or batch size,
+  so a job resumed with others continues the same curve per sample.
+* Scaling (``ml.learn.rate.scaling``): every step size times ``G/ref`` (linear) or
+  ``√(G/ref)`` (sqrt), ``G`` the global batch, ``ref`` ``ml.learn.rate.reference.batch``.
+
+The driver holds the plan; each worker gets a copy per epoch (``begin_epoch``), asks it for each
+update's rates (:meth:`RatePlan.rates`) and advances it once per applied update; its state comes
+back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from angelconf.config import ConfigError
+from angelps import OptimizerSpec
+from angelps.rates import Step, StepRates
+from angelps.table import TableSpec
+from decay import StepSizeScheduler, from_conf
+from decay.keys import PREFIX
+from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.lr_scaling import batch_scale
+from learners.job.table_schedules import DENSE, table_schedules
+
+__all__ = [
+    "UNITS",
+    "RatePlan",
+    "UpdateRates",
+    "batch_scale",
+    "build_rate_plan",
+    "schedule_total",
+]
+
+UNITS = ("updates", "samples", "epochs")
+_NONE: dict[str, tuple[float, float | None]] = {}  # (never written to)
+#: Keys of state_dict() that are the plan's own (the rest is the job schedule's).
+_OWN = ("tables", "in_epoch", "epoch")
+
+
+class UpdateRates(NamedTuple):
+    """What one update uses: ``push`` goes with the PS push (a float when nothing but the
+    step size is set), ``dense_lr``/``dense_momentum`` step the worker-side layers, ``lr`` and
+    ``momentum`` are the job schedule's, ``tables`` each table's own ``(lr, momentum)``, ``at``
+    the position read (a schedule counted in samples or epochs). A tuple: built every update."""
+
+    push: Step
+    lr: float
+    dense_lr: float
+    dense_momentum: float | None
+    momentum: float | None = None
+    tables: Mapping[str, tuple[float, float | None]] | None = None
+    at: float | None = None
+
+    @classmethod
+    def fixed(cls, lr: float) -> UpdateRates:
+        """A plain step size ``lr`` for everything."""
+        return cls(lr, lr, lr, None)
+
+    def record(self) -> dict[str, float]:
+        """The step record's fields beside ``lr``: momentum, lr/<table>, momentum/<table>,
+        schedule_at (built once per record, not per update)."""
+        out: dict[str, float] = {}
+        if self.momentum is not None:
+            out["momentum"] = self.momentum
+        for name, (lr, m) in (self.tables or {}).items():
+            out[f"lr/{name}"] = lr
+            if m is not None:
+                out[f"momentum/{name}"] = m
+        if self.at is not None:
+            out["schedule_at"] = self.at
+        return out
+
+
+def schedule_total(unit: str, on_batch: bool, epochs: int, updates: int, rows: int) -> int:
+    """The length the schedules are told (fills ``total.steps``/``t.max`` when unset)."""
+    if unit == "samples":
+        return max(1, epochs * rows)
+    if unit == "epochs":
+        return epochs
+    return updates * epochs if on_batch else epochs
+
+
+class RatePlan:
+    """The schedules of a job and where they stand; see the module docstring."""
+
+    def __init__(
+        self,
+        main: StepSizeScheduler,
+        tables: Mapping[str, StepSizeScheduler] | None = None,
+        unit: str = "updates",
+        on_batch: bool = False,
+        global_batch: int = 1,
+        epoch_rows: int = 1,
+        scale: float = 1.0,
+        ps_dense: tuple[str, ...] = (),
+    ) -> None:
+        """``tables``: the tables' own schedules by name (``dense``: the dense layers, and the
+        PS tables ``ps_dense`` that hold them under angel.dense.placement=ps)."""
+        if unit not in UNITS:
+            raise ValueError(f"ml.opt.decay.unit={unit} is not valid: expected one of {UNITS}")
+        self.main = main
+        self.tables = dict(tables or {})
+        self.unit = unit
+        self.on_batch = on_batch
+        self.global_batch = global_batch
+        self.epoch_rows = max(1, epoch_rows)
+        self.scale = scale
+        self.ps_dense = ps_dense if DENSE in self.tables else ()
+        self.epoch = 0
+        self.in_epoch = 0  # updates applied in this epoch
+        self._plain = not self.tables and main.momentum_at(0) is None and unit == "updates"
+        self._own = list(self.tables.items())  # (name, schedule): read every update
+
+    # --- where the schedules stand ---------------------------------------------------------------
+
+    def start_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` begins (its first update has seen ``epoch × rows`` samples)."""
+        self.epoch = epoch
+        self.in_epoch = 0
+
+    def position(self) -> float:
+        """Where the next update reads the schedules: samples seen, or the fractional epoch
+        (unit updates: the job schedule's count)."""
+        if self.unit == "updates":
+            return float(self.main.count)
+        seen = self.epoch * self.epoch_rows + min(
+            self.in_epoch * self.global_batch, self.epoch_rows
+        )
+        return seen if self.unit == "samples" else seen / self.epoch_rows
+
+    def advance(self) -> None:
+        """An update was applied: the per-update schedules count it."""
+        self.in_epoch += 1
+        if self.unit == "updates" and self.on_batch:
+            self.main.advance()
+            for s in self.tables.values():
+                s.advance()
+
+    def schedules(self) -> list[StepSizeScheduler]:
+        """The job schedule, then the tables' own."""
+        return [self.main, *self.tables.values()]
+
+    # --- the rates of the next update ------------------------------------------------------------
+
+    def _read(self, s: StepSizeScheduler, x: float | None) -> tuple[float, float | None]:
+        """``s``'s (scaled step size, momentum) at ``x`` (None: at its own count)."""
+        lr, m = s.value_at(s.count if x is None else x)
+        return lr * self.scale, m
+
+    def peek(self) -> float:
+        """The job schedule's step size for the next update."""
+        return self._read(self.main, None if self.unit == "updates" else self.position())[0]
+
+    def rates(self) -> UpdateRates:
+        """Step sizes and momenta of the next update (called once per update: kept lean)."""
+        if self._plain:  # the common case: one float, as before
+            lr = self.main.peek() * self.scale
+            return UpdateRates(lr, lr, lr, None)
+        x: float | None = None
+        if self.unit != "updates":  # (position(), inlined)
+            rows, seen = self.epoch_rows, self.in_epoch * self.global_batch
+            x = self.epoch * rows + (seen if seen < rows else rows)
+            if self.unit == "epochs":
+                x /= rows
+        scale = self.scale
+        lr, m = self.main.value_at(self.main.count if x is None else x)
+        lr *= scale
+        if not self._own:
+            return UpdateRates(StepRates.unchecked(lr, m, _NONE), lr, lr, m, m, None, x)
+        own: dict[str, tuple[float, float | None]] = {}
+        for name, s in self._own:  # (inlined _read: this runs every update)
+            t_lr, t_m = s.value_at(s.count if x is None else x)
+            own[name] = (t_lr * scale, t_m)
+        pushed = own  # (an entry for dense, no PS table's name, is never read)
+        if self.ps_dense:  # the PS's dense.* tables take dense's rates
+            pushed = dict(own)
+            for t in self.ps_dense:
+                pushed[t] = own[DENSE]
+        dense_lr, dense_m = own.get(DENSE, (lr, m))
+        return UpdateRates(StepRates.unchecked(lr, m, pushed), lr, dense_lr, dense_m, m, own, x)
+
+    def describe(self) -> list[str]:
+        """The start screen's lines: each schedule, what it counts and its first values."""
+        if self.unit == "updates":
+            per = "per update" if self.on_batch else "per epoch"
+            points: list[float] = [0, 1, 2, 3]
+        else:
+            per = f"in {self.unit} (ml.opt.decay.unit)"
+            seen = [float(min(i * self.global_batch, self.epoch_rows)) for i in range(4)]
+            points = seen if self.unit == "samples" else [x / self.epoch_rows for x in seen]
+        if self.scale != 1.0:
+            per += f", x{self.scale:.4g} (ml.learn.rate.scaling)"
+        lines = []
+        for name, s in [("", self.main), *((f"{n}: ", t) for n, t in self.tables.items())]:
+            vals = [s.value_at(x) for x in points]
+            text = ", ".join(f"{lr * self.scale:.4g}" for lr, _ in vals)
+            if vals[0][1] is not None:
+                text += "; momentum " + ", ".join(f"{m:.4g}" for _, m in vals)
+            lines.append(f"{name}{s.describe()} {per}: {text}, ...")
+        return lines
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The job schedule's state (what checkpoints always held), the tables' and the position
+        in the epoch."""
+        return {
+            **self.main.state_dict(),
+            "tables": {n: s.state_dict() for n, s in self.tables.items()},
+            "in_epoch": self.in_epoch,
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a checkpoint without a table's state (the table had no
+        schedule of its own then) starts that table at the job schedule's count."""
+        self.main.load_state_dict({k: v for k, v in state.items() if k not in _OWN})
+        saved = state.get("tables") or {}
+        for name, s in self.tables.items():
+            s.load_state_dict(saved.get(name, {"count": self.main.count}))
+        self.in_epoch = int(state.get("in_epoch", 0))
+        self.epoch = int(state.get("epoch", self.epoch))
+
+
+#: The optimizers whose momentum (β1) a schedule can drive.
+_CYCLABLE = ("momentum", "adam")
+
+
+def check_momentum_cycle(
+    sched: StepSizeScheduler, users: Mapping[str, str], prefix: str = PREFIX
+) -> None:
+    """ConfigError when ``sched`` cycles the momentum but one of its ``users`` (what -> its
+    optimizer's name) has none, as torch raises for an optimizer without momentum or betas; or
+    when the cycle leaves [0, 1)."""
+    if sched.momentum_at(0) is None:
+        return
+    key = f"{prefix}cycle.momentum"
+    for what, opt in users.items():
+        if opt not in _CYCLABLE:
+            raise ConfigError(
+                f"{key}=true: {type(sched).__name__} cycles the momentum, but {what} "
+                f"uses {opt}, which has none (valid with a momentum cycle: Momentum, Adam); "
+                f"set {key}=false or use Momentum or Adam"
+            )
+    for name in ("base_momentum", "max_momentum"):
+        m = getattr(sched, name, None)
+        if m is not None and not 0 <= m < 1:
+            raise ConfigError(
+                f"{prefix}{name.replace('_', '.')}={m!r} is not valid with {key}=true: "
+                "expected a number in [0, 1) (the optimizer's momentum or Adam's beta1)"
+            )
+
+
+def build_rate_plan(
+    conf: Mapping[str, Any],
+    plan: TrainPlan,
+    size: JobSize,
+    tables: list[TableSpec],
+    dense_params: int,
+) -> RatePlan:
+    """The job's rate plan from its configuration, once the tables and the job's size are
+    known. ConfigError for a per-table key of an unknown table, or a momentum cycle on an
+    optimizer without momentum."""
+    unit = str(conf["ml.opt.decay.unit"])
+    rows = sum(size.train_rows) or size.batch_size * plan.workers * size.updates_per_epoch
+    total = schedule_total(unit, plan.decay_on_batch, plan.epochs, size.updates_per_epoch, rows)
+    main = from_conf(conf, total_steps=total)
+    worker_dense = bool(dense_params) and plan.dense_placement == "worker"
+    names = [t.name for t in tables]
+    own = table_schedules(conf, names, total, worker_dense)
+    # (schedule of, what, optimizer) of everything that takes a step
+    users = [
+        (DENSE if t.name.startswith(DENSE + ".") else t.name, f"table {t.name}", t.optimizer.name)
+        for t in tables
+    ]
+    if worker_dense:
+        opt = OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer").name
+        users.append((DENSE, "the dense layers (ml.fclayer.optimizer)", opt))
+    for name, s in own.items():
+        check_momentum_cycle(s, {w: o for t, w, o in users if t == name}, f"{PREFIX}{name}.")
+    check_momentum_cycle(main, {w: o for t, w, o in users if t not in own})
+    global_batch = size.batch_size * plan.workers * plan.accum
+    scale = batch_scale(
+        str(conf["ml.learn.rate.scaling"]), global_batch, int(conf["ml.learn.rate.reference.batch"])
+    )
+    ps_dense = tuple(n for n in names if n.startswith(DENSE + "."))
+    return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale, ps_dense)

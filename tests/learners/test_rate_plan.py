@@ -1,0 +1,182 @@
+"""learners.job.rate_plan: each update's step sizes and momentum (momentum cycles applied,
+schedules counted in samples or epochs, batch scaling), in one process and in real jobs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+import decay
+from angelconf.config import ConfigError
+from angelps.rates import StepRates
+from learners.job.learner import GraphLearner
+from learners.job.rate_plan import RatePlan, batch_scale, schedule_total
+from tests.learners.test_worker import _head, _worker
+from tests.short_tmp import short_tmp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- in one process ------------------------------------------------------------------------------
+
+
+def test_samples_and_epochs_units_read_the_schedule_at_the_samples_seen():
+    sched = decay.CosineAnnealingLR(1.0, t_max=4000)
+    plan = RatePlan(sched, unit="samples", global_batch=64, epoch_rows=1000)
+    plan.start_epoch(2)
+    seen = []
+    for _ in range(17):  # 16 updates fill the epoch; the 17th is capped at its rows
+        r = plan.rates()
+        seen.append(r.record()["schedule_at"])
+        assert r.lr == sched.lr_at(int(r.record()["schedule_at"]))
+        plan.advance()
+    assert seen[:3] == [2000, 2064, 2128] and seen[-1] == 3000
+    assert sched.count == 0  # a schedule counted in samples keeps no count of updates
+    epochs = RatePlan(decay.StepLR(1.0, step_size=1, gamma=0.5), unit="epochs", epoch_rows=100)
+    epochs.global_batch = 50
+    epochs.start_epoch(1)
+    epochs.advance()
+    assert epochs.position() == 1.5 and epochs.peek() == 0.5
+    smooth = RatePlan(decay.LinearLR(1.0, 0.25, 1.0, total_iters=4), unit="epochs", epoch_rows=100)
+    smooth.global_batch = 25
+    smooth.start_epoch(1)
+    smooth.advance()
+    assert smooth.peek() == pytest.approx(0.25 + 0.75 * 1.25 / 4)
+
+
+def test_state_round_trips_and_old_checkpoints_load():
+    plan = RatePlan(decay.StepLR(1.0, step_size=2), unit="updates", on_batch=True)
+    for _ in range(3):
+        plan.advance()
+    state = json.loads(json.dumps(plan.state_dict()))
+    again = RatePlan(decay.StepLR(1.0, step_size=2), unit="updates", on_batch=True)
+    again.load_state_dict(state)
+    assert again.main.count == 3 and again.in_epoch == 3 and again.peek() == plan.peek()
+    again.load_state_dict({"count": 5})  # a checkpoint written before rate plans
+    assert again.main.count == 5
+
+
+def test_batch_scaling_and_totals():
+    assert batch_scale("linear", 1024, 256) == 4.0
+    assert batch_scale("sqrt", 1024, 256) == 2.0
+    assert batch_scale("none", 1024, 256) == 1.0
+    assert schedule_total("samples", False, 3, 10, 900) == 2700
+    assert schedule_total("epochs", True, 3, 10, 900) == 3
+    assert schedule_total("updates", True, 3, 10, 900) == 30
+    plan = RatePlan(decay.ConstantLearningRate(0.1), scale=4.0)
+    assert plan.rates().push == pytest.approx(0.4)
+
+
+def test_worker_pushes_the_cycled_momentum_and_steps_dense_layers_with_it(tmp_path, local_ps_class):
+    """A OneCycleLR copy in the worker: each push carries (lr, momentum) of its update."""
+    path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 256)
+    w, ps = _worker(
+        path,
+        {"ml.inputlayer.optimizer": "Momentum"},
+        {"batch_size": 32, "num_features": 123},
+        local_ps_class,
+    )
+    sched = decay.OneCycleLR(0.1, total_steps=8)
+    w.begin_epoch(0, RatePlan(sched, on_batch=True))
+    out = w.run_steps(6, None)
+    assert out["updates"] == 6
+    got = [p["lr"] for p in ps.pushes]
+    assert all(isinstance(p, StepRates) for p in got)
+    assert [p.lr for p in got] == [sched.lr_at(k) for k in range(6)]
+    assert [p.momentum for p in got] == [sched.momentum_at(k) for k in range(6)]
+    assert out["last_rates"] == {"momentum": sched.momentum_at(5)}
+
+
+# --- real jobs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    tmp = short_tmp()
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(tmp_path: Path, name: str, sets: dict, resume: bool = False) -> list[dict]:
+    """Train LR on ``sets``; the run's metrics.jsonl records."""
+    conf = {
+        "angel.log.path": str(tmp_path / name),
+        "angel.job.name": name,
+        "ml.data.validate.ratio": 0.0,
+        "ml.data.use.shuffle": False,
+        "angel.log.every.steps": 1,
+        "ml.opt.decay.on.batch": True,
+        **sets,
+    }
+    learner = GraphLearner.from_properties(ROOT / "conf" / "lr_a9a.properties", conf, quiet=True)
+    try:
+        learner.train(resume=resume)
+    finally:
+        learner.shutdown()
+    log = tmp_path / name
+    run = log / (log / "latest").read_text().strip()
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.filterwarnings("ignore:ml.opt.decay.alpha. set but not used")
+def test_onecycle_momentum_in_a_job_and_without_momentum_an_error(tmp_path, local_ray):
+    data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 400)
+    sets = {
+        "angel.train.data.path": data,
+        "ml.epoch.num": 2,
+        "ml.minibatch.size": 100,
+        "ml.opt.decay.class.name": "OneCycleLR",
+        "ml.learn.rate": 0.05,
+    }
+    steps = [r for r in _run(tmp_path, "onecycle", sets) if r["kind"] == "step"]
+    ref = decay.OneCycleLR(0.05, total_steps=8)
+    assert [r["lr"] for r in steps] == [ref.lr_at(k) for k in range(8)]
+    assert [r["momentum"] for r in steps] == [ref.momentum_at(k) for k in range(8)]
+    with pytest.raises(
+        ConfigError,
+        match=r"^ml\.opt\.decay\.cycle\.momentum=true: OneCycleLR cycles the momentum, but "
+        r"table weight uses sgd, which has none \(valid with a momentum cycle: Momentum, Adam\)",
+    ):
+        _run(tmp_path, "sgd", {**sets, "ml.inputlayer.optimizer": "SGD"})
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:ml.opt.decay.alpha. set but not used")
+def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, local_ray):
+    """2 epochs with 1 worker, resumed with 2 workers (twice the global batch): the lr at each
+    sample count is the uninterrupted run's."""
+    data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 1000)
+    sets = {
+        "angel.train.data.path": data,
+        "ml.minibatch.size": 50,
+        "ml.opt.decay.unit": "samples",
+        "ml.opt.decay.class.name": "WarmupCosine",
+        "ml.opt.decay.warmup.steps": 300,
+        "ml.learn.rate": 0.05,
+    }
+    full = _run(tmp_path, "full", {**sets, "ml.epoch.num": 4})
+    ckpt = {"angel.save.model.path": str(tmp_path / "ckpt")}
+    _run(tmp_path, "first", {**sets, **ckpt, "ml.epoch.num": 2})
+    resumed = _run(
+        tmp_path,
+        "resumed",
+        {**sets, **ckpt, "ml.epoch.num": 4, "angel.workergroup.number": 2},
+        True,
+    )
+    curve = {r["schedule_at"]: r["lr"] for r in full if r["kind"] == "step"}
+    after = [r for r in resumed if r["kind"] == "step"]
+    assert [r["schedule_at"] for r in after] == [2000 + 100 * u for u in range(20)]
+    assert [r["lr"] for r in after] == [curve[r["schedule_at"]] for r in after]
+    assert len(set(curve.values())) > 30 and max(curve) == 3950
+    start = next(r for r in resumed if r["kind"] == "start")
+    assert start["decay_unit"] == "samples" and start["global_batch"] == 100
+    assert not math.isclose(curve[2000], curve[3000])
+    assert np.isfinite([r["loss"] for r in after]).all()
