@@ -16,7 +16,7 @@ from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.launch import start_shards, wait_started
 from learners import cluster, failover
 from learners.data import DataOptions
-from learners.model_config import ModelConfig, model_info
+from learners.model_config import ModelConfig, job_model_info
 from learners.placement import Layout, Placement, release, reserve
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import tables_up_front
@@ -47,7 +47,7 @@ class JobActors:
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
-        return model_info(str(self.conf["ml.model.class.name"])).task
+        return job_model_info(self.conf).task
 
     def _start_ray(self) -> None:
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.cluster);

@@ -25,6 +25,7 @@ KEY_MODULES = (
     "learners.action",
     "learners.progress",
     "learners.model_config",
+    "learners.angel_json",
     "learners.data.options",
 )
 

@@ -32,11 +32,12 @@ from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler, from_conf
 from learners import failover, saved_model
+from learners.angel_json import apply_angel_json
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
 from learners.metrics import validation_metrics
-from learners.model_config import ModelConfig, model_info
+from learners.model_config import ModelConfig, job_model_info
 from learners.placement import Layout
 from learners.plan import JobSize, TrainPlan
 from learners.preflight import (
@@ -84,7 +85,7 @@ class GraphLearner(Inference):
     ) -> None:
         if not isinstance(conf, Config):
             conf = load_config(None, dict(conf), all_keys())
-        self.conf = conf
+        self.conf = conf = apply_angel_json(conf)  # Angel's JSON (angel.ml.conf), when named
         self.plan = TrainPlan.from_config(conf)
         self.ps_options = PSOptions.from_config(conf)
         self.address = address
@@ -405,4 +406,4 @@ class GraphLearner(Inference):
 
 def _angel_name(conf: Mapping[str, Any]) -> str:
     """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
-    return model_info(str(conf["ml.model.class.name"])).angel_name
+    return job_model_info(conf).angel_name

@@ -16,9 +16,12 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from angelconf.config import ConfigError, Key, positive
+from learners.angel_graph import Graph, graph_from_text
+from learners.angel_json import GRAPH_MODEL, MODEL_GRAPH
 
 __all__ = [
     "ACTIVATIONS",
@@ -27,6 +30,7 @@ __all__ = [
     "MODEL_INFO",
     "ModelConfig",
     "ModelInfo",
+    "job_model_info",
     "model_info",
     "model_name",
 ]
@@ -74,11 +78,19 @@ ANGEL_CLASSES = {
 }
 
 
+#: Angel's graph model classes: the network is the JSON of angel.ml.conf (learners/angel_json.py).
+GRAPH_CLASSES = {
+    f"com.tencent.angel.ml.core.graphsubmit.{name}": GRAPH_MODEL
+    for name in ("AngelModel", "GraphModel")
+} | {"angelmodel": GRAPH_MODEL, "graphmodel": GRAPH_MODEL}
+
+
 def model_name(name: str) -> str:
     """The model name of ``ml.model.class.name``: Angel's fully qualified class name becomes
-    its simple name (case-insensitive); any other name is returned stripped, as it is."""
+    its simple name (case-insensitive; Angel's graph classes AngelModel); any other name is
+    returned stripped, as it is."""
     stripped = name.strip()
-    by_lower = {k.lower(): v for k, v in ANGEL_CLASSES.items()}
+    by_lower = {k.lower(): v for k, v in (ANGEL_CLASSES | GRAPH_CLASSES).items()}
     return by_lower.get(stripped.lower(), stripped)
 
 
@@ -124,6 +136,35 @@ def model_info(name: str) -> ModelInfo:
         f"ml.model.class.name={name} is not a known model; valid names (closest first): "
         f"{', '.join(ranked)}"
     )
+
+
+@lru_cache(maxsize=8)
+def _graph(text: str, where: str) -> Graph:
+    return graph_from_text(text, where)
+
+
+def job_graph(conf: Mapping[str, Any]) -> Graph | None:
+    """The JSON layer graph of the job (``ml.model.graph``), None for a built-in model."""
+    text = MODEL_GRAPH.read(conf)
+    if not text:
+        return None
+    source = conf.source(MODEL_GRAPH.name) if hasattr(conf, "source") else "ml.model.graph"
+    return _graph(str(text), source)
+
+
+def job_model_info(conf: Mapping[str, Any]) -> ModelInfo:
+    """The model of a job: its JSON graph's (task from the loss, field needs from the layers),
+    else that of ``ml.model.class.name`` (:func:`model_info`)."""
+    graph = job_graph(conf)
+    name = str(conf["ml.model.class.name"])
+    if graph is not None:
+        return ModelInfo(GRAPH_MODEL, graph.task, graph.needs_fields)
+    if model_name(name) == GRAPH_MODEL:
+        raise ConfigError(
+            f"ml.model.class.name={name} builds its network from a JSON graph: set "
+            "angel.ml.conf to Angel's JSON file (its layers), or name a built-in model"
+        )
+    return model_info(name)
 
 
 MODEL_CLASS_NAME = Key(
@@ -226,6 +267,8 @@ class ModelConfig:
     dropout: float
     input_std: float
     embedding_std: float
+    #: The network of an AngelModel (Angel's JSON layers), None for a built-in model.
+    graph: Graph | None = None
 
     @classmethod
     def from_config(
@@ -235,8 +278,9 @@ class ModelConfig:
         values; a missing key takes its declared default)."""
         hidden = HIDDEN_LAYERS.read(conf)
         activations = ACTIVATION_NAMES.read(conf)
+        graph = job_graph(conf)
         return cls(
-            model=model_name(str(MODEL_CLASS_NAME.read(conf))),
+            model=GRAPH_MODEL if graph is not None else model_name(str(MODEL_CLASS_NAME.read(conf))),
             num_features=int(num_features),
             num_fields=None if num_fields is None else int(num_fields),
             num_class=int(NUM_CLASS.read(conf)),
@@ -248,4 +292,5 @@ class ModelConfig:
             dropout=float(DROPOUT.read(conf)),
             input_std=float(INPUT_INIT_STD.read(conf)),
             embedding_std=float(EMBEDDING_INIT_STD.read(conf)),
+            graph=graph,
         )

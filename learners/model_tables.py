@@ -84,4 +84,8 @@ _TABLES: dict[str, Callable[[ModelConfig], list[TableDecl]]] = {
 
 def model_tables(cfg: ModelConfig) -> list[TableDecl]:
     """The PS tables the model of ``cfg`` reads (sparse weights, embeddings, biases)."""
+    if cfg.graph is not None:
+        from learners.graph_tables import graph_tables  # an AngelModel's JSON layers
+
+        return graph_tables(cfg)
     return _TABLES[model_info(cfg.model).angel_name](cfg)

@@ -414,7 +414,12 @@ def model_class(name: str) -> type[BaseModel]:
 
 def build_model(cfg: ModelConfig, seed: int | None = None) -> BaseModel:
     """Build the configured model; ``seed`` makes the worker-side dense init reproducible."""
-    cls = model_class(cfg.model)
+    if cfg.graph is not None:  # Angel's JSON layers (angel.ml.conf): learners/graph_model.py
+        from learners.graph_model import GraphModel
+
+        cls: type[BaseModel] = GraphModel
+    else:
+        cls = model_class(cfg.model)
     if cls.needs_fields:
         _fields(cfg)
     if seed is None:

@@ -1,0 +1,210 @@
+"""Angel's JSON job description (``angel.ml.conf``): its sections mapped onto the job's keys.
+
+Angel's graph models (``ml.model.class.name=com.tencent.angel.ml.core.graphsubmit.AngelModel``,
+and its model classes given a JSON) read a JSON file (Angel-ML/angel: docs/basic/json_conf_en.md)
+with the sections ``data``, ``model``, ``train``, ``default_optimizer``, ``default_transfunc``,
+``default_lossfunc`` and ``layers``. :func:`apply_angel_json` reads the file named by
+``angel.ml.conf`` and sets the keys each section stands for, where neither the ``.properties``
+file nor the command line set them (they win, as in Angel). The ``layers`` (the network) become
+``ml.model.graph``, one line of JSON that travels with the job and into its checkpoints, so a
+saved model predicts without the file; the model is then ``AngelModel``
+(:mod:`learners.angel_graph` describes the graph, :mod:`learners.graph_model` builds it).
+
+A key module: standard library and ``angelconf`` only. Every value keeps where it came from
+(``<file>: train.lr``), shown by ``angelps conf`` and in error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from angelconf.config import Config, ConfigError, Key, validate
+from angelps.options import OPTIMIZER_KEYS
+from learners.angel_graph import graph_text, optimizer_overrides, parse_graph
+
+__all__ = ["ANGEL_ML_CONF", "KEYS", "MODEL_GRAPH", "apply_angel_json", "read_angel_json"]
+
+ANGEL_ML_CONF = Key(
+    "angel.ml.conf",
+    "str",
+    None,
+    "Angel's JSON job description: its data, model, train and default_optimizer sections set "
+    "the keys they stand for (keys in the job file or on the command line win) and its layers "
+    "define the network (the model becomes AngelModel); relative to the current directory. "
+    "See docs/models.md.",
+)
+MODEL_GRAPH = Key(
+    "ml.model.graph",
+    "str",
+    None,
+    'The network of an AngelModel as one line of JSON ({"layers": [...]}, Angel\'s layer '
+    "graph); set from the layers of angel.ml.conf, and saved with the model.",
+)
+KEYS = [ANGEL_ML_CONF, MODEL_GRAPH]
+
+#: The model name a JSON graph trains (Angel's GraphModel/AngelModel).
+GRAPH_MODEL = "AngelModel"
+
+# JSON section -> {JSON key (lower case) -> our key}; None: accepted, no effect here (why).
+_DATA: dict[str, str | None] = {
+    "format": "ml.data.type",
+    "indexrange": "ml.feature.index.range",
+    "numfield": "ml.fm.field.num",
+    "validateratio": "ml.data.validate.ratio",
+    "useshuffle": "ml.data.use.shuffle",
+    "translabel": "ml.data.label.trans.class",
+    "sampleratio": None,  # Spark on Angel's sampling: batches here are sized by the keys
+}
+_MODEL: dict[str, str | None] = {
+    "loadpath": "angel.load.model.path",
+    "savepath": "angel.save.model.path",
+    "modeltype": None,  # tables are float32, sparse or dense as each table needs
+    "modelsize": None,  # the table sizes follow ml.feature.index.range
+}
+_TRAIN: dict[str, str | None] = {
+    "epoch": "ml.epoch.num",
+    "numupdateperepoch": "ml.num.update.per.epoch",
+    "batchsize": "ml.minibatch.size",
+    "lr": "ml.learn.rate",
+    "decayclass": "ml.opt.decay.class.name",
+    "decayalpha": "ml.opt.decay.alpha",
+    "decaybeta": "ml.opt.decay.beta",
+    "decayintervals": "ml.opt.decay.intervals",
+    "decayonbatch": "ml.opt.decay.on.batch",
+    "decay": "ml.learn.decay",
+}
+_SECTIONS = {"data": _DATA, "model": _MODEL, "train": _TRAIN}
+_TOP = (
+    "data",
+    "model",
+    "train",
+    "default_optimizer",
+    "default_transfunc",
+    "default_lossfunc",
+    "layers",
+)
+_ROLE_KEYS = ("ml.inputlayer.optimizer", "ml.embedding.optimizer", "ml.fclayer.optimizer")
+
+
+def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name) -> dict[str, Any]:
+    """The JSON document of ``path``; a ConfigError names the file (and the line and column of
+    malformed JSON)."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"{key}={path}: the JSON file {what}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}={path}: cannot be read ({e})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
+    return doc
+
+
+def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
+    raw = doc.get(name)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name}: expected a JSON object")
+    return {str(k).lower(): (str(k), v) for k, v in raw.items()}
+
+
+def json_keys(doc: Mapping[str, Any], conf: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The keys the document sets: key -> (value, JSON path). A section entry that is unknown,
+    or not supported here, is a ConfigError naming its JSON path."""
+    for k in doc:
+        if k not in _TOP:
+            raise ConfigError(f"{k}: unknown section (known: {', '.join(_TOP)})")
+    out: dict[str, tuple[Any, str]] = {}
+    for section, table in _SECTIONS.items():
+        for low, (orig, value) in _section(doc, section).items():
+            where = f"{section}.{orig}"
+            if low == "posnegratio":
+                if isinstance(value, (int, float)) and value <= 0:
+                    continue
+                raise ConfigError(
+                    f"{where}: resampling positives and negatives is not supported here; "
+                    "remove it (or set -1)"
+                )
+            if low not in table:
+                known = ", ".join(sorted({*table, *(["posnegratio"] if section == "data" else [])}))
+                raise ConfigError(f"{where}: unknown key of {section} (known: {known})")
+            key = table[low]
+            if key is not None:
+                out[key] = (value, where)
+    train = _section(doc, "train")
+    batch_set = isinstance(conf, Config) and conf.is_set("ml.minibatch.size")
+    if "numupdateperepoch" not in train and "batchsize" not in train and not batch_set:
+        # Angel's graph learner always sizes batches by its updates per epoch (default 10).
+        out[_TRAIN["numupdateperepoch"] or ""] = (10, "train (Angel's default numupdateperepoch)")
+    if doc.get("default_optimizer") is not None:
+        name, sets = optimizer_overrides(doc["default_optimizer"], "default_optimizer")
+        for role in _ROLE_KEYS:
+            out[role] = (name, "default_optimizer.type")
+        for fname, value in sets:
+            out[OPTIMIZER_KEYS[fname].name] = (value, "default_optimizer")
+    if doc.get("layers") is not None:
+        parse_graph(doc)  # every layer checked here, naming the file
+        out[MODEL_GRAPH.name] = (graph_text(doc), "layers")
+        out["ml.model.class.name"] = (GRAPH_MODEL, "layers")
+    return out
+
+
+def apply_angel_json(conf: Config) -> Config:
+    """``conf`` with the keys of the JSON file of ``angel.ml.conf`` (when set) filled in where
+    the job did not set them; ``conf`` itself when the key is unset or already applied."""
+    path = conf.get(ANGEL_ML_CONF.name)
+    if not path:
+        return conf
+    src = os.path.normpath(os.path.expanduser(str(path)))
+    if conf.source(MODEL_GRAPH.name).startswith(f"{src}:") or any(
+        conf.source(k).startswith(f"{src}:") for k in conf
+    ):
+        return conf  # already applied (the CLI, then GraphLearner)
+    doc = read_angel_json(src)
+    try:
+        sets = json_keys(doc, conf)
+    except ConfigError as e:
+        raise ConfigError(f"{src}: {e}") from None
+    from learners.keys import all_keys  # the key gatherer imports this module
+
+    keys = list(all_keys())
+    by_name = {k.name: k for k in keys}
+    values = {k: conf[k] for k in conf}
+    sources = {k: conf.source(k) for k in conf if conf.is_set(k)}
+    for name, (value, where) in sets.items():
+        if name == "ml.model.class.name" and conf.is_set(name):
+            _check_class(conf, src)
+            # The JSON's layers define the network whatever Angel class was named.
+        elif conf.is_set(name):
+            continue  # the job file or the command line wins
+        raw = json.dumps(value) if isinstance(value, (list, dict)) else value
+        if isinstance(raw, bool):
+            raw = "true" if raw else "false"
+        try:
+            values[name] = validate(by_name[name], raw, name)
+        except ConfigError as e:
+            raise ConfigError(f"{src}: {where}: {e}") from None
+        sources[name] = f"{src}: {where}"
+    return Config(values, sources, keys)
+
+
+def _check_class(conf: Config, src: str) -> None:
+    """A JSON graph with a model class named: Angel's graph classes and any of its model classes
+    build the network from the layers; another name is an error (with the valid ones)."""
+    from learners.model_config import model_info, model_name
+
+    name = str(conf["ml.model.class.name"])
+    if model_name(name) == GRAPH_MODEL:
+        return
+    model_info(name)  # an unknown name: the usual error, closest names first
