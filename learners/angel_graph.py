@@ -251,7 +251,8 @@ def _inputs(raw: Mapping[str, Any], kind: str, where: str) -> tuple[str, ...]:
         for k in ("inputlayer", "inputlayers"):
             if k in raw:
                 raise _err(
-                    f"{where}.{k}", f"a {kind} layer reads the sample: it has no input layer"
+                    f"{where}.{k}",
+                    "an input layer or an Embedding reads the sample: it has no input layer",
                 )
         return ()
     joins = kind in ("sum", "mul", "dot", "concat")
@@ -307,13 +308,6 @@ def _layer(raw: Any, i: int, default_act: TransFunc, default_loss: str) -> Layer
             name, kind, inputs, where, () if dim is None else (dim,), factors=k, optimizer=opt
         )
     if kind == "fc":
-        if opt is not None:
-            # The workers step every dense layer with one optimizer (angelps.optim).
-            raise _err(
-                f"{where}.optimizer",
-                "an FCLayer's own optimizer is not supported: FC layers on the workers use "
-                "default_optimizer (ml.fclayer.optimizer); remove it or set that instead",
-            )
         return _fc(raw, name, inputs, where, dim, default_act, opt)
     if kind == "loss":
         loss = raw.get("lossfunc", default_loss)

@@ -196,6 +196,13 @@ def apply_angel_json(conf: Config) -> Config:
         except ConfigError as e:
             raise ConfigError(f"{src}: {where}: {e}") from None
         sources[name] = f"{src}: {where}"
+    if MODEL_GRAPH.name in sets and sources.get(MODEL_GRAPH.name, "").startswith(f"{src}:"):
+        # The widths that depend on the field count, checked now that it is known.
+        fields = values.get("ml.fm.field.num")
+        try:
+            parse_graph(doc).dims(fields if isinstance(fields, int) and fields > 0 else None)
+        except ConfigError as e:
+            raise ConfigError(f"{src}: {e}") from None
     return Config(values, sources, keys)
 
 

@@ -13,12 +13,16 @@ WideAndDeep, ...) starts from the same weights as that model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from angelps.optim import DenseOptimizer, apply
+from angelps.table import OptimizerSpec
 from learners.angel_graph import Graph, Layer, TransFunc
 from learners.graph_tables import table_names
 from learners.model_config import ModelConfig
@@ -108,6 +112,27 @@ class GraphModel(BaseModel):
     def dense_modules(self) -> dict[str, nn.Module]:
         return dict(self.fc.items())
 
+    def param_optimizer(self, name: str) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+        # parameters are named fc.<layer>.<i>.weight|bias
+        parts = name.split(".")
+        if len(parts) > 1 and parts[0] == "fc":
+            return self.graph.layer(parts[1]).optimizer
+        return None
+
+    def dense_optimizer(
+        self, params: Sequence[nn.Parameter], spec: OptimizerSpec
+    ) -> DenseOptimizer:
+        """One optimizer over every trainable dense parameter, each stepping with its FCLayer's
+        own optimizer where the JSON names one (over ``spec``'s hyper-parameters), else ``spec``."""
+        named = {id(p): n for n, p in self.named_parameters()}
+        specs = []
+        for p in params:
+            own = self.param_optimizer(named.get(id(p), ""))
+            specs.append(spec if own is None else replace(spec, name=own[0], **dict(own[1])))
+        if all(s == spec for s in specs):
+            return DenseOptimizer(params, spec)
+        return _LayerwiseOptimizer(params, specs)
+
     # --- forward -------------------------------------------------------------------------------
 
     def forward(self, x: SparseInput) -> Tensor:
@@ -185,3 +210,24 @@ class GraphModel(BaseModel):
                 f"(ml.num.class={c}); use ml.data.label.trans.class=SubOneTrans for labels 1..C"
             )
         return y
+
+
+class _LayerwiseOptimizer(DenseOptimizer):
+    """A :class:`~angelps.optim.DenseOptimizer` whose parameters step with their own specs (the
+    FCLayers of a JSON graph that name an optimizer); its state has the same shape, so the
+    worker's checkpoint saves and restores it alike."""
+
+    def __init__(self, params: Sequence[nn.Parameter], specs: Sequence[OptimizerSpec]) -> None:
+        parts = [DenseOptimizer([p], s) for p, s in zip(params, specs, strict=True)]
+        self.spec = parts[0].spec
+        self.specs = [o.spec for o in parts]
+        self.params = [o.params[0] for o in parts]
+        self.param_groups = [{"lr": 0.0}]
+        self.state = [o.state[0] for o in parts]
+
+    def step(self, lr: float) -> None:
+        self.param_groups[0]["lr"] = lr
+        with torch.no_grad():
+            for p, st, spec in zip(self.params, self.state, self.specs, strict=True):
+                if p.grad is not None:
+                    apply(spec, p.view(1, -1), st, p.grad.view(1, -1), lr)

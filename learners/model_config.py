@@ -280,7 +280,9 @@ class ModelConfig:
         activations = ACTIVATION_NAMES.read(conf)
         graph = job_graph(conf)
         return cls(
-            model=GRAPH_MODEL if graph is not None else model_name(str(MODEL_CLASS_NAME.read(conf))),
+            model=GRAPH_MODEL
+            if graph is not None
+            else model_name(str(MODEL_CLASS_NAME.read(conf))),
             num_features=int(num_features),
             num_fields=None if num_fields is None else int(num_fields),
             num_class=int(NUM_CLASS.read(conf)),
