@@ -80,8 +80,9 @@ class GraphModel(BaseModel):
         graph = cfg.graph
         assert graph is not None
         self.graph: Graph = graph
-        self.task = graph.task
-        self.needs_fields = graph.needs_fields
+        # Per instance: a graph's task is its loss's, its field needs its layers'.
+        self.task = graph.task  # type: ignore[misc]
+        self.needs_fields = graph.needs_fields  # type: ignore[misc]
         self.widths = graph.dims(cfg.num_fields)
         # FC chains by layer name (for freezing by name), input layers' transfer functions.
         self.fc = nn.ModuleDict()

@@ -172,7 +172,9 @@ MODEL_CLASS_NAME = Key(
     "str",
     "LogisticRegression",
     "Model to train (Angel's class names, case-insensitive, simple or fully qualified as "
-    "com.tencent.angel.ml.classification.LogisticRegression); see docs/models.md.",
+    "com.tencent.angel.ml.classification.LogisticRegression); AngelModel "
+    "(com.tencent.angel.ml.core.graphsubmit.AngelModel) trains the JSON layers of "
+    "angel.ml.conf; see docs/models.md.",
 )
 NUM_CLASS = Key("ml.num.class", "int", 2, "Number of classes (SoftmaxRegression).", check=positive)
 FM_RANK = Key(
