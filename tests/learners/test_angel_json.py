@@ -285,6 +285,15 @@ def test_a_custom_graph_composes_the_layers(tmp_path: Path) -> None:
     opt.step(0.01)
     assert all(not torch.equal(p, q) for p, q in zip(m.parameters(), before, strict=True))
     assert m.predict(scores).min() >= 0  # hinge: sigmoid(2f)
+    # angel.dense.placement=ps: the layer's parameters are PS tables with its optimizer
+    from learners.dense import dense_tables_on_ps
+
+    placed: list[Any] = []
+    dense_tables_on_ps(m, placed, set())
+    assert {d.name: d.optimizer for d in placed}["dense.fc.mlp.0.weight"] == (
+        "adam",
+        (("beta1", 0.8),),
+    )
 
 
 # --- errors -----------------------------------------------------------------------------------------

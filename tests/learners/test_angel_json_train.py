@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,22 @@ def test_a_graph_model_trains_resumes_predicts_and_evaluates(
     assert main(["evaluate", *base, "--json"]) == 0
     metrics = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
     assert metrics["valid_auc"] > 0.85
+
+
+@pytest.mark.slow
+def test_the_driver_of_a_json_job_never_loads_torch(tmp_path) -> None:
+    """As tests/test_layering.py for a built-in model: a whole job on a private Ray, in a fresh
+    interpreter; the graph's tables come from its description, the torch module only on the
+    workers."""
+    code = (
+        "import sys\n"
+        "from learners.cli.main import main\n"
+        "rc = main(['submit', '--angel.ml.conf', 'tests/data/angel_json/deepfm.json',\n"
+        f"           '--angel.train.data.path', '{CENSUS}', '--ml.epoch.num', '1',\n"
+        f"           '--angel.log.path', '{tmp_path}'])\n"
+        "print(rc, sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
