@@ -89,6 +89,15 @@ class Graph:
             for i in layer.inputs
         )
 
+    def check_classes(self, widths: Mapping[str, int], num_class: int) -> None:
+        """A softmaxloss reads one score per class (``ml.num.class``): else a ConfigError."""
+        w = widths[self.loss.inputs[0]]
+        if self.task == "multiclass" and w not in (-1, num_class):
+            raise _err(
+                self.loss.path,
+                f"softmaxloss reads {w} scores but ml.num.class={num_class}: make them equal",
+            )
+
     def dims(self, num_fields: int | None) -> dict[str, int]:
         """The output width of every layer (an Embedding's: fields × factors, read flat), or a
         ConfigError naming the layer whose declared size or inputs do not fit. Widths that

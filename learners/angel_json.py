@@ -200,7 +200,9 @@ def apply_angel_json(conf: Config) -> Config:
         # The widths that depend on the field count, checked now that it is known.
         fields = values.get("ml.fm.field.num")
         try:
-            parse_graph(doc).dims(fields if isinstance(fields, int) and fields > 0 else None)
+            graph = parse_graph(doc)
+            widths = graph.dims(fields if isinstance(fields, int) and fields > 0 else None)
+            graph.check_classes(widths, int(values["ml.num.class"]))
         except ConfigError as e:
             raise ConfigError(f"{src}: {e}") from None
     return Config(values, sources, keys)

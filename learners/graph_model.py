@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from angelconf.config import ConfigError
 from angelps.optim import DenseOptimizer, apply
 from angelps.table import OptimizerSpec
 from learners.angel_graph import Graph, Layer, TransFunc
@@ -92,11 +93,10 @@ class GraphModel(BaseModel):
                 self.fc[layer.name] = self._chain(layer)
             elif layer.kind == "input":
                 self.acts[layer.name] = _act(layer.acts[0])
-        if graph.task == "multiclass" and self.widths[graph.loss.inputs[0]] != cfg.num_class:
-            raise ValueError(
-                f"ml.model.graph: softmaxloss reads {self.widths[graph.loss.inputs[0]]} "
-                f"scores but ml.num.class={cfg.num_class}: make them equal"
-            )
+        try:
+            graph.check_classes(self.widths, cfg.num_class)
+        except ConfigError as e:
+            raise ConfigError(f"ml.model.graph ({graph.source}): {e}") from None
 
     def _chain(self, layer: Layer) -> nn.Sequential:
         d = self.widths[layer.inputs[0]]

@@ -434,3 +434,61 @@ def test_a_missing_json_file_names_the_key(tmp_path: Path) -> None:
         ConfigError, match=r"angel\.ml\.conf=.*nope\.json: the JSON file does not exist"
     ):
         _conf({"angel.ml.conf": str(tmp_path / "nope.json")})
+
+
+@pytest.mark.parametrize(
+    ("loss", "builtin", "cols", "labels"),
+    [
+        ("l2loss", "LinearRegression", 1, [0.5, -1.0, 2.0, 0.0]),
+        ("huberloss", "RobustRegression", 1, [0.5, -1.0, 2.0, 0.0]),
+        ("hingeloss", "SupportVectorMachine", 1, [1.0, 0.0, 1.0, 0.0]),
+        ("softmaxloss", "SoftmaxRegression", 3, [0.0, 2.0, 1.0, 2.0]),
+    ],
+)
+def test_each_loss_is_its_linear_models(tmp_path: Path, loss, builtin, cols, labels) -> None:
+    """A SimpleInputLayer and a SimpleLossLayer: the linear model of the loss (task, scores,
+    loss and prediction)."""
+    doc = {
+        "layers": [
+            {"name": "lin", "type": "SimpleInputLayer", "outputdim": cols},
+            {"name": "loss", "type": "SimpleLossLayer", "lossfunc": loss, "inputlayer": "lin"},
+        ]
+    }
+    c = _conf({"angel.ml.conf": _write(tmp_path, doc), "ml.num.class": 3})
+    b = _conf({"ml.model.class.name": builtin, "ml.num.class": 3})
+    g_model = build_model(ModelConfig.from_config(c, 30, None))
+    b_model = build_model(ModelConfig.from_config(b, 30, None))
+    assert job_model_info(c).task == job_model_info(b).task == g_model.task
+    shapes = {"weight": (cols, True), "bias": (cols, False)}
+    xb = _batch(shapes, 4, 30, None)
+    xg = _batch({"lin_weight": (cols, True), "lin_bias": (cols, False)}, 4, 30, None)
+    y = torch.tensor(labels)
+    sg, sb = g_model(xg), b_model(xb)
+    torch.testing.assert_close(sg, sb)
+    torch.testing.assert_close(
+        g_model.loss(sg, g_model.prepare_labels(y)), b_model.loss(sb, b_model.prepare_labels(y))
+    )
+    torch.testing.assert_close(g_model.predict(sg), b_model.predict(sb))
+
+
+def test_softmax_scores_must_be_one_per_class(tmp_path: Path) -> None:
+    doc = {
+        "layers": [
+            {"name": "lin", "type": "SimpleInputLayer", "outputdim": 4},
+            {
+                "name": "l",
+                "type": "SimpleLossLayer",
+                "lossfunc": "softmaxloss",
+                "inputlayer": "lin",
+            },
+        ]
+    }
+    assert _error(tmp_path, doc, **{"ml.num.class": 3}) == (
+        "FILE: layers[1]: softmaxloss reads 4 scores but ml.num.class=3: make them equal"
+    )
+    # a graph that reached the workers otherwise (ml.model.graph set directly) is refused there
+    c = _conf({"ml.model.graph": json.dumps(doc), "ml.num.class": 3})
+    with pytest.raises(
+        ConfigError, match=r"ml\.model\.graph \(program\): layers\[1\]: softmaxloss"
+    ):
+        build_model(ModelConfig.from_config(c, 30, None))

@@ -144,3 +144,40 @@ def test_the_driver_of_a_json_job_never_loads_torch(tmp_path) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_custom_graph_trains(ray_local, tmp_path) -> None:
+    """Layers composed as no built-in model composes them, with a per-layer optimizer."""
+    doc = {
+        "data": {"format": "dummy", "indexrange": 148, "numfield": 13, "validateratio": 0.1},
+        "train": {"epoch": 3, "numupdateperepoch": 40, "lr": 0.01},
+        "default_optimizer": "adam",
+        "default_transfunc": "relu",
+        "layers": [
+            {"name": "wide", "type": "SimpleInputLayer", "outputdim": 1, "transfunc": "identity"},
+            {"name": "emb", "type": "Embedding", "numfactors": 8, "outputdim": 104},
+            {"name": "fm", "type": "BiInnerSumCross", "inputlayer": "emb", "outputdim": 1},
+            {"name": "bi", "type": "BiInteractionCross", "inputlayer": "emb", "outputdim": 8},
+            {"name": "pairs", "type": "BiInnerCross", "inputlayer": "emb", "outputdim": 78},
+            {"name": "cat", "type": "ConcatLayer", "inputlayers": ["emb", "bi", "pairs"]},
+            {
+                "name": "mlp",
+                "type": "FCLayer",
+                "inputlayer": "cat",
+                "outputdims": [64, 1],
+                "transfuncs": ["relu", "identity"],
+                "optimizer": {"type": "adam", "gamma": 0.999},
+            },
+            {"name": "sum", "type": "SumPooling", "inputlayers": ["wide", "fm", "mlp"]},
+            {"name": "loss", "type": "SimpleLossLayer", "inputlayer": "sum"},
+        ],
+    }
+    path = tmp_path / "custom.json"
+    path.write_text(json.dumps(doc))
+    keys = {
+        "angel.ml.conf": str(path),
+        "angel.train.data.path": str(CENSUS),
+        "angel.log.path": str(tmp_path / "log"),
+    }
+    assert _auc(apply_angel_json(load_config(None, keys, all_keys()))) > 0.89
