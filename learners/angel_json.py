@@ -140,7 +140,7 @@ def json_keys(doc: Mapping[str, Any], conf: Mapping[str, Any]) -> dict[str, tupl
                 known = ", ".join(sorted({*table, *(["posnegratio"] if section == "data" else [])}))
                 raise ConfigError(f"{where}: unknown key of {section} (known: {known})")
             key = table[low]
-            if key is not None:
+            if key is not None and value is not None:  # null: as if absent
                 out[key] = (value, where)
     train = _section(doc, "train")
     batch_set = isinstance(conf, Config) and conf.is_set("ml.minibatch.size")

@@ -100,8 +100,11 @@ class GraphModel(BaseModel):
 
     def _chain(self, layer: Layer) -> nn.Sequential:
         d = self.widths[layer.inputs[0]]
-        if d < 1:
-            raise ValueError(f"{layer.path}: the width of its input is not known")
+        if d < 1:  # an Embedding read flat without the field count
+            raise ConfigError(
+                f"ml.model.graph ({self.graph.source}): {layer.path}: the width of its input "
+                "is not known: set ml.fm.field.num (one id per field)"
+            )
         mods: list[nn.Module] = []
         for out, act in zip(layer.dims, layer.acts, strict=True):
             mods.append(nn.Linear(d, out))
