@@ -19,14 +19,28 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, validate
 from angelps.options import OPTIMIZER_KEYS
-from learners.angel_graph import graph_text, optimizer_overrides, parse_graph
+from learners.angel_graph import (
+    Layer,
+    graph_from_text,
+    graph_text,
+    optimizer_overrides,
+    parse_graph,
+)
 
-__all__ = ["ANGEL_ML_CONF", "KEYS", "MODEL_GRAPH", "apply_angel_json", "read_angel_json"]
+__all__ = [
+    "ANGEL_ML_CONF",
+    "KEYS",
+    "MODEL_GRAPH",
+    "apply_angel_json",
+    "check_saved_graph",
+    "read_angel_json",
+]
 
 ANGEL_ML_CONF = Key(
     "angel.ml.conf",
@@ -217,3 +231,42 @@ def _check_class(conf: Config, src: str) -> None:
     if model_name(name) == GRAPH_MODEL:
         return
     model_info(name)  # an unknown name: the usual error, closest names first
+
+
+def _shown(layer: Layer | None) -> str:
+    if layer is None:
+        return "absent"
+    dims = f" {','.join(map(str, layer.dims))}" if layer.dims else ""
+    return f"{layer.name} ({layer.kind}{dims})"
+
+
+def check_saved_graph(
+    conf: Config, info: Mapping[str, Any], where: str, key: str = "angel.load.model.path"
+) -> None:
+    """A ConfigError when the job names a network (``ml.model.graph``, from its JSON) and the
+    saved AngelModel of ``where`` (its manifest's learner section ``info``) has another: the
+    first layer that differs, there and here."""
+    saved = dict(info.get("conf", {})).get(MODEL_GRAPH.name)
+    text = conf.get(MODEL_GRAPH.name)
+    if not saved or not text or not conf.is_set(MODEL_GRAPH.name):
+        return
+    # The network's shape; its optimizers are training settings a job may change.
+    there = [replace(x, optimizer=None) for x in graph_from_text(str(saved), where).layers]
+    here = [
+        replace(x, optimizer=None)
+        for x in graph_from_text(str(text), conf.source(MODEL_GRAPH.name)).layers
+    ]
+    if there == here:
+        return
+    i = next(
+        i
+        for i in range(max(len(there), len(here)))
+        if i >= len(there) or i >= len(here) or there[i] != here[i]
+    )
+    a = there[i] if i < len(there) else None
+    b = here[i] if i < len(here) else None
+    raise ConfigError(
+        f"{key}={where} holds an AngelModel whose network is not the job's "
+        f"(ml.model.graph from {conf.source(MODEL_GRAPH.name)}): layer {i + 1} is "
+        f"{_shown(a)} there, {_shown(b)} here; use the JSON the model was trained with"
+    )

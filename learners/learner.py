@@ -32,7 +32,7 @@ from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler, from_conf
 from learners import failover, saved_model
-from learners.angel_json import apply_angel_json
+from learners.angel_json import apply_angel_json, check_saved_graph
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
@@ -63,6 +63,8 @@ from learners.startup import Phases
 from learners.worker_group import WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
+
+SAVE_KEY = "angel.save.model.path"
 
 
 @dataclass
@@ -120,7 +122,12 @@ class GraphLearner(Inference):
         check_job(self.conf, self.plan, resume)
         if resume:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
-            check_resume(saved_model.resume_point(str(plan.save_path)), plan)
+            point = saved_model.resume_point(str(plan.save_path))
+            check_resume(point, plan)
+            check_saved_graph(self.conf, point["learner"], str(plan.save_path), SAVE_KEY)
+        elif plan.load_path and self.conf.get("ml.model.graph"):
+            extra = saved_model.read_extra(str(plan.load_path))
+            check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
         self._start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))

@@ -34,6 +34,7 @@ from typing import Any
 from angelconf.config import Config, ConfigError
 from angelps import PSClient, TableSpec, checkpoint, checkpoint_remote, fs
 from angelps.checkpoint import CheckpointDamaged
+from learners.angel_json import check_saved_graph
 from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
 
@@ -197,6 +198,7 @@ def inference_conf(conf: Config, info: Mapping[str, Any], where: str) -> Config:
             f"{_LOAD}={where} holds a {saved} model, but {_MODEL}={conf[_MODEL]} "
             f"({conf.source(_MODEL)}): load a {conf[_MODEL]} model or set {_MODEL}={saved}"
         )
+    check_saved_graph(conf, info, where)  # an AngelModel: the job's JSON layers, if it names one
     own = {
         k: v
         for k, v in dict(info.get("conf", {})).items()

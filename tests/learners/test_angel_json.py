@@ -492,3 +492,23 @@ def test_softmax_scores_must_be_one_per_class(tmp_path: Path) -> None:
         ConfigError, match=r"ml\.model\.graph \(program\): layers\[1\]: softmaxloss"
     ):
         build_model(ModelConfig.from_config(c, 30, None))
+
+
+def test_a_saved_graph_must_be_the_jobs_network() -> None:
+    """Prediction, evaluation, --resume and angel.load.model.path with a JSON: the saved
+    network's layers (not their optimizers) must be the job's."""
+    from learners.angel_json import check_saved_graph
+
+    saved = {"conf": {"ml.model.graph": _json_conf("deepfm.json")["ml.model.graph"]}}
+    check_saved_graph(_json_conf("deepfm.json"), saved, "m")
+    other_opt = _doc("deepfm.json")
+    other_opt["layers"][1]["optimizer"] = "adam"
+    check_saved_graph(_conf({"ml.model.graph": json.dumps(other_opt)}), saved, "m")
+    check_saved_graph(_conf({}), saved, "m")  # no network named: the saved one applies
+    with pytest.raises(ConfigError) as e:
+        check_saved_graph(_json_conf("fm.json"), saved, "m")
+    assert str(e.value) == (
+        f"angel.load.model.path=m holds an AngelModel whose network is not the job's "
+        f"(ml.model.graph from {JSONS / 'fm.json'}: layers): layer 3 is fclayer (fc 100,100,1) "
+        "there, biinnersumcross (innersumcross 1) here; use the JSON the model was trained with"
+    )
