@@ -160,7 +160,7 @@ def json_keys(doc: Mapping[str, Any], conf: Mapping[str, Any]) -> dict[str, tupl
     batch_set = isinstance(conf, Config) and conf.is_set("ml.minibatch.size")
     if "numupdateperepoch" not in train and "batchsize" not in train and not batch_set:
         # Angel's graph learner always sizes batches by its updates per epoch (default 10).
-        out[_TRAIN["numupdateperepoch"] or ""] = (10, "train (Angel's default numupdateperepoch)")
+        out["ml.num.update.per.epoch"] = (10, "train (Angel's default numupdateperepoch)")
     if doc.get("default_optimizer") is not None:
         name, sets = optimizer_overrides(doc["default_optimizer"], "default_optimizer")
         for role in _ROLE_KEYS:
@@ -181,9 +181,7 @@ def apply_angel_json(conf: Config) -> Config:
     if not path:
         return conf
     src = os.path.normpath(os.path.expanduser(str(path)))
-    if conf.source(MODEL_GRAPH.name).startswith(f"{src}:") or any(
-        conf.source(k).startswith(f"{src}:") for k in conf
-    ):
+    if any(conf.source(k).startswith(f"{src}:") for k in conf):
         return conf  # already applied (the CLI, then GraphLearner)
     doc = read_angel_json(src)
     try:
