@@ -48,7 +48,8 @@ ANGEL_ML_CONF = Key(
     None,
     "Angel's JSON job description: its data, model, train and default_optimizer sections set "
     "the keys they stand for (keys in the job file or on the command line win) and its layers "
-    "define the network (the model becomes AngelModel); relative to the current directory. "
+    "define the network (the model becomes AngelModel); a path relative to the current "
+    "directory, or a URL (s3://, gs://, hdfs://). "
     "See docs/models.md.",
 )
 MODEL_GRAPH = Key(
@@ -107,14 +108,17 @@ _ROLE_KEYS = ("ml.inputlayer.optimizer", "ml.embedding.optimizer", "ml.fclayer.o
 def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name) -> dict[str, Any]:
     """The JSON document of ``path``; a ConfigError names the file (and the line and column of
     malformed JSON)."""
-    p = Path(path)
-    if not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise ConfigError(f"{key}={path}: the JSON file {what}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{key}={path}: cannot be read ({e})") from None
+    if _is_url(str(path)):
+        text = _read_url(str(path), key)
+    else:
+        p = Path(path)
+        if not p.is_file():
+            what = "is a directory" if p.is_dir() else "does not exist"
+            raise ConfigError(f"{key}={path}: the JSON file {what}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{key}={path}: cannot be read ({e})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -122,6 +126,21 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
     return doc
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _read_url(url: str, key: str) -> str:
+    """A JSON file on object storage (s3://, gs://, hdfs://), read through pyarrow as the job's
+    other paths are (only then is pyarrow loaded)."""
+    from angelps import fs
+
+    try:
+        return fs.read_bytes(url).decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{key}={url}: cannot be read ({e})") from None
 
 
 def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -180,7 +199,9 @@ def apply_angel_json(conf: Config) -> Config:
     path = conf.get(ANGEL_ML_CONF.name)
     if not path:
         return conf
-    src = os.path.normpath(os.path.expanduser(str(path)))
+    src = str(path)
+    if not _is_url(src):
+        src = os.path.normpath(os.path.expanduser(src.removeprefix("file://")))
     if any(conf.source(k).startswith(f"{src}:") for k in conf):
         return conf  # already applied (the CLI, then GraphLearner)
     doc = read_angel_json(src)

@@ -512,3 +512,20 @@ def test_a_saved_graph_must_be_the_jobs_network() -> None:
         f"(ml.model.graph from {JSONS / 'fm.json'}: layers): layer 3 is fclayer (fc 100,100,1) "
         "there, biinnersumcross (innersumcross 1) here; use the JSON the model was trained with"
     )
+
+
+def test_the_json_may_be_on_object_storage(tmp_path: Path, monkeypatch) -> None:
+    from tests.object_store import make_bucket, s3_server, upload_tree
+
+    with s3_server() as env:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        make_bucket(env, "angel")
+        upload_tree(env, str(JSONS / "fm.json"), "s3://angel/jsons/fm.json")
+        c = _conf({"angel.ml.conf": "s3://angel/jsons/fm.json"})
+        assert c["ml.learn.rate"] == 0.8
+        assert c.source("ml.learn.rate") == "s3://angel/jsons/fm.json: train.lr"
+        with pytest.raises(
+            ConfigError, match=r"^angel\.ml\.conf=s3://angel/jsons/no\.json: cannot be read \("
+        ):
+            _conf({"angel.ml.conf": "s3://angel/jsons/no.json"})
