@@ -340,6 +340,10 @@ class Config(Mapping[str, Any]):
         """True when the file or the command line gave this key a value."""
         return self.source(name) != "default"
 
+    def declarations(self) -> list[Key]:
+        """Every key this configuration was loaded with."""
+        return list(self._keys.values())
+
     def declaration(self, name: str) -> Key | None:
         """The declaration of a (non-indexed) key, when known."""
         return self._keys.get(name)

@@ -25,6 +25,7 @@ KEY_MODULES = (
     "learners.job.action",
     "learners.runs.progress",
     "learners.models.config",
+    "learners.models.angel_json",
     "learners.data.options",
 )
 

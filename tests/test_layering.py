@@ -183,6 +183,7 @@ LAZY_IMPORTS = {
     ("learners/cli/train.py", "learners.job.loop_options"): "after the keys are checked",
     ("learners/cli/train.py", "learners.job.preflight"): "pyarrow only when training",
     ("learners/job/paths.py", "angelps.fs"): "pyarrow only for a job with a URL",
+    ("learners/models/angel_json.py", "angelps.fs"): "pyarrow only for a JSON on a URL",
     ("learners/runs/folders.py", "angelps.fs"): "pyarrow only for a run on object storage",
     ("learners/runs/plot.py", "learners.runs.plot_draw"): "matplotlib only when drawing",
     ("learners/runs/curves.py", "angelps.fs"): "pyarrow only for a run on object storage",

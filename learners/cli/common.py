@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from angelconf.config import Config, ConfigError, KeyIndex, load_config
 from learners.keys import all_keys
+from learners.models.angel_json import apply_angel_json
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -63,8 +64,10 @@ def add_config_arguments(
 
 
 def load_job(args: argparse.Namespace, extra_sets: Sequence[str] = ()) -> Config:
-    """The job of ``--conf``/``--set`` (and ``extra_sets`` after them), every key declared."""
-    return load_config(args.conf, [*(args.set or []), *extra_sets], all_keys())
+    """The job of ``--conf``/``--set`` (and ``extra_sets`` after them), every key declared;
+    with ``angel.ml.conf``, the keys of Angel's JSON where the job does not set them."""
+    conf = load_config(args.conf, [*(args.set or []), *extra_sets], all_keys())
+    return apply_angel_json(conf)
 
 
 def _unknown_option(name: str, index: KeyIndex, options: Sequence[str]) -> ConfigError:

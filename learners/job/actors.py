@@ -21,8 +21,7 @@ from learners.job.placement import Layout, Placement, release, reserve
 from learners.job.preflight import tables_up_front
 from learners.job.sparse_placement import Placed, place_tables
 from learners.job.startup import Phases, plural
-from learners.models.config import ModelConfig
-from learners.models.registry import model_entry
+from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.worker.group import WorkerGroup, get
 
@@ -51,7 +50,7 @@ class JobActors:
 
     def _model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
-        return model_entry(str(self.conf["ml.model.class.name"])).task
+        return job_model_info(self.conf).task
 
     def _start_ray(self) -> None:
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.job.cluster);

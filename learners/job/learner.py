@@ -46,8 +46,8 @@ from learners.job.rate_plan import RatePlan, build_rate_plan
 from learners.job.save_lock import SaveLock
 from learners.job.startup import Phases
 from learners.keys import all_keys
-from learners.models.config import ModelConfig
-from learners.models.registry import model_entry
+from learners.models.angel_json import apply_angel_json, check_saved_graph
+from learners.models.config import ModelConfig, job_model_info
 from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
 from learners.runs.metrics import validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
@@ -65,6 +65,8 @@ from learners.runs.run_log import (
 from learners.worker.group import WorkerDied, WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
+
+SAVE_KEY = "angel.save.model.path"
 
 
 @dataclass
@@ -87,7 +89,7 @@ class GraphLearner(Inference):
     ) -> None:
         if not isinstance(conf, Config):
             conf = load_config(None, dict(conf), all_keys())
-        self.conf = conf
+        self.conf = conf = apply_angel_json(conf)  # Angel's JSON (angel.ml.conf), when named
         self.plan = TrainPlan.from_config(conf)
         self.ps_options = PSOptions.from_config(conf)
         self.address = address
@@ -133,7 +135,12 @@ class GraphLearner(Inference):
         plan, t_start = self.plan, time.perf_counter()
         if resume:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
-            check_resume(saved_model.resume_point(str(plan.save_path)), plan)
+            point = saved_model.resume_point(str(plan.save_path))
+            check_resume(point, plan)
+            check_saved_graph(self.conf, point["learner"], str(plan.save_path), SAVE_KEY)
+        elif plan.load_path and self.conf.get("ml.model.graph"):
+            extra = saved_model.read_extra(str(plan.load_path))
+            check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
         self._start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
@@ -419,4 +426,4 @@ class GraphLearner(Inference):
 
 def _angel_name(conf: Mapping[str, Any]) -> str:
     """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
-    return model_entry(str(conf["ml.model.class.name"])).angel_name
+    return job_model_info(conf).angel_name

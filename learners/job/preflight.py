@@ -22,8 +22,7 @@ from decay import ReduceLROnPlateau
 from learners.data import DataOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.paths import PATH_KEYS, check_url, is_url
-from learners.models.config import ModelConfig
-from learners.models.registry import model_entry
+from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
 
@@ -70,7 +69,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
             f"angel.train.data.path={train_path} "
             f"({conf.source('angel.train.data.path')}) does not exist"
         )
-    cls = model_entry(str(conf["ml.model.class.name"]))  # unknown names fail here, first
+    cls = job_model_info(conf)  # unknown names fail here, first
     if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
         raise ConfigError(
             f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "
@@ -180,7 +179,7 @@ def tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[Ta
     if data.index_range <= 0 or plan.dense_placement != "worker":
         return None
     fields = data.field_num if data.field_num > 0 else None
-    if model_entry(str(conf["ml.model.class.name"])).needs_fields and fields is None:
+    if job_model_info(conf).needs_fields and fields is None:
         return None
     try:  # learners.models.tables: the tables without building the model (and without torch)
         tables = model_tables(ModelConfig.from_config(conf, data.index_range, fields))

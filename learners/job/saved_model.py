@@ -38,6 +38,7 @@ from angelps import PSClient, TableSpec, fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.files import CheckpointDamaged
+from learners.models.angel_json import check_saved_graph
 from learners.models.registry import model_name
 from learners.worker.group import WorkerGroup
 
@@ -259,6 +260,7 @@ def inference_conf(conf: Config, info: Mapping[str, Any], where: str) -> Config:
             f"{_LOAD}={where} holds a {saved} model, but {_MODEL}={conf[_MODEL]} "
             f"({conf.source(_MODEL)}): load a {conf[_MODEL]} model or set {_MODEL}={saved}"
         )
+    check_saved_graph(conf, info, where)  # an AngelModel: the job's JSON layers, if it names one
     own = {
         k: v
         for k, v in dict(info.get("conf", {})).items()

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
-from angelconf.config import Key, positive
+from angelconf.config import ConfigError, Key, positive
+from learners.models.angel_graph import Graph, graph_from_text
+from learners.models.angel_json import GRAPH_MODEL, MODEL_GRAPH
 from learners.models.registry import ModelEntry, model_entry
 
 __all__ = [
     "ACTIVATIONS",
     "KEYS",
     "ModelConfig",
+    "job_model_info",
 ]
 
 #: The activation names ``ml.model.activations`` accepts (lower case).
@@ -43,12 +47,48 @@ def _non_negative_float(v: float) -> str | None:
     return None if v >= 0 and math.isfinite(v) else "a finite number >= 0"
 
 
+@lru_cache(maxsize=8)
+def _graph(text: str, where: str) -> Graph:
+    return graph_from_text(text, where)
+
+
+def job_graph(conf: Mapping[str, Any]) -> Graph | None:
+    """The JSON layer graph of the job (``ml.model.graph``), None for a built-in model."""
+    text = MODEL_GRAPH.read(conf)
+    if not text:
+        return None
+    source = conf.source(MODEL_GRAPH.name) if hasattr(conf, "source") else "ml.model.graph"
+    return _graph(str(text), source)
+
+
+def _entry(name: str, graph: Graph | None) -> ModelEntry:
+    """The registry entry of ``name``; a JSON graph's is AngelModel's with the graph's task
+    (from its loss) and field needs (from its layers)."""
+    if graph is not None:
+        return replace(model_entry(GRAPH_MODEL), task=graph.task, needs_fields=graph.needs_fields)
+    entry = model_entry(name)  # an unknown name fails here
+    if entry.name == GRAPH_MODEL:
+        raise ConfigError(
+            f"ml.model.class.name={name} builds its network from a JSON graph: set "
+            "angel.ml.conf to Angel's JSON file (its layers), or name a built-in model"
+        )
+    return entry
+
+
+def job_model_info(conf: Mapping[str, Any]) -> ModelEntry:
+    """The model of a job: the registry entry of ``ml.model.class.name``, or AngelModel's
+    for a job with a JSON graph (``angel.ml.conf``)."""
+    return _entry(str(MODEL_CLASS_NAME.read(conf)), job_graph(conf))
+
+
 MODEL_CLASS_NAME = Key(
     "ml.model.class.name",
     "str",
     "LogisticRegression",
     "Model to train (Angel's class names, case-insensitive, simple or fully qualified as "
-    "com.tencent.angel.ml.classification.LogisticRegression); see docs/models.md.",
+    "com.tencent.angel.ml.classification.LogisticRegression); AngelModel "
+    "(com.tencent.angel.ml.core.graphsubmit.AngelModel) trains the JSON layers of "
+    "angel.ml.conf; see docs/models.md.",
 )
 NUM_CLASS = Key("ml.num.class", "int", 2, "Number of classes (SoftmaxRegression).", check=positive)
 FM_RANK = Key(
@@ -145,6 +185,8 @@ class ModelConfig:
     embedding_std: float
     #: The model's registry entry (its tables and class), carried to the workers with the rest.
     entry: ModelEntry
+    #: The network of an AngelModel (Angel's JSON layers), None for a built-in model.
+    graph: Graph | None = None
 
     @classmethod
     def from_config(
@@ -154,7 +196,8 @@ class ModelConfig:
         values; a missing key takes its declared default)."""
         hidden = HIDDEN_LAYERS.read(conf)
         activations = ACTIVATION_NAMES.read(conf)
-        entry = model_entry(str(MODEL_CLASS_NAME.read(conf)))  # an unknown name fails here
+        graph = job_graph(conf)
+        entry = _entry(str(MODEL_CLASS_NAME.read(conf)), graph)
         return cls(
             model=entry.name,
             num_features=int(num_features),
@@ -169,4 +212,5 @@ class ModelConfig:
             input_std=float(INPUT_INIT_STD.read(conf)),
             embedding_std=float(EMBEDDING_INIT_STD.read(conf)),
             entry=entry,
+            graph=graph,
         )

@@ -148,5 +148,17 @@ for _entry in (
     _builtin("NeuralFactorizationMachines", "wide_embedding", _CLASSIFICATION),
     _builtin("ProductNeuralNetwork", "wide_embedding", _CLASSIFICATION, fields=True),
     _builtin("DNN", "dnn", None),
+    # Angel's graph model: the network is the JSON of angel.ml.conf (learners/models/angel_json.py);
+    # its task and field needs are the graph's (learners.models.config.job_model_info).
+    ModelEntry(
+        "AngelModel",
+        "learners.models.graph_tables:graph_tables",
+        "learners.models.graph_model:GraphModel",
+        angel_classes=(
+            "com.tencent.angel.ml.core.graphsubmit.AngelModel",
+            "com.tencent.angel.ml.core.graphsubmit.GraphModel",
+            "GraphModel",
+        ),
+    ),
 ):
     register(_entry)

@@ -38,6 +38,9 @@ class TableDecl:
     init_std: float = 0.0
     #: "normal" (std ``init_std``; zeros when it is 0) or "uniform" (``[-init_std, init_std)``).
     init: str = "normal"
+    #: A layer's own optimizer (Angel's per-layer ``optimizer`` of a JSON graph): its name and
+    #: the OptimizerSpec fields it sets over the role's; None: the role's optimizer.
+    optimizer: tuple[str, tuple[tuple[str, float], ...]] | None = None
 
 
 def table_specs(conf: Mapping[str, Any], decls: Sequence[TableDecl]) -> list[TableSpec]:
@@ -53,6 +56,9 @@ def table_specs(conf: Mapping[str, Any], decls: Sequence[TableDecl]) -> list[Tab
     specs: list[TableSpec] = []
     for d in decls:
         opt = OptimizerSpec.from_conf(conf, f"ml.{d.role}.optimizer")
+        if d.optimizer is not None:
+            fields: dict[str, Any] = dict(d.optimizer[1])
+            opt = replace(opt, name=d.optimizer[0], **fields)
         if not d.sparse and d.name.endswith("bias"):
             opt = replace(opt, l1=0.0, l2=0.0)
         specs.append(

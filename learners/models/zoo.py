@@ -49,6 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from angelconf.config import ConfigError
+from angelps.optim import DenseOptimizer
+from angelps.table import OptimizerSpec
 from learners.models.config import ModelConfig
 from learners.models.registry import MODELS as REGISTRY
 from learners.models.registry import model_entry
@@ -123,6 +125,18 @@ class BaseModel(nn.Module):
     def dense_modules(self) -> dict[str, nn.Module]:
         """Worker-side dense layers by name (for freezing and placement)."""
         return {name: m for name, m in self.named_children()}
+
+    def dense_optimizer(
+        self, params: Sequence[nn.Parameter], spec: OptimizerSpec
+    ) -> DenseOptimizer:
+        """The workers' optimizer of the trainable dense ``params``: ``spec``
+        (``ml.fclayer.optimizer``) for all of them; a JSON graph's layers may name their own."""
+        return DenseOptimizer(params, spec)
+
+    def param_optimizer(self, name: str) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+        """A dense parameter's own optimizer (name, OptimizerSpec fields) when its layer names
+        one (a JSON graph), else None: ``ml.fclayer.optimizer``."""
+        return None
 
 
 def _mlp(

@@ -218,6 +218,8 @@ def dense_tables_on_ps(
                 "fclayer",
                 1.0 / math.sqrt(max(fan_in, 1)),
                 "uniform",
+                # a JSON graph's layer may name its own optimizer (learners/models/graph_model.py)
+                getattr(model, "param_optimizer", lambda _: None)(pname),
             )
         )
         placed.append((name, p))

@@ -149,7 +149,7 @@ class TrainWorker(HoldsTables):
         if plan.dense_placement == "ps":
             self.ps_dense = dense_tables_on_ps(self.model, self.tables, self.frozen)
             trainable = []
-        self.opt = DenseOptimizer(trainable, dense_spec) if trainable else None
+        self.opt = self.model.dense_optimizer(trainable, dense_spec) if trainable else None
         self.push_tables = [t for t in self.tables if t.name.lower() not in self.frozen]
         self.inputs = BatchInput(
             self.model,

@@ -75,7 +75,10 @@ def test_the_driver_s_model_table_says_what_the_classes_say():
     every model class, and each class carries its entry's task and field needs."""
     from learners.models.registry import MODELS as REGISTRY
 
-    assert list(REGISTRY) == list(MODELS)
+    # Every entry but Angel's graph model (its class: learners/models/graph_model.py) is a zoo
+    # class.
+    assert [n for n in REGISTRY if n != "AngelModel"] == list(MODELS)
+    assert REGISTRY["AngelModel"].load_class().__name__ == "GraphModel"
     for name, cls in MODELS.items():
         entry = REGISTRY[name]
         assert entry.load_class() is cls, name
@@ -89,7 +92,7 @@ def test_unknown_model_lists_valid_names_closest_first():
     assert msg.startswith("ml.model.class.name=LogisticRegresion is not a known model")
     listed = msg.split("closest first): ")[1].split(", ")
     assert listed[0] == "LogisticRegression"
-    assert sorted(listed) == sorted(MODELS)
+    assert sorted(listed) == sorted([*MODELS, "AngelModel"])
 
 
 def test_field_models_require_field_num():
