@@ -10,14 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import Key
+from angelconf.config import ConfigError, Key
 from learners.plan import LOAD_PATH
 
 __all__ = ["ACTIONS", "KEYS", "JobAction"]
 
 _PREDICT_PATH = "angel.predict.data.path"  # declared in learners.data.options
 
-ACTIONS = ("train", "predict", "evaluate", "train_predict")
+ACTIONS = ("train", "predict", "evaluate", "train_predict", "inctrain")
 ACTION_TYPE = Key(
     "action.type",
     "str",
@@ -25,7 +25,8 @@ ACTION_TYPE = Key(
     "What the job does (Angel's submit): train; predict (angel.load.model.path on "
     "angel.predict.data.path into angel.predict.out.path); evaluate (the metrics of "
     "angel.load.model.path on the labelled angel.predict.data.path); train_predict (train, then "
-    "predict with the trained model). Read by angelps submit; angelps train also predicts "
+    "predict with the trained model); inctrain (Angel's incremental training: train, starting "
+    "from angel.load.model.path). Read by angelps submit; angelps train also predicts "
     "after training when it is train_predict (docs/angel-migration.md).",
     choices=ACTIONS,
 )
@@ -56,8 +57,16 @@ class JobAction:
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
         """The action of a job (a Config or a mapping; a missing key takes its default)."""
+        action = str(ACTION_TYPE.read(conf))
+        if action == "inctrain":
+            if not LOAD_PATH.read(conf):
+                raise ConfigError(
+                    "action.type=inctrain trains on from a saved model: set "
+                    "angel.load.model.path to it"
+                )
+            action = "train"  # training starts from angel.load.model.path
         return cls(
-            action=str(ACTION_TYPE.read(conf)),
+            action=action,
             model_path=LOAD_PATH.read(conf) or None,
             data_path=conf.get(_PREDICT_PATH) or None,
             out_path=PREDICT_OUT_PATH.read(conf) or None,

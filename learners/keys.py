@@ -26,6 +26,7 @@ KEY_MODULES = (
     "learners.progress",
     "learners.model_config",
     "learners.data.options",
+    "learners.angel_keys",
 )
 
 

@@ -21,6 +21,7 @@ Invariant: the job configuration is read once, here, into typed options (:class:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler, from_conf
 from learners import failover, saved_model
+from learners.angel_keys import angel_notes
+from learners.angel_keys import resolve as resolve_angel_keys
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
@@ -84,7 +87,8 @@ class GraphLearner(Inference):
     ) -> None:
         if not isinstance(conf, Config):
             conf = load_config(None, dict(conf), all_keys())
-        self.conf = conf
+            _say_notes(conf, quiet)
+        self.conf = resolve_angel_keys(conf)  # Angel's own keys applied (idempotent)
         self.plan = TrainPlan.from_config(conf)
         self.ps_options = PSOptions.from_config(conf)
         self.address = address
@@ -109,7 +113,9 @@ class GraphLearner(Inference):
         **kw: Any,
     ) -> GraphLearner:
         """Load ``path`` (a .properties file, or None for defaults) with overrides and build a learner."""
-        return cls(load_config(path, overrides, all_keys()), **kw)
+        conf = load_config(path, overrides, all_keys())
+        _say_notes(conf, bool(kw.get("quiet", False)))
+        return cls(conf, **kw)
 
     # --- training ----------------------------------------------------------------------------
 
@@ -401,6 +407,13 @@ class GraphLearner(Inference):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _say_notes(conf: Config, quiet: bool) -> None:
+    """What each Angel key of a job built in Python does here (learners.angel_keys)."""
+    if not quiet:
+        for note in angel_notes(conf):
+            print(f"angelps: {note}", file=sys.stderr)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

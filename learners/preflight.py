@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from angelconf.config import Config, ConfigError
 from angelps import TableSpec, checkpoint_dir
 from decay import ReduceLROnPlateau
+from learners.angel_keys import check_output_policy
 from learners.data import DataOptions
 from learners.job_paths import PATH_KEYS, check_url, is_url
 from learners.model_config import ModelConfig, model_info
@@ -78,6 +79,8 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
     if plan.save_path:
         check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
+        if not resume:
+            check_output_policy(conf, "angel.save.model.path")
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
 

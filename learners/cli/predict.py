@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
 from learners.action import JobAction
+from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.files import replace_atomically
 from learners.job_paths import absolute_paths, check_url
@@ -173,6 +174,7 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             f"{_OUT} is not set: prediction needs an output "
             f"(--{_OUT} FILE.csv, --out FILE.csv or {_OUT} in the job file)"
         )
+    check_output_policy(conf, _OUT)
     if check_url(conf, _OUT):
         url = action.out_path.rstrip("/")
         return url if url.lower().endswith((".csv", ".parquet")) else f"{url}/{PREDICTIONS_FILE}"
