@@ -13,7 +13,7 @@ from typing import Any
 from angelconf.config import ConfigError, Key
 from learners.plan import LOAD_PATH
 
-__all__ = ["ACTIONS", "KEYS", "JobAction"]
+__all__ = ["ACTIONS", "KEYS", "LOCAL_MAX_ROWS", "JobAction"]
 
 _PREDICT_PATH = "angel.predict.data.path"  # declared in learners.data.options
 
@@ -39,7 +39,18 @@ PREDICT_OUT_PATH = Key(
     "input order; its directory must exist.",
 )
 
-KEYS = [ACTION_TYPE, PREDICT_OUT_PATH]
+LOCAL_MAX_ROWS = Key(
+    "angel.predict.local.max.rows",
+    "int",
+    10000,
+    "A model of GraphLearner.load(path) predicts in-memory inputs (arrays, tables, data "
+    "frames) of at most this many rows in the calling process with torch alone, without "
+    "starting Ray (the same predictions, to float rounding); larger inputs, files, evaluate "
+    "and models without a standalone graph start Ray. 0: always Ray.",
+    check=lambda v: None if v >= 0 else "an integer >= 0",
+)
+
+KEYS = [ACTION_TYPE, PREDICT_OUT_PATH, LOCAL_MAX_ROWS]
 
 
 @dataclass(frozen=True)

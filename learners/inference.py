@@ -73,9 +73,15 @@ class Inference(JobActors):
         self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
     ) -> list[dict[str, Any]]:
         """Every worker's predictions of ``data`` (learners/inputs.py)."""
+        saved = getattr(self, "_saved", None)
+        if not self._workers and saved is not None:
+            self._load(saved)  # a model loaded in-process: its actors start now
         if not self._workers:
             raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
-        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
+        features = self._size.num_features if self._size is not None else 0
+        return predict_parts(
+            self._workers, data, labels, DataOptions.from_config(self.conf), features
+        )
 
     def evaluate(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None
@@ -94,5 +100,10 @@ class Inference(JobActors):
     ) -> dict[str, np.ndarray]:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
         ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
-        (learners/inputs.py says which columns)."""
+        (learners/inputs.py says which columns). A model of ``GraphLearner.load`` predicts
+        in-memory inputs of at most ``angel.predict.local.max.rows`` rows in this process
+        (torch alone, no Ray: learners/local_predict.py)."""
+        local = getattr(self, "_local", None)
+        if local is not None and not self._workers and local.takes(data):
+            return local.predict(data, labels)
         return in_input_order(self._predict_outs(data, labels, "predict"))

@@ -38,6 +38,7 @@ from learners.angel_keys import resolve as resolve_angel_keys
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
+from learners.local_predict import LocalModel
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig, model_info
 from learners.placement import Layout
@@ -104,6 +105,8 @@ class GraphLearner(Inference):
         self.sched: StepSizeScheduler | None = None
         self.epoch = 0
         self._chunker = Chunker(self.plan.log_every)
+        self._local: LocalModel | None = None  # GraphLearner.load: in-process predictions
+        self._saved: str | None = None  # ... of this saved model, its actors not started
 
     @classmethod
     def from_properties(
@@ -392,11 +395,18 @@ class GraphLearner(Inference):
         quiet: bool = True,
     ) -> GraphLearner:
         """A learner holding the saved model of ``path``, ready to ``predict``/``evaluate``
-        (starts Ray, one worker and the PS). ``conf`` (a Config or a mapping of keys) is the
+        (small in-memory inputs in this process; otherwise Ray, one worker and the PS, started
+        at the first call that needs them). ``conf`` (a Config or a mapping of keys) is the
         job: the model's own ``ml.*`` settings apply where it does not set them; a job whose
         model does not match the saved tables is a ConfigError naming the path."""
         learner = cls({} if conf is None else conf, address=address, quiet=quiet)
         try:
+            # Small in-memory inputs predict in this process (learners/local_predict.py);
+            # anything else starts the actors then.
+            local = LocalModel.maybe(learner.conf, str(path))
+            if local is not None:
+                learner._local, learner._saved = local, str(path)
+                return learner
             return learner._load(str(path))  # not a Path: it would mangle s3://
         except BaseException:
             learner.shutdown()
