@@ -38,7 +38,6 @@ from learners.angel_keys import resolve as resolve_angel_keys
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
-from learners.local_predict import LocalModel
 from learners.metrics import validation_metrics
 from learners.model_config import ModelConfig, model_info
 from learners.placement import Layout
@@ -105,7 +104,7 @@ class GraphLearner(Inference):
         self.sched: StepSizeScheduler | None = None
         self.epoch = 0
         self._chunker = Chunker(self.plan.log_every)
-        self._local: LocalModel | None = None  # GraphLearner.load: in-process predictions
+        self._local: Any = None  # GraphLearner.load: a LocalModel predicting in-process
         self._saved: str | None = None  # ... of this saved model, its actors not started
 
     @classmethod
@@ -401,8 +400,11 @@ class GraphLearner(Inference):
         model does not match the saved tables is a ConfigError naming the path."""
         learner = cls({} if conf is None else conf, address=address, quiet=quiet)
         try:
-            # Small in-memory inputs predict in this process (learners/local_predict.py);
-            # anything else starts the actors then.
+            # Small in-memory inputs predict in this process (learners/local_predict.py:
+            # torch, so imported here, never by a training driver); anything else starts the
+            # actors then.
+            from learners.local_predict import LocalModel
+
             local = LocalModel.maybe(learner.conf, str(path))
             if local is not None:
                 learner._local, learner._saved = local, str(path)
