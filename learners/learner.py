@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from learners.run_log import (
     start_record,
     step_record,
 )
-from learners.runs import log_root, new_run_dir, relative_under_ray_job
+from learners.runs import is_url, log_root, new_run_dir, relative_under_ray_job, run_url
 from learners.startup import Phases
 from learners.worker_group import WorkerGroup
 
@@ -146,6 +146,11 @@ class GraphLearner(Inference):
         restarts = failover.WorkerFailover(
             failover.FailoverOptions.from_config(self.conf), plan.save_path
         )
+        if plan.save_model and not plan.save_path:
+            # Saved by default, into the run's own folder (angel.save.model=false: not at all).
+            # (a log path on object storage: beside the run's copy there, not in its staging)
+            home = run_url(plan.log_dir, run_dir.name) if is_url(plan.log_dir) else str(run_dir)
+            plan = self.plan = replace(plan, save_path=f"{home}/model")
         ckpts = self._checkpoints(log)
         try:
             progress = self._prepare(resume, log)

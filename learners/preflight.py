@@ -127,10 +127,10 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
         ("angel.save.model.keep.last", plan.keep_last > 1),
         ("angel.save.model.keep.best", plan.keep_best),
     ):
-        if asked and not plan.save_path:
+        if asked and not plan.save_model and conf.is_set(key):
             raise ConfigError(
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
-                "angel.save.model.path is not set: set it, or drop the key"
+                f"angel.save.model=false ({conf.source('angel.save.model')}): drop one of them"
             )
         if asked and is_url(plan.save_path) and not urlsplit(str(plan.save_path)).path.strip("/"):
             # The copies are siblings (<path>.best): beside a bucket they would be other buckets.
@@ -140,7 +140,11 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
                 f"{plan.save_path} ({conf.source('angel.save.model.path')}) must name a prefix "
                 "inside the bucket, not the bucket itself"
             )
-    if plan.keep_best and not conf["angel.validate.data.path"]:
+    if (
+        plan.keep_best
+        and conf.is_set("angel.save.model.keep.best")
+        and (not conf["angel.validate.data.path"])
+    ):
         if float(conf["ml.data.validate.ratio"]) <= 0:
             raise ConfigError(
                 "angel.save.model.keep.best=true needs a validation metric: set "
