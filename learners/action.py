@@ -13,7 +13,7 @@ from typing import Any
 from angelconf.config import ConfigError, Key
 from learners.plan import LOAD_PATH
 
-__all__ = ["ACTIONS", "KEYS", "LOCAL_MAX_ROWS", "JobAction"]
+__all__ = ["ACTIONS", "KEYS", "LOCAL_MAX_ROWS", "PREDICT_OUT_FORMAT", "JobAction"]
 
 _PREDICT_PATH = "angel.predict.data.path"  # declared in learners.data.options
 
@@ -50,7 +50,17 @@ LOCAL_MAX_ROWS = Key(
     check=lambda v: None if v >= 0 else "an integer >= 0",
 )
 
-KEYS = [ACTION_TYPE, PREDICT_OUT_PATH, LOCAL_MAX_ROWS]
+PREDICT_OUT_FORMAT = Key(
+    "angel.predict.out.format",
+    "str",
+    "angelps",
+    "Columns of a prediction file: angelps (sid with ml.data.sid=true, pred, label as the "
+    "input wrote it) or angel (Angel's sid, pred, proba, label: the score, P(y=1) and the "
+    "predicted label; docs/angel-migration.md).",
+    choices=("angelps", "angel"),
+)
+
+KEYS = [ACTION_TYPE, PREDICT_OUT_PATH, LOCAL_MAX_ROWS, PREDICT_OUT_FORMAT]
 
 
 @dataclass(frozen=True)

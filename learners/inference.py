@@ -103,7 +103,15 @@ class Inference(JobActors):
         (learners/inputs.py says which columns). A model of ``GraphLearner.load`` predicts
         in-memory inputs of at most ``angel.predict.local.max.rows`` rows in this process
         (torch alone, no Ray: learners/local_predict.py)."""
+        return {k: v for k, v in self.predict_rows(data, labels).items() if k in ("pred", "label")}
+
+    def predict_rows(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`predict`, with each row's line position in the input (``row_index``) and,
+        for multi-class models, the predicted class's probability (``proba``): what a
+        prediction file is written from (learners/predict_output.py)."""
         local = getattr(self, "_local", None)
         if local is not None and not self._workers and local.takes(data):
-            return local.predict(data, labels)
-        return in_input_order(self._predict_outs(data, labels, "predict"))
+            return local.predict(data, labels)  # type: ignore[no-any-return]
+        return in_input_order(self._predict_outs(data, labels, "predict"), with_rows=True)

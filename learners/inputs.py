@@ -153,17 +153,28 @@ def predict_parts(
     return workers.execute_each("predict_batch", [(batch.take(rows),) for rows in parts])
 
 
-def in_input_order(outs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """The workers' predictions as one ``pred`` array in input order (and ``label`` when the
-    rows have labels)."""
+def in_input_order(
+    outs: Sequence[dict[str, Any]], with_rows: bool = False
+) -> dict[str, np.ndarray]:
+    """The workers' predictions as one ``pred`` array in input order (and ``label``, as the
+    input wrote it, when the rows have labels); ``with_rows`` adds each row's line position
+    (``row_index``) and, for multi-class models, the predicted class's probability
+    (``proba``)."""
     outs = [o for o in outs if o["rows"]]
     if not outs:
-        return {"pred": np.zeros(0, np.float32)}
-    order = np.argsort(np.concatenate([o["row_index"] for o in outs]), kind="stable")
+        empty = {"pred": np.zeros(0, np.float32)}
+        return empty | ({"row_index": np.zeros(0, np.int64)} if with_rows else {})
+    rows = np.concatenate([o["row_index"] for o in outs])
+    order = np.argsort(rows, kind="stable")
     out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
-    labels = [o["labels"] for o in outs]
+    labels = [o.get("labels_read", o["labels"]) for o in outs]
     if all(lab is not None for lab in labels):
         joined = np.concatenate(labels)
         if not np.isnan(joined).all():
             out["label"] = joined[order]
+    if with_rows:
+        out["row_index"] = rows[order]
+        probs = [o["prob"] for o in outs if o.get("prob") is not None]
+        if len(probs) == len(outs):
+            out["proba"] = np.concatenate(probs).max(axis=1)[order]
     return out

@@ -85,8 +85,9 @@ class LocalModel:
                 pred = self.module(ids, values).numpy().astype(np.float32, copy=False)
         except (ValueError, RuntimeError) as e:  # a field model's row of the wrong length
             raise ConfigError(f"{type(data).__name__}: {str(e).strip().splitlines()[-1]}") from None
-        out = {"pred": pred}
+        out = {"pred": pred, "row_index": np.asarray(batch.row_index, dtype=np.int64)}
         if len(batch) and not np.isnan(batch.labels).all():
-            y = batch.labels
-            out["label"] = binary_labels01(y) if self.task == "binary" else y
+            if self.task == "binary":
+                binary_labels01(batch.labels)  # the Ray path's check of binary labels
+            out["label"] = np.asarray(batch.labels, dtype=np.float32)  # as given
         return out

@@ -195,15 +195,30 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
     return out if is_file else out / PREDICTIONS_FILE
 
 
+def prediction_file(conf: Config, learner: GraphLearner, data: str) -> dict[str, np.ndarray]:
+    """The columns of the prediction file of ``data`` (learners/predict_output.py): the
+    layout of angel.predict.out.format, the sample ids of ml.data.sid=true."""
+    from learners.action import PREDICT_OUT_FORMAT
+    from learners.data.options import SID
+    from learners.model_config import model_info
+    from learners.predict_output import prediction_columns, read_sids
+
+    pred = learner.predict_rows(data)
+    sids = read_sids(data) if SID.read(learner.conf) else None
+    task = model_info(str(learner.conf["ml.model.class.name"])).task
+    return prediction_columns(pred, task, str(PREDICT_OUT_FORMAT.read(conf)), sids)
+
+
 def write_predictions(pred: Mapping[str, np.ndarray], out: Path | str) -> int:
-    """``pred`` (pred, label) as CSV or Parquet by ``out``'s suffix, written to a temporary
-    file renamed into place (a URL: one object, written whole); the number of rows."""
-    import pyarrow as pa  # only when predicting
+    """The columns of ``pred`` (:func:`prediction_file`; a plain prediction: pred, label) as
+    CSV or Parquet by ``out``'s suffix, written to a temporary file renamed into place (a URL:
+    one object, written whole); the number of rows."""
+    from learners.predict_output import as_table  # pyarrow: only when predicting
 
     if isinstance(out, str):
-        return _write_url(pa.table({k: pred[k] for k in ("pred", "label") if k in pred}), out)
+        return _write_url(as_table(pred), out)
     out.parent.mkdir(exist_ok=True)  # a directory output whose parent exists (checked)
-    table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
+    table = as_table(pred)
 
     def write(tmp: str) -> None:
         if out.suffix.lower() == ".parquet":
@@ -253,7 +268,7 @@ def predict_job(conf: Config, action: JobAction, address: str | None) -> int:
     out = check_out(conf, action)
     learner = _loaded(conf, model, address)
     try:
-        pred = learner.predict(data)
+        pred = prediction_file(conf, learner, data)
     finally:
         learner.shutdown()
     rows = write_predictions(pred, out)

@@ -15,7 +15,7 @@ from pathlib import Path
 from angelconf.config import Config, ConfigError
 from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
-from learners.cli.predict import check_input, check_out, write_predictions
+from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
 from learners.job_paths import absolute_paths
 
 __all__ = ["register", "train_job"]
@@ -103,7 +103,7 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
     learner = GraphLearner(conf, address=args.address)
     try:
         result = learner.train(resume=bool(args.resume))
-        pred = learner.predict(str(action.data_path)) if out is not None else None
+        pred = prediction_file(conf, learner, str(action.data_path)) if out is not None else None
     finally:
         learner.shutdown()
     s = result.summary  # the learner printed its last line (learners.run_log.done_line)

@@ -82,6 +82,9 @@ def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) 
         return None
     if has_label:
         problem = _number(fields[0], "the label")
+        if problem and problem.endswith(", not a number"):
+            # Angel's predict files start with a sample id
+            return f"{problem} (a sample id first? set ml.data.sid=true)"
         if problem:
             return problem
         fields = fields[1:]

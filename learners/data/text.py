@@ -294,11 +294,14 @@ class TextParser:
 
     def __init__(self, opts: DataOptions) -> None:
         self.fmt = TextFormat.from_options(opts)
+        self.sid = opts.sid  # a sample id first on each line: read by the driver, not here
         # -1 until the first row fixes it, unless ml.feature.index.range gives it.
         self.dense_width = self.fmt.index_range if self.fmt.kind == "dense" else -1
 
     def parse(self, file: str, lines: pa.Array, line_no: np.ndarray, offset: int) -> ParsedText:
         """Parse ``lines`` (numbered ``line_no`` in ``file``, which starts at line index ``offset``)."""
+        if self.sid:
+            lines = pc.replace_substring_regex(lines, r"^\s*\S+", "", max_replacements=1)
         chunk = _Lines(lines, line_no)
         problems = _Problems(chunk)
         self._match(chunk, problems)

@@ -79,9 +79,10 @@ def test_predict_runs_from_the_job_file_keys_alone(job, capsys) -> None:
     table = _read_pred(out)
     assert table.column_names == ["pred", "label"]
     assert table.num_rows == ROWS
-    # Input order: the labels are the file's first column (-1 -> 0, +1 -> 1).
+    # Input order: the labels are the file's first column, as it wrote them (-1 stays -1).
     first = [line.split()[0] for line in job["data"].read_text().splitlines()]
-    assert table["label"].to_pylist() == [1.0 if y == "+1" else 0.0 for y in first]
+    assert table["label"].to_pylist() == [float(y) for y in first]
+    assert set(first) == {"-1", "+1"}
     pred = table["pred"].to_numpy()
     assert ((pred > 0) & (pred < 1)).all()
     # The same job through submit (action.type=predict), flags overriding keys.

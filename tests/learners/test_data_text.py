@@ -123,7 +123,7 @@ BAD_CASES = [
     # (format, extra conf, file text, message after "<path>:")
     ("libsvm", {}, "1 1:1\n1 3:x\n", "2: the value of feature 3 is 'x', not a number; expected '<label> <id>:<value> ...' (libsvm), got '1 3:x'"),
     ("libsvm", {}, "1 3\n", "1: feature '3' has no ':<value>'; expected '<label> <id>:<value> ...' (libsvm), got '1 3'"),
-    ("libsvm", {}, "abc 3:1\n", "1: the label is 'abc', not a number; expected '<label> <id>:<value> ...' (libsvm), got 'abc 3:1'"),
+    ("libsvm", {}, "abc 3:1\n", "1: the label is 'abc', not a number (a sample id first? set ml.data.sid=true); expected '<label> <id>:<value> ...' (libsvm), got 'abc 3:1'"),
     ("libsvm", {}, "1 -3:1\n", "1: feature id -3 is negative (libsvm ids start at 1); expected '<label> <id>:<value> ...' (libsvm), got '1 -3:1'"),
     ("libsvm", {}, "nan 3:1\n", "1: the label is 'nan', not a finite number; expected '<label> <id>:<value> ...' (libsvm), got 'nan 3:1'"),
     ("libsvm", {}, "1 0:1\n", "1: feature id 0: libsvm ids start at 1 (ml.data.type=dummy reads 0-based ids)"),
