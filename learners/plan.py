@@ -491,15 +491,21 @@ class JobSize:
         train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
         if sum(train_rows) == 0:  # (more workers would not help: say what is wrong)
             valid = sum(int(s["valid"]["rows"]) for s in summaries)
-            raise ConfigError(
-                "angel.train.data.path: the training input has no rows"
-                + (
+            skipped = sum(int(s.get("skipped_lines", 0)) for s in summaries)
+            first = next((s["skipped_first"] for s in summaries if s.get("skipped_first")), "")
+            if valid:
+                why = (
                     f" left for training (its {valid} row(s) all went to validation: "
                     "ml.data.validate.ratio)"
-                    if valid
-                    else " (its lines are all blank)"
                 )
-            )
+            elif skipped:
+                why = (
+                    f": all {skipped} of its lines were malformed and skipped "
+                    f"(ml.data.skip.bad.lines=true); the first: {first}"
+                )
+            else:
+                why = " (its lines are all blank)"
+            raise ConfigError("angel.train.data.path: the training input has no rows" + why)
         if min(train_rows) == 0:
             raise ValueError(
                 f"worker {train_rows.index(0)} has no training rows: the input has "

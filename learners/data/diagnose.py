@@ -93,3 +93,15 @@ def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) 
         if problem:
             return problem
     return None
+
+
+def looks_like(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) -> str | None:
+    """The other text format (libsvm, dummy, dense) that a line bad for ``kind`` is good
+    for, or None: the ml.data.type the input most likely has."""
+    body = raw.decode("latin-1").rstrip("\r\n")
+    if not body.strip():
+        return None
+    for other in ("libsvm", "dummy", "dense"):
+        if other != kind and why_bad(raw, other, has_label, sep, whitespace) is None:
+            return other
+    return None

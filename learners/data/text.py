@@ -39,9 +39,9 @@ import pyarrow.compute as pc
 
 from angelps import fs
 from learners.data.batch import Batch, first_repeats
-from learners.data.diagnose import why_bad
+from learners.data.diagnose import looks_like, why_bad
 from learners.data.options import DataOptions
-from learners.data.problems import printable
+from learners.data.problems import FORMAT_HINT, printable
 
 __all__ = ["ParsedText", "TextFormat", "TextParser", "line_blocks"]
 
@@ -339,6 +339,9 @@ class TextParser:
             raw = chunk.lines[int(r)].as_py() or b""
             why = why_bad(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
             shape = f"expected {fmt.expected}, got '{chunk.shown(int(r))}'"
+            other = looks_like(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
+            if other is not None:  # a whole file in another format, most likely
+                shape += f"; the line is {other}: {FORMAT_HINT}{other}?"
             problems.by_line[line] = f"{why}; {shape}" if why else shape
         chunk.keep(good)
 
