@@ -51,6 +51,7 @@ from learners.preflight import (
 from learners.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.progress import TrainProgress as _Progress
 from learners.retention import Checkpoints, kept_summary
+from learners.run_config import log_hparams, write_config
 from learners.run_log import (
     RunLog,
     banner,
@@ -183,6 +184,8 @@ class GraphLearner(Inference):
                 epoch += 1
             log.close_bar()
             summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
+            if log.tb is not None:
+                log_hparams(log.tb, self.conf, summary)
             log.write_summary(summary)
             log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
@@ -208,6 +211,7 @@ class GraphLearner(Inference):
             | {"task": self._model_task(), "watch": self._watch_metric()}
         )
         log.config_text(conf)
+        write_config(run_dir, conf)  # every key, its value and where it came from
         log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
 
     def _prepare(self, resume: bool, log: RunLog) -> _Progress:

@@ -44,6 +44,11 @@ def test_a_job_saves_into_its_run_folder_and_keeps_the_best_epoch(tmp_path, caps
     assert (run / "model" / "manifest.json").is_file()
     assert s["best_checkpoint"] == str(run / "model.best")
     assert (run / "model.best" / "manifest.json").is_file()
+    # the run's resolved configuration beside it
+    assert (
+        "# program\nml.early.stop.metric = valid_logloss\n"
+        in (run / "config.properties").read_text()
+    )
     line = done_line(s)
     assert f"(valid_logloss {s['best_value']:.4f}) at {run / 'model.best'}; " in line
     assert line.endswith(f"; checkpoint {run / 'model'} (epoch 2); run {run}")
