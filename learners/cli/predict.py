@@ -24,7 +24,7 @@ from learners.action import JobAction
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.files import replace_atomically
-from learners.job_paths import absolute_paths, check_url
+from learners.job_paths import absolute_paths, check_url, relative_notes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -128,7 +128,10 @@ def _job(args: argparse.Namespace) -> tuple[Config, JobAction]:
     """The job with --model/--input/--out set as the keys they stand for (after the file)."""
     flags = {_LOAD: args.model, _DATA: args.input, _OUT: getattr(args, "out", None)}
     # Relative paths mean the command's directory, also for actors on other nodes.
-    conf = absolute_paths(load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None]))
+    conf = load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None])
+    for note in relative_notes(conf, args.address):
+        print(note, file=sys.stderr)
+    conf = absolute_paths(conf)
     return conf, JobAction.from_config(conf)
 
 

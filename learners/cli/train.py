@@ -16,7 +16,7 @@ from angelconf.config import Config, ConfigError
 from learners.action import JobAction
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
-from learners.job_paths import absolute_paths
+from learners.job_paths import absolute_paths, relative_notes
 
 __all__ = ["register", "train_job"]
 
@@ -73,6 +73,8 @@ def _check_summary_json(name: str) -> None:
 def _train(args: argparse.Namespace) -> int:
     conf = load_job(args)  # a bad key or value answers before torch and Ray load
     action = JobAction.from_config(conf)
+    for note in relative_notes(conf, args.address):
+        print(note, file=sys.stderr)
     if action.action in ("predict", "evaluate"):
         raise ConfigError(
             f"action.type={action.action} ({conf.source('action.type')}) does not train: run "
