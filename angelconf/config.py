@@ -50,6 +50,10 @@ __all__ = [
 
 TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
 
+#: How alike a name must be to a declared one to be suggested (difflib's ratio): close enough
+#: that the suggestion is the likely typo, not a merely similar-looking key.
+_CLOSE = 0.8
+
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
@@ -279,7 +283,7 @@ class KeyIndex:
         names = list(self.exact)
         for _, k in self.patterns:
             names.append(k.name.replace("<i>", m.group(1)) if m else k.name)
-        return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        return difflib.get_close_matches(name, names, n=3, cutoff=_CLOSE)
 
     def unknown(
         self, name: str, where: str = "", listing: str = "`angelps conf --keys` lists every key"
@@ -288,6 +292,18 @@ class KeyIndex:
         prefix = f"{where}: " if where else ""
         return ConfigError(
             f"{prefix}unknown key {name}{_did_you_mean(self.suggest(name))}; {listing}"
+        )
+
+    def unknown_all(self, found: Sequence[tuple[str, str]]) -> ConfigError:
+        """One error for every undeclared name of ``found`` ((where, name) pairs): the
+        single-name message when there is one, else all of them in one line."""
+        if len(found) == 1:
+            return self.unknown(found[0][1], found[0][0])
+        items = "; ".join(
+            f"{where}: {name}{_did_you_mean(self.suggest(name)[:1])}" for where, name in found
+        )
+        return ConfigError(
+            f"{len(found)} unknown keys: {items}; `angelps conf --keys` lists every key"
         )
 
 
@@ -348,8 +364,9 @@ class Config(Mapping[str, Any]):
         """The declaration of a (non-indexed) key, when known."""
         return self._keys.get(name)
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
-        """A copy with some values replaced (typed and checked), marked as set by the program."""
+    def with_overrides(self, overrides: Mapping[str, Any], source: str = "program") -> Config:
+        """A copy with some values replaced (typed and checked), marked as set by ``source``
+        (the program, unless told otherwise)."""
         index = KeyIndex(self._keys.values()) if self._keys else None
         values = dict(self._values)
         sources = dict(self._sources)
@@ -358,7 +375,7 @@ class Config(Mapping[str, Any]):
             if index is not None and key is None:
                 raise index.unknown(name, "override")
             values[name] = _validate(key, value, "override", name) if key is not None else value
-            sources[name] = "program"
+            sources[name] = source
         return Config(values, sources, list(self._keys.values()))
 
     def to_properties(self) -> dict[str, str]:
@@ -425,13 +442,15 @@ def load_config(
             _validate(k, k.default, f"default of {k.name}") if k.default is not None else None
         )
 
+    unknown: list[tuple[str, str]] = []  # (where, name): every one reported at once
     if path is not None:
         text = _read_file(path)
         for e in parse_properties(text, str(path)):
             where = f"{path}:{e.line}"
             key = index.find(e.key)
             if key is None:
-                raise index.unknown(e.key, where)
+                unknown.append((where, e.key))
+                continue
             # An empty value in a file means "unset": the default applies.
             if e.value == "":
                 values[e.key] = (
@@ -447,9 +466,12 @@ def load_config(
         where = "--set" if not isinstance(sets, Mapping) else "override"
         key = index.find(name)
         if key is None:
-            raise index.unknown(name, where)
+            unknown.append((where, name))
+            continue
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "--set" else "program"
+    if unknown:
+        raise index.unknown_all(unknown)
     return Config(values, sources, key_list)
 
 

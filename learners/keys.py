@@ -27,6 +27,7 @@ KEY_MODULES = (
     "learners.models.config",
     "learners.models.angel_json",
     "learners.data.options",
+    "learners.angel_keys",
 )
 
 

@@ -170,7 +170,10 @@ def test_all_three_packages_exist() -> None:
 #: the top of the file instead of hiding a cycle.
 LAZY_IMPORTS = {
     ("decay/docs.py", "decay.render"): "rendering the docs table only when asked",
-    ("learners/cli/export.py", "learners.runs.export"): "torch only when exporting",
+    ("learners/cli/export.py", "learners.runs.export_formats"): "torch only when exporting",
+    ("learners/cli/predict.py", "learners.runs.predict_output"): "pyarrow only when writing",
+    ("learners/job/learner.py", "learners.job.local_predict"): "torch only in GraphLearner.load",
+    ("learners/runs/export_formats.py", "learners.runs.standalone"): "torch only for TorchScript",
     ("learners/cli/export.py", "angelps.checkpoint.local_dir"): "pyarrow only for a missing model",
     ("learners/cli/predict.py", "angelps.checkpoint.local_dir"): "pyarrow only for a missing model",
     ("learners/cli/plot.py", "learners.runs.curves"): "a plot verb loads no pyarrow up front",

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from collections.abc import Sequence
 
 from angelconf.config import Config, ConfigError, KeyIndex, load_config
+from learners.angel_keys import angel_notes, resolve
 from learners.keys import all_keys
 from learners.models.angel_json import apply_angel_json
 
@@ -27,6 +29,9 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+
+#: How alike (difflib's ratio) an unknown option must be to a known one to be suggested.
+_CLOSE = 0.8
 
 Subparsers = argparse._SubParsersAction
 
@@ -64,44 +69,78 @@ def add_config_arguments(
 
 
 def load_job(args: argparse.Namespace, extra_sets: Sequence[str] = ()) -> Config:
-    """The job of ``--conf``/``--set`` (and ``extra_sets`` after them), every key declared;
-    with ``angel.ml.conf``, the keys of Angel's JSON where the job does not set them."""
+    """The job of ``--conf``/``--set`` (and ``extra_sets`` after them), every key declared,
+    Angel's own keys applied (one note line on stderr for each, learners.angel_keys), and with
+    ``angel.ml.conf`` the keys of Angel's JSON where the job does not set them."""
     conf = load_config(args.conf, [*(args.set or []), *extra_sets], all_keys())
-    return apply_angel_json(conf)
+    for note in angel_notes(conf):
+        print(f"angelps: {note}", file=sys.stderr)
+    return apply_angel_json(resolve(conf))
 
 
-def _unknown_option(name: str, index: KeyIndex, options: Sequence[str]) -> ConfigError:
-    """The error for ``--name`` that is neither an option of the verb nor a declared key."""
+def _unknown_option(name: str, index: KeyIndex, options: Sequence[str]) -> str:
+    """``--name`` with a did-you-mean when a verb option or declared key is really close."""
     names = [*options, *(f"--{k.name}" for k in index.all() if "<i>" not in k.name)]
-    close = difflib.get_close_matches(f"--{name}", names, n=3, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    close = difflib.get_close_matches(f"--{name}", names, n=1, cutoff=_CLOSE)
+    return f"--{name}" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def _unknown_options(found: Sequence[str]) -> ConfigError:
+    """One error naming every option of the command line that is neither a verb option nor
+    a declared key."""
+    what = (
+        f"unknown option {found[0]}"
+        if len(found) == 1
+        else (f"{len(found)} unknown options: {'; '.join(found)}")
+    )
     return ConfigError(
-        f"unknown option --{name}{hint}; a declared key is accepted as --KEY VALUE or "
-        "--set KEY=VALUE (`angelps conf --keys` lists every key)"
+        f"{what}; a declared key is accepted as --KEY VALUE, -DKEY=VALUE or --set KEY=VALUE "
+        "(`angelps conf --keys` lists every key)"
     )
 
 
+def _split(token: str) -> tuple[str, str, str] | None:
+    """(name, "=" or "", value) of ``--KEY[=VALUE]`` or Angel's ``-DKEY[=VALUE]``; None for
+    anything else."""
+    if token.startswith("-D") and len(token) > 2:
+        return token[2:].partition("=")
+    if token.startswith("--") and token != "--":
+        return token[2:].partition("=")
+    return None
+
+
 def key_options(extra: Sequence[str], options: Sequence[str] = ()) -> list[str]:
-    """Angel's submit style ``--KEY VALUE`` (or ``--KEY=VALUE``) for every declared key, as
-    ``KEY=VALUE`` items for ``--set``; ``options`` are the verb's own option strings (for the
-    suggestion when a name is neither). Anything else is a ConfigError naming it."""
+    """Angel's submit style ``--KEY VALUE``, ``--KEY=VALUE`` or ``-DKEY=VALUE`` (also
+    ``-DKEY VALUE``) for every declared key, as ``KEY=VALUE`` items for ``--set``; ``options``
+    are the verb's own option strings (for the suggestion when a name is neither). Every name
+    that is neither is reported in one ConfigError."""
     index = KeyIndex(all_keys())
     sets: list[str] = []
+    unknown: list[str] = []
     i = 0
     while i < len(extra):
         token = extra[i]
-        if not token.startswith("--") or token == "--":
+        parts = _split(token)
+        if parts is None:
             raise ConfigError(
-                f"unexpected argument {token!r}: options are --KEY VALUE or --set KEY=VALUE"
+                f"unexpected argument {token!r}: options are --KEY VALUE, -DKEY=VALUE or "
+                "--set KEY=VALUE"
             )
-        name, eq, value = token[2:].partition("=")
-        if index.find(name) is None:
-            raise _unknown_option(name, index, options)
+        name, eq, value = parts
         if not eq:
-            if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
+            if i + 1 >= len(extra) or _split(extra[i + 1]) is not None:
+                if index.find(name) is None:
+                    unknown.append(_unknown_option(name, index, options))
+                    i += 1
+                    continue
                 raise ConfigError(f"--{name} needs a value: --{name} VALUE")
             value = extra[i + 1]
             i += 1
-        sets.append(f"{name}={value}")
+        if index.find(name) is None:
+            unknown.append(_unknown_option(name, index, options))
+        else:
+            sets.append(f"{name}={value}")
         i += 1
+    if unknown:
+        raise _unknown_options(unknown)
     return sets

@@ -1,4 +1,5 @@
-"""The ``angelps export`` verb: a saved model as one torch state_dict (learners/runs/export.py)."""
+"""The ``angelps export`` verb: a saved model as a torch state_dict, safetensors, a TorchScript
+module or ONNX (learners/runs/export_formats.py)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,29 @@ def register(sub: Subparsers) -> None:
     p = add_verb(
         sub,
         "export",
-        help="write a saved model as one torch state_dict (PS tables and dense layers)",
-        description="Write the saved model of --model as one torch.save'd state_dict: ps.<table> "
-        "(rows indexed by feature id), ps.<table>.keys/.weight for tables of unbounded keys, "
-        "dense.<name> for the MLP; no optimizer state. Refused above --max-mb.",
+        help="write a saved model as torch, safetensors, TorchScript or ONNX",
+        description="Write the saved model of --model in one format (--format, else the "
+        "extension of --out): torch (torch.save'd state_dict: ps.<table> rows by feature id, "
+        "ps.<table>.keys/.weight for tables of unbounded keys, dense.<name> for the MLP), "
+        "safetensors (weights only, named as the checkpoint names them), torchscript (a "
+        "module predicting with torch alone: forward(ids [N,K] int64 padded with -1, values "
+        "[N,K]) -> [N]) or onnx (the same module, needs the onnx package). No optimizer "
+        "state. A model over --max-mb is refused.",
         examples=[
             "angelps export --model runs/lr_a9a/model --out lr_a9a.pt",
-            "angelps export --model runs/deepfm_census/model --out deepfm.pt --max-mb 100",
+            "angelps export --model runs/lr_a9a/model --out lr_a9a.safetensors",
+            "angelps export --model runs/deepfm_census/model --format torchscript --out deepfm.pt",
         ],
     )
     p.add_argument("--model", metavar="DIR", required=True, help="a saved model directory")
-    p.add_argument("--out", metavar="FILE", required=True, help="the .pt file to write")
+    p.add_argument("--out", metavar="FILE", required=True, help="the file to write")
+    p.add_argument(
+        "--format",
+        metavar="FORMAT",
+        default=None,
+        help="torch, safetensors, torchscript or onnx (default: by the extension of --out: "
+        ".pt/.pth torch, .safetensors, .onnx)",
+    )
     p.add_argument(
         "--max-mb",
         type=float,
@@ -60,11 +73,12 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out}: the directory {parent} is not writable")
     if not args.max_mb > 0:
         raise ConfigError(f"--max-mb {args.max_mb:g} is not valid: expected a number > 0")
-    from learners.runs.export import export_state_dict, write_state_dict  # torch: only here
+    from learners.runs.export_formats import export_model, format_of  # torch: only when writing
 
-    state = export_state_dict(str(model), int(args.max_mb * 2**20))
-    write_state_dict(state, out)
-    for k, v in state.items():
-        print(f"{k:<32} {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}", file=sys.stderr)
-    print(f"wrote {len(state)} tensors to {out}", file=sys.stderr)
+    fmt = format_of(out, args.format)  # a name that disagrees with the format: refused
+
+    written = export_model(str(model), out, fmt, int(args.max_mb * 2**20))
+    for name, shape, dtype in written:
+        print(f"{name:<32} {shape} {dtype}", file=sys.stderr)
+    print(f"wrote {len(written)} tensors to {out} ({fmt})", file=sys.stderr)
     return EXIT_OK

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
+from learners.runs.folders import RunRef, is_url
 
 __all__ = ["register", "run"]
 
@@ -38,7 +40,13 @@ def register(sub: Subparsers) -> None:
         default="runs",
         help="where the runs are: angel.log.path, a directory or a URL (default: runs)",
     )
-    p.add_argument("--out", metavar="PATH", default="curves.png", help="image to write")
+    p.add_argument(
+        "--out",
+        metavar="PATH",
+        default=None,
+        help="image to write (default: curves.png in the run's folder; several runs: "
+        "compare.png in --log-dir; a run on object storage: <run>-curves.png here)",
+    )
     p.add_argument(
         "--metric",
         action="append",
@@ -57,6 +65,20 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _default_out(refs: list[RunRef], log_dir: str) -> Path:
+    """Where the figure goes without --out: into the run's own folder (never over a file of
+    the current directory); several runs: compare.png in the log directory; a run on object
+    storage: <run>-curves.png here."""
+    if len(refs) == 1:
+        metrics = refs[0].metrics
+        if isinstance(metrics, Path):
+            return metrics.parent / "curves.png"
+        return Path(f"{refs[0].name}-curves.png")
+    if not is_url(log_dir) and Path(log_dir).is_dir():
+        return Path(log_dir) / "compare.png"
+    return Path("compare.png")
+
+
 def run(args: argparse.Namespace) -> int:
     """Write the figure; a bad metrics file, an unknown run or a store that cannot be read
     (no bucket, refused credentials) is bad input (exit code 2)."""
@@ -65,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from learners.runs.plot import plot_runs
 
     try:
-        runs = []
+        runs, refs = [], []
         for arg in args.runs or [None]:
             ref = find_run(arg, args.log_dir)
+            refs.append(ref)
             found = read_metrics(ref.metrics, ref.name)
             runs += found[-1:] if args.last_run else found
         names = [r.name for r in runs]
@@ -75,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         if dupes:
             raise ValueError(f"{', '.join(sorted(dupes))}: the same run named more than once")
         where = str(runs[0].name) if len(runs) == 1 else ""
-        out = plot_runs(runs, args.out, metrics=args.metric, title=args.title, where=where)
+        target = args.out or _default_out(refs, args.log_dir)
+        out = plot_runs(runs, target, metrics=args.metric, title=args.title, where=where)
     except ValueError as e:
         print(f"angelps: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
+from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
-from learners.job.action import JobAction
-from learners.job.paths import absolute_paths, check_url
+from learners.data.options import SID
+from learners.job.action import PREDICT_OUT_FORMAT, JobAction
+from learners.job.paths import absolute_paths, check_url, relative_notes
+from learners.models.config import job_model_info
 from learners.runs.output_file import replace_atomically
 
 if TYPE_CHECKING:
@@ -106,7 +109,10 @@ def job_from_args(args: argparse.Namespace) -> tuple[Config, JobAction]:
     """The job with --model/--input/--out set as the keys they stand for (after the file)."""
     flags = {_LOAD: args.model, _DATA: args.input, _OUT: getattr(args, "out", None)}
     # Relative paths mean the command's directory, also for actors on other nodes.
-    conf = absolute_paths(load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None]))
+    conf = load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None])
+    for note in relative_notes(conf, args.address):
+        print(note, file=sys.stderr)
+    conf = absolute_paths(conf)
     return conf, JobAction.from_config(conf)
 
 
@@ -157,6 +163,7 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             f"{_OUT} is not set: prediction needs an output "
             f"(--{_OUT} FILE.csv, --out FILE.csv or {_OUT} in the job file)"
         )
+    check_output_policy(conf, _OUT)
     if check_url(conf, _OUT):
         url = action.out_path.rstrip("/")
         return url if url.lower().endswith((".csv", ".parquet")) else f"{url}/{PREDICTIONS_FILE}"
@@ -177,15 +184,27 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
     return out if is_file else out / PREDICTIONS_FILE
 
 
+def prediction_file(conf: Config, learner: GraphLearner, data: str) -> dict[str, np.ndarray]:
+    """The columns of the prediction file of ``data`` (learners/runs/predict_output.py): the
+    layout of angel.predict.out.format, the sample ids of ml.data.sid=true."""
+    from learners.runs.predict_output import prediction_columns, read_sids
+
+    pred = learner.predict_rows(data)
+    sids = read_sids(data) if SID.read(learner.conf) else None
+    task = job_model_info(learner.conf).task
+    return prediction_columns(pred, task, str(PREDICT_OUT_FORMAT.read(conf)), sids)
+
+
 def write_predictions(pred: Mapping[str, np.ndarray], out: Path | str) -> int:
-    """``pred`` (pred, label) as CSV or Parquet by ``out``'s suffix, written to a temporary
-    file renamed into place (a URL: one object, written whole); the number of rows."""
-    import pyarrow as pa  # only when predicting
+    """The columns of ``pred`` (:func:`prediction_file`; a plain prediction: pred, label) as
+    CSV or Parquet by ``out``'s suffix, written to a temporary file renamed into place (a URL:
+    one object, written whole); the number of rows."""
+    from learners.runs.predict_output import as_table  # pyarrow: only when predicting
 
     if isinstance(out, str):
-        return _write_url(pa.table({k: pred[k] for k in ("pred", "label") if k in pred}), out)
+        return _write_url(as_table(pred), out)
     out.parent.mkdir(exist_ok=True)  # a directory output whose parent exists (checked)
-    table = pa.table({k: pred[k] for k in ("pred", "label") if k in pred})
+    table = as_table(pred)
 
     def write(tmp: str) -> None:
         if out.suffix.lower() == ".parquet":
@@ -235,7 +254,7 @@ def predict_job(conf: Config, action: JobAction, address: str | None) -> int:
     out = check_out(conf, action)
     learner = _loaded(conf, model, address)
     try:
-        pred = learner.predict(data)
+        pred = prediction_file(conf, learner, data)
     finally:
         learner.shutdown()
     rows = write_predictions(pred, out)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from angelconf.config import Config, ConfigError
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
-from learners.cli.predict import check_input, check_out, write_predictions
+from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
 from learners.job.action import JobAction
-from learners.job.paths import absolute_paths
+from learners.job.paths import absolute_paths, relative_notes
 from learners.runs.output_file import replace_atomically
 
 __all__ = ["register", "train_job"]
@@ -74,6 +74,8 @@ def _check_summary_json(name: str) -> None:
 def _train(args: argparse.Namespace) -> int:
     conf = load_job(args)  # a bad key or value answers before torch and Ray load
     action = JobAction.from_config(conf)
+    for note in relative_notes(conf, args.address):
+        print(note, file=sys.stderr)
     if action.action in ("predict", "evaluate"):
         raise ConfigError(
             f"action.type={action.action} ({conf.source('action.type')}) does not train: run "
@@ -104,7 +106,7 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
     learner = GraphLearner(conf, address=args.address)
     try:
         result = learner.train(resume=bool(args.resume))
-        pred = learner.predict(str(action.data_path)) if out is not None else None
+        pred = prediction_file(conf, learner, str(action.data_path)) if out is not None else None
     finally:
         learner.shutdown()
     s = result.summary  # the learner printed its last line (learners.runs.run_log.done_line)

@@ -82,6 +82,9 @@ def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) 
         return None
     if has_label:
         problem = _number(fields[0], "the label")
+        if problem and problem.endswith(", not a number"):
+            # Angel's predict files start with a sample id
+            return f"{problem} (a sample id first? set ml.data.sid=true)"
         if problem:
             return problem
         fields = fields[1:]
@@ -89,4 +92,16 @@ def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) 
         problem = _feature(token, kind)
         if problem:
             return problem
+    return None
+
+
+def looks_like(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) -> str | None:
+    """The other text format (libsvm, dummy, dense) that a line bad for ``kind`` is good
+    for, or None: the ml.data.type the input most likely has."""
+    body = raw.decode("latin-1").rstrip("\r\n")
+    if not body.strip():
+        return None
+    for other in ("libsvm", "dummy", "dense"):
+        if other != kind and why_bad(raw, other, has_label, sep, whitespace) is None:
+            return other
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from learners.data.options import LABEL_TRANSFORMS
+from learners.data.problems import DataError
 
 __all__ = ["binary_labels01", "label_transform", "multiclass_labels"]
 
@@ -46,17 +47,19 @@ def _show_values(values: np.ndarray, limit: int = 6) -> str:
 def binary_labels01(labels: np.ndarray) -> np.ndarray:
     """Binary labels as float32 0/1, accepting a -1/+1 file or a 0/1 file.
 
-    Raises ValueError when the labels are anything else (NaN, 2, a mix of -1 and 0, ...).
+    Raises DataError (a ValueError) when the labels are anything else (NaN, 2, a mix of -1 and 0, ...).
     """
     y = np.asarray(labels, dtype=np.float32)
     distinct = np.unique(y)  # NaNs sort last and stay distinct
     is_pm1 = bool(np.isin(distinct, (-1.0, 1.0)).all())
     is_01 = bool(np.isin(distinct, (0.0, 1.0)).all())
     if not (is_pm1 or is_01):
-        raise ValueError(
+        raise DataError(  # bad input (exit 2), a ValueError as before
             f"binary labels must be -1/+1 or 0/1; found {_show_values(distinct)} "
             "(map other labels with ml.data.label.trans.class=ZeroOneTrans or PosNegTrans and "
-            "ml.data.label.trans.threshold, or set ml.data.has.label=true if the file has labels)"
+            "ml.data.label.trans.threshold; if the first column is a sample id, as in Angel's "
+            "predict files (sid i:v ...), set ml.data.sid=true, with ml.data.has.label=false "
+            "when no label follows it)"
         )
     return (y > 0).astype(np.float32)
 

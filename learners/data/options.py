@@ -76,6 +76,14 @@ HAS_LABEL = Key(
     True,
     "Whether the first field of each line is the label (false: labels are NaN, for prediction).",
 )
+SID = Key(
+    "ml.data.sid",
+    "bool",
+    False,
+    "Whether the first field of each text line is a sample id (a number or a string), before "
+    "the label if any; prediction writes it in a sid column. Angel's predict files "
+    "(sid i:v ...): ml.data.sid=true with ml.data.has.label=false.",
+)
 VALIDATE_RATIO = Key(
     "ml.data.validate.ratio",
     "float",
@@ -164,6 +172,7 @@ KEYS = [
     DATA_TYPE,
     SPLITOR,
     HAS_LABEL,
+    SID,
     VALIDATE_RATIO,
     INDEX_RANGE,
     FIELD_NUM,
@@ -196,6 +205,7 @@ class DataOptions:
     kind: str = DATA_TYPE.default  # ml.data.type, lower case
     splitor: str = SPLITOR.default
     has_label: bool = HAS_LABEL.default
+    sid: bool = SID.default
     validate_ratio: float = VALIDATE_RATIO.default
     index_range: int = INDEX_RANGE.default
     field_num: int = FIELD_NUM.default
@@ -243,6 +253,7 @@ class DataOptions:
             kind=str(DATA_TYPE.read(conf)),
             splitor=str(SPLITOR.read(conf)),
             has_label=bool(HAS_LABEL.read(conf)),
+            sid=bool(SID.read(conf)),
             validate_ratio=float(VALIDATE_RATIO.read(conf)),
             index_range=int(INDEX_RANGE.read(conf)),
             field_num=int(FIELD_NUM.read(conf)),

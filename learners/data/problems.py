@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["DataError", "ReadStats", "printable", "reject"]
+__all__ = ["FORMAT_HINT", "DataError", "ReadStats", "printable", "reject"]
 
 
 def printable(text: str) -> str:
@@ -60,10 +60,18 @@ class ReadStats:
         return s
 
 
+#: How a bad line's message names the format the line is in (learners.data.text).
+FORMAT_HINT = "set ml.data.type="
+
+
 def reject(messages: Sequence[str], *, skip: bool, stats: ReadStats) -> None:
-    """Raise for the first bad line (``messages`` in input order), or count them all when skipping."""
+    """Raise for the first bad line (``messages`` in input order), or count them all when
+    skipping. A line in another format names it, and skipping lines is not suggested then:
+    it would skip them all."""
     if not messages:
         return
     if not skip:
+        if FORMAT_HINT in messages[0]:
+            raise DataError(messages[0])
         raise DataError(messages[0] + " (set ml.data.skip.bad.lines=true to skip malformed lines)")
     stats.add_bad(messages)

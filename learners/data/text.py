@@ -39,9 +39,9 @@ import pyarrow.compute as pc
 
 from angelps import fs
 from learners.data.batch import Batch, first_repeats
-from learners.data.diagnose import why_bad
+from learners.data.diagnose import looks_like, why_bad
 from learners.data.options import DataOptions
-from learners.data.problems import printable
+from learners.data.problems import FORMAT_HINT, printable
 
 __all__ = ["ParsedText", "TextFormat", "TextParser", "line_blocks"]
 
@@ -294,11 +294,14 @@ class TextParser:
 
     def __init__(self, opts: DataOptions) -> None:
         self.fmt = TextFormat.from_options(opts)
+        self.sid = opts.sid  # a sample id first on each line: read by the driver, not here
         # -1 until the first row fixes it, unless ml.feature.index.range gives it.
         self.dense_width = self.fmt.index_range if self.fmt.kind == "dense" else -1
 
     def parse(self, file: str, lines: pa.Array, line_no: np.ndarray, offset: int) -> ParsedText:
         """Parse ``lines`` (numbered ``line_no`` in ``file``, which starts at line index ``offset``)."""
+        if self.sid:
+            lines = pc.replace_substring_regex(lines, r"^\s*\S+", "", max_replacements=1)
         chunk = _Lines(lines, line_no)
         problems = _Problems(chunk)
         self._match(chunk, problems)
@@ -336,6 +339,9 @@ class TextParser:
             raw = chunk.lines[int(r)].as_py() or b""
             why = why_bad(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
             shape = f"expected {fmt.expected}, got '{chunk.shown(int(r))}'"
+            other = looks_like(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
+            if other is not None:  # a whole file in another format, most likely
+                shape += f"; the line is {other}: {FORMAT_HINT}{other}?"
             problems.by_line[line] = f"{why}; {shape}" if why else shape
         chunk.keep(good)
 

@@ -10,14 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import Key
+from angelconf.config import ConfigError, Key
 from learners.job.loop_options import LOAD_PATH
 
-__all__ = ["ACTIONS", "KEYS", "JobAction"]
+__all__ = ["ACTIONS", "KEYS", "LOCAL_MAX_ROWS", "PREDICT_OUT_FORMAT", "JobAction"]
 
 _PREDICT_PATH = "angel.predict.data.path"  # declared in learners.data.options
 
-ACTIONS = ("train", "predict", "evaluate", "train_predict")
+ACTIONS = ("train", "predict", "evaluate", "train_predict", "inctrain")
 ACTION_TYPE = Key(
     "action.type",
     "str",
@@ -25,7 +25,8 @@ ACTION_TYPE = Key(
     "What the job does (Angel's submit): train; predict (angel.load.model.path on "
     "angel.predict.data.path into angel.predict.out.path); evaluate (the metrics of "
     "angel.load.model.path on the labelled angel.predict.data.path); train_predict (train, then "
-    "predict with the trained model). Read by angelps submit; angelps train also predicts "
+    "predict with the trained model); inctrain (Angel's incremental training: train, starting "
+    "from angel.load.model.path). Read by angelps submit; angelps train also predicts "
     "after training when it is train_predict (docs/angel-migration.md).",
     choices=ACTIONS,
 )
@@ -38,7 +39,28 @@ PREDICT_OUT_PATH = Key(
     "input order; its directory must exist.",
 )
 
-KEYS = [ACTION_TYPE, PREDICT_OUT_PATH]
+LOCAL_MAX_ROWS = Key(
+    "angel.predict.local.max.rows",
+    "int",
+    10000,
+    "A model of GraphLearner.load(path) predicts in-memory inputs (arrays, tables, data "
+    "frames) of at most this many rows in the calling process with torch alone, without "
+    "starting Ray (the same predictions, to float rounding); larger inputs, files, evaluate "
+    "and models without a standalone graph start Ray. 0: always Ray.",
+    check=lambda v: None if v >= 0 else "an integer >= 0",
+)
+
+PREDICT_OUT_FORMAT = Key(
+    "angel.predict.out.format",
+    "str",
+    "angelps",
+    "Columns of a prediction file: angelps (sid with ml.data.sid=true, pred, label as the "
+    "input wrote it) or angel (Angel's sid, pred, proba, label: the score, P(y=1) and the "
+    "predicted label; docs/angel-migration.md).",
+    choices=("angelps", "angel"),
+)
+
+KEYS = [ACTION_TYPE, PREDICT_OUT_PATH, LOCAL_MAX_ROWS, PREDICT_OUT_FORMAT]
 
 
 @dataclass(frozen=True)
@@ -56,8 +78,16 @@ class JobAction:
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
         """The action of a job (a Config or a mapping; a missing key takes its default)."""
+        action = str(ACTION_TYPE.read(conf))
+        if action == "inctrain":
+            if not LOAD_PATH.read(conf):
+                raise ConfigError(
+                    "action.type=inctrain trains on from a saved model: set "
+                    "angel.load.model.path to it"
+                )
+            action = "train"  # training starts from angel.load.model.path
         return cls(
-            action=str(ACTION_TYPE.read(conf)),
+            action=action,
             model_path=LOAD_PATH.read(conf) or None,
             data_path=conf.get(_PREDICT_PATH) or None,
             out_path=PREDICT_OUT_PATH.read(conf) or None,

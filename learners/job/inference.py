@@ -73,9 +73,15 @@ class Inference(JobActors):
         self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
     ) -> list[dict[str, Any]]:
         """Every worker's predictions of ``data`` (learners/job/predict_inputs.py)."""
+        saved = getattr(self, "_saved", None)
+        if not self._workers and saved is not None:
+            self._load(saved)  # a model loaded in-process: its actors start now
         if not self._workers:
             raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
-        return predict_parts(self._workers, data, labels, DataOptions.from_config(self.conf))
+        features = self._size.num_features if self._size is not None else 0
+        return predict_parts(
+            self._workers, data, labels, DataOptions.from_config(self.conf), features
+        )
 
     def evaluate(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None
@@ -94,5 +100,18 @@ class Inference(JobActors):
     ) -> dict[str, np.ndarray]:
         """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
         ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
-        (learners/job/predict_inputs.py says which columns)."""
-        return in_input_order(self._predict_outs(data, labels, "predict"))
+        (learners/job/predict_inputs.py says which columns). A model of ``GraphLearner.load`` predicts
+        in-memory inputs of at most ``angel.predict.local.max.rows`` rows in this process
+        (torch alone, no Ray: learners/job/local_predict.py)."""
+        return {k: v for k, v in self.predict_rows(data, labels).items() if k in ("pred", "label")}
+
+    def predict_rows(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`predict`, with each row's line position in the input (``row_index``) and,
+        for multi-class models, the predicted class's probability (``proba``): what a
+        prediction file is written from (learners/runs/predict_output.py)."""
+        local = getattr(self, "_local", None)
+        if local is not None and not self._workers and local.takes(data):
+            return local.predict(data, labels)  # type: ignore[no-any-return]
+        return in_input_order(self._predict_outs(data, labels, "predict"), with_rows=True)

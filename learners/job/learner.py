@@ -21,9 +21,10 @@ Invariant: the job configuration is read once, here, into typed options (:class:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from typing import Any
 from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler
+from learners.angel_keys import angel_notes
+from learners.angel_keys import resolve as resolve_angel_keys
 from learners.job import failover, saved_model
 from learners.job.epoch_schedule import schedule_epoch
 from learners.job.inference import Inference
@@ -48,11 +51,12 @@ from learners.job.startup import Phases
 from learners.keys import all_keys
 from learners.models.angel_json import apply_angel_json, check_saved_graph
 from learners.models.config import ModelConfig, job_model_info
-from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
+from learners.runs.folders import is_url, log_root, new_run_dir, relative_under_ray_job, run_url
 from learners.runs.metrics import validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.runs.progress import TrainProgress as _Progress
 from learners.runs.retention import Checkpoints, kept_summary
+from learners.runs.run_config import log_hparams, write_config
 from learners.runs.run_log import (
     RunLog,
     banner,
@@ -89,7 +93,9 @@ class GraphLearner(Inference):
     ) -> None:
         if not isinstance(conf, Config):
             conf = load_config(None, dict(conf), all_keys())
-        self.conf = conf = apply_angel_json(conf)  # Angel's JSON (angel.ml.conf), when named
+            _say_notes(conf, quiet)
+        # Angel's own keys applied (idempotent), then Angel's JSON (angel.ml.conf), when named
+        self.conf = conf = apply_angel_json(resolve_angel_keys(conf))
         self.plan = TrainPlan.from_config(conf)
         self.ps_options = PSOptions.from_config(conf)
         self.address = address
@@ -106,6 +112,8 @@ class GraphLearner(Inference):
         self.rates: RatePlan | None = None  # the schedules of every update (job's, tables')
         self.epoch = 0
         self._chunker = Chunker(self.plan.log_every)
+        self._local: Any = None  # GraphLearner.load: a LocalModel predicting in-process
+        self._saved: str | None = None  # ... of this saved model, its actors not started
 
     @classmethod
     def from_properties(
@@ -115,7 +123,9 @@ class GraphLearner(Inference):
         **kw: Any,
     ) -> GraphLearner:
         """Load ``path`` (a .properties file, or None for defaults) with overrides and build a learner."""
-        return cls(load_config(path, overrides, all_keys()), **kw)
+        conf = load_config(path, overrides, all_keys())
+        _say_notes(conf, bool(kw.get("quiet", False)))
+        return cls(conf, **kw)
 
     # --- training ----------------------------------------------------------------------------
 
@@ -159,6 +169,11 @@ class GraphLearner(Inference):
         restarts = failover.WorkerFailover(
             failover.FailoverOptions.from_config(self.conf), plan.save_path
         )
+        if plan.save_model and not plan.save_path:
+            # Saved by default, into the run's own folder (angel.save.model=false: not at all).
+            # (a log path on object storage: beside the run's copy there, not in its staging)
+            home = run_url(plan.log_dir, run_dir.name) if is_url(plan.log_dir) else str(run_dir)
+            plan = self.plan = replace(plan, save_path=f"{home}/model")
         ckpts = self._checkpoints(log)
         try:
             progress = self._prepare(resume, log)
@@ -191,6 +206,8 @@ class GraphLearner(Inference):
                 epoch += 1
             log.close_bar()
             summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
+            if log.tb is not None:
+                log_hparams(log.tb, self.conf, summary)
             log.write_summary(summary)
             log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
@@ -216,6 +233,7 @@ class GraphLearner(Inference):
             | {"task": self._model_task(), "watch": self._watch_metric()}
         )
         log.config_text(conf)
+        write_config(run_dir, conf)  # every key, its value and where it came from
         log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
 
     def _prepare(self, resume: bool, log: RunLog) -> _Progress:
@@ -407,11 +425,21 @@ class GraphLearner(Inference):
         quiet: bool = True,
     ) -> GraphLearner:
         """A learner holding the saved model of ``path``, ready to ``predict``/``evaluate``
-        (starts Ray, one worker and the PS). ``conf`` (a Config or a mapping of keys) is the
+        (small in-memory inputs in this process; otherwise Ray, one worker and the PS, started
+        at the first call that needs them). ``conf`` (a Config or a mapping of keys) is the
         job: the model's own ``ml.*`` settings apply where it does not set them; a job whose
         model does not match the saved tables is a ConfigError naming the path."""
         learner = cls({} if conf is None else conf, address=address, quiet=quiet)
         try:
+            # Small in-memory inputs predict in this process (learners/job/local_predict.py:
+            # torch, so imported here, never by a training driver); anything else starts the
+            # actors then.
+            from learners.job.local_predict import LocalModel
+
+            local = LocalModel.maybe(learner.conf, str(path))
+            if local is not None:
+                learner._local, learner._saved = local, str(path)
+                return learner
             return learner._load(str(path))  # not a Path: it would mangle s3://
         except BaseException:
             learner.shutdown()
@@ -422,6 +450,13 @@ class GraphLearner(Inference):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _say_notes(conf: Config, quiet: bool) -> None:
+    """What each Angel key of a job built in Python does here (learners.angel_keys)."""
+    if not quiet:
+        for note in angel_notes(conf):
+            print(f"angelps: {note}", file=sys.stderr)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, at_least, non_negative, positive
+from learners.data.options import VALIDATE_PATH, VALIDATE_RATIO
 from learners.worker.feed import FeedOptions
 
 __all__ = ["KEYS", "JobSize", "TrainPlan"]
@@ -86,6 +87,16 @@ RAY_CONNECT_TIMEOUT = Key(
     "before failing with an error naming the address (docs/cluster.md).",
     check=positive,
 )
+
+
+def _keep_best(conf: Mapping[str, Any]) -> bool:
+    """angel.save.model.keep.best; unset: whether the job has validation data."""
+    asked = KEEP_BEST.read(conf)
+    if asked is not None:
+        return bool(asked)
+    return bool(VALIDATE_PATH.read(conf)) or float(VALIDATE_RATIO.read(conf)) > 0
+
+
 #: Resources with keys of their own (angel.*.cpus, .gpus, angel.ps.memory).
 _BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
@@ -235,9 +246,19 @@ KEEP_LAST = Key(
 KEEP_BEST = Key(
     "angel.save.model.keep.best",
     "bool",
-    False,
+    None,
     "Also keep the checkpoint of the best epoch by ml.early.stop.metric at "
-    "<angel.save.model.path>.best (needs validation data).",
+    "<checkpoint>.best (needs validation data). Unset: true when the job has validation "
+    "data (ml.data.validate.ratio > 0 or angel.validate.data.path), so the best epoch's "
+    "model is never lost.",
+)
+SAVE_MODEL = Key(
+    "angel.save.model",
+    "bool",
+    True,
+    "Save the trained model after every epoch: into angel.save.model.path when it is set, "
+    "else into the run's folder (<angel.log.path>/<job>-<time>/model). false: no checkpoint, "
+    "even where angel.save.model.path is set.",
 )
 SAVE_FAILURE = Key(
     "angel.save.failure",
@@ -327,6 +348,7 @@ KEYS = [
     LOAD_PATH,
     KEEP_LAST,
     KEEP_BEST,
+    SAVE_MODEL,
     SAVE_FAILURE,
     SEED,
     ACCUM_STEPS,
@@ -434,6 +456,8 @@ class TrainPlan:
     keep_last: int
     keep_best: bool
     save_failure: str
+    #: angel.save.model: save (into save_path, else into the run folder)
+    save_model: bool = True
 
     @property
     def collective(self) -> str:
@@ -468,7 +492,8 @@ class TrainPlan:
             log_dir=log_path or "runs",
             tensorboard=bool(TENSORBOARD.read(conf)),
             log_every=int(LOG_EVERY.read(conf)),
-            save_path=SAVE_PATH.read(conf) or None,
+            # angel.save.model=false wins over a job file's path: nothing is saved
+            save_path=(SAVE_PATH.read(conf) or None) if SAVE_MODEL.read(conf) else None,
             load_path=LOAD_PATH.read(conf) or None,
             seed=int(SEED.read(conf)),
             accum=int(ACCUM_STEPS.read(conf)),
@@ -481,7 +506,8 @@ class TrainPlan:
             ray_connect_timeout_s=float(RAY_CONNECT_TIMEOUT.read(conf)),
             feed=FeedOptions.from_config(conf),
             keep_last=int(KEEP_LAST.read(conf)),
-            keep_best=bool(KEEP_BEST.read(conf)),
+            keep_best=_keep_best(conf),
+            save_model=bool(SAVE_MODEL.read(conf)),
             save_failure=str(SAVE_FAILURE.read(conf)),
         )
 
@@ -536,15 +562,21 @@ class JobSize:
         train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
         if sum(train_rows) == 0:  # (more workers would not help: say what is wrong)
             valid = sum(int(s["valid"]["rows"]) for s in summaries)
-            raise ConfigError(
-                "angel.train.data.path: the training input has no rows"
-                + (
+            skipped = sum(int(s.get("skipped_lines", 0)) for s in summaries)
+            first = next((s["skipped_first"] for s in summaries if s.get("skipped_first")), "")
+            if valid:
+                why = (
                     f" left for training (its {valid} row(s) all went to validation: "
                     "ml.data.validate.ratio)"
-                    if valid
-                    else " (its lines are all blank)"
                 )
-            )
+            elif skipped:
+                why = (
+                    f": all {skipped} of its lines were malformed and skipped "
+                    f"(ml.data.skip.bad.lines=true); the first: {first}"
+                )
+            else:
+                why = " (its lines are all blank)"
+            raise ConfigError("angel.train.data.path: the training input has no rows" + why)
         if min(train_rows) == 0:
             raise ValueError(
                 f"worker {train_rows.index(0)} has no training rows: the input has "

@@ -18,7 +18,15 @@ from angelconf.config import Config, ConfigError
 from learners.keys import all_keys
 from learners.runs.folders import is_url
 
-__all__ = ["PATH_KEYS", "READ_KEYS", "absolute", "absolute_paths", "check_url", "is_url"]
+__all__ = [
+    "PATH_KEYS",
+    "READ_KEYS",
+    "absolute",
+    "absolute_paths",
+    "check_url",
+    "is_url",
+    "relative_notes",
+]
 
 #: Every key whose value is a file or directory read or written by the job.
 PATH_KEYS = (
@@ -86,3 +94,31 @@ def absolute_paths(conf: Config, base: str | None = None) -> Config:
     values = {k: changed.get(k, conf[k]) for k in conf}
     sources = {k: conf.source(k) for k in conf if conf.is_set(k)}
     return Config(values, sources, all_keys())
+
+
+def relative_notes(conf: Config, address: str | None) -> list[str]:
+    """One note per path key whose value is relative, when the job runs on a Ray cluster
+    (``--address``, ``RAY_ADDRESS`` or ``ray job submit``): such a path means this machine's
+    directory (under ``ray job submit``, the job's working directory, deleted with it),
+    which the actors on other nodes do not see. Empty on a private local Ray."""
+    in_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+    if not (address or os.environ.get("RAY_ADDRESS") or in_job):
+        return []
+    where = (
+        f"{os.getcwd()}, the working directory Ray made for this job (deleted with it)"
+        if in_job
+        else f"{os.getcwd()} on this machine"
+    )
+    notes = []
+    for key in PATH_KEYS:
+        value = conf[key] if key in conf else None
+        shown = f"{key}={value} ({conf.source(key)})"
+        if key == "angel.log.path" and not value and not in_job:
+            shown = f"{key} (unset: runs)"  # (under ray job submit the run log says so)
+        elif not (isinstance(value, str) and value) or is_url(value) or os.path.isabs(value):
+            continue
+        notes.append(
+            f"angelps: note: {shown} is relative to {where}; actors on other nodes do not "
+            "see it: give an absolute path on a shared file system, or a URL"
+        )
+    return notes

@@ -32,7 +32,14 @@ from learners.data.problems import DataError, ReadStats, reject
 if TYPE_CHECKING:
     from learners.worker.group import WorkerGroup
 
-__all__ = ["InMemory", "in_input_order", "is_path", "predict_parts", "to_batch"]
+__all__ = [
+    "InMemory",
+    "check_ids",
+    "in_input_order",
+    "is_path",
+    "predict_parts",
+    "to_batch",
+]
 
 #: What ``predict``/``evaluate`` take besides a path.
 InMemory = Any  # pa.Table | pandas.DataFrame | np.ndarray (pandas stays an optional import)
@@ -111,31 +118,63 @@ def to_batch(data: InMemory, opts: DataOptions, labels: Any = None) -> Batch:
     return batch
 
 
+def check_ids(batch: Batch, num_features: int, data: Any) -> None:
+    """A DataError for in-memory rows the model cannot read: a numpy array wider than the
+    model's features, or a feature id out of its range (``num_features`` <= 0: unbounded)."""
+    if num_features <= 0 or batch.nnz == 0:
+        return
+    if isinstance(data, np.ndarray) and data.ndim in (1, 2) and data.shape[-1] > num_features:
+        raise DataError(
+            f"numpy input: {data.shape[-1]} columns, but the model has {num_features} "
+            "features (column j is feature id j): pass arrays of at most that width"
+        )
+    bad = np.flatnonzero((batch.ids < 0) | (batch.ids >= num_features))
+    if bad.size:
+        row = int(np.searchsorted(batch.indptr, bad[0], side="right") - 1)
+        raise DataError(
+            f"{type(data).__name__} row {row}: feature id {int(batch.ids[bad[0]])} is out of "
+            f"range: the model has {num_features} features (ids 0..{num_features - 1})"
+        )
+
+
 def predict_parts(
-    workers: WorkerGroup, data: Any, labels: Any, opts: DataOptions
+    workers: WorkerGroup, data: Any, labels: Any, opts: DataOptions, num_features: int = 0
 ) -> list[dict[str, Any]]:
     """Every worker's predictions of ``data``: a path (each worker reads its part), or rows in
-    memory split into one contiguous part per worker (one call per worker)."""
+    memory split into one contiguous part per worker (one call per worker), their ids checked
+    against ``num_features`` first (:func:`check_ids`)."""
     if is_path(data):
         if labels is not None:
             raise TypeError("labels= goes with in-memory data, not with a path")
         return workers.execute("predict_file", os.fspath(data))
     batch = to_batch(data, opts, labels)
+    check_ids(batch, num_features, data)
     parts = np.array_split(np.arange(len(batch)), len(workers))
     return workers.execute_each("predict_batch", [(batch.take(rows),) for rows in parts])
 
 
-def in_input_order(outs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """The workers' predictions as one ``pred`` array in input order (and ``label`` when the
-    rows have labels)."""
+def in_input_order(
+    outs: Sequence[dict[str, Any]], with_rows: bool = False
+) -> dict[str, np.ndarray]:
+    """The workers' predictions as one ``pred`` array in input order (and ``label``, as the
+    input wrote it, when the rows have labels); ``with_rows`` adds each row's line position
+    (``row_index``) and, for multi-class models, the predicted class's probability
+    (``proba``)."""
     outs = [o for o in outs if o["rows"]]
     if not outs:
-        return {"pred": np.zeros(0, np.float32)}
-    order = np.argsort(np.concatenate([o["row_index"] for o in outs]), kind="stable")
+        empty = {"pred": np.zeros(0, np.float32)}
+        return empty | ({"row_index": np.zeros(0, np.int64)} if with_rows else {})
+    rows = np.concatenate([o["row_index"] for o in outs])
+    order = np.argsort(rows, kind="stable")
     out = {"pred": np.concatenate([o["pred"] for o in outs])[order]}
-    labels = [o["labels"] for o in outs]
+    labels = [o.get("labels_read", o["labels"]) for o in outs]
     if all(lab is not None for lab in labels):
         joined = np.concatenate(labels)
         if not np.isnan(joined).all():
             out["label"] = joined[order]
+    if with_rows:
+        out["row_index"] = rows[order]
+        probs = [o["prob"] for o in outs if o.get("prob") is not None]
+        if len(probs) == len(outs):
+            out["proba"] = np.concatenate(probs).max(axis=1)[order]
     return out

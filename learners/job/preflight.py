@@ -19,6 +19,7 @@ from angelconf.config import Config, ConfigError
 from angelps import TableSpec
 from angelps.checkpoint import local_dir as checkpoint_dir
 from decay import ReduceLROnPlateau
+from learners.angel_keys import check_output_policy
 from learners.data import DataOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.paths import PATH_KEYS, check_url, is_url
@@ -79,6 +80,8 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
     if plan.save_path:
         check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
+        if not resume:
+            check_output_policy(conf, "angel.save.model.path")
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
 
@@ -125,10 +128,10 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
         ("angel.save.model.keep.last", plan.keep_last > 1),
         ("angel.save.model.keep.best", plan.keep_best),
     ):
-        if asked and not plan.save_path:
+        if asked and not plan.save_model and conf.is_set(key):
             raise ConfigError(
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
-                "angel.save.model.path is not set: set it, or drop the key"
+                f"angel.save.model=false ({conf.source('angel.save.model')}): drop one of them"
             )
         if asked and is_url(plan.save_path) and not urlsplit(str(plan.save_path)).path.strip("/"):
             # The copies are siblings (<path>.best): beside a bucket they would be other buckets.
@@ -138,7 +141,11 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
                 f"{plan.save_path} ({conf.source('angel.save.model.path')}) must name a prefix "
                 "inside the bucket, not the bucket itself"
             )
-    if plan.keep_best and not conf["angel.validate.data.path"]:
+    if (
+        plan.keep_best
+        and conf.is_set("angel.save.model.keep.best")
+        and (not conf["angel.validate.data.path"])
+    ):
         if float(conf["ml.data.validate.ratio"]) <= 0:
             raise ConfigError(
                 "angel.save.model.keep.best=true needs a validation metric: set "

@@ -29,7 +29,13 @@ from learners.job import saved_model
 from learners.worker.dense import read_dense
 from learners.runs.output_file import replace_atomically
 
-__all__ = ["export_size", "export_state_dict", "write_state_dict"]
+__all__ = [
+    "check_export_size",
+    "export_size",
+    "export_state_dict",
+    "table_arrays",
+    "write_state_dict",
+]
 
 
 def _rows(manifest: dict[str, Any], spec: TableSpec) -> int:
@@ -55,7 +61,10 @@ def export_size(path: str) -> int:
     return total
 
 
-def _table(manifest: dict[str, Any], spec: TableSpec) -> dict[str, np.ndarray]:
+def table_arrays(manifest: dict[str, Any], spec: TableSpec) -> dict[str, np.ndarray]:
+    """One saved table: ``ps.<table>`` (every row by feature id; rows never trained hold
+    their initial values) or, for unbounded keys, ``ps.<table>.keys`` (sorted) and
+    ``ps.<table>.weight``."""
     root = manifest["root"]
     keys, rows = [], []
     for shard in range(checkpoint.table_shards(manifest, spec.name)):
@@ -75,23 +84,29 @@ def _table(manifest: dict[str, Any], spec: TableSpec) -> dict[str, np.ndarray]:
     return {f"ps.{spec.name}.keys": k[order], f"ps.{spec.name}.weight": w[order]}
 
 
+def check_export_size(path: str, max_bytes: int) -> None:
+    """ConfigError when the model at ``path`` would take more than ``max_bytes`` in memory
+    (every format holds its whole tables), before anything is read."""
+    size = export_size(path)
+    if size > max_bytes:
+        raise ConfigError(
+            f"the model in {path} takes {size / 2**20:.3g} MiB ({size} bytes) as one "
+            f"export, over the limit of {max_bytes} bytes (--max-mb): raise --max-mb, or "
+            "read its Parquet tables directly (docs/checkpoints.md)"
+        )
+
+
 def export_state_dict(path: str, max_bytes: int) -> dict[str, Any]:
     """The whole model at ``path`` as ``{name: torch.Tensor}``; a ConfigError when it would
     take more than ``max_bytes``."""
     import torch  # only when exporting
 
     extra = saved_model.read_extra(str(path))
-    size = export_size(path)
-    if size > max_bytes:
-        raise ConfigError(
-            f"the model in {path} takes {size / 2**20:.3g} MiB ({size} bytes) as one "
-            f"state_dict, over the limit of {max_bytes} bytes (--max-mb): raise --max-mb, or "
-            "read its Parquet tables directly (docs/checkpoints.md)"
-        )
+    check_export_size(path, max_bytes)
     manifest = checkpoint.read_manifest(path)
     arrays: dict[str, np.ndarray] = {}
     for spec in (TableSpec.from_dict(d) for d in manifest["tables"]):
-        arrays.update(_table(manifest, spec))
+        arrays.update(table_arrays(manifest, spec))
     dense, _meta = read_dense(saved_model.dense_blob(extra["learner"], path))
     for k, v in dense.items():
         if k.startswith("model/"):

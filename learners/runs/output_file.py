@@ -12,7 +12,22 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["replace_atomically"]
+__all__ = ["current_umask", "replace_atomically"]
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where /proc tells it (os.umask can only
+    be read by setting it, which is racy with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def replace_atomically(out: Path, write: Callable[[str], object]) -> None:
@@ -22,6 +37,9 @@ def replace_atomically(out: Path, write: Callable[[str], object]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp creates the file 0600; a finished output is as readable as any new file
+        # (0644 under umask 022), for the other users and services that read it.
+        os.chmod(tmp, 0o666 & ~current_umask())
         # The rename must not become durable before the bytes it names.
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

@@ -362,7 +362,10 @@ def done_line(summary: Mapping[str, Any]) -> str:
         if s.get("best_checkpoint"):
             line += f" at {s['best_checkpoint']}"
     if s.get("checkpoint"):
-        line += f"; checkpoint {s['checkpoint']}"
+        epoch = s.get("checkpoint_epoch")
+        line += f"; checkpoint {s['checkpoint']}" + (f" (epoch {epoch})" if epoch else "")
+    elif s.get("epochs"):
+        line += "; no model saved"
     if s.get("run_dir"):
         line += f"; run {s['run_dir']}"
     return line

@@ -143,6 +143,8 @@ class DataPart:
             summary.add(part)
             out[name] = summary.as_dict()
         out["skipped_lines"] = int(self.stats.bad_lines)
+        if self.stats.bad_examples:
+            out["skipped_first"] = self.stats.bad_examples[0]
         return out
 
 

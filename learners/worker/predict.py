@@ -70,6 +70,8 @@ def predict_rows(
         "pred": np.concatenate(preds) if preds else np.zeros(0, dtype=np.float32),
         "prob": np.concatenate(scores_out) if scores_out else None,
         "labels": labels,
+        # as the input wrote them (a -1/+1 file stays -1/+1): what prediction files show
+        "labels_read": np.asarray(data.labels, dtype=np.float32) if has_labels else None,
         "loss_sum": loss_sum,
         "rows": n,
         "row_index": np.asarray(data.row_index)

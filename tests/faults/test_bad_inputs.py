@@ -86,7 +86,7 @@ def test_a_broken_compressed_file_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("abc 3:1", "the label is 'abc', not a number; expected"),
+        ("abc 3:1", "the label is 'abc', not a number (a sample id first? set ml.data.sid=true); expected"),
         ("1 3: 5:1", "feature '3:' has no value; expected"),
         ("1 -3:1", "feature id -3 is negative (libsvm ids start at 1); expected"),
         ("1 124:1", "feature id 124 is outside ml.feature.index.range=123 (valid ids in a libsvm "
@@ -239,7 +239,8 @@ def test_train_on_a_bad_line_exits_2_with_one_line(tmp_path: Path) -> None:
     code, err = _train(f)
     assert code == 2, err
     assert _one_error_line(err) == (
-        f"angelps: error: {f}:41: the label is 'abc', not a number; expected '<label> "
+        f"angelps: error: {f}:41: the label is 'abc', not a number (a sample id first? set "
+        "ml.data.sid=true); expected '<label> "
         "<id>:<value> ...' (libsvm), got 'abc 3:1'" + TAIL
     )
 

@@ -79,9 +79,10 @@ def test_predict_runs_from_the_job_file_keys_alone(job, capsys) -> None:
     table = _read_pred(out)
     assert table.column_names == ["pred", "label"]
     assert table.num_rows == ROWS
-    # Input order: the labels are the file's first column (-1 -> 0, +1 -> 1).
+    # Input order: the labels are the file's first column, as it wrote them (-1 stays -1).
     first = [line.split()[0] for line in job["data"].read_text().splitlines()]
-    assert table["label"].to_pylist() == [1.0 if y == "+1" else 0.0 for y in first]
+    assert table["label"].to_pylist() == [float(y) for y in first]
+    assert set(first) == {"-1", "+1"}
     pred = table["pred"].to_numpy()
     assert ((pred > 0) & (pred < 1)).all()
     # The same job through submit (action.type=predict), flags overriding keys.
@@ -224,10 +225,10 @@ def test_key_options_are_set_like_set(capsys) -> None:
     assert lines["ml.epoch.num"].endswith("# command line")
 
 
-def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tmp_path) -> None:
+def test_the_migration_guides_job_file_loads_and_every_key_it_names_exists(tmp_path) -> None:
     import re
 
-    from angelconf.config import ConfigError, load_config
+    from angelconf.config import KeyIndex, load_config
     from learners.keys import all_keys
 
     text = (ROOT / "docs" / "angel-migration.md").read_text()
@@ -236,12 +237,16 @@ def test_the_migration_guides_job_file_loads_and_its_removed_keys_are_refused(tm
     f.write_text(block)
     conf = load_config(f, [], all_keys())
     assert conf["action.type"] == "train" and conf["ml.opt.decay.alpha"] == 0.001
-    rows = [line.split("|")[1] for line in text.splitlines() if "| remove |" in line]
-    names = {n for cell in rows for n in re.findall(r"`([a-z.]+)`", cell)}
-    assert {"angel.app.submit.class", "ml.model.size"} <= names
-    for name in names:
-        with pytest.raises(ConfigError, match=f"unknown key {re.escape(name)}"):
-            load_config(None, [f"{name}=1"], all_keys())
+    # every key the page names, in the tables (`key`) and in Angel's submit lines (--key)
+    named = set(re.findall(r"`((?:angel|ml|action)\.[a-z0-9.\-]*[a-z0-9])`", text))
+    named |= set(re.findall(r"--((?:angel|ml|action)\.[a-z0-9.\-]*[a-z0-9])", text))
+    assert {"angel.app.submit.class", "ml.model.size", "angel.deploy.mode"} <= named
+    index = KeyIndex(all_keys())
+    assert sorted(n for n in named if index.find(n) is None) == []
+    # Angel's own submit line of the page runs through the loader as it is
+    angel = re.findall(r"```bash\n(\./bin/angel-submit \\\n.*?)```", text, re.S)[0]
+    pairs = re.findall(r"--([a-z][a-z0-9.\-]*) (\S+)", angel)
+    load_config(None, dict(pairs), all_keys())
 
 
 def test_angels_qualified_class_names_are_aliases() -> None:

@@ -158,7 +158,7 @@ def test_converter_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     dst = tmp_path / "out.parquet"
     assert main([str(src), str(dst), "--set", "ml.data.type=dummy"]) == 2
     assert (
-        f"error: {src}:2: the label is 'bad', not a number; expected '<label> <id> ...' (dummy)"
+        f"error: {src}:2: the label is 'bad', not a number (a sample id first? set ml.data.sid=true); expected '<label> <id> ...' (dummy)"
         in capsys.readouterr().out
     )
     args = [

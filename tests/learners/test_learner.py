@@ -247,8 +247,8 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     assert table.column_names == ["pred", "label"]
     assert table.num_rows == 3000
     np.testing.assert_allclose(table["pred"].to_numpy(), direct["pred"], rtol=1e-6)
-    # Labels in input order (a9a's first line is -1: label 0).
-    assert table["label"].to_numpy()[0] == 0.0
+    # Labels in input order, as the file wrote them (a9a's first line is -1).
+    assert table["label"].to_numpy()[0] == -1.0
     # Without --conf the saved model's own data settings apply; Parquet by the suffix.
     outp = tmp_path / "pred.parquet"
     assert main(["predict", "--model", str(model), "--input", data, "--out", str(outp)]) == 0

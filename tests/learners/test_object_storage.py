@@ -94,8 +94,8 @@ def test_a_run_logged_to_s3_is_named_by_its_url(s3_run) -> None:
     done = s3_run["out"].strip().splitlines()[-1]
     assert re.fullmatch(
         r"done: 2 epochs, [0-9.]+ s, valid_auc 0\.\d{4}, valid_logloss 0\.\d{4}, "
-        r"valid_accuracy 0\.\d{4}; best epoch 2 \(valid_auc 0\.\d{4}\) at s3://angel/model; "
-        rf"checkpoint s3://angel/model; run {url}",
+        r"valid_accuracy 0\.\d{4}; best epoch 2 \(valid_auc 0\.\d{4}\) at "
+        rf"s3://angel/model\.best; checkpoint s3://angel/model \(epoch 2\); run {url}",
         done,
     ), done
     assert s3_run["summary"]["run_dir"] == url

@@ -26,7 +26,15 @@ def test_defaults_come_from_the_key_declarations():
     assert plan.updates_per_epoch is None  # not set: ml.minibatch.size sizes the batches
     assert (plan.device, plan.worker_gpus) == ("cpu", 0.0)
     assert plan.log_dir == "runs"  # each run in its own runs/<angel.job.name>-<time>
-    assert (plan.keep_last, plan.keep_best, plan.save_failure) == (1, False, "stop")
+    assert (plan.keep_last, plan.save_failure, plan.save_model) == (1, "stop", True)
+    # unset keep.best: kept when the job validates (ml.data.validate.ratio 0.05 by default)
+    assert plan.keep_best is True
+    no_split = {"ml.data.validate.ratio": 0}
+    assert _plan(**no_split).keep_best is False
+    assert _plan(**no_split, **{"angel.validate.data.path": "v"}).keep_best is True
+    assert _plan(**{"angel.save.model.keep.best": False}).keep_best is False
+    off = {"angel.save.model": False, "angel.save.model.path": "m"}
+    assert (_plan(**off).save_model, _plan(**off).save_path) == (False, None)
 
 
 def test_cuda_device_reserves_one_gpu_per_worker():

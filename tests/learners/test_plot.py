@@ -291,3 +291,21 @@ def test_compared_runs_draw_to_a_png(tmp_path: Path) -> None:
     assert run_labels(a + b) == ["a (lr 0.5)", "b (lr 0.1)"]  # the legend: what differs
     png = plot_runs(a + b, tmp_path / "c.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_out_the_figure_goes_into_the_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "runs"
+    for name in ("job-20261123-120000", "job-20261123-130000"):
+        (logs / name).mkdir(parents=True)
+        _write(logs / name / "metrics.jsonl", _lines())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "curves.png").write_text("a file of the current directory")
+    assert main(["plot", "--log-dir", str(logs), "job-20261123-120000"]) == 0
+    out = logs / "job-20261123-120000" / "curves.png"
+    assert out.stat().st_size > 20_000 and f"wrote {out}" in capsys.readouterr().err
+    assert (tmp_path / "curves.png").read_text() == "a file of the current directory"
+    names = ["job-20261123-120000", "job-20261123-130000"]
+    assert main(["plot", "--log-dir", str(logs), *names]) == 0
+    assert (logs / "compare.png").stat().st_size > 20_000

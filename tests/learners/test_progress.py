@@ -135,7 +135,7 @@ def test_a_real_run_on_a_terminal(tmp_path, monkeypatch, capsys):
         f"valid_logloss {summary['valid_logloss']:.4f}, valid_accuracy "
         f"{summary['valid_accuracy']:.4f}; best epoch {summary['best_epoch']} (valid_auc "
         f"{summary['best_value']:.4f}) at {summary['best_checkpoint']}; checkpoint "
-        f"{tmp_path / 'model'}; run {summary['run_dir']}"
+        f"{tmp_path / 'model'} (epoch 2); run {summary['run_dir']}"
     )
     # Chunks are sized by time, metrics lines by angel.log.every.steps, as before.
     rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()

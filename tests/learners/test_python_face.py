@@ -103,7 +103,8 @@ def test_load_is_a_class_method_and_every_input_kind_agrees(trained) -> None:
     assert pred.shape == (ROWS,)
     for other in (from_table, from_frame, from_array, unlabelled):
         np.testing.assert_allclose(other["pred"], pred, rtol=1e-6)
-    np.testing.assert_array_equal(from_table["label"], (trained["labels"] > 0).astype(np.float32))
+    # the labels as given (a -1/+1 column stays -1/+1)
+    np.testing.assert_array_equal(from_table["label"], trained["labels"].astype(np.float32))
     assert "label" not in unlabelled and "label" not in from_array
     # The names training uses, the same values whichever way the rows came.
     assert {"valid_auc", "valid_logloss", "valid_accuracy", "valid_rows"} <= set(metrics_file)

@@ -77,7 +77,7 @@ def test_a_run_on_object_storage_is_named_by_its_url_or_by_its_kept_copy(
     log.write_summary(summary)  # copied at once, so the done line names where the run is
     url = "s3://b/runs/job-20261123-124500"
     assert summary["run_dir"] == url
-    assert done_line(summary) == f"done: 1 epochs, 1.0 s; run {url}"
+    assert done_line(summary) == f"done: 1 epochs, 1.0 s; no model saved; run {url}"
     assert json.loads((run / "summary.json").read_text())["run_dir"] == url
     assert copied == [(run.name, "s3://b/runs/")]
     log.close()  # nothing written since: not copied again
@@ -219,14 +219,14 @@ def _job(tmp_path: Path, **sets: object):
     ("sets", "message"),
     [
         (
-            {"angel.save.model.keep.best": "true"},
+            {"angel.save.model.keep.best": "true", "angel.save.model": "false"},
             "angel.save.model.keep.best=true (program) keeps checkpoints, but "
-            "angel.save.model.path is not set: set it, or drop the key",
+            "angel.save.model=false (program): drop one of them",
         ),
         (
-            {"angel.save.model.keep.last": 3},
+            {"angel.save.model.keep.last": 3, "angel.save.model": "false"},
             "angel.save.model.keep.last=3 (program) keeps checkpoints, but "
-            "angel.save.model.path is not set: set it, or drop the key",
+            "angel.save.model=false (program): drop one of them",
         ),
         (
             {"angel.save.model.keep.best": "true", "ml.data.validate.ratio": 0, "SAVE": 1},
@@ -244,7 +244,7 @@ def test_keeping_checkpoints_is_checked_before_anything_runs(tmp_path, sets, mes
     learner = _job(tmp_path, **sets)
     with pytest.raises(ConfigError) as e:
         learner.train()
-    assert str(e.value) == message
+    assert str(e.value) == message.replace("MODEL", str(tmp_path / "model"))
     assert not (tmp_path / "runs").exists()  # refused before a run directory was made
 
 
