@@ -24,10 +24,14 @@ An optimizer without momentum (SGD, AdaGrad, RMSProp, FTRL) under a momentum cyc
 configuration error naming the key, as torch raises one:
 
 ```
-ml.opt.decay.cycle.momentum=true: OneCycleLR cycles the momentum, but table weight uses sgd,
-which has none (valid with a momentum cycle: Momentum, Adam); set
-ml.opt.decay.cycle.momentum=false or use Momentum or Adam
+ml.opt.decay.cycle.momentum=true: OneCycleLR cycles the momentum, but the optimizer of table
+weight (ml.inputlayer.optimizer) is sgd, which has none (valid with a momentum cycle: Momentum,
+Adam); set ml.opt.decay.cycle.momentum=false or use Momentum or Adam
 ```
+
+The job is checked before any actor starts (the dense layers' optimizer once the model is
+built); a table on a schedule of its own is checked against that schedule
+(`ml.opt.decay.<table>.cycle.momentum`).
 
 The momentum is a function of the update count, like the step size, so checkpoints and resume
 stay exact.

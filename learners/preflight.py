@@ -23,6 +23,7 @@ from learners.job_paths import PATH_KEYS, check_url, is_url
 from learners.model_config import ModelConfig, model_info
 from learners.model_tables import model_tables
 from learners.plan import TrainPlan
+from learners.rate_plan import check_rates_early
 from learners.tables import table_specs
 
 __all__ = [
@@ -80,6 +81,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
+    check_rates_early(conf)  # per-table keys, momentum cycles (learners/rate_plan.py)
 
 
 def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
