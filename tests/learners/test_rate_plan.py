@@ -73,6 +73,26 @@ def test_state_round_trips_and_old_checkpoints_load():
     assert again.main.count == 5
 
 
+def test_start_screen_lines_name_each_schedule_its_unit_and_momentum():
+    plan = RatePlan(
+        decay.OneCycleLR(0.1, total_steps=1000),
+        {"embedding": decay.ConstantLearningRate(0.05)},
+        "samples",
+        True,
+        global_batch=10,
+        epoch_rows=100,
+        scale=2.0,
+    )
+    main, table = plan.describe()
+    assert main.startswith("OneCycleLR(lr=0.1, total_steps=1000, ")
+    assert " in samples (ml.opt.decay.unit), x2 (ml.learn.rate.scaling): 0.008, " in main
+    assert "; momentum 0.95, " in main
+    assert table == (
+        "embedding: ConstantLearningRate(lr=0.05, intervals=100) in samples (ml.opt.decay.unit), "
+        "x2 (ml.learn.rate.scaling): 0.1, 0.1, 0.1, 0.1, ..."
+    )
+
+
 def test_batch_scaling_and_totals():
     assert batch_scale("linear", 1024, 256) == 4.0
     assert batch_scale("sqrt", 1024, 256) == 2.0
