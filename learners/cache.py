@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from angelconf.config import ConfigError
+from angelps.rates import Step, rate_of
 from learners.feed import FeedOptions
 
 __all__ = [
@@ -191,10 +192,11 @@ class RowCache:
     # --- writes --------------------------------------------------------------------------------
 
     def note_push(
-        self, updates: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float, clock: int
+        self, updates: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: Step, clock: int
     ) -> None:
-        """This worker pushes ``updates`` (table -> (ids, gradient)) at ``clock``: their cached
-        rows are marked, and under SSP/ASP the gradient step is applied to them locally."""
+        """This worker pushes ``updates`` (table -> (ids, gradient)) at ``clock`` with step
+        ``lr`` (a table's own step size where it has one): their cached rows are marked, and
+        under SSP/ASP the gradient step is applied to them locally."""
         for t, (ids, g) in updates.items():
             if t not in self.rows or ids.size == 0:
                 continue
@@ -207,7 +209,7 @@ class RowCache:
             if self.staleness != 0:
                 idx = torch.from_numpy(s.astype(np.int64)).to(self.device)
                 grad = torch.from_numpy(np.ascontiguousarray(g[cached], dtype=np.float32))
-                self.rows[t].index_add_(0, idx, grad.to(self.device), alpha=-lr)
+                self.rows[t].index_add_(0, idx, grad.to(self.device), alpha=-rate_of(lr, t)[0])
 
     def take_stats(self) -> CacheStats:
         """The counters since the last call (and reset them)."""
