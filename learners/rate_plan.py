@@ -319,7 +319,7 @@ def check_rates_early(conf: Mapping[str, Any]) -> None:
     far = 10**9  # any length: only the names and the momentum cycle are checked here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the job's own build warns, once
-        own = table_schedules(conf, [t.name for t in specs], far, dense_layers=True)
+        own = table_schedules(conf, [t.name for t in specs], far, dense_layers=None)
         main = from_conf(conf, total_steps=far)
     users = [
         (t.name, f"table {t.name} (ml.{d.role}.optimizer)", t.optimizer.name)

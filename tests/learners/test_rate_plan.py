@@ -174,6 +174,14 @@ def test_momentum_cycles_need_momentum_on_the_dense_layers_and_each_tables_own()
         )
     with pytest.raises(ConfigError, match=r"^ml\.learn\.rate\.mlp: this model has no table 'mlp'"):
         check_rates_early(_job_parts({**deepfm, "ml.learn.rate.mlp": 0.1})[0])
+    # before the model is built, dense is not yet known to exist: left to build_rate_plan
+    check_rates_early(_job_parts({"ml.learn.rate.dense": 0.1})[0])
+    with pytest.raises(
+        ConfigError,
+        match=r"^ml\.learn\.rate\.dense: this model has no table 'dense'; valid "
+        r"table names: weight, bias$",
+    ):
+        build_rate_plan(*_job_parts({"ml.learn.rate.dense": 0.1}, dense_params=0))
 
 
 # --- real jobs -----------------------------------------------------------------------------------
