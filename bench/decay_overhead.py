@@ -363,7 +363,7 @@ def main() -> None:
     )
     print(f"wrote {out}")
     if args.markdown:
-        text = markdown(meta, rows, slowest, worst) + plan_markdown(plans, slowest_plan)
+        text = markdown(meta, rows, slowest, worst) + plan_markdown(plans, slowest_plan, slowest)
         Path(args.markdown).write_text(text)
         print(f"wrote {args.markdown}")
 
@@ -410,7 +410,7 @@ def markdown(
     return "\n".join(lines)
 
 
-def plan_markdown(plans: list[dict[str, Any]], slowest: float) -> str:
+def plan_markdown(plans: list[dict[str, Any]], slowest: float, before: float) -> str:
     """The rate plan's section of docs/benchmarks-decay.md."""
     lines = [
         "",
@@ -429,10 +429,11 @@ def plan_markdown(plans: list[dict[str, Any]], slowest: float) -> str:
     lines += [
         "",
         f"Slowest: **{slowest:.0f} ns** per update (target: under {TARGET_NS} ns). Before the rate",
-        "plan the worker called the schedule's `peek()` and `advance()` per update (about the",
-        "`next()` figures above). A plain schedule (no momentum, no table of its own, counted in",
-        "updates) still pushes a float; the others read each schedule once per update (lr and",
-        "momentum in one pass) and build the one `StepRates` tuple the push carries.",
+        "plan the worker called the schedule's `peek()` and `advance()` per update, about the",
+        f"`next()` figures above (slowest {before:.0f} ns). A plain schedule (no momentum, no table",
+        "of its own, counted in updates) still pushes a float; the others read each schedule once",
+        "per update (lr and momentum in one pass) and build the one `StepRates` tuple the push",
+        "carries.",
         "",
     ]
     return "\n".join(lines)

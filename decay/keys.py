@@ -339,9 +339,10 @@ _TOP_ONLY = [
         PREFIX + "unit",
         "str",
         "updates",
-        "What the schedule counts: updates (optimizer steps), samples (training rows seen "
-        "before the update) or epochs (fractional: samples / rows per epoch); step sizes, "
-        "warmup and periods are read in that unit.",
+        "What the schedule counts: updates (optimizer steps; ml.opt.decay.on.batch says per "
+        "update or per epoch), samples (training rows seen before the update) or epochs "
+        "(fractional: samples / rows per epoch), both read at every update; step sizes, "
+        "warmup and periods are in that unit.",
         choices=("updates", "samples", "epochs"),
     ),
     Key(

@@ -14,6 +14,7 @@ from decay.base import StepSizeScheduler
 from decay.factory import from_conf
 from decay.keys import CLASS_KEY, KEYS, LR_KEY, PREFIX
 from decay.registry import CATALOGUE, COMPOSITE, FROM_TOTAL, schedule_keys
+from decay.training_doc import TRAINING
 
 __all__ = ["EXAMPLES", "render"]
 
@@ -330,7 +331,7 @@ def render() -> str:
             out.append("")
             out += _example_block(cls.__name__)
             out.append("")
-    out += [_ANGEL_FIXES, _TORCH_DIFFS, _COMPOSITION]
+    out += [_ANGEL_FIXES, _TORCH_DIFFS, _COMPOSITION, TRAINING]
     out += ["## Every key", ""]
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
     for k in KEYS:

@@ -256,3 +256,12 @@ def test_key_index_finds_indexed_names_and_explains_unknown_ones() -> None:
     assert str(index.unknown("ml.lern.rate", "f:3", listing="docs/x.md lists them")).startswith(
         "f:3: unknown key ml.lern.rate (did you mean"
     )
+
+
+def test_key_index_finds_table_names() -> None:
+    own = Key("ml.opt.decay.<table>.gamma", "float", None, "A table's gamma.", positive)
+    index = KeyIndex([*KEYS, own])
+    assert index.find("ml.opt.decay.embedding.gamma") is own
+    assert index.find("ml.opt.decay.wide_bias.gamma") is own
+    assert index.find("ml.opt.decay.3.gamma") is KEYS[-1]  # an index, not a table
+    assert index.find("ml.opt.decay.a.b.gamma") is None  # a table name has no dot

@@ -23,6 +23,7 @@ from learners.angel_keys import check_output_policy
 from learners.data import DataOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.paths import PATH_KEYS, check_url, is_url
+from learners.job.rate_plan import check_rates_early
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
@@ -84,6 +85,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
             check_output_policy(conf, "angel.save.model.path")
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
+    check_rates_early(conf)  # per-table keys, momentum cycles (learners/job/rate_plan.py)
 
 
 def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:

@@ -21,6 +21,7 @@ back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -33,6 +34,9 @@ from decay.keys import PREFIX
 from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.lr_scaling import batch_scale
 from learners.job.table_schedules import DENSE, table_schedules
+from learners.models.config import ModelConfig
+from learners.models.table_decl import table_specs
+from learners.models.tables import model_tables
 
 __all__ = [
     "UNITS",
@@ -250,9 +254,9 @@ def check_momentum_cycle(
     for what, opt in users.items():
         if opt not in _CYCLABLE:
             raise ConfigError(
-                f"{key}=true: {type(sched).__name__} cycles the momentum, but {what} "
-                f"uses {opt}, which has none (valid with a momentum cycle: Momentum, Adam); "
-                f"set {key}=false or use Momentum or Adam"
+                f"{key}=true: {type(sched).__name__} cycles the momentum, but the optimizer of "
+                f"{what} is {opt}, which has none (valid with a momentum cycle: Momentum, "
+                f"Adam); set {key}=false or use Momentum or Adam"
             )
     for name in ("base_momentum", "max_momentum"):
         m = getattr(sched, name, None)
@@ -297,3 +301,30 @@ def build_rate_plan(
     )
     ps_dense = tuple(n for n in names if n.startswith(DENSE + "."))
     return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale, ps_dense)
+
+
+def check_rates_early(conf: Mapping[str, Any]) -> None:
+    """Before any actor starts: per-table keys naming a table the model does not have, and a
+    momentum cycle on a table whose optimizer has none (the PS tables follow from the
+    configuration alone; ``dense`` and the dense layers' optimizer are checked once the model
+    is built, by :func:`build_rate_plan`)."""
+
+    fields = int(conf["ml.fm.field.num"])
+    try:
+        n = max(1, int(conf["ml.feature.index.range"]))
+        decls = model_tables(ModelConfig.from_config(conf, n, fields or 1))
+        specs = table_specs(conf, decls)
+    except (ConfigError, ValueError):
+        return  # the workers' build reports it
+    far = 10**9  # any length: only the names and the momentum cycle are checked here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the job's own build warns, once
+        own = table_schedules(conf, [t.name for t in specs], far, dense_layers=None)
+        main = from_conf(conf, total_steps=far)
+    users = [
+        (t.name, f"table {t.name} (ml.{d.role}.optimizer)", t.optimizer.name)
+        for t, d in zip(specs, decls, strict=True)
+    ]
+    for name, s in own.items():
+        check_momentum_cycle(s, {w: o for t, w, o in users if t == name}, f"{PREFIX}{name}.")
+    check_momentum_cycle(main, {w: o for t, w, o in users if t not in own})

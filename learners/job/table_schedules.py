@@ -126,14 +126,16 @@ def _build(
 
 
 def table_schedules(
-    conf: Mapping[str, Any], tables: Sequence[str], total: int, dense_layers: bool = False
+    conf: Mapping[str, Any], tables: Sequence[str], total: int, dense_layers: bool | None = False
 ) -> dict[str, StepSizeScheduler]:
     """The tables with a schedule of their own, each built as the job's is (``total``: the
-    length the job's schedule is told). ConfigError naming the key for an unknown table."""
+    length the job's schedule is told). ConfigError naming the key for an unknown table.
+    ``dense_layers``: whether the model has worker-side dense layers (None: not known yet,
+    ``dense`` is accepted and left to the check made once the model is built)."""
     keys = table_keys(conf)
-    valid = table_names(tables, dense_layers)
+    valid = table_names(tables, bool(dense_layers))
     for table, own in keys.items():
-        if table not in valid:
+        if table not in valid and not (dense_layers is None and table == DENSE):
             raise ConfigError(
                 f"{sorted(own.values())[0]}: this model has no table {table!r}; valid table "
                 f"names: {', '.join(valid)}"

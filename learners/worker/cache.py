@@ -36,6 +36,7 @@ from torch import Tensor
 
 from angelconf.config import ConfigError
 from angelps.optim import apply, slot_widths
+from angelps.rates import Step, rate_of
 from angelps.table import OptimizerSpec
 from learners.worker.feed import FeedOptions
 
@@ -209,10 +210,11 @@ class RowCache:
     # --- writes --------------------------------------------------------------------------------
 
     def note_push(
-        self, updates: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: float, clock: int
+        self, updates: Mapping[str, tuple[np.ndarray, np.ndarray]], lr: Step, clock: int
     ) -> None:
-        """This worker pushes ``updates`` (table -> (ids, gradient)) at ``clock``: their cached
-        rows are marked, and under SSP/ASP the table's optimizer step is applied to them."""
+        """This worker pushes ``updates`` (table -> (ids, gradient)) at ``clock`` with step
+        ``lr`` (a table's own step size and momentum where it has them): their cached rows are
+        marked, and under SSP/ASP the table's optimizer step is applied to them."""
         for t, (ids, g) in updates.items():
             if t not in self.rows or ids.size == 0:
                 continue
@@ -225,9 +227,10 @@ class RowCache:
             if self.staleness != 0:
                 idx = torch.from_numpy(s.astype(np.int64)).to(self.device)
                 grad = torch.from_numpy(np.ascontiguousarray(g[cached], dtype=np.float32))
+                step_lr, momentum = rate_of(lr, t)
                 w = self.rows[t].index_select(0, idx)
                 st = {k: v.index_select(0, idx) for k, v in self.state[t].items()}
-                apply(self.optimizers[t], w, st, grad.to(self.device), lr)
+                apply(self.optimizers[t], w, st, grad.to(self.device), step_lr, momentum)
                 self.rows[t].index_copy_(0, idx, w)
                 for k, v in st.items():
                     self.state[t][k].index_copy_(0, idx, v)

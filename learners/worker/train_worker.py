@@ -319,7 +319,7 @@ class TrainWorker(HoldsTables):
         t0 = time.perf_counter()
         update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
         if self.cache is not None:
-            self.cache.note_push(update, rates.lr, self.ps.step_count)
+            self.cache.note_push(update, rates.push, self.ps.step_count)
         if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
             # those after this push (and, under BSP, after every worker's push).

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from angelconf.config import ConfigError, load_config
+from angelps.rates import StepRates
 from learners.keys import all_keys
 from learners.worker.cache import RowCache
 from learners.worker.feed import FeedOptions
@@ -93,6 +94,18 @@ def test_ssp_applies_own_updates_locally():
     pulled, rows = _read(c, keys, 1, _shard(9.0))
     assert pulled.size == 0
     np.testing.assert_allclose(rows["v"].numpy(), [[1.0, -1.0], [1.5, -1.0]])
+    # a table on a schedule of its own steps with its own rate (StepRates), the rest with lr
+    c.note_push(
+        {
+            "v": (np.array([1]), np.array([[1.0, 1.0]], np.float32)),
+            "w": (np.array([1]), np.array([[1.0]], np.float32)),
+        },
+        StepRates(0.5, None, {"v": (0.25, None)}),
+        1,
+    )
+    _, rows = _read(c, keys, 2, _shard(9.0))
+    np.testing.assert_allclose(rows["v"].numpy()[0], [0.75, -1.25])
+    np.testing.assert_allclose(rows["w"].numpy()[0], [0.5])
 
 
 @pytest.mark.parametrize("name", ["momentum", "adam", "adagrad", "rmsprop"])

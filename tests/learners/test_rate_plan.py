@@ -13,10 +13,21 @@ import pytest
 import ray
 
 import decay
-from angelconf.config import ConfigError
+from angelconf.config import ConfigError, load_config
 from angelps.rates import StepRates
 from learners.job.learner import GraphLearner
-from learners.job.rate_plan import RatePlan, batch_scale, schedule_total
+from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.rate_plan import (
+    RatePlan,
+    batch_scale,
+    build_rate_plan,
+    check_rates_early,
+    schedule_total,
+)
+from learners.keys import all_keys
+from learners.models.config import ModelConfig
+from learners.models.table_decl import table_specs
+from learners.models.tables import model_tables
 from tests.learners.test_worker import _head, _worker
 from tests.short_tmp import short_tmp
 
@@ -62,6 +73,26 @@ def test_state_round_trips_and_old_checkpoints_load():
     assert again.main.count == 5
 
 
+def test_start_screen_lines_name_each_schedule_its_unit_and_momentum():
+    plan = RatePlan(
+        decay.OneCycleLR(0.1, total_steps=1000),
+        {"embedding": decay.ConstantLearningRate(0.05)},
+        "samples",
+        True,
+        global_batch=10,
+        epoch_rows=100,
+        scale=2.0,
+    )
+    main, table = plan.describe()
+    assert main.startswith("OneCycleLR(lr=0.1, total_steps=1000, ")
+    assert " in samples (ml.opt.decay.unit), x2 (ml.learn.rate.scaling): 0.008, " in main
+    assert "; momentum 0.95, " in main
+    assert table == (
+        "embedding: ConstantLearningRate(lr=0.05, intervals=100) in samples (ml.opt.decay.unit), "
+        "x2 (ml.learn.rate.scaling): 0.1, 0.1, 0.1, 0.1, ..."
+    )
+
+
 def test_batch_scaling_and_totals():
     assert batch_scale("linear", 1024, 256) == 4.0
     assert batch_scale("sqrt", 1024, 256) == 2.0
@@ -91,6 +122,66 @@ def test_worker_pushes_the_cycled_momentum_and_steps_dense_layers_with_it(tmp_pa
     assert [p.lr for p in got] == [sched.lr_at(k) for k in range(6)]
     assert [p.momentum for p in got] == [sched.momentum_at(k) for k in range(6)]
     assert out["last_rates"] == {"momentum": sched.momentum_at(5)}
+
+
+def _job_parts(sets: dict, dense_params: int = 10):
+    conf = load_config(None, {"angel.train.data.path": "x", **sets}, all_keys())
+    plan = TrainPlan.from_config(conf)
+    cfg = ModelConfig.from_config(conf, 100, int(conf["ml.fm.field.num"]) or None)
+    specs = table_specs(conf, model_tables(cfg))
+    size = JobSize(100, cfg.num_fields, 10, 5, train_rows=(50,))
+    return conf, plan, size, specs, dense_params
+
+
+def test_momentum_cycles_need_momentum_on_the_dense_layers_and_each_tables_own():
+    deepfm = {
+        "ml.model.class.name": "DeepFM",
+        "ml.fm.field.num": 4,
+        "ml.opt.decay.class.name": "OneCycleLR",
+        "ml.embedding.optimizer": "Adam",
+        "ml.inputlayer.optimizer": "Momentum",
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"^ml\.opt\.decay\.cycle\.momentum=true: OneCycleLR cycles the momentum, but "
+        r"the optimizer of the dense layers \(ml\.fclayer\.optimizer\) is sgd, which has none",
+    ):
+        build_rate_plan(*_job_parts({**deepfm, "ml.fclayer.optimizer": "SGD"}))
+    plan = build_rate_plan(*_job_parts({**deepfm, "ml.fclayer.optimizer": "Adam"}))
+    r = plan.rates()
+    assert r.dense_momentum == r.momentum == 0.95 and r.push.momentum == 0.95
+    # the dense layers on their own schedule, without a cycle: plain SGD is fine for them
+    own = {**deepfm, "ml.fclayer.optimizer": "SGD", "ml.opt.decay.dense.class.name": "StepLR"}
+    own["ml.opt.decay.dense.step.size"] = 2
+    r = build_rate_plan(*_job_parts(own)).rates()
+    assert r.dense_momentum is None and r.momentum == 0.95
+    with pytest.raises(
+        ConfigError,
+        match=r"^ml\.opt\.decay\.wide\.cycle\.momentum=true: CyclicLR cycles the momentum, but "
+        r"the optimizer of table wide \(ml\.inputlayer\.optimizer\) is adagrad",
+    ):
+        check_rates_early(
+            _job_parts(
+                {
+                    **deepfm,
+                    "ml.inputlayer.optimizer": "AdaGrad",
+                    "ml.opt.decay.class.name": "StepLR",
+                    "ml.opt.decay.step.size": 2,
+                    "ml.opt.decay.wide.class.name": "CyclicLR",
+                    "ml.opt.decay.wide.max.lr": 1.0,
+                }
+            )[0]
+        )
+    with pytest.raises(ConfigError, match=r"^ml\.learn\.rate\.mlp: this model has no table 'mlp'"):
+        check_rates_early(_job_parts({**deepfm, "ml.learn.rate.mlp": 0.1})[0])
+    # before the model is built, dense is not yet known to exist: left to build_rate_plan
+    check_rates_early(_job_parts({"ml.learn.rate.dense": 0.1})[0])
+    with pytest.raises(
+        ConfigError,
+        match=r"^ml\.learn\.rate\.dense: this model has no table 'dense'; valid "
+        r"table names: weight, bias$",
+    ):
+        build_rate_plan(*_job_parts({"ml.learn.rate.dense": 0.1}, dense_params=0))
 
 
 # --- real jobs -----------------------------------------------------------------------------------
@@ -142,8 +233,10 @@ def test_onecycle_momentum_in_a_job_and_without_momentum_an_error(tmp_path, loca
     assert [r["momentum"] for r in steps] == [ref.momentum_at(k) for k in range(8)]
     with pytest.raises(
         ConfigError,
-        match=r"^ml\.opt\.decay\.cycle\.momentum=true: OneCycleLR cycles the momentum, but "
-        r"table weight uses sgd, which has none \(valid with a momentum cycle: Momentum, Adam\)",
+        match=r"^ml\.opt\.decay\.cycle\.momentum=true: OneCycleLR cycles the momentum, but the "
+        r"optimizer of table weight \(ml\.inputlayer\.optimizer\) is sgd, which has none "
+        r"\(valid with a momentum cycle: Momentum, Adam\); set ml\.opt\.decay\.cycle\.momentum"
+        r"=false or use Momentum or Adam$",
     ):
         _run(tmp_path, "sgd", {**sets, "ml.inputlayer.optimizer": "SGD"})
 
@@ -158,8 +251,7 @@ def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, loc
         "angel.train.data.path": data,
         "ml.minibatch.size": 50,
         "ml.opt.decay.unit": "samples",
-        "ml.opt.decay.class.name": "WarmupCosine",
-        "ml.opt.decay.warmup.steps": 300,
+        "ml.opt.decay.class.name": "OneCycleLR",  # (its momentum cycle drives Adam's beta1)
         "ml.learn.rate": 0.05,
     }
     full = _run(tmp_path, "full", {**sets, "ml.epoch.num": 4})
@@ -171,12 +263,14 @@ def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, loc
         {**sets, **ckpt, "ml.epoch.num": 4, "angel.workergroup.number": 2},
         True,
     )
-    curve = {r["schedule_at"]: r["lr"] for r in full if r["kind"] == "step"}
+    curve = {r["schedule_at"]: (r["lr"], r["momentum"]) for r in full if r["kind"] == "step"}
     after = [r for r in resumed if r["kind"] == "step"]
     assert [r["schedule_at"] for r in after] == [2000 + 100 * u for u in range(20)]
-    assert [r["lr"] for r in after] == [curve[r["schedule_at"]] for r in after]
+    assert [(r["lr"], r["momentum"]) for r in after] == [curve[r["schedule_at"]] for r in after]
+    ref = decay.OneCycleLR(0.05, total_steps=4000)  # told 4 epochs x 1000 rows
+    assert all(curve[s] == ref.value_at(s) for s in curve)
     assert len(set(curve.values())) > 30 and max(curve) == 3950
     start = next(r for r in resumed if r["kind"] == "start")
     assert start["decay_unit"] == "samples" and start["global_batch"] == 100
-    assert not math.isclose(curve[2000], curve[3000])
+    assert not math.isclose(curve[2000][0], curve[3000][0])
     assert np.isfinite([r["loss"] for r in after]).all()
