@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -58,6 +62,11 @@ __all__ = [
 NAMESPACE = "angelps"
 #: The key that bounds the wait for a cluster's address (its Key is in learners.plan).
 CONNECT_TIMEOUT_KEY = "angel.ray.connect.timeout.s"
+#: Where a private Ray's folder goes (RAY_TMPDIR when set): short, as Ray's Unix socket paths
+#: must stay under 107 bytes.
+_TMP_ROOT = "/tmp" if os.path.isdir("/tmp") else None
+#: The folder of the private Ray this process started (None: none, or a joined cluster).
+_private_tmp: str | None = None
 #: How a resource is counted in messages (anything else: a custom resource).
 _UNITS = {"CPU": "CPU(s)", "GPU": "GPU(s)", "memory": "MiB of memory"}
 
@@ -120,6 +129,11 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
+        _plain_prefixes()
+        global _private_tmp
+        # Its own 0700 folder (not the world-writable /tmp/ray), removed by stop().
+        root = os.environ.get("RAY_TMPDIR") or _TMP_ROOT
+        _private_tmp = tempfile.mkdtemp(prefix="angelps-ray-", dir=root)
         try:
             ray.init(
                 address="local",  # a new instance even when another Ray runs on this machine
@@ -128,10 +142,18 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
                 namespace=NAMESPACE,
                 log_to_driver=True,
                 configure_logging=False,
+                _temp_dir=_private_tmp,
             )
+            # Ray makes its temp dir world-writable (for a Ray shared by several users); this
+            # one serves this job's processes, all of this user.
+            os.chmod(_private_tmp, 0o700)
+        except BaseException:
+            _remove_private_tmp()
+            raise
         finally:
             auth_log.setLevel(level)
         return
+    _plain_prefixes()
     what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
     probe(_resolve(address, what), timeout_s, what)
     try:
@@ -146,6 +168,23 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
             f"authentication needs RAY_AUTH_MODE=token (now {mode}) and its token "
             "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in this shell"
         ) from None
+
+
+def _plain_prefixes() -> None:
+    """No colour codes around Ray's ``(Actor pid=...)`` prefixes when the output is not a
+    terminal (a log file, a pipe) or NO_COLOR is set; a RAY_COLOR_PREFIX of the user wins."""
+    tty = all(getattr(f, "isatty", lambda: False)() for f in (sys.stdout, sys.stderr))
+    if not tty or os.environ.get("NO_COLOR"):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _remove_private_tmp() -> None:
+    """Remove the folder of the private Ray this process started (its session: logs, sockets,
+    spilled objects), once that Ray is down."""
+    global _private_tmp
+    tmp, _private_tmp = _private_tmp, None
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def stop() -> None:
@@ -169,6 +208,7 @@ def stop() -> None:
             except subprocess.TimeoutExpired:
                 pass  # ray.shutdown waits for it once more
     ray.shutdown()
+    _remove_private_tmp()
 
 
 def _resolve(address: str, what: str) -> str:
@@ -227,23 +267,30 @@ def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: s
     """ConfigError unless ``hp`` completes a gRPC (HTTP/2) handshake before ``deadline``: a
     port that accepts connections but is not Ray (or not yet) would hold ``ray.init`` forever.
     The channel is Ray's own (its TLS settings, RAY_USE_TLS, apply)."""
-    import grpc
     from ray._private.grpc_utils import init_grpc_channel  # (no public API for it)
 
     host = f"[{hp[0]}]" if ":" in hp[0] else hp[0]
     channel = init_grpc_channel(f"{host}:{hp[1]}")
+    ready = threading.Event()
+
+    def watch(state: object) -> None:  # a grpc.ChannelConnectivity
+        if getattr(state, "name", "") == "READY":
+            ready.set()
+
+    channel.subscribe(watch, try_to_connect=True)
     try:
-        grpc.channel_ready_future(channel).result(timeout=max(0.05, deadline - time.monotonic()))
-    except grpc.FutureTimeoutError:
+        answered = ready.wait(max(0.05, deadline - time.monotonic()))
+    finally:
+        channel.unsubscribe(watch)
+        channel.close()
+    if not answered:
         raise ConfigError(
             f"{what}: {hp[0]}:{hp[1]} accepts connections but does not answer as Ray (no gRPC "
             f"handshake) within {CONNECT_TIMEOUT_KEY}={timeout_s:g} s; check the address (the "
             "head's GCS port, 6379 unless ray start --port says otherwise, or ray://host:10001) "
             "and that the cluster runs, or leave out --address and RAY_ADDRESS for a private "
             "local Ray"
-        ) from None
-    finally:
-        channel.close()
+        )
 
 
 @dataclass(frozen=True)
