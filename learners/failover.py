@@ -42,7 +42,7 @@ from ray.exceptions import RayActorError
 from angelps import PSOptions, checkpoint
 from angelps.launch import NAMESPACE, actor_name
 from learners.plan import MAX_WORKER_RESTARTS
-from learners.runs import log_root
+from learners.runs import BACKUP_DIR, log_root
 
 __all__ = [
     "BACKUP_DIR",
@@ -52,9 +52,6 @@ __all__ = [
     "gather",
     "remove_backup_root",
 ]
-
-#: The directory under the job's log directory that holds its launches' shard backups.
-BACKUP_DIR = "ps-backup"
 
 
 def backup_options(ps: PSOptions, log_dir: str) -> PSOptions:
