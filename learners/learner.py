@@ -32,6 +32,7 @@ from angelconf.config import Config, load_config
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler, from_conf
 from learners import failover, saved_model
+from learners.disk_space import check_log_space, explain
 from learners.epoch_schedule import schedule_epoch
 from learners.inference import Inference
 from learners.keys import all_keys
@@ -47,7 +48,7 @@ from learners.preflight import (
 )
 from learners.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.progress import TrainProgress as _Progress
-from learners.retention import Checkpoints, kept_summary
+from learners.retention import Checkpoints, CheckpointWriteError, kept_summary
 from learners.run_log import (
     RunLog,
     banner,
@@ -117,14 +118,25 @@ class GraphLearner(Inference):
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
         check_job(self.conf, self.plan, resume)
-        if not self.plan.save_path:
-            return self._train(resume)
-        # One writer per save path, for the whole job (a second job is refused: exit 2).
-        key = "angel.save.model.path"
-        with SaveLock(
-            str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
-        ):
-            return self._train(resume)
+        check_log_space(str(self.plan.log_dir))  # room for the run and the first backups
+        try:
+            if not self.plan.save_path:
+                return self._train(resume)
+            # One writer per save path, for the whole job (a second job is refused: exit 2).
+            key = "angel.save.model.path"
+            with SaveLock(
+                str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
+            ):
+                return self._train(resume)
+        except CheckpointWriteError:
+            raise  # names its path and the last good checkpoint already
+        except Exception as e:
+            paths = {"angel.log.path": str(self.plan.log_dir)}
+            paths["angel.save.model.path"] = str(self.plan.save_path or "")
+            full = explain(e, paths)
+            if full is None:
+                raise
+            raise full from e
 
     def _train(self, resume: bool) -> TrainResult:
         plan, t_start = self.plan, time.perf_counter()
