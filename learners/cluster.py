@@ -67,6 +67,8 @@ CONNECT_TIMEOUT_KEY = "angel.ray.connect.timeout.s"
 _TMP_ROOT = "/tmp" if os.path.isdir("/tmp") else None
 #: The folder of the private Ray this process started (None: none, or a joined cluster).
 _private_tmp: str | None = None
+#: Ray's cluster switch as it was before a private Ray set it (learners.cluster._loopback_only).
+_saved_cluster_env: tuple[str | None, bool] | None = None
 #: How a resource is counted in messages (anything else: a custom resource).
 _UNITS = {"CPU": "CPU(s)", "GPU": "GPU(s)", "memory": "MiB of memory"}
 
@@ -134,6 +136,7 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         # Its own 0700 folder (not the world-writable /tmp/ray), removed by stop().
         root = os.environ.get("RAY_TMPDIR") or _TMP_ROOT
         _private_tmp = tempfile.mkdtemp(prefix="angelps-ray-", dir=root)
+        _loopback_only(True)
         try:
             ray.init(
                 address="local",  # a new instance even when another Ray runs on this machine
@@ -148,6 +151,7 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
             # one serves this job's processes, all of this user.
             os.chmod(_private_tmp, 0o700)
         except BaseException:
+            _loopback_only(False)
             _remove_private_tmp()
             raise
         finally:
@@ -176,6 +180,37 @@ def _plain_prefixes() -> None:
     tty = all(getattr(f, "isatty", lambda: False)() for f in (sys.stdout, sys.stderr))
     if not tty or os.environ.get("NO_COLOR"):
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _loopback_only(on: bool) -> None:
+    """A private Ray on 127.0.0.1 only (``on``), or Ray's own choice of address again.
+
+    Ray replaces a node address of 127.0.0.1 by the machine's own (``_node_ip_address`` is
+    "resolved for localhost"), and its gRPC servers (GCS, raylet, object manager, every worker
+    and driver) then listen on all interfaces. Its switch for machines that run no clusters
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: the node address is the loopback one) makes every
+    process of the node, the dashboard agent and the metrics exporters included, listen on
+    127.0.0.1 only: set for this process (Ray read it at import: its constant too) and, through
+    the environment, for every process the private Ray starts; undone by :func:`stop`, so that
+    a later join of a cluster registers the driver at a reachable address."""
+    global _saved_cluster_env
+    if on:
+        _saved_cluster_env = (
+            os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR),
+            ray_constants.ENABLE_RAY_CLUSTER,
+        )
+        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        return
+    if _saved_cluster_env is None:
+        return
+    env, const = _saved_cluster_env
+    _saved_cluster_env = None
+    if env is None:
+        os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+    else:
+        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = env
+    ray_constants.ENABLE_RAY_CLUSTER = const
 
 
 def _remove_private_tmp() -> None:
@@ -208,6 +243,7 @@ def stop() -> None:
             except subprocess.TimeoutExpired:
                 pass  # ray.shutdown waits for it once more
     ray.shutdown()
+    _loopback_only(False)
     _remove_private_tmp()
 
 

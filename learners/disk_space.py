@@ -4,8 +4,8 @@ A job writes under ``angel.log.path`` from its first second: the run's files and
 start-up backup (``<log>/ps-backup``). On a disk without room for them the job used to fail
 inside a shard's start, with Ray's traceback of the actor and a half-written backup left behind.
 :func:`check_log_space` refuses it before anything starts, with one line naming the path, the
-free space and the space needed (:data:`LOG_MIN_FREE`, plus twice the tables' bytes when the
-configuration sizes them: a backup is written beside the previous one). :func:`explain` turns a
+free space and the space needed (:data:`LOG_MIN_FREE`; a caller that knows the tables' bytes
+adds twice them: a backup is written beside the previous one). :func:`explain` turns a
 "No space left on device" met later, wherever it was raised (a shard, a worker, the driver),
 into one line naming the job's paths and their free space.
 """

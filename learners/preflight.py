@@ -41,7 +41,7 @@ __all__ = [
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
 #: The dtype of every parameter table a learner creates (TableSpec's default).
-_TABLE_DTYPE = TableSpec.__dataclass_fields__["dtype"].default
+_TABLE_DTYPE = str(TableSpec.__dataclass_fields__["dtype"].default)
 #: The schedule keys (top level and every child) that are absolute step sizes.
 _RATE_SUFFIXES = (".eta.min", ".base.lr", ".max.lr", ".min.lr")
 
