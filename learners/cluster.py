@@ -67,6 +67,9 @@ CONNECT_TIMEOUT_KEY = "angel.ray.connect.timeout.s"
 _TMP_ROOT = "/tmp" if os.path.isdir("/tmp") else None
 #: The folder of the private Ray this process started (None: none, or a joined cluster).
 _private_tmp: str | None = None
+#: Set when :func:`stop` ended a private Ray at once without Ray's shutdown: the process must
+#: then end without Ray's exit handler (learners.cli.main.end), which would wait for it.
+abandoned = False
 #: Ray's cluster switch as it was before a private Ray set it (learners.cluster._loopback_only).
 _saved_cluster_env: tuple[str | None, bool] | None = None
 #: How a resource is counted in messages (anything else: a custom resource).
@@ -222,8 +225,71 @@ def _remove_private_tmp() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def stop() -> None:
+def private_ray_gone(wait_s: float = 0.0) -> bool:
+    """Whether the private Ray this process started has lost its GCS or raylet (a SIGTERM to
+    the whole process group reaches them with the driver), waiting up to ``wait_s`` for them to
+    exit: then no call to an actor can be answered, and a stop must not wait for any."""
+    try:  # Ray's own record of the processes it started (no public API for it)
+        started = getattr(ray_worker._global_node, "all_processes", {})
+        core = [
+            info.process
+            for kind in (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
+            for info in started.get(kind, [])
+        ]
+    except Exception:
+        return False
+    deadline = time.monotonic() + wait_s
+    while core:
+        if any(p.poll() is not None for p in core):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def _kill_private_ray() -> None:
+    """SIGKILL every process of the private Ray this driver started (Ray's own record) and the
+    workers below its raylet, and reap them: what a SIGTERM to the whole process group leaves
+    half-stopped (each of them in its own slow shutdown), so that ray.shutdown does not wait
+    seconds for answers that will not come."""
+    try:
+        started = getattr(ray_worker._global_node, "all_processes", {})
+        procs = [info.process for infos in started.values() for info in infos]
+    except Exception:
+        return
+    pids = {p.pid for p in procs}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    todo, below = list(pids), []
+    while todo:
+        for c in children.get(todo.pop(), []):
+            below.append(c)
+            todo.append(c)
+    for pid in [*below, *pids]:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop(at_once: bool = False) -> None:
     """``ray.shutdown``: disconnect, and end the processes of a private Ray this job started.
+
+    ``at_once`` (a SIGTERM stops the job): every process of a private Ray is SIGKILLed and its
+    folder removed, without Ray's shutdown (see :data:`abandoned`).
 
     Ray gives each of its processes up to 1 s to end on SIGTERM, and its autoscaler monitor
     takes all of it (shutdown 1.4 s instead of 0.4 s on 2 cores, bench/startup.py). A private
@@ -235,6 +301,15 @@ def stop() -> None:
         monitors = list(started.get(ray_constants.PROCESS_TYPE_MONITOR, []))
     except Exception:  # a Ray without that record: its plain shutdown does it all
         monitors = []
+    global abandoned
+    if at_once and _private_tmp is not None:
+        # Ray's own shutdown would wait ~5 s for the raylet it just lost (the driver's core
+        # worker); this process ends right after (learners.cli.main.end), so it is skipped.
+        _kill_private_ray()
+        abandoned = True
+        _loopback_only(False)
+        _remove_private_tmp()
+        return
     for info in monitors:
         if info.process.poll() is None:
             info.process.kill()
