@@ -173,21 +173,23 @@ class GraphLearner(Inference):
                 try:
                     row = self.run_epoch(epoch, log, progress)
                     row.update(self.validate())
+                    self._schedule_epoch(row)
+                    improved = self._track(epoch, row, progress)
+                    row["elapsed_s"] = time.perf_counter() - t_start
+                    progress.history.append(row)
+                    log.record(row)
+                    log.say(epoch_line(row, plan.epochs))
+                    if ckpts is not None:
+                        write = partial(self.checkpoint, epoch=epoch, progress=progress)
+                        self._save(ckpts, write, epoch, improved)
                 except failover.WorkerDied as died:
+                    # At any moment, the end-of-epoch save included: the job restarts from its
+                    # last checkpoint and runs the epoch (and its save) again.
                     progress = restarts.restart(self, died, log, progress)
                     if ckpts is not None and progress.next_epoch > 0:
                         ckpts.resumed(progress.next_epoch - 1)
                     epoch = progress.next_epoch
                     continue
-                self._schedule_epoch(row)
-                improved = self._track(epoch, row, progress)
-                row["elapsed_s"] = time.perf_counter() - t_start
-                progress.history.append(row)
-                log.record(row)
-                log.say(epoch_line(row, plan.epochs))
-                if ckpts is not None:
-                    write = partial(self.checkpoint, epoch=epoch, progress=progress)
-                    ckpts.save(write, epoch, improved)
                 if self.early_stop(progress, log):
                     break
                 epoch += 1
@@ -198,6 +200,16 @@ class GraphLearner(Inference):
             return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
             log.close()  # the progress bar too: on Ctrl-C and on errors as well
+
+    @staticmethod
+    def _save(ckpts: Checkpoints, write: Any, epoch: int, improved: bool) -> None:
+        """The end-of-epoch save; a worker lost during it is a WorkerDied that says so (a lost
+        worker is not a failed write: the epoch is run again, then saved)."""
+        try:
+            ckpts.save(write, epoch, improved)
+        except failover.WorkerDied as died:
+            why = f"{died.reason}, while the checkpoint of epoch {epoch + 1} was written"
+            raise failover.WorkerDied(died.index, why) from died
 
     def _checkpoints(self, log: RunLog) -> Checkpoints | None:
         """The job's checkpoints (angel.save.model.*), None without a save path."""
