@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,6 +39,7 @@ from ray._private import worker as ray_worker
 
 from angelconf.config import ConfigError
 from angelps import PSOptions
+from learners import private_ray
 from learners.placement import Placement
 from learners.plan import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
 from learners.terminate import stops_held, unwinding
@@ -62,16 +60,6 @@ __all__ = [
 NAMESPACE = "angelps"
 #: The key that bounds the wait for a cluster's address (its Key is in learners.plan).
 CONNECT_TIMEOUT_KEY = "angel.ray.connect.timeout.s"
-#: Where a private Ray's folder goes (RAY_TMPDIR when set): short, as Ray's Unix socket paths
-#: must stay under 107 bytes.
-_TMP_ROOT = "/tmp" if os.path.isdir("/tmp") else None
-#: The folder of the private Ray this process started (None: none, or a joined cluster).
-_private_tmp: str | None = None
-#: Set when :func:`stop` ended a private Ray at once without Ray's shutdown: the process must
-#: then end without Ray's exit handler (learners.cli.main.end), which would wait for it.
-abandoned = False
-#: Ray's cluster switch as it was before a private Ray set it (learners.cluster._loopback_only).
-_saved_cluster_env: tuple[str | None, bool] | None = None
 #: How a resource is counted in messages (anything else: a custom resource).
 _UNITS = {"CPU": "CPU(s)", "GPU": "GPU(s)", "memory": "MiB of memory"}
 
@@ -134,12 +122,10 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
-        _plain_prefixes()
-        global _private_tmp
+        private_ray.plain_prefixes()
         # Its own 0700 folder (not the world-writable /tmp/ray), removed by stop().
-        root = os.environ.get("RAY_TMPDIR") or _TMP_ROOT
-        _private_tmp = tempfile.mkdtemp(prefix="angelps-ray-", dir=root)
-        _loopback_only(True)
+        tmp = private_ray.new_tmp()
+        private_ray.loopback_only(True)
         try:
             ray.init(
                 address="local",  # a new instance even when another Ray runs on this machine
@@ -148,19 +134,19 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
                 namespace=NAMESPACE,
                 log_to_driver=True,
                 configure_logging=False,
-                _temp_dir=_private_tmp,
+                _temp_dir=tmp,
             )
             # Ray makes its temp dir world-writable (for a Ray shared by several users); this
             # one serves this job's processes, all of this user.
-            os.chmod(_private_tmp, 0o700)
+            os.chmod(tmp, 0o700)
         except BaseException:
-            _loopback_only(False)
-            _remove_private_tmp()
+            private_ray.loopback_only(False)
+            private_ray.remove_tmp()
             raise
         finally:
             auth_log.setLevel(level)
         return
-    _plain_prefixes()
+    private_ray.plain_prefixes()
     what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
     probe(_resolve(address, what), timeout_s, what)
     try:
@@ -177,119 +163,11 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         ) from None
 
 
-def _plain_prefixes() -> None:
-    """No colour codes around Ray's ``(Actor pid=...)`` prefixes when the output is not a
-    terminal (a log file, a pipe) or NO_COLOR is set; a RAY_COLOR_PREFIX of the user wins."""
-    tty = all(getattr(f, "isatty", lambda: False)() for f in (sys.stdout, sys.stderr))
-    if not tty or os.environ.get("NO_COLOR"):
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-
-
-def _loopback_only(on: bool) -> None:
-    """A private Ray on 127.0.0.1 only (``on``), or Ray's own choice of address again.
-
-    Ray replaces a node address of 127.0.0.1 by the machine's own (``_node_ip_address`` is
-    "resolved for localhost"), and its gRPC servers (GCS, raylet, object manager, every worker
-    and driver) then listen on all interfaces. Its switch for machines that run no clusters
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: the node address is the loopback one) makes every
-    process of the node, the dashboard agent and the metrics exporters included, listen on
-    127.0.0.1 only: set for this process (Ray read it at import: its constant too) and, through
-    the environment, for every process the private Ray starts; undone by :func:`stop`, so that
-    a later join of a cluster registers the driver at a reachable address."""
-    global _saved_cluster_env
-    if on:
-        _saved_cluster_env = (
-            os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR),
-            ray_constants.ENABLE_RAY_CLUSTER,
-        )
-        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        return
-    if _saved_cluster_env is None:
-        return
-    env, const = _saved_cluster_env
-    _saved_cluster_env = None
-    if env is None:
-        os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
-    else:
-        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = env
-    ray_constants.ENABLE_RAY_CLUSTER = const
-
-
-def _remove_private_tmp() -> None:
-    """Remove the folder of the private Ray this process started (its session: logs, sockets,
-    spilled objects), once that Ray is down."""
-    global _private_tmp
-    tmp, _private_tmp = _private_tmp, None
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def private_ray_gone(wait_s: float = 0.0) -> bool:
-    """Whether the private Ray this process started has lost its GCS or raylet (a SIGTERM to
-    the whole process group reaches them with the driver), waiting up to ``wait_s`` for them to
-    exit: then no call to an actor can be answered, and a stop must not wait for any."""
-    try:  # Ray's own record of the processes it started (no public API for it)
-        started = getattr(ray_worker._global_node, "all_processes", {})
-        core = [
-            info.process
-            for kind in (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
-            for info in started.get(kind, [])
-        ]
-    except Exception:
-        return False
-    deadline = time.monotonic() + wait_s
-    while core:
-        if any(p.poll() is not None for p in core):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return False
-
-
-def _kill_private_ray() -> None:
-    """SIGKILL every process of the private Ray this driver started (Ray's own record) and the
-    workers below its raylet, and reap them: what a SIGTERM to the whole process group leaves
-    half-stopped (each of them in its own slow shutdown), so that ray.shutdown does not wait
-    seconds for answers that will not come."""
-    try:
-        started = getattr(ray_worker._global_node, "all_processes", {})
-        procs = [info.process for infos in started.values() for info in infos]
-    except Exception:
-        return
-    pids = {p.pid for p in procs}
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    todo, below = list(pids), []
-    while todo:
-        for c in children.get(todo.pop(), []):
-            below.append(c)
-            todo.append(c)
-    for pid in [*below, *pids]:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            p.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def stop(at_once: bool = False) -> None:
     """``ray.shutdown``: disconnect, and end the processes of a private Ray this job started.
 
     ``at_once`` (a SIGTERM stops the job): every process of a private Ray is SIGKILLed and its
-    folder removed, without Ray's shutdown (see :data:`abandoned`).
+    folder removed, without Ray's shutdown (:data:`learners.private_ray.abandoned`).
 
     Ray gives each of its processes up to 1 s to end on SIGTERM, and its autoscaler monitor
     takes all of it (shutdown 1.4 s instead of 0.4 s on 2 cores, bench/startup.py). A private
@@ -301,14 +179,13 @@ def stop(at_once: bool = False) -> None:
         monitors = list(started.get(ray_constants.PROCESS_TYPE_MONITOR, []))
     except Exception:  # a Ray without that record: its plain shutdown does it all
         monitors = []
-    global abandoned
-    if at_once and _private_tmp is not None:
+    if at_once and private_ray.tmp_dir is not None:
         # Ray's own shutdown would wait ~5 s for the raylet it just lost (the driver's core
         # worker); this process ends right after (learners.cli.main.end), so it is skipped.
-        _kill_private_ray()
-        abandoned = True
-        _loopback_only(False)
-        _remove_private_tmp()
+        private_ray.kill()
+        private_ray.abandoned = True
+        private_ray.loopback_only(False)
+        private_ray.remove_tmp()
         return
     for info in monitors:
         if info.process.poll() is None:
@@ -318,8 +195,8 @@ def stop(at_once: bool = False) -> None:
             except subprocess.TimeoutExpired:
                 pass  # ray.shutdown waits for it once more
     ray.shutdown()
-    _loopback_only(False)
-    _remove_private_tmp()
+    private_ray.loopback_only(False)
+    private_ray.remove_tmp()
 
 
 def _resolve(address: str, what: str) -> str:

@@ -150,9 +150,9 @@ def end(code: int) -> None:
     everything of the job is written, closed and shut down. Where this process started and
     stopped its own Ray, the output streams are flushed and the process ends at once; where it
     joined a cluster (Ray still connected), Ray's own exit handler disconnects it as usual.
-    A private Ray ended at once on SIGTERM (learners.cluster.abandoned) is not waited for."""
+    A private Ray ended at once on SIGTERM (learners.private_ray.abandoned) is not waited for."""
     ray = sys.modules.get("ray")
-    stopped = getattr(sys.modules.get("learners.cluster"), "abandoned", False)
+    stopped = getattr(sys.modules.get("learners.private_ray"), "abandoned", False)
     if ray is not None and (not ray.is_initialized() or stopped):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -29,7 +29,7 @@ from angelps.client import PSClient
 from angelps.launch import actor_name
 from angelps.options import PSOptions
 from angelps.table import OptimizerSpec, TableSpec
-from learners import cluster
+from learners import cluster, private_ray
 from learners.cluster import Ask, shortfalls
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,8 +112,8 @@ def test_start_or_join_forces_a_new_local_ray_and_joins_without_resources(
     assert calls[-1]["num_cpus"] == (os.cpu_count() or 1)
     # On 127.0.0.1 only (Ray's switch for machines without clusters), undone by its stop.
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
-    cluster._loopback_only(False)
-    cluster._remove_private_tmp()
+    private_ray.loopback_only(False)
+    private_ray.remove_tmp()
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
     monkeypatch.setattr(cluster, "_speaks_grpc", lambda *a: None)  # as a real Ray port does
     with socket.socket() as srv:  # something that accepts connections, as a head would
