@@ -58,3 +58,19 @@ def test_a_backup_that_runs_out_of_room_leaves_no_temporary(tmp_path, monkeypatc
         checkpoint.write_backup(str(tmp_path), shard, {"clock": 1})
     assert sorted(os.listdir(tmp_path)) == ["LATEST", first]
     assert checkpoint.backup_version(str(tmp_path)) == first
+
+
+def test_a_full_disk_met_later_names_the_job_s_paths_and_their_room(tmp_path):
+    from learners.disk_space import DiskFull, explain, free_bytes
+
+    paths = {"angel.log.path": str(tmp_path / "log"), "angel.save.model.path": ""}
+    free = free_bytes(str(tmp_path))
+    assert free is not None
+    # As a shard's error reaches the driver (an actor's death): only its text says what.
+    wrapped = RuntimeError("ShardServer.__init__()\nOSError: [Errno 28] No space left on device")
+    for exc in (OSError(errno.ENOSPC, "No space left on device"), wrapped):
+        full = explain(exc, paths)
+        assert isinstance(full, DiskFull)
+        assert str(full).startswith(f"no space left on device (angel.log.path={tmp_path / 'log'}: ")
+        assert str(full).endswith(" free): make room, then continue with --resume")
+    assert explain(ValueError("something else"), paths) is None
