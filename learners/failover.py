@@ -41,6 +41,7 @@ from ray.exceptions import RayActorError
 
 from angelps import PSOptions, checkpoint
 from angelps.launch import NAMESPACE, actor_name
+from learners.data.problems import printable
 from learners.plan import MAX_WORKER_RESTARTS
 from learners.runs import BACKUP_DIR, log_root
 
@@ -154,9 +155,11 @@ class WorkerFailover:
             + ")"
         )
         print(
-            f"angelps: warning: worker {died.index} died ({died.reason}); restarting the "
-            f"workers and parameter shards {where}, restart {self.restarts} of "
-            f"{MAX_WORKER_RESTARTS.name}={limit}",
+            printable(
+                f"angelps: warning: worker {died.index} died ({died.reason}); restarting the "
+                f"workers and parameter shards {where}, restart {self.restarts} of "
+                f"{MAX_WORKER_RESTARTS.name}={limit}"
+            ),
             file=sys.stderr,
             flush=True,
         )

@@ -36,6 +36,7 @@ from typing import Any
 from angelconf.config import Config, ConfigError
 from angelps import PSClient, TableSpec, checkpoint, checkpoint_remote, fs
 from angelps.checkpoint import CheckpointDamaged
+from learners.data.problems import printable
 from learners.model_config import model_name
 from learners.worker_group import WorkerGroup
 
@@ -147,8 +148,10 @@ def resume_point(path: str) -> dict[str, Any]:
         if not fs.is_remote(path):
             os.rename(prev, os.path.abspath(path))
         print(
-            f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
-            f"(the damaged one is kept as {aside})",
+            printable(
+                f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
+                f"(the damaged one is kept as {aside})"
+            ),
             file=sys.stderr,
         )
     except checkpoint.CheckpointError:
@@ -173,7 +176,7 @@ def _fall_back(path: str) -> None:
         kept = f"; what was at {path} is kept as {_set_aside(path)}"
     os.rename(root, path)
     print(
-        f"angelps: note: resuming from {root} (the latest save did not complete){kept}",
+        printable(f"angelps: note: resuming from {root} (the latest save did not complete){kept}"),
         file=sys.stderr,
     )
 
