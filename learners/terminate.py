@@ -55,12 +55,12 @@ def _main_thread() -> bool:
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """While active, SIGTERM raises :class:`Terminated` (main thread only)."""
-    global _active
+    global _active, _received
     if not _main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    _active = True
+    _active, _received = True, False
     try:
         yield
     finally:
