@@ -445,12 +445,21 @@ def load_config(
     unknown: list[tuple[str, str]] = []  # (where, name): every one reported at once
     if path is not None:
         text = _read_file(path)
+        first: dict[str, int] = {}
         for e in parse_properties(text, str(path)):
             where = f"{path}:{e.line}"
             key = index.find(e.key)
             if key is None:
                 unknown.append((where, e.key))
                 continue
+            if e.key in first:
+                # Java's Properties keeps the last silently; here it is an error (a file that
+                # sets a key twice was edited by two hands, and either value may be the meant one).
+                raise ConfigError(
+                    f"{where}: {e.key} is given twice in this file (first at line "
+                    f"{first[e.key]}): keep one (--set on the command line overrides a file)"
+                )
+            first[e.key] = e.line
             # An empty value in a file means "unset": the default applies.
             if e.value == "":
                 values[e.key] = (

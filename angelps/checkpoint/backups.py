@@ -35,9 +35,15 @@ def write_backup(backup_dir: str, shard: Any, meta: Mapping[str, Any]) -> str:
     os.makedirs(backup_dir, exist_ok=True)
     version = f"b-{time.time_ns()}"
     tmp = os.path.join(backup_dir, f"tmp-{uuid.uuid4().hex[:12]}")
-    info = shard.save(tmp)
-    write_manifest(tmp, {**meta, "version": VERSION, "files": info.get("files", {})})
-    os.rename(tmp, os.path.join(backup_dir, version))
+    try:
+        info = shard.save(tmp)
+        write_manifest(tmp, {**meta, "version": VERSION, "files": info.get("files", {})})
+        os.rename(tmp, os.path.join(backup_dir, version))
+    except BaseException:
+        # A full disk (or any failure) leaves nothing half-written: the previous version and
+        # LATEST are untouched, the temporary goes.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     pointer = os.path.join(backup_dir, f"{_LATEST}.tmp")
     write_durably(pointer, version.encode())
     os.replace(pointer, os.path.join(backup_dir, _LATEST))

@@ -147,6 +147,7 @@ class PSClient:
         self._log = ReplayLog(
             self.handles, worker_id, options.shard.backup_interval > 0, options.shard.timeout_s
         )
+        self._log.secret = options.shard.token
 
     @property
     def num_workers(self) -> int:
@@ -381,7 +382,9 @@ class PSClient:
 
     def backup(self) -> None:
         """Make every shard write its recovery backup now (e.g. at the end of an epoch)."""
-        refs: list[ray.ObjectRef[list[int]]] = [h.run_backup.remote() for h in self.handles]
+        refs: list[ray.ObjectRef[list[int]]] = [
+            h.run_backup.remote(secret=self.options.shard.token) for h in self.handles
+        ]
         self._get(refs)
 
     def stats(self) -> list[dict[str, Any]]:
@@ -413,7 +416,7 @@ class PSClient:
         tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
         refs: list[ray.ObjectRef[dict[str, Any]]] = []
         try:
-            refs = [h.save.remote(tmp) for h in self.handles]
+            refs = [h.save.remote(tmp, secret=self.options.shard.token) for h in self.handles]
             for name, data in (files or {}).items():
                 write_durably(fs.join(tmp, os.path.basename(name)), data)
             more: dict[str, Any] = {}
@@ -460,7 +463,7 @@ class PSClient:
         self.flush()
         root = manifest["root"]
         refs: list[ray.ObjectRef[dict[str, int]]] = [
-            h.load.remote(root, manifest) for h in self.handles
+            h.load.remote(root, manifest, secret=self.options.shard.token) for h in self.handles
         ]
         self._get(refs)
         self._clock = 0

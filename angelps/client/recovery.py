@@ -94,6 +94,8 @@ class ReplayLog:
         self.worker_id = worker_id
         self.enabled = enabled
         self.timeout_s = timeout_s
+        #: The job's secret, which the shards check on every call (set by the client).
+        self.secret = ""
         self.entries: list[collections.deque[_Entry]] = [collections.deque() for _ in handles]
 
     def __getstate__(self) -> dict[str, object]:
@@ -152,7 +154,7 @@ class ReplayLog:
         for c, r in zip(calls, results, strict=True):
             if r is None and c.pulls:
                 ref: ray.ObjectRef[Reply] = self.handles[c.shard].step.remote(
-                    self.worker_id, c.clock, None, 0.0, c.pulls, True
+                    self.worker_id, c.clock, None, 0.0, c.pulls, True, secret=self.secret
                 )
                 r = self._retry_get(c.shard, ref)
             out.append((None, 0) if r is None else r)
@@ -208,7 +210,10 @@ class ReplayLog:
                 f"but this client's log starts at clock {first}: updates would be lost"
             )
         h = self.handles[shard]
-        refs = [h.step.remote(self.worker_id, e.clock, e.pushes, e.lr, None, True) for e in entries]
+        refs = [
+            h.step.remote(self.worker_id, e.clock, e.pushes, e.lr, None, True, secret=self.secret)
+            for e in entries
+        ]
         try:
             ray.get(refs)
         except RayTaskError as e:

@@ -225,7 +225,8 @@ class Transport:
         ch = self.chans[shard]
         if isinstance(ch, Channel):
             ch.drain()
-        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(*args)
+        secret = self.options.shard.token  # checked by the shard (server._check_secret)
+        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(*args, secret=secret)
         if ch is not False and self.options.transport == "socket":
             pending = self.ray_refs[shard]
             pending.append(ref)

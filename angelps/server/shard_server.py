@@ -48,6 +48,9 @@ __all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
 
 #: Reply bytes a connection may leave unread before the shard stops reading its next calls.
 MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
+#: What the data plane passes as the secret of a call it has authenticated already: an object,
+#: so no Ray caller can present it (an argument sent through Ray arrives as a copy).
+_AUTHENTICATED = object()
 
 
 class ShardServer:
@@ -190,6 +193,7 @@ class ShardServer:
         pulls: Mapping[str, Any] | None,
         recovering: bool = False,
         pull_clock: int | None = None,
+        secret: Any = "",
     ) -> tuple[dict[str, np.ndarray] | None, int]:
         """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
         (rows or None, the clock of this worker held by the latest backup).
@@ -202,6 +206,7 @@ class ShardServer:
         arrives that its client sent knowing of the restart (``recovering``: a replayed push
         or a redone pull; Ray may deliver those out of order, so they wait for their clock
         instead) or that is not ahead of the restored clock."""
+        self._check_secret(secret, "step")
         shard = self.shard
         shard.clocks.check_worker(worker)
         if worker in self._awaiting_replay:
@@ -240,7 +245,8 @@ class ShardServer:
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
         return self.shard.clocks.pushed[worker]
 
-    async def run_backup(self) -> list[int]:
+    async def run_backup(self, secret: Any = "") -> list[int]:
+        self._check_secret(secret, "run_backup")
         return self.backup()
 
     async def stats(self) -> dict[str, Any]:
@@ -256,10 +262,14 @@ class ShardServer:
         st["connections"] = dict(self._conns, cap=self._max_connections)
         return st
 
-    async def save(self, root: str) -> dict[str, Any]:
+    async def save(self, root: str, secret: Any = "") -> dict[str, Any]:
+        self._check_secret(secret, "save")
         return self.shard.save(root)
 
-    async def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
+    async def load(
+        self, root: str, manifest: Mapping[str, Any], secret: Any = ""
+    ) -> dict[str, int]:
+        self._check_secret(secret, "load")
         restored = self.shard.load(root, manifest)
         self.backup_clocks = [0] * self.shard.clocks.num_workers
         self._awaiting_replay.clear()
@@ -270,6 +280,20 @@ class ShardServer:
 
     async def ping(self) -> int:
         return self.shard.shard_id
+
+    def _check_secret(self, secret: Any, method: str) -> None:
+        """Refuse a call that reads or writes rows unless it carries the job's secret (the
+        data-plane token, known only to the job's clients): anyone else who reaches the Ray
+        cluster (the user's Ray token is shared by every job of that user) cannot read, write,
+        save or load this shard's rows. A shard launched without a token checks nothing."""
+        if secret is _AUTHENTICATED or not self._token:
+            return
+        if isinstance(secret, str) and hmac.compare_digest(secret.encode(), self._token):
+            return
+        raise PermissionError(
+            f"parameter shard {self.shard.shard_id}: {method}() refused: the call does not "
+            "carry this job's secret (only the job's own clients may read or write its rows)"
+        )
 
     # --- the data plane ----------------------------------------------------------------------
 
@@ -368,7 +392,8 @@ class ShardServer:
     async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
-            rows, backed_up = await self.step(**wire.decode_request(header, body))
+            request = wire.decode_request(header, body)
+            rows, backed_up = await self.step(**request, secret=_AUTHENTICATED)
             return wire.encode_reply(rows, backed_up)
         except ShardRestarted as e:
             return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])

@@ -8,6 +8,7 @@ import sys
 
 from angelconf.config import format_value, render_markdown
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
+from learners.data.problems import printable
 from learners.keys import all_keys, key_groups
 
 __all__ = ["register", "run"]
@@ -50,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.all and not conf.is_set(name):
             continue
         value = conf[name]
-        shown = "(unset)" if value is None else format_value(value)
-        print(f"{name:<{width}} = {shown:<24} # {conf.source(name)}")
+        # A value (or a file name in its source) may hold control characters: escaped, so a
+        # job file cannot drive the terminal or split a line.
+        shown = "(unset)" if value is None else printable(format_value(value))
+        print(f"{name:<{width}} = {shown:<24} # {printable(conf.source(name))}")
     if not args.all:
         print("# keys left at their default are hidden; --all shows them", file=sys.stderr)
     return EXIT_OK

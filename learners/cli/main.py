@@ -26,6 +26,7 @@ from learners.cli import plot as plot_verb
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, key_options
 from learners.data.problems import DataError, printable
 from learners.job.terminate import Terminated, sigterm_unwinds
+from learners.job.terminate import received as received_sigterm
 
 __all__ = ["EXIT_TERMINATED", "build_parser", "main"]
 
@@ -126,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("angelps: terminated (SIGTERM); stopped cleanly", file=sys.stderr)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
+        if received_sigterm():
+            # Ray's threads interrupt the main thread when its GCS goes away, which a SIGTERM
+            # to the whole process group does: still the SIGTERM's stop.
+            print("angelps: terminated (SIGTERM); stopped cleanly", file=sys.stderr)
+            return EXIT_TERMINATED
         print("angelps: interrupted; stopped cleanly", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # the one place that turns errors into exit codes
@@ -143,9 +149,11 @@ def end(code: int) -> None:
     A finished job's interpreter still spends 0.5-1 s in exit handlers (torch's, Ray's), after
     everything of the job is written, closed and shut down. Where this process started and
     stopped its own Ray, the output streams are flushed and the process ends at once; where it
-    joined a cluster (Ray still connected), Ray's own exit handler disconnects it as usual."""
+    joined a cluster (Ray still connected), Ray's own exit handler disconnects it as usual.
+    A private Ray ended at once on SIGTERM (learners.job.private_ray.abandoned) is not waited for."""
     ray = sys.modules.get("ray")
-    if ray is not None and not ray.is_initialized():
+    stopped = getattr(sys.modules.get("learners.job.private_ray"), "abandoned", False)
+    if ray is not None and (not ray.is_initialized() or stopped):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -71,6 +71,10 @@ def _check_summary_json(name: str) -> None:
         raise ConfigError(f"--summary-json {name}: {parent} is a file, not a directory")
 
 
+def _write_text(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
 def _train(args: argparse.Namespace) -> int:
     conf = load_job(args)  # a bad key or value answers before torch and Ray load
     action = JobAction.from_config(conf)
@@ -116,7 +120,7 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(s, indent=2) + "\n"
         # Replaced whole (a symbolic link there is replaced, never written through).
-        replace_atomically(path, lambda tmp: Path(tmp).write_text(text))
+        replace_atomically(path, lambda tmp: _write_text(tmp, text))
     if pred is not None and out is not None:
         rows = write_predictions(pred, out)
         print(f"wrote {rows} predictions to {out}", file=sys.stderr)

@@ -9,13 +9,15 @@ steps.
 
 from __future__ import annotations
 
+import shutil
+
 import ray
 
 from angelconf.config import Config
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.server.launch import start_shards, wait_started
 from learners.data import DataOptions
-from learners.job import cluster, failover
+from learners.job import cluster, failover, terminate
 from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.placement import Layout, Placement, release, reserve
 from learners.job.preflight import tables_up_front
@@ -133,6 +135,20 @@ class JobActors:
 
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""
+        at_once = self._ray_started and terminate.received()
+        if at_once:
+            # A SIGTERM (to the whole process group, as schedulers and `timeout` send it, or
+            # to the driver): the private Ray's processes may be half-stopped already and
+            # answer nothing; none is asked, and the Ray is ended at once below (its launch's
+            # backups are removed as a stop removes them).
+            self._workers = None
+            if self._ps is not None:
+                backups = self._ps.options.shard.backup_dir
+                self._ps.net.close()
+                self._ps = None
+                if backups and "://" not in backups:
+                    shutil.rmtree(backups, ignore_errors=True)
+                failover.remove_backup_root(self.ps_options, self.plan.log_dir)
         if self._workers is not None:
             self._workers.shutdown()
             self._workers = None
@@ -143,5 +159,5 @@ class JobActors:
         release(self._layout)
         self._layout = None
         if self._ray_started and ray.is_initialized():
-            cluster.stop()
+            cluster.stop(at_once=at_once)
             self._ray_started = False

@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ from ray._private import worker as ray_worker
 
 from angelconf.config import ConfigError
 from angelps import PSOptions
+from learners.job import private_ray
 from learners.job.loop_options import PS_RESOURCES, WORKER_RESOURCES, TrainPlan
 from learners.job.placement import Placement
 from learners.job.terminate import stops_held, unwinding
@@ -120,6 +122,10 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
+        private_ray.plain_prefixes()
+        # Its own 0700 folder (not the world-writable /tmp/ray), removed by stop().
+        tmp = private_ray.new_tmp()
+        private_ray.loopback_only(True)
         try:
             ray.init(
                 address="local",  # a new instance even when another Ray runs on this machine
@@ -128,10 +134,19 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
                 namespace=NAMESPACE,
                 log_to_driver=True,
                 configure_logging=False,
+                _temp_dir=tmp,
             )
+            # Ray makes its temp dir world-writable (for a Ray shared by several users); this
+            # one serves this job's processes, all of this user.
+            os.chmod(tmp, 0o700)
+        except BaseException:
+            private_ray.loopback_only(False)
+            private_ray.remove_tmp()
+            raise
         finally:
             auth_log.setLevel(level)
         return
+    private_ray.plain_prefixes()
     what = f"--address {address}" if source == "--address" else f"RAY_ADDRESS={address}"
     probe(_resolve(address, what), timeout_s, what)
     try:
@@ -148,8 +163,11 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         ) from None
 
 
-def stop() -> None:
+def stop(at_once: bool = False) -> None:
     """``ray.shutdown``: disconnect, and end the processes of a private Ray this job started.
+
+    ``at_once`` (a SIGTERM stops the job): every process of a private Ray is SIGKILLed and its
+    folder removed, without Ray's shutdown (:data:`learners.job.private_ray.abandoned`).
 
     Ray gives each of its processes up to 1 s to end on SIGTERM, and its autoscaler monitor
     takes all of it (shutdown 1.4 s instead of 0.4 s on 2 cores, bench/startup.py). A private
@@ -161,6 +179,14 @@ def stop() -> None:
         monitors = list(started.get(ray_constants.PROCESS_TYPE_MONITOR, []))
     except Exception:  # a Ray without that record: its plain shutdown does it all
         monitors = []
+    if at_once and private_ray.tmp_dir is not None:
+        # Ray's own shutdown would wait ~5 s for the raylet it just lost (the driver's core
+        # worker); this process ends right after (learners.cli.main.end), so it is skipped.
+        private_ray.kill()
+        private_ray.abandoned = True
+        private_ray.loopback_only(False)
+        private_ray.remove_tmp()
+        return
     for info in monitors:
         if info.process.poll() is None:
             info.process.kill()
@@ -169,6 +195,8 @@ def stop() -> None:
             except subprocess.TimeoutExpired:
                 pass  # ray.shutdown waits for it once more
     ray.shutdown()
+    private_ray.loopback_only(False)
+    private_ray.remove_tmp()
 
 
 def _resolve(address: str, what: str) -> str:
@@ -227,23 +255,30 @@ def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: s
     """ConfigError unless ``hp`` completes a gRPC (HTTP/2) handshake before ``deadline``: a
     port that accepts connections but is not Ray (or not yet) would hold ``ray.init`` forever.
     The channel is Ray's own (its TLS settings, RAY_USE_TLS, apply)."""
-    import grpc
     from ray._private.grpc_utils import init_grpc_channel  # (no public API for it)
 
     host = f"[{hp[0]}]" if ":" in hp[0] else hp[0]
     channel = init_grpc_channel(f"{host}:{hp[1]}")
+    ready = threading.Event()
+
+    def watch(state: object) -> None:  # a grpc.ChannelConnectivity
+        if getattr(state, "name", "") == "READY":
+            ready.set()
+
+    channel.subscribe(watch, try_to_connect=True)
     try:
-        grpc.channel_ready_future(channel).result(timeout=max(0.05, deadline - time.monotonic()))
-    except grpc.FutureTimeoutError:
+        answered = ready.wait(max(0.05, deadline - time.monotonic()))
+    finally:
+        channel.unsubscribe(watch)
+        channel.close()
+    if not answered:
         raise ConfigError(
             f"{what}: {hp[0]}:{hp[1]} accepts connections but does not answer as Ray (no gRPC "
             f"handshake) within {CONNECT_TIMEOUT_KEY}={timeout_s:g} s; check the address (the "
             "head's GCS port, 6379 unless ray start --port says otherwise, or ray://host:10001) "
             "and that the cluster runs, or leave out --address and RAY_ADDRESS for a private "
             "local Ray"
-        ) from None
-    finally:
-        channel.close()
+        )
 
 
 @dataclass(frozen=True)

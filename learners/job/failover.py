@@ -40,9 +40,10 @@ import ray
 from angelps import PSOptions
 from angelps.checkpoint import files as checkpoint
 from angelps.server.launch import NAMESPACE, actor_name
+from learners.data.problems import printable
 from learners.job import saved_model
 from learners.job.loop_options import MAX_WORKER_RESTARTS
-from learners.runs.folders import log_root
+from learners.runs.folders import BACKUP_DIR, log_root
 from learners.worker.group import WorkerDied
 
 __all__ = [
@@ -51,9 +52,6 @@ __all__ = [
     "backup_options",
     "remove_backup_root",
 ]
-
-#: The directory under the job's log directory that holds its launches' shard backups.
-BACKUP_DIR = "ps-backup"
 
 
 def backup_options(ps: PSOptions, log_dir: str) -> PSOptions:
@@ -118,9 +116,11 @@ class WorkerFailover:
             + ")"
         )
         print(
-            f"angelps: warning: worker {died.index} died ({died.reason}); restarting the "
-            f"workers and parameter shards {where}, restart {self.restarts} of "
-            f"{MAX_WORKER_RESTARTS.name}={limit}",
+            printable(
+                f"angelps: warning: worker {died.index} died ({died.reason}); restarting the "
+                f"workers and parameter shards {where}, restart {self.restarts} of "
+                f"{MAX_WORKER_RESTARTS.name}={limit}"
+            ),
             file=sys.stderr,
             flush=True,
         )

@@ -35,6 +35,7 @@ from decay import StepSizeScheduler
 from learners.angel_keys import angel_notes
 from learners.angel_keys import resolve as resolve_angel_keys
 from learners.job import failover, saved_model
+from learners.job.disk_space import check_log_space, explain
 from learners.job.epoch_schedule import schedule_epoch
 from learners.job.inference import Inference
 from learners.job.loop_options import JobSize, TrainPlan
@@ -55,7 +56,7 @@ from learners.runs.folders import is_url, log_root, new_run_dir, relative_under_
 from learners.runs.metrics import validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.runs.progress import TrainProgress as _Progress
-from learners.runs.retention import Checkpoints, kept_summary
+from learners.runs.retention import Checkpoints, CheckpointWriteError, kept_summary
 from learners.runs.run_config import log_hparams, write_config
 from learners.runs.run_log import (
     RunLog,
@@ -132,14 +133,25 @@ class GraphLearner(Inference):
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
         check_job(self.conf, self.plan, resume)
-        if not self.plan.save_path:
-            return self._train(resume)
-        # One writer per save path, for the whole job (a second job is refused: exit 2).
-        key = "angel.save.model.path"
-        with SaveLock(
-            str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
-        ):
-            return self._train(resume)
+        check_log_space(str(self.plan.log_dir))  # room for the run and the first backups
+        try:
+            if not self.plan.save_path:
+                return self._train(resume)
+            # One writer per save path, for the whole job (a second job is refused: exit 2).
+            key = "angel.save.model.path"
+            with SaveLock(
+                str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
+            ):
+                return self._train(resume)
+        except CheckpointWriteError:
+            raise  # names its path and the last good checkpoint already
+        except Exception as e:
+            paths = {"angel.log.path": str(self.plan.log_dir)}
+            paths["angel.save.model.path"] = str(self.plan.save_path or "")
+            full = explain(e, paths)
+            if full is None:
+                raise
+            raise full from e
 
     def _train(self, resume: bool) -> TrainResult:
         plan, t_start = self.plan, time.perf_counter()
@@ -186,21 +198,23 @@ class GraphLearner(Inference):
                 try:
                     row = self.run_epoch(epoch, log, progress)
                     row.update(self.validate())
+                    self._schedule_epoch(row)
+                    improved = self._track(epoch, row, progress)
+                    row["elapsed_s"] = time.perf_counter() - t_start
+                    progress.history.append(row)
+                    log.record(row)
+                    log.say(epoch_line(row, plan.epochs))
+                    if ckpts is not None:
+                        write = partial(self.checkpoint, epoch=epoch, progress=progress)
+                        self._save(ckpts, write, epoch, improved)
                 except WorkerDied as died:
+                    # At any moment, the end-of-epoch save included: the job restarts from its
+                    # last checkpoint and runs the epoch (and its save) again.
                     progress = restarts.restart(self, died, log, progress)
                     if ckpts is not None and progress.next_epoch > 0:
                         ckpts.resumed(progress.next_epoch - 1)
                     epoch = progress.next_epoch
                     continue
-                self._schedule_epoch(row)
-                improved = self._track(epoch, row, progress)
-                row["elapsed_s"] = time.perf_counter() - t_start
-                progress.history.append(row)
-                log.record(row)
-                log.say(epoch_line(row, plan.epochs))
-                if ckpts is not None:
-                    write = partial(self.checkpoint, epoch=epoch, progress=progress)
-                    ckpts.save(write, epoch, improved)
                 if self.early_stop(progress, log):
                     break
                 epoch += 1
@@ -213,6 +227,16 @@ class GraphLearner(Inference):
             return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
             log.close()  # the progress bar too: on Ctrl-C and on errors as well
+
+    @staticmethod
+    def _save(ckpts: Checkpoints, write: Any, epoch: int, improved: bool) -> None:
+        """The end-of-epoch save; a worker lost during it is a WorkerDied that says so (a lost
+        worker is not a failed write: the epoch is run again, then saved)."""
+        try:
+            ckpts.save(write, epoch, improved)
+        except failover.WorkerDied as died:
+            why = f"{died.reason}, while the checkpoint of epoch {epoch + 1} was written"
+            raise failover.WorkerDied(died.index, why) from died
 
     def _checkpoints(self, log: RunLog) -> Checkpoints | None:
         """The job's checkpoints (angel.save.model.*), None without a save path."""

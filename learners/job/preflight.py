@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from angelconf.config import Config, ConfigError
 from angelps import TableSpec
 from angelps.checkpoint import local_dir as checkpoint_dir
 from decay import ReduceLROnPlateau
+from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
 from learners.data import DataOptions
 from learners.job.loop_options import TrainPlan
@@ -27,9 +30,11 @@ from learners.job.rate_plan import check_rates_early
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
+from learners.runs.folders import BACKUP_DIR, LATEST
 
 __all__ = [
     "check_job",
+    "check_rates",
     "check_resume",
     "check_save_path",
     "lower_is_better",
@@ -38,6 +43,11 @@ __all__ = [
 ]
 
 _LOWER_IS_BETTER = ("loss", "logloss", "mse", "rmse", "mae")
+#: The dtype of every parameter table a learner creates (TableSpec's default).
+_TABLE_DTYPE = str(TableSpec.__dataclass_fields__["dtype"].default)
+#: The schedule keys (top level and every child) that are absolute step sizes.
+_RATE_SUFFIXES = (".eta.min", ".base.lr", ".max.lr", ".min.lr")
+
 _PLATEAU_MODE = inspect.signature(ReduceLROnPlateau).parameters["mode"].default
 
 
@@ -80,19 +90,27 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
     if resume and not plan.save_path:
         raise ConfigError("--resume needs angel.save.model.path (the checkpoint directory)")
     if plan.save_path:
-        check_save_path(plan.save_path, plan.log_dir, conf.source("angel.save.model.path"))
+        check_save_path(
+            plan.save_path,
+            plan.log_dir,
+            conf.source("angel.save.model.path"),
+            str(conf["angel.ps.backup.path"] or ""),
+        )
         if not resume:
             check_output_policy(conf, "angel.save.model.path")
+    check_rates(conf)
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
     check_rates_early(conf)  # per-table keys, momentum cycles (learners/job/rate_plan.py)
 
 
-def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
+def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path: str = "") -> None:
     """Refuse a checkpoint path whose replacement would lose files: the current directory or
     one that contains it, the log directory (``angel.log.path``) or one that contains it, a
-    regular file, a non-empty directory of other files (no angelps manifest.json); and one
-    whose parent cannot be created or written. ConfigError naming the key, path and reason."""
+    folder the job itself writes (``<log>/ps-backup``, ``angel.ps.backup.path``, ``<log>/latest``)
+    or one inside it, a regular file, a non-empty directory of other files (no angelps
+    manifest.json); and one whose parent cannot be created or written. ConfigError naming the
+    key, path and reason."""
     where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
     if is_url(save_path):  # reachable (check_url); only its content is checked here
         try:
@@ -110,6 +128,7 @@ def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
                 f"{where} {what} {name}{shown}: a checkpoint replaces its directory; "
                 "choose a directory of its own"
             )
+    _check_own_folders(path, where, log_dir, backup_path)
     try:
         checkpoint_dir.check_target(str(path))
     except checkpoint_dir.CheckpointError as e:
@@ -121,6 +140,44 @@ def check_save_path(save_path: str, log_dir: str, source: str = "") -> None:
         raise ConfigError(f"{where}: {parent} is a file, so the directory cannot be created")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: {parent} is not writable")
+
+
+def _check_own_folders(path: Path, where: str, log_dir: str, backup_path: str) -> None:
+    """Refuse a save path equal to or inside a folder the job writes and removes by itself:
+    its shard backups (``<log>/ps-backup`` or ``angel.ps.backup.path``) and ``<log>/latest``
+    (a run's pointer)."""
+    own = []
+    if not is_url(log_dir):
+        backups = f"the shard backups' folder (angel.log.path/{BACKUP_DIR})"
+        own.append((os.path.join(log_dir, BACKUP_DIR), backups))
+        own.append((os.path.join(log_dir, LATEST), f"the latest run's pointer ({LATEST})"))
+    if backup_path and not is_url(backup_path):
+        own.append((backup_path, f"the shard backups' folder (angel.ps.backup.path={backup_path})"))
+    for folder, what in own:
+        o = Path(os.path.realpath(folder))
+        if path == o or o in path.parents:
+            raise ConfigError(
+                f"{where} is {'' if path == o else 'inside '}{what}, which the job writes and "
+                "removes by itself: choose a directory of its own"
+            )
+
+
+def check_rates(conf: Config) -> None:
+    """ConfigError for a step size (``ml.learn.rate``, a schedule's ``eta.min``, ``base.lr``,
+    ``max.lr``, ``min.lr``) that is finite as a double but not in the tables' dtype (float32:
+    1e39 would be inf there, and training would end with NaNs naming no key)."""
+    dtype = np.dtype(_TABLE_DTYPE)
+    largest = float(np.finfo(dtype).max)
+    for key in conf:
+        if not (key == LR_KEY or (key.startswith(PREFIX) and key.endswith(_RATE_SUFFIXES))):
+            continue
+        value = conf[key]
+        if conf.is_set(key) and isinstance(value, float) and abs(value) > largest:
+            raise ConfigError(
+                f"{key}={conf.to_properties().get(key, value)} ({conf.source(key)}) is infinite "
+                f"in {dtype} (the dtype of the parameter tables, largest {largest:.7g}): "
+                "expected a step size that it holds"
+            )
 
 
 def _check_kept(conf: Config, plan: TrainPlan) -> None:

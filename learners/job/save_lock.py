@@ -29,6 +29,7 @@ from typing import Any
 
 from angelconf.config import ConfigError
 from angelps import fs
+from learners.data.problems import printable
 
 __all__ = ["LOCK_SUFFIX", "SaveLock"]
 
@@ -104,15 +105,13 @@ class SaveLock:
                 continue  # removed between our create and our read
             if holder.get("host") != self.me["host"] or _alive(holder):
                 raise ConfigError(
-                    f"{self.shown} is in use by {_describe(holder)}: one job writes a "
+                    f"{self.shown} is in use by {printable(_describe(holder))}: one job writes a "
                     f"save path at a time; wait for it to end or choose another path (if that "
                     f"job is gone, remove {self.path})"
                 )
-            print(
-                f"angelps: note: removing the stale lock {self.path} of {_describe(holder)}, "
-                "which is no longer running",
-                file=sys.stderr,
-            )
+            note = f"removing the stale lock {self.path} of {_describe(holder)}"
+            # (a lock file's content may be anything: shown escaped)
+            print(f"angelps: note: {printable(note)}, which is no longer running", file=sys.stderr)
             self._remove()
         raise ConfigError(f"{self.shown}: cannot take the lock {self.path}")
 

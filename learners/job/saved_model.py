@@ -38,6 +38,7 @@ from angelps import PSClient, TableSpec, fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.files import CheckpointDamaged
+from learners.data.problems import printable
 from learners.models.angel_json import check_saved_graph
 from learners.models.registry import model_name
 from learners.worker.group import WorkerGroup
@@ -186,8 +187,10 @@ def resume_point(path: str) -> dict[str, Any]:
         if not fs.is_remote(path):
             os.rename(prev, os.path.abspath(path))
         print(
-            f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
-            f"(the damaged one is kept as {aside})",
+            printable(
+                f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
+                f"(the damaged one is kept as {aside})"
+            ),
             file=sys.stderr,
         )
     except checkpoint.CheckpointError:
@@ -212,7 +215,7 @@ def _fall_back(path: str) -> None:
         kept = f"; what was at {path} is kept as {_set_aside(path)}"
     os.rename(root, path)
     print(
-        f"angelps: note: resuming from {root} (the latest save did not complete){kept}",
+        printable(f"angelps: note: resuming from {root} (the latest save did not complete){kept}"),
         file=sys.stderr,
     )
 

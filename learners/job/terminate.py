@@ -19,9 +19,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["Terminated", "retake_sigterm", "sigterm_unwinds", "stops_held", "unwinding"]
+__all__ = [
+    "Terminated",
+    "received",
+    "retake_sigterm",
+    "sigterm_unwinds",
+    "stops_held",
+    "unwinding",
+]
 
 _active = False
+#: Whether a SIGTERM has unwound this process (learners.job.actors stops Ray at once then).
+_received = False
 
 
 class Terminated(KeyboardInterrupt):
@@ -29,7 +38,14 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _received
+    _received = True
     raise Terminated()
+
+
+def received() -> bool:
+    """Whether a SIGTERM has reached this process while :func:`sigterm_unwinds` was active."""
+    return _received
 
 
 def _main_thread() -> bool:
@@ -39,12 +55,12 @@ def _main_thread() -> bool:
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """While active, SIGTERM raises :class:`Terminated` (main thread only)."""
-    global _active
+    global _active, _received
     if not _main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    _active = True
+    _active, _received = True, False
     try:
         yield
     finally:
@@ -92,6 +108,8 @@ def stops_held() -> Iterator[None]:
         if own_int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.SIGTERM in held:
+        global _received
+        _received = True
         raise Terminated()
     if held:
         raise KeyboardInterrupt()

@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 LATEST = "latest"
+#: The folder under the log path that holds a job's shard backups (learners.job.failover).
+BACKUP_DIR = "ps-backup"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 TIME_FORMAT = "%Y%m%d-%H%M%S"

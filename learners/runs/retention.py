@@ -36,12 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from angelps import fs
-
 from angelps.checkpoint import files as checkpoint
-
 from angelps.checkpoint import local_dir as checkpoint_dir
-
 from angelps.checkpoint import remote as checkpoint_remote
+from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
 
@@ -71,6 +69,20 @@ def _reason(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines() or [""]
     text = lines[-1] if type(exc).__module__.startswith("ray.") else lines[0]
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _on_disk(exc: BaseException) -> bool:
+    """Whether a failed save's cause is the file system (an OSError, in this process or, by
+    its text, inside a Ray actor) or the path (a CheckpointError)."""
+    seen = 0
+    while seen < 8:
+        if isinstance(exc, (OSError, checkpoint_dir.CheckpointError)):
+            return True
+        nxt = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(nxt, BaseException):
+            break
+        exc, seen = nxt, seen + 1
+    return "[Errno " in str(exc) or "OSError" in str(exc)
 
 
 class Checkpoints:
@@ -109,6 +121,8 @@ class Checkpoints:
         :class:`CheckpointWriteError` when it failed and the job stops."""
         try:
             write(self.path)
+        except WorkerDied:
+            raise  # not the disk: the job restarts from its last checkpoint (learners.job.failover)
         except Exception as e:  # a write that failed, for whatever reason: the policy decides
             self._failed(epoch, e)
             return False
@@ -148,9 +162,10 @@ class Checkpoints:
             f"{_reason(exc)}; {self.last_good_text()}"
         )
         if self.on_failure == "stop":
+            # The disk's hint only where the disk (or the path) is the cause.
+            fix = "make room or fix the path, then " if _on_disk(exc) else "fix the cause, then "
             raise CheckpointWriteError(
-                f"{what}; stopped (angel.save.failure=stop): make room or fix the path, then "
-                "continue with --resume"
+                f"{what}; stopped (angel.save.failure=stop): {fix}continue with --resume"
             ) from exc
         self.warn(f"angelps: warning: {what}; training goes on (angel.save.failure=continue)")
 

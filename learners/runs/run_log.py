@@ -24,6 +24,7 @@ import numpy as np
 from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
+from learners.data.problems import printable
 from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.rate_plan import RatePlan
 from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
@@ -121,7 +122,9 @@ class RunLog:
             print(text, flush=True)
 
     def warn(self, text: str) -> None:
-        """A warning on stderr (above the bar, when there is one), even when quiet."""
+        """A warning on stderr (above the bar, when there is one), even when quiet; control
+        characters (from a path or a value) escaped."""
+        text = printable(text)
         if self.progress is not None:
             self.progress.write(text, file=sys.stderr)
         else:

@@ -4,10 +4,11 @@ another process on the machine."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 
-__all__ = ["alive", "descendants", "identity", "session"]
+__all__ = ["alive", "descendants", "identity", "listening", "session"]
 
 
 def _stat(pid: int | str) -> tuple[str, list[str]] | None:
@@ -70,3 +71,46 @@ def alive(procs: list[tuple[int, int]], wait_s: float = 0.0) -> list[tuple[int, 
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
+
+
+def _listening_inodes() -> dict[str, tuple[str, int]]:
+    """inode -> (address, port) of every TCP socket in LISTEN state (IPv4 and IPv6)."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A":  # TCP_LISTEN
+                continue
+            hexaddr, hexport = local.split(":")
+            raw = bytes.fromhex(hexaddr)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = ipaddress.ip_address(words)
+            found[inode] = (str(addr), int(hexport, 16))
+    return found
+
+
+def listening(pids: list[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, command name, address, port) of every TCP socket that ``pids`` listen on."""
+    inodes = _listening_inodes()
+    out = []
+    for pid in pids:
+        stat = _stat(pid)
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and (hit := inodes.get(target[8:-1])):
+                out.append((pid, stat[0] if stat else "?", *hit))
+    return sorted(set(out))

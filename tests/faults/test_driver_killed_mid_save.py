@@ -190,7 +190,10 @@ def test_a_driver_killed_mid_save_resumes_as_if_uninterrupted(
     has_manifest = (tmp_path / tmps[0] / "manifest.json").exists()
     assert has_manifest == (point != "write")
     last = prev if point == "rename" else model
-    assert sorted(p.name for p in tmp_path.glob("model*")) == sorted([last.name, *tmps])
+    # (and the killed job's lock on the save path, stale: the resume below takes it over)
+    assert sorted(p.name for p in tmp_path.glob("model*")) == sorted(
+        [last.name, "model.lock", *tmps]
+    )
     checkpoint.verify(str(last))
     assert _model(last)[0] == 0
     killed_run = latest_run(tmp_path / "log")
@@ -202,6 +205,9 @@ def test_a_driver_killed_mid_save_resumes_as_if_uninterrupted(
     assert main([*_args(tmp_path, data), "--resume"]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err
+    assert (
+        f"angelps: note: removing the stale lock {tmp_path / 'model.lock'} of job 'killed'" in err
+    )
     note = f"angelps: note: resuming from {prev} (the latest save did not complete)\n"
     assert (note in err) == (point == "rename")
     resumed = latest_run(tmp_path / "log")

@@ -247,3 +247,47 @@ def test_a_dead_worker_beyond_the_allowed_restarts_fails_the_job_with_one_line(
         "; the job has restarted 0 time(s), as many as angel.worker.max.restarts=0 allows"
     ), msg
     assert "\n" not in msg
+
+
+def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 1 killed inside the second epoch's save (after the dense layers were taken from
+    worker 0, before the RNG states): the save is not blamed on the disk; the job restarts
+    from the first epoch's checkpoint, runs the second epoch and its save again, and ends with
+    the uninterrupted run's metrics."""
+    from learners.job import saved_model
+
+    ref = _reference(tmp_path_factory, 2, EPOCHS)
+    real, saves = saved_model.save, []
+
+    def save(path: str, ps: Any, workers: Any, section: Any) -> None:
+        saves.append(path)
+        if len(saves) == 2:
+            victim = workers.actors[1]
+            ray.kill(victim)
+            for _ in range(200):  # until Ray knows it is dead (ray.kill is asynchronous)
+                try:
+                    ray.get(victim.__ray_ready__.remote(), timeout=1)
+                except ray.exceptions.RayActorError:
+                    break
+                except ray.exceptions.GetTimeoutError:
+                    pass
+                time.sleep(0.05)
+        real(path, ps, workers, section)
+
+    monkeypatch.setattr(saved_model, "save", save)
+    history, _, _ = _run(tmp_path, _sets(tmp_path, "save-death", 2, EPOCHS), None)
+    err = capsys.readouterr().err
+    assert "CheckpointWriteError" not in err and "could not be written" not in err, err
+    assert "angelps: warning: worker 1 died (" in err, err
+    assert (
+        ", while the checkpoint of epoch 2 was written); restarting the workers and parameter "
+        f"shards from the checkpoint {tmp_path / 'model'} (epoch 1 done), restart 1 of "
+        "angel.worker.max.restarts=3\n"
+    ) in err, err
+    assert len(saves) == EPOCHS + 1  # the second epoch's save, again after the restart
+    assert _metrics(history) == ref

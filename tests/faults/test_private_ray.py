@@ -76,3 +76,40 @@ def test_stopping_a_private_ray_ends_its_processes_monitor_first() -> None:
         "alive: none",
         "monitor: True",
     ], run.stdout
+
+
+# A private Ray whose task prints a line (relayed by Ray with its "(task pid=...)" prefix), then
+# stopped: where its folder was and whether anything of it is left.
+_SAY_AND_STOP = """
+import os, time
+import ray
+from ray._private import worker
+from learners.job import cluster
+cluster.start_or_join(None, 10.0)
+session = worker._global_node.get_session_dir_path()
+print("mode:", oct(os.stat(os.path.dirname(session)).st_mode & 0o777))
+
+@ray.remote
+def say():
+    import sys
+    print("hello from a task", file=sys.stderr, flush=True)
+
+ray.get(say.remote())
+time.sleep(2.0)  # Ray's log monitor relays the line to this driver
+cluster.stop()
+print("session left:", os.path.exists(session), os.path.exists(os.path.dirname(session)))
+print("under RAY_TMPDIR:", session.startswith(os.environ["RAY_TMPDIR"] + "/angelps-ray-"))
+"""
+
+
+def test_a_private_ray_leaves_no_session_folder_and_no_colour_codes_in_files() -> None:
+    run = _python(_SAY_AND_STOP)  # stdout and stderr are pipes, not terminals
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-3:] == [
+        "mode: 0o700",  # its own folder, not the world-writable /tmp/ray
+        "session left: False False",
+        "under RAY_TMPDIR: True",
+    ], run.stdout
+    line = [ln for ln in run.stderr.splitlines() if "hello from a task" in ln]
+    assert len(line) == 1 and line[0].startswith("(say pid="), run.stderr
+    assert "\x1b[" not in run.stderr

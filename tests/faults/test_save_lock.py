@@ -158,3 +158,18 @@ def test_the_lock_on_object_storage(bucket):
             SaveLock(save, "two").acquire()
     with SaveLock(save, "two") as lock:  # released: the next job takes it
         assert lock.held
+
+
+def test_a_lock_file_s_content_is_shown_escaped(tmp_path, capsys):
+    lock = tmp_path / "model.lock"
+    holder = {"job": "x\x1b[2Jy", "host": socket.gethostname(), "pid": 0, "since": 0}
+    lock.write_text(json.dumps(holder))
+    with SaveLock(str(tmp_path / "model"), "new"):
+        pass
+    err = capsys.readouterr().err
+    assert "job 'x\\x1b[2Jy'" in err and "\x1b" not in err
+    holder["host"] = "far\rhost"
+    lock.write_text(json.dumps(holder))
+    with pytest.raises(ConfigError) as e:
+        SaveLock(str(tmp_path / "model"), "new").acquire()
+    assert "on far\\rhost" in str(e.value) and "\r" not in str(e.value)
