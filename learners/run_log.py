@@ -156,7 +156,7 @@ class RunLog:
     def record(self, obj: Mapping[str, Any]) -> None:
         self._unsent = True
         if self.file is not None:
-            self.file.write(json.dumps(jsonable(obj)) + "\n")
+            self.file.write(json.dumps(jsonable(_as_written(obj))) + "\n")
         if self.tb is not None and obj.get("kind") in ("step", "epoch") and "step" in obj:
             at = int(obj["step"])
             for tag, value in tb_scalars(obj):
@@ -210,6 +210,14 @@ class RunLog:
         self.upload_to = None  # once: close may be called again
 
 
+def _as_written(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record as metrics.jsonl holds it: ``epoch`` of step and epoch lines counted from 1,
+    as the console and the plots count (the start line says so: ``epoch_base`` 1)."""
+    if obj.get("kind") in ("step", "epoch") and isinstance(obj.get("epoch"), int):
+        return {**obj, "epoch": obj["epoch"] + 1}
+    return obj
+
+
 def start_record(
     run: str, conf: Config, plan: TrainPlan, size: JobSize, model: str, first_epoch: int
 ) -> dict[str, Any]:
@@ -217,10 +225,11 @@ def start_record(
     plot's title and legend show."""
     return {
         "kind": "start",
+        "epoch_base": 1,  # the epoch of every step and epoch line counts from 1
         "run": run,
         "job": str(conf["angel.job.name"]),
         "model": model,
-        "first_epoch": first_epoch,
+        "first_epoch": first_epoch + 1,  # counted from 1, as every epoch of the file
         "epochs": plan.epochs,
         "updates_per_epoch": size.updates_per_epoch,
         "global_batch": size.batch_size * plan.workers * plan.accum,

@@ -60,7 +60,8 @@ def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     epochs = [x for x in lines if x["kind"] == "epoch"]
-    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]  # counted from 1, as the console does
+    assert lines[0]["kind"] == "start" and lines[0]["epoch_base"] == 1
     for key in (
         "epoch",
         "step",
@@ -74,7 +75,7 @@ def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
     ):
         assert key in steps[0]
     # 29,304 training rows (every 10th of 32,561 validates) / 256 = 115 updates per epoch, logged every 50 updates.
-    assert [x["step"] for x in steps if x["epoch"] == 0] == [50, 100, 115]
+    assert [x["step"] for x in steps if x["epoch"] == 1] == [50, 100, 115]
     assert steps[-1]["step"] == 345
     assert "valid_auc" in epochs[-1] and "train_loss" in epochs[-1]
 
