@@ -25,7 +25,7 @@ from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.plan import JobSize, TrainPlan
-from learners.progress import JobBar, PlainProgress
+from learners.progress import JobBar, PlainProgress, in_notebook
 from learners.runs import METRICS, SUMMARY, is_url, run_url, upload_run
 
 __all__ = [
@@ -85,7 +85,9 @@ class RunLog:
         upload_to: str | None = None,
     ) -> None:
         """``progress_s``: seconds between plain progress lines off a terminal (0: none)."""
-        self.tty = (_terminal() if tty is None else tty) and not quiet
+        #: a Jupyter kernel: tqdm's notebook widget (its output is no terminal)
+        self.notebook = tty is None and in_notebook() and not quiet
+        self.tty = ((_terminal() if tty is None else tty) and not quiet) or self.notebook
         self.progress_s = progress_s
         self.quiet = quiet
         self.path = path
@@ -132,7 +134,9 @@ class RunLog:
         """The whole-job progress: the bar on a terminal, else a plain line every
         ``progress_s`` seconds (none when quiet or 0); :meth:`close_bar` closes it."""
         if self.progress is None and self.tty:
-            self.progress = JobBar(total, done, epochs, updates_per_epoch, file=None)
+            self.progress = JobBar(
+                total, done, epochs, updates_per_epoch, file=None, notebook=self.notebook
+            )
         elif self.progress is None and not self.quiet and self.progress_s > 0:
             self.progress = PlainProgress(total, done, epochs, updates_per_epoch, self.progress_s)
         return self.progress
