@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from typing import ClassVar
 
 import pytest
 
@@ -18,7 +19,7 @@ class ZMQInteractiveShell:  # the name Jupyter's kernel shell has
 
 
 class _Widget:
-    made: list[dict] = []
+    made: ClassVar[list[dict]] = []
 
     def __init__(self, **kw: object) -> None:
         _Widget.made.append(kw)
