@@ -163,7 +163,7 @@ def test_cli_train_writes_summary(tmp_path, monkeypatch, capsys):
 def _train_and_predict(learner: GraphLearner, resume: bool, data: str):
     try:
         result = learner.train(resume=resume)
-        pred = learner.predict(data)["pred"]
+        pred = learner.predict(data)
     finally:
         learner.shutdown()
     return result, pred
@@ -247,7 +247,7 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     table = pacsv.read_csv(out)
     assert table.column_names == ["pred", "label"]
     assert table.num_rows == 3000
-    np.testing.assert_allclose(table["pred"].to_numpy(), direct["pred"], rtol=1e-6)
+    np.testing.assert_allclose(table["pred"].to_numpy(), direct, rtol=1e-6)
     # Labels in input order, as the file wrote them (a9a's first line is -1).
     assert table["label"].to_numpy()[0] == -1.0
     # Without --conf the saved model's own data settings apply; Parquet by the suffix.
@@ -255,7 +255,7 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     assert main(["predict", "--model", str(model), "--input", data, "--out", str(outp)]) == 0
     import pyarrow.parquet as pq
 
-    np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct["pred"], rtol=1e-6)
+    np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct, rtol=1e-6)
     capsys.readouterr()
     assert main(["evaluate", "--conf", conf, "--model", str(model), "--input", data, "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
