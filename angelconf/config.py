@@ -50,9 +50,7 @@ __all__ = [
 
 TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
 
-#: How alike a name must be to a declared one to be suggested (difflib's ratio): close enough
-#: that the suggestion is the likely typo, not a merely similar-looking key.
-_CLOSE = 0.8
+_CLOSE = 0.8  # difflib's ratio for a suggestion: the likely typo, not a look-alike key
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -295,8 +293,7 @@ class KeyIndex:
         )
 
     def unknown_all(self, found: Sequence[tuple[str, str]]) -> ConfigError:
-        """One error for every undeclared name of ``found`` ((where, name) pairs): the
-        single-name message when there is one, else all of them in one line."""
+        """One error naming every undeclared (where, name) of ``found``."""
         if len(found) == 1:
             return self.unknown(found[0][1], found[0][0])
         items = "; ".join(
@@ -365,8 +362,7 @@ class Config(Mapping[str, Any]):
         return self._keys.get(name)
 
     def with_overrides(self, overrides: Mapping[str, Any], source: str = "program") -> Config:
-        """A copy with some values replaced (typed and checked), marked as set by ``source``
-        (the program, unless told otherwise)."""
+        """A copy with some values replaced (typed and checked), marked as set by ``source``."""
         index = KeyIndex(self._keys.values()) if self._keys else None
         values = dict(self._values)
         sources = dict(self._sources)

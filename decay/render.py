@@ -253,7 +253,7 @@ state = sched.state_dict()   # {"count": k}
   `torch.optim.lr_scheduler.LRScheduler` driven by any schedule (it also writes the momentum of
   CyclicLR/OneCycleLR), so these schedules serve plain torch loops too.
 * **Command line.** `angelps schedule --set ml.opt.decay.class.name=OneCycleLR --set
-  ml.opt.decay.total.steps=100 --steps 100 --format csv` prints `step,lr` for every update;
+  ml.opt.decay.total.steps=100 --steps 100 --format csv` prints `update,lr` for updates 1..100;
   `--plot out.png` draws the curve.
 """
 

@@ -21,6 +21,7 @@ KEY_MODULES = (
     "decay",
     "angelps.options",
     "learners.job.loop_options",
+    "learners.job.save_keys",
     "learners.worker.feed",
     "learners.job.action",
     "learners.runs.progress",

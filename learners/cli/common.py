@@ -8,8 +8,10 @@ import argparse
 import difflib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from angelconf.config import Config, ConfigError, KeyIndex, load_config
+from angelconf.properties import parse_properties
 from learners.angel_keys import angel_notes, resolve
 from learners.keys import all_keys
 from learners.models.angel_json import apply_angel_json
@@ -85,14 +87,33 @@ def _unknown_option(name: str, index: KeyIndex, options: Sequence[str]) -> str:
     return f"--{name}" + (f" (did you mean {close[0]}?)" if close else "")
 
 
-def _unknown_options(found: Sequence[str]) -> ConfigError:
+def _other_unknowns(index: KeyIndex, conf_file: str | None, sets: Sequence[str]) -> list[str]:
+    """The undeclared keys of the job file and of ``--set``, for the same one message as the
+    unknown options (a file that cannot be read is the loader's to report)."""
+    found = []
+    try:
+        text = Path(conf_file).read_text(encoding="utf-8") if conf_file else ""
+        parsed = parse_properties(text, str(conf_file))
+        entries = [(f"{conf_file}:{e.line}", e.key) for e in parsed]
+    except (OSError, ValueError):
+        entries = []
+    entries += [("--set", item.partition("=")[0].strip()) for item in sets]
+    for where, name in entries:
+        if name and index.find(name) is None:
+            close = index.suggest(name)[:1]
+            found.append(f"{where}: {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return found
+
+
+def _unknown_options(found: Sequence[str], others: Sequence[str] = ()) -> ConfigError:
     """One error naming every option of the command line that is neither a verb option nor
-    a declared key."""
-    what = (
-        f"unknown option {found[0]}"
-        if len(found) == 1
-        else (f"{len(found)} unknown options: {'; '.join(found)}")
-    )
+    a declared key (and ``others``: the undeclared keys of the file and of --set)."""
+    if others:
+        what = f"{len(found) + len(others)} unknown keys: {'; '.join([*others, *found])}"
+    elif len(found) == 1:
+        what = f"unknown option {found[0]}"
+    else:
+        what = f"{len(found)} unknown options: {'; '.join(found)}"
     return ConfigError(
         f"{what}; a declared key is accepted as --KEY VALUE, -DKEY=VALUE or --set KEY=VALUE "
         "(`angelps conf --keys` lists every key)"
@@ -109,13 +130,19 @@ def _split(token: str) -> tuple[str, str, str] | None:
     return None
 
 
-def key_options(extra: Sequence[str], options: Sequence[str] = ()) -> list[str]:
+def key_options(
+    extra: Sequence[str],
+    options: Sequence[str] = (),
+    conf_file: str | None = None,
+    sets: Sequence[str] = (),
+) -> list[str]:
     """Angel's submit style ``--KEY VALUE``, ``--KEY=VALUE`` or ``-DKEY=VALUE`` (also
     ``-DKEY VALUE``) for every declared key, as ``KEY=VALUE`` items for ``--set``; ``options``
     are the verb's own option strings (for the suggestion when a name is neither). Every name
-    that is neither is reported in one ConfigError."""
+    that is neither is reported in one ConfigError, with the undeclared keys of the job file
+    ``conf_file`` and of ``sets`` (--set), so that one run names every unknown key."""
     index = KeyIndex(all_keys())
-    sets: list[str] = []
+    out: list[str] = []
     unknown: list[str] = []
     i = 0
     while i < len(extra):
@@ -139,8 +166,8 @@ def key_options(extra: Sequence[str], options: Sequence[str] = ()) -> list[str]:
         if index.find(name) is None:
             unknown.append(_unknown_option(name, index, options))
         else:
-            sets.append(f"{name}={value}")
+            out.append(f"{name}={value}")
         i += 1
     if unknown:
-        raise _unknown_options(unknown)
-    return sets
+        raise _unknown_options(unknown, _other_unknowns(index, conf_file, sets))
+    return out

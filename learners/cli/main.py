@@ -120,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
     try:
         if extra:  # Angel's submit style: --KEY VALUE for any declared key, after --set
-            args.set = [*args.set, *key_options(extra, _verb_options(parser, args.verb))]
+            options = _verb_options(parser, args.verb)
+            found = key_options(extra, options, getattr(args, "conf", None), args.set)
+            args.set = [*args.set, *found]
         with sigterm_unwinds():
             return int(args.func(args) or 0)
     except Terminated:

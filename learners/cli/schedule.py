@@ -6,8 +6,8 @@ updates per epoch, counted from the training input by :mod:`learners.job.schedul
 ``--updates-per-epoch``), numbered from 1 as the console counts (``epoch,lr`` or ``update,lr``),
 the schedule told that total as the learner tells it. ``--steps N`` overrides the length.
 
-Without ``--conf``: ``--steps N`` (100) values ``step,lr`` for k = 0..N-1, N being the total the
-schedule is told about (it fills ``ml.opt.decay.total.steps`` / ``.t.max`` when not set). The
+Without ``--conf``: ``--steps N`` (100) values ``update,lr`` for updates 1..N (update n at
+``lr_at(n - 1)``, numbered as a job's sequence is), N being the total the schedule is told about (it fills ``ml.opt.decay.total.steps`` / ``.t.max`` when not set). The
 values are written as they are computed, a block at a time, so memory stays flat whatever N;
 ``--plot`` draws at most :data:`PLOT_MAX_STEPS` points.
 """
@@ -51,8 +51,8 @@ examples:
 
 With --conf: the job's sequence, `epoch,lr` (epochs 1..ml.epoch.num) or `update,lr` (updates
 1..epochs x updates per epoch when ml.opt.decay.on.batch=true), and on stderr where the length
-comes from. Without: the header `step,lr` and one line `k,lr_at(k)` per update k = 0..N-1 (full
-precision). docs/decay.md lists every schedule and key.
+comes from. Without: the header `update,lr` and one line `n,lr_at(n-1)` per update n = 1..N (full
+precision): every sequence is numbered from 1 and its header names the unit. docs/decay.md lists every schedule and key.
 """
 
 
@@ -62,7 +62,8 @@ def register(subparsers: Subparsers) -> None:
         "schedule",
         help="print or plot the step size of every update of a decay schedule",
         description="Build the step-size schedule a configuration describes (ml.learn.rate, "
-        "ml.opt.decay.*) and print lr_at(k) for k = 0..N-1, or plot it.",
+        "ml.opt.decay.*) and print the step size of updates 1..N (or of a job's epochs), "
+        "or plot it.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -140,7 +141,8 @@ def build(args: argparse.Namespace) -> Preview:
     if counted != "updates":
         return _build_in(conf, args, counted)
     if args.conf is None:
-        unit, steps = "step", 100 if args.steps is None else args.steps
+        # numbered from 1 and labelled as a job's sequence is: update n trains at lr_at(n - 1)
+        unit, steps = "update", 100 if args.steps is None else args.steps
     elif args.steps is not None:
         unit = "update" if conf["ml.opt.decay.on.batch"] else "epoch"
         steps = args.steps

@@ -95,22 +95,29 @@ class Inference(JobActors):
             raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
         return jsonable(validation_metrics(self._model_task(), outs))
 
-    def predict(
-        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
-    ) -> dict[str, np.ndarray]:
-        """One prediction per input row, in input order: ``pred`` (and ``label`` if present).
+    def predict(self, data: str | os.PathLike[str] | InMemory, labels: Any = None) -> Any:
+        """One prediction per input row, in input order: a numpy array ``[N]`` (P(y=1) for
+        binary models, the class for multi-class, the value for regression); a pandas
+        DataFrame with a ``pred`` column and the input's index when ``data`` is a DataFrame.
         ``data``: a path, a pyarrow Table, a pandas DataFrame or a numpy array
-        (learners/job/predict_inputs.py says which columns). A model of ``GraphLearner.load`` predicts
-        in-memory inputs of at most ``angel.predict.local.max.rows`` rows in this process
-        (torch alone, no Ray: learners/job/local_predict.py)."""
-        return {k: v for k, v in self.predict_rows(data, labels).items() if k in ("pred", "label")}
+        (learners/job/predict_inputs.py says which columns); :meth:`predict_rows` also gives the labels.
+        A model of ``GraphLearner.load`` predicts in-memory inputs of at most
+        ``angel.predict.local.max.rows`` rows in this process (torch alone, no Ray:
+        learners/job/local_predict.py)."""
+        pred = self.predict_rows(data, labels)["pred"]
+        if type(data).__module__.startswith("pandas"):
+            import pandas as pd  # the caller's own: it gave a DataFrame
+
+            return pd.DataFrame({"pred": pred}, index=getattr(data, "index", None))
+        return pred
 
     def predict_rows(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None
     ) -> dict[str, np.ndarray]:
-        """:meth:`predict`, with each row's line position in the input (``row_index``) and,
-        for multi-class models, the predicted class's probability (``proba``): what a
-        prediction file is written from (learners/runs/predict_output.py)."""
+        """The predictions of :meth:`predict` as columns: ``pred``, ``label`` (as the input
+        wrote it, when the rows have labels), each row's line position in the input
+        (``row_index``) and, for multi-class models, the predicted class's probability
+        (``proba``): what a prediction file is written from (learners/runs/predict_output.py)."""
         local = getattr(self, "_local", None)
         if local is not None and not self._workers and local.takes(data):
             return local.predict(data, labels)  # type: ignore[no-any-return]

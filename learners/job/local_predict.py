@@ -27,6 +27,13 @@ from learners.runs.standalone import Standalone, load_standalone, padded
 
 __all__ = ["LOCAL_MAX_BYTES", "LocalModel"]
 
+#: Keys that place or equip the worker: a job setting one predicts on its actors.
+_PLACED = (
+    "angel.worker.resources",
+    "angel.placement.strategy",
+    "angel.worker.gpus",
+    "angel.worker.device",
+)
 #: A model larger than this (its tables in memory) predicts through its actors only.
 LOCAL_MAX_BYTES = 256 * 2**20
 
@@ -61,6 +68,8 @@ class LocalModel:
         max_rows = int(LOCAL_MAX_ROWS.read(conf))
         if max_rows <= 0 or is_url(path) or export_size(path) > LOCAL_MAX_BYTES:
             return None
+        if any(conf.is_set(k) for k in _PLACED):
+            return None  # a job that places its worker runs on it
         try:
             info = saved_model.read_extra(path)["learner"]
             module = load_standalone(path, conf)

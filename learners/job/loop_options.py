@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, at_least, non_negative, positive
-from learners.data.options import VALIDATE_PATH, VALIDATE_RATIO
+from learners.job.no_rows import no_rows_error
+from learners.job.save_keys import SAVE_MODEL, keep_best
 from learners.worker.feed import FeedOptions
 
 __all__ = ["KEYS", "JobSize", "TrainPlan"]
@@ -87,14 +88,6 @@ RAY_CONNECT_TIMEOUT = Key(
     "before failing with an error naming the address (docs/cluster.md).",
     check=positive,
 )
-
-
-def _keep_best(conf: Mapping[str, Any]) -> bool:
-    """angel.save.model.keep.best; unset: whether the job has validation data."""
-    asked = KEEP_BEST.read(conf)
-    if asked is not None:
-        return bool(asked)
-    return bool(VALIDATE_PATH.read(conf)) or float(VALIDATE_RATIO.read(conf)) > 0
 
 
 #: Resources with keys of their own (angel.*.cpus, .gpus, angel.ps.memory).
@@ -252,14 +245,6 @@ KEEP_BEST = Key(
     "data (ml.data.validate.ratio > 0 or angel.validate.data.path), so the best epoch's "
     "model is never lost.",
 )
-SAVE_MODEL = Key(
-    "angel.save.model",
-    "bool",
-    True,
-    "Save the trained model after every epoch: into angel.save.model.path when it is set, "
-    "else into the run's folder (<angel.log.path>/<job>-<time>/model). false: no checkpoint, "
-    "even where angel.save.model.path is set.",
-)
 SAVE_FAILURE = Key(
     "angel.save.failure",
     "str",
@@ -348,7 +333,6 @@ KEYS = [
     LOAD_PATH,
     KEEP_LAST,
     KEEP_BEST,
-    SAVE_MODEL,
     SAVE_FAILURE,
     SEED,
     ACCUM_STEPS,
@@ -506,7 +490,7 @@ class TrainPlan:
             ray_connect_timeout_s=float(RAY_CONNECT_TIMEOUT.read(conf)),
             feed=FeedOptions.from_config(conf),
             keep_last=int(KEEP_LAST.read(conf)),
-            keep_best=_keep_best(conf),
+            keep_best=keep_best(KEEP_BEST.read(conf), conf),
             save_model=bool(SAVE_MODEL.read(conf)),
             save_failure=str(SAVE_FAILURE.read(conf)),
         )
@@ -561,22 +545,7 @@ class JobSize:
         max_id = max(s[p]["max_id"] for s in summaries for p in ("train", "valid"))
         train_rows = tuple(int(s["train"]["rows"]) for s in summaries)
         if sum(train_rows) == 0:  # (more workers would not help: say what is wrong)
-            valid = sum(int(s["valid"]["rows"]) for s in summaries)
-            skipped = sum(int(s.get("skipped_lines", 0)) for s in summaries)
-            first = next((s["skipped_first"] for s in summaries if s.get("skipped_first")), "")
-            if valid:
-                why = (
-                    f" left for training (its {valid} row(s) all went to validation: "
-                    "ml.data.validate.ratio)"
-                )
-            elif skipped:
-                why = (
-                    f": all {skipped} of its lines were malformed and skipped "
-                    f"(ml.data.skip.bad.lines=true); the first: {first}"
-                )
-            else:
-                why = " (its lines are all blank)"
-            raise ConfigError("angel.train.data.path: the training input has no rows" + why)
+            raise no_rows_error(summaries)
         if min(train_rows) == 0:
             raise ValueError(
                 f"worker {train_rows.index(0)} has no training rows: the input has "

@@ -213,6 +213,9 @@ def read_metrics(path: str | Path, name: str = "") -> list[Run]:
         run = runs[-1]
         if obj is None or kind not in ("start", "step", "epoch", "summary"):
             continue
+        if kind in ("step", "epoch") and "epoch" in obj and run.start.get("epoch_base") == 1:
+            # counted from 1 in the file (as people read it); from 0 here, as older files
+            obj = {**obj, "epoch": int(obj["epoch"]) - 1}
         if kind == "start":
             if run.steps or run.epochs:
                 run = Run()

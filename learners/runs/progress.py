@@ -15,6 +15,7 @@ step line per that many updates (:func:`merge_chunks` sums the chunks of one lin
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import shutil
 import sys
@@ -140,8 +141,19 @@ def _si(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.0f}"
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel that can show tqdm's notebook widget (IPython
+    already loaded by the kernel, ipywidgets installed)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or importlib.util.find_spec("ipywidgets") is None:
+        return False
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
 class JobBar:
-    """A tqdm bar over all the job's updates (``done`` of them already made, on a resume)."""
+    """A tqdm bar over all the job's updates (``done`` of them already made, on a resume);
+    ``notebook``: tqdm's notebook widget instead of a text bar."""
 
     def __init__(
         self,
@@ -151,25 +163,32 @@ class JobBar:
         updates_per_epoch: int,
         file: IO[str] | None,
         ncols: int | None = None,
+        notebook: bool = False,
     ) -> None:
         self.epochs, self.updates_per_epoch = epochs, updates_per_epoch
         from tqdm import tqdm  # here: the key modules import this one, and load no tqdm
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.bar = tqdm(
-            total=total,
-            desc=self._desc(done),
-            initial=done,
-            unit="upd",
-            file=file if file is not None else sys.stderr,
-            leave=False,
-            # a fixed width (80 where the terminal does not say): readable, never zero
-            ncols=ncols or min(shutil.get_terminal_size().columns, 120),
-            mininterval=0.2,
-            bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} upd "
-            "[{elapsed}<{remaining}{postfix}]",
-        )
+        if notebook:
+            from tqdm.notebook import tqdm as widget
+
+            # the widget draws its own bar: no width, no terminal format
+            self.bar = widget(total=total, desc=self._desc(done), initial=done, unit="upd")
+        else:
+            self.bar = tqdm(
+                total=total,
+                desc=self._desc(done),
+                initial=done,
+                unit="upd",
+                file=file if file is not None else sys.stderr,
+                leave=False,
+                # a fixed width (80 where the terminal does not say): readable, never zero
+                ncols=ncols or min(shutil.get_terminal_size().columns, 120),
+                mininterval=0.2,
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} upd "
+                "[{elapsed}<{remaining}{postfix}]",
+            )
         self._ticker = threading.Thread(target=self._tick_loop, name="angelps-bar", daemon=True)
         self._ticker.start()
 

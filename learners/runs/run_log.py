@@ -28,7 +28,7 @@ from learners.data.problems import printable
 from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.rate_plan import RatePlan
 from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
-from learners.runs.progress import JobBar, PlainProgress
+from learners.runs.progress import JobBar, PlainProgress, in_notebook
 
 __all__ = [
     "RunLog",
@@ -87,7 +87,9 @@ class RunLog:
         upload_to: str | None = None,
     ) -> None:
         """``progress_s``: seconds between plain progress lines off a terminal (0: none)."""
-        self.tty = (_terminal() if tty is None else tty) and not quiet
+        #: a Jupyter kernel: tqdm's notebook widget (its output is no terminal)
+        self.notebook = tty is None and in_notebook() and not quiet
+        self.tty = ((_terminal() if tty is None else tty) and not quiet) or self.notebook
         self.progress_s = progress_s
         self.quiet = quiet
         self.path = path
@@ -136,7 +138,9 @@ class RunLog:
         """The whole-job progress: the bar on a terminal, else a plain line every
         ``progress_s`` seconds (none when quiet or 0); :meth:`close_bar` closes it."""
         if self.progress is None and self.tty:
-            self.progress = JobBar(total, done, epochs, updates_per_epoch, file=None)
+            self.progress = JobBar(
+                total, done, epochs, updates_per_epoch, file=None, notebook=self.notebook
+            )
         elif self.progress is None and not self.quiet and self.progress_s > 0:
             self.progress = PlainProgress(total, done, epochs, updates_per_epoch, self.progress_s)
         return self.progress
@@ -160,7 +164,7 @@ class RunLog:
     def record(self, obj: Mapping[str, Any]) -> None:
         self._unsent = True
         if self.file is not None:
-            self.file.write(json.dumps(jsonable(obj)) + "\n")
+            self.file.write(json.dumps(jsonable(_as_written(obj))) + "\n")
         if self.tb is not None and obj.get("kind") in ("step", "epoch") and "step" in obj:
             at = int(obj["step"])
             for tag, value in tb_scalars(obj):
@@ -214,6 +218,14 @@ class RunLog:
         self.upload_to = None  # once: close may be called again
 
 
+def _as_written(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record as metrics.jsonl holds it: ``epoch`` of step and epoch lines counted from 1,
+    as the console and the plots count (the start line says so: ``epoch_base`` 1)."""
+    if obj.get("kind") in ("step", "epoch") and isinstance(obj.get("epoch"), int):
+        return {**obj, "epoch": obj["epoch"] + 1}
+    return obj
+
+
 def start_record(
     run: str, conf: Config, plan: TrainPlan, size: JobSize, model: str, first_epoch: int
 ) -> dict[str, Any]:
@@ -221,10 +233,11 @@ def start_record(
     plot's title and legend show."""
     return {
         "kind": "start",
+        "epoch_base": 1,  # the epoch of every step and epoch line counts from 1
         "run": run,
         "job": str(conf["angel.job.name"]),
         "model": model,
-        "first_epoch": first_epoch,
+        "first_epoch": first_epoch + 1,  # counted from 1, as every epoch of the file
         "epochs": plan.epochs,
         "updates_per_epoch": size.updates_per_epoch,
         "global_batch": size.batch_size * plan.workers * plan.accum,

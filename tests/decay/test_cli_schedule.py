@@ -29,12 +29,12 @@ def test_csv_prints_every_update_at_full_precision(capsys: pytest.CaptureFixture
     )
     assert rc == 0
     out = capsys.readouterr().out.splitlines()
-    assert out == [
-        "step,lr",
-        "0,0.1",
-        f"1,{0.1 * 0.9!r}",
-        f"2,{0.1 * 0.9**2!r}",
-        f"3,{0.1 * 0.9**3!r}",
+    assert out == [  # numbered from 1, as a job's sequence (update n: lr_at(n - 1))
+        "update,lr",
+        "1,0.1",
+        f"2,{0.1 * 0.9!r}",
+        f"3,{0.1 * 0.9**2!r}",
+        f"4,{0.1 * 0.9**3!r}",
     ]
 
 
@@ -79,7 +79,7 @@ def test_steps_is_the_total_for_schedules_that_need_one(capsys: pytest.CaptureFi
         == 0
     )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == "0,1.0" and lines[3] == f"2,{(1 + math.cos(math.pi * 2 / 3)) / 2!r}"
+    assert lines[1] == "1,1.0" and lines[3] == f"3,{(1 + math.cos(math.pi * 2 / 3)) / 2!r}"
 
 
 def test_bad_schedule_parameter_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,7 +131,7 @@ def test_subprocess_entry_point() -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "step,lr\n0,0.5\n1,0.5\n2,0.05\n"
+    assert r.stdout == "update,lr\n1,0.5\n2,0.5\n3,0.05\n"
     h = subprocess.run(
         [sys.executable, "-m", "angelps", "schedule", "--help"],
         capture_output=True,

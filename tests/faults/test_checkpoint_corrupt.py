@@ -98,7 +98,7 @@ def test_resume_falls_back_to_the_previous_checkpoint(trained, tmp_path, capsys)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if r["kind"] == "epoch"]
     first = trained[2][1]
-    assert row["epoch"] == 1
+    assert row["epoch"] == 2  # the second epoch: metrics.jsonl counts from 1
     assert row["valid_auc"] == pytest.approx(first["valid_auc"], rel=1e-6)
     assert row["valid_logloss"] == pytest.approx(first["valid_logloss"], rel=1e-6)
     assert (_epoch(model), _epoch(tmp_path / "model.prev")) == (1, 0)

@@ -69,6 +69,8 @@ def _sets(tmp_path: Path, **more: object) -> dict[str, object]:
     return {
         "angel.train.data.path": str(_data(tmp_path)),
         "angel.save.model.path": str(tmp_path / "model"),
+        # the latest checkpoint alone (no <path>.best copy): its failures are what is tested
+        "angel.save.model.keep.best": "false",
         "angel.log.path": str(tmp_path / "log"),
         "angel.job.name": "diskfull",
         "ml.epoch.num": 3,

@@ -90,6 +90,8 @@ def _train(d: Path, *more: str, **sets: object) -> list[str]:
     base = {
         "angel.train.data.path": _data(d),
         "angel.save.model.path": d / "disk" / "model",
+        # the latest checkpoint alone (no <path>.best copy): its failures are what is tested
+        "angel.save.model.keep.best": "false",
         "angel.log.path": d / "log",
         "angel.job.name": "diskfull",
         "ml.epoch.num": EPOCHS,

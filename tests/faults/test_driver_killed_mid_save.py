@@ -98,6 +98,8 @@ def _args(d: Path, data: Path) -> list[str]:
     sets = {
         "angel.train.data.path": data,
         "angel.save.model.path": d / "model",
+        # the latest checkpoint alone (no <path>.best copy): its commit is what is tested
+        "angel.save.model.keep.best": "false",
         "angel.log.path": d / "log",
         "angel.job.name": "killed",
         "ml.epoch.num": EPOCHS,

@@ -271,3 +271,16 @@ def test_inctrain_is_train_from_the_loaded_model() -> None:
     assert action.action == "train" and action.model_path == "m"
     with pytest.raises(ConfigError, match=r"^action.type=inctrain trains on from a saved"):
         JobAction.from_config(_conf({"action.type": "inctrain"}))
+
+
+def test_unknown_options_file_keys_and_sets_come_in_one_message(tmp_path, capsys) -> None:
+    job = tmp_path / "job.properties"
+    job.write_text("ml.epoch.nmu = 3\nangel.deploy.mode = YARN\n")
+    argv = ["conf", "--conf", str(job), "--set", "ml.lern.rate=1", "-Dangel.zzz=1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"angelps: error: 3 unknown keys: {job}:1: ml.epoch.nmu (did you mean ml.epoch.num?); "
+        "--set: ml.lern.rate (did you mean ml.learn.rate?); --angel.zzz; a declared key is "
+        "accepted as --KEY VALUE, -DKEY=VALUE or --set KEY=VALUE (`angelps conf --keys` lists "
+        "every key)"
+    )

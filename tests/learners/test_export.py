@@ -108,9 +108,9 @@ def test_checkpoints_with_the_older_npz_in_the_manifest_are_still_read(models, t
     checkpoint.write_manifest(str(old), manifest)
     (old / "dense.safetensors").unlink()
     with GraphLearner.load(model) as a:
-        new_pred = a.predict(data)["pred"]
+        new_pred = a.predict(data)
     with GraphLearner.load(old) as b:
-        old_pred = b.predict(data)["pred"]
+        old_pred = b.predict(data)
     np.testing.assert_array_equal(old_pred, new_pred)
 
 
@@ -130,7 +130,7 @@ def test_export_reproduces_the_models_predictions(models, tmp_path, capsys) -> N
         [sum(w[int(t.split(":")[0]) - 1] * float(t.split(":")[1]) for t in r) for r in rows]
     )
     with GraphLearner.load(model) as learner:
-        pred = learner.predict(data)["pred"]
+        pred = learner.predict(data)
     np.testing.assert_allclose(1 / (1 + np.exp(-(margin + b))), pred, rtol=1e-5, atol=1e-6)
     # DeepFM: the tables and the MLP's own state_dict names.
     fm = tmp_path / "fm.pt"

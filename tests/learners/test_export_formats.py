@@ -154,12 +154,12 @@ def test_loaded_model_predicts_small_inputs_in_process_as_ray_does(models) -> No
     local = GraphLearner.load(model)
     try:
         assert local._workers is None  # no actors for a small input
-        got = local.predict(x, labels=labels)
+        got = local.predict_rows(x, labels=labels)
         assert local._workers is None
     finally:
         local.shutdown()
     with GraphLearner.load(model, {"angel.predict.local.max.rows": 0}) as remote:
-        want = remote.predict(x, labels=labels)
+        want = remote.predict_rows(x, labels=labels)
     np.testing.assert_allclose(got["pred"], want["pred"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(got["label"], want["label"])
 

@@ -60,7 +60,8 @@ def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     epochs = [x for x in lines if x["kind"] == "epoch"]
-    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]  # counted from 1, as the console does
+    assert lines[0]["kind"] == "start" and lines[0]["epoch_base"] == 1
     for key in (
         "epoch",
         "step",
@@ -74,7 +75,7 @@ def test_lr_a9a_end_to_end(tmp_path, monkeypatch):
     ):
         assert key in steps[0]
     # 29,304 training rows (every 10th of 32,561 validates) / 256 = 115 updates per epoch, logged every 50 updates.
-    assert [x["step"] for x in steps if x["epoch"] == 0] == [50, 100, 115]
+    assert [x["step"] for x in steps if x["epoch"] == 1] == [50, 100, 115]
     assert steps[-1]["step"] == 345
     assert "valid_auc" in epochs[-1] and "train_loss" in epochs[-1]
 
@@ -162,7 +163,7 @@ def test_cli_train_writes_summary(tmp_path, monkeypatch, capsys):
 def _train_and_predict(learner: GraphLearner, resume: bool, data: str):
     try:
         result = learner.train(resume=resume)
-        pred = learner.predict(data)["pred"]
+        pred = learner.predict(data)
     finally:
         learner.shutdown()
     return result, pred
@@ -246,7 +247,7 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     table = pacsv.read_csv(out)
     assert table.column_names == ["pred", "label"]
     assert table.num_rows == 3000
-    np.testing.assert_allclose(table["pred"].to_numpy(), direct["pred"], rtol=1e-6)
+    np.testing.assert_allclose(table["pred"].to_numpy(), direct, rtol=1e-6)
     # Labels in input order, as the file wrote them (a9a's first line is -1).
     assert table["label"].to_numpy()[0] == -1.0
     # Without --conf the saved model's own data settings apply; Parquet by the suffix.
@@ -254,7 +255,7 @@ def test_saved_model_predicts_and_evaluates(tmp_path, capsys):
     assert main(["predict", "--model", str(model), "--input", data, "--out", str(outp)]) == 0
     import pyarrow.parquet as pq
 
-    np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct["pred"], rtol=1e-6)
+    np.testing.assert_allclose(pq.read_table(outp)["pred"].to_numpy(), direct, rtol=1e-6)
     capsys.readouterr()
     assert main(["evaluate", "--conf", conf, "--model", str(model), "--input", data, "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

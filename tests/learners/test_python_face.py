@@ -81,6 +81,7 @@ def test_load_is_a_class_method_and_every_input_kind_agrees(trained) -> None:
             {"label": trained["labels"], "ids": trained["ids"], "values": trained["values"]}
         )
         from_table = learner.predict(table)
+        table_rows = learner.predict_rows(table)
         from_frame = learner.predict(table.to_pandas())
         from_array = learner.predict(trained["dense"])
         unlabelled = learner.predict(table.drop_columns(["label"]))
@@ -97,15 +98,16 @@ def test_load_is_a_class_method_and_every_input_kind_agrees(trained) -> None:
     bare.write_text("".join(" ".join(r) + "\n" for r in _features(trained["data"])))
     with GraphLearner.load(trained["model"], {"ml.data.has.label": False}) as learner:
         from_bare = learner.predict(bare)
-    pred = from_file["pred"]
-    np.testing.assert_allclose(from_bare["pred"], pred, rtol=1e-6)
-    assert "label" not in from_bare
-    assert pred.shape == (ROWS,)
-    for other in (from_table, from_frame, from_array, unlabelled):
-        np.testing.assert_allclose(other["pred"], pred, rtol=1e-6)
-    # the labels as given (a -1/+1 column stays -1/+1)
-    np.testing.assert_array_equal(from_table["label"], trained["labels"].astype(np.float32))
-    assert "label" not in unlabelled and "label" not in from_array
+    pred = from_file
+    assert isinstance(pred, np.ndarray) and pred.shape == (ROWS,)
+    np.testing.assert_allclose(from_bare, pred, rtol=1e-6)
+    # a DataFrame in, a DataFrame out: its index and a pred column
+    assert isinstance(from_frame, pd.DataFrame) and list(from_frame.columns) == ["pred"]
+    assert from_frame.index.equals(table.to_pandas().index)
+    for other in (from_table, from_frame["pred"].to_numpy(), from_array, unlabelled):
+        np.testing.assert_allclose(other, pred, rtol=1e-6)
+    # the labels as given (a -1/+1 column stays -1/+1), with predict_rows
+    np.testing.assert_array_equal(table_rows["label"], trained["labels"].astype(np.float32))
     # The names training uses, the same values whichever way the rows came.
     assert {"valid_auc", "valid_logloss", "valid_accuracy", "valid_rows"} <= set(metrics_file)
     assert metrics_file["valid_rows"] == ROWS
@@ -127,7 +129,7 @@ def test_a_loaded_model_is_placed_as_the_keys_say(trained) -> None:
     with GraphLearner.load(trained["model"], sets) as learner:
         assert ray.available_resources().get("infer", 0) == 0  # the worker holds it
         assert groups() == ["CREATED"]
-        pred = learner.predict(trained["data"])["pred"]
+        pred = learner.predict(trained["data"])
     assert groups() == []
     assert pred.shape == (ROWS,)
     with pytest.raises(ConfigError, match=r"angel\.worker\.resources"):

@@ -273,7 +273,11 @@ def test_a_run_keeps_its_files_apart_and_says_where_the_best_epoch_is(tmp_path):
     assert Path(second["run_dir"]).name == (runs / "latest").read_text().strip()
     for s in (first, second):
         run = Path(s["run_dir"])
-        assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "summary.json"]
+        assert sorted(p.name for p in run.iterdir()) == [
+            "config.properties",
+            "metrics.jsonl",
+            "summary.json",
+        ]
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert [x["kind"] for x in lines].count("start") == 1  # one run per file
         assert json.loads((run / "summary.json").read_text()) == s
