@@ -247,3 +247,23 @@ def test_a_dead_worker_beyond_the_allowed_restarts_fails_the_job_with_one_line(
         "; the job has restarted 0 time(s), as many as angel.worker.max.restarts=0 allows"
     ), msg
     assert "\n" not in msg
+
+
+@pytest.mark.slow
+def test_a_killed_worker_holding_table_rows_restarts_from_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """angel.sparse.placement=worker: the lost worker's rows come back from the checkpoint
+    (every worker reads its share of the files), and the job ends as the uninterrupted one."""
+    held = {"angel.sparse.placement": "worker"}
+    ref_dir = tmp_path / "ref"
+    ref, _, _ = _run(ref_dir, {**_sets(ref_dir, "held-ref", 2, EPOCHS), **held}, None)
+    sets = {**_sets(tmp_path, "held-ray", 2, EPOCHS), **held}
+    history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, "ray"))
+    assert killer is not None and killer.killed
+    err = capsys.readouterr().err
+    assert (
+        f"); restarting the workers and parameter shards from the checkpoint "
+        f"{tmp_path / 'model'} (epoch 1 done), restart 1 of angel.worker.max.restarts=3\n"
+    ) in err
+    assert _metrics(history) == _metrics(ref)
