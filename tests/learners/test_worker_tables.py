@@ -51,12 +51,16 @@ def _learner(conf: str, tmp: Path, data: str, **sets: object) -> GraphLearner:
 
 
 def _train(conf: str, tmp: Path, data: str, **sets: object) -> tuple[dict, dict]:
+    """Train; (the summary with the live workers' predictions of ``data`` under ``pred``
+    and their ``evaluate`` metrics under ``eval``, every table of the last checkpoint)."""
     learner = _learner(conf, tmp, data, **sets)
     try:
         result = learner.train()
+        summary = {**result.summary, "pred": learner.predict(data)["pred"]}
+        summary["eval"] = learner.evaluate(data)
     finally:
         learner.shutdown()
-    return result.summary, _tables(str(tmp / "model"))
+    return summary, _tables(str(tmp / "model"))
 
 
 def _tables(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
@@ -136,6 +140,9 @@ def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf,
     assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
     _assert_same(ps_w, held_w)
     assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    # predict and evaluate on the live workers: every read is an exchange between them
+    np.testing.assert_allclose(held["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
+    assert held["eval"]["valid_auc"] == pytest.approx(ps["eval"]["valid_auc"], abs=1e-6)
 
 
 def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
