@@ -186,3 +186,25 @@ def test_a_cuda_worker_holding_its_tables_steps_as_the_cpu(opt, tmp_path, local_
     got = _worker_steps(opt, "cuda", True, tmp_path, local_ps_class)
     for name, rows in want.items():
         np.testing.assert_allclose(got[name], rows, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_start_screen_says_where_each_table_lives_and_why() -> None:
+    from angelps import PSOptions
+    from learners.plan import JobSize
+    from learners.run_log import banner
+
+    sets = {"angel.sparse.placement": "auto", "angel.train.data.path": "train.libsvm"}
+    conf = load_config(None, sets, all_keys())
+    plan = TrainPlan.from_config(conf)
+    placed = place_tables(plan, TABLES)
+    size = JobSize(num_features=1000, num_fields=None, batch_size=128, updates_per_epoch=5)
+    text = banner(
+        conf, plan, PSOptions.from_config(conf), size, TABLES, "FM", 0, None, placed.where()
+    )
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.strip().startswith("embedding "))
+    assert lines[i + 1].strip() == (
+        "on the workers: auto: BSP, 0.1 MiB a worker within angel.sparse.worker.memory.mb=2048"
+    )
+    j = next(n for n, line in enumerate(lines) if line.strip().startswith("wide_bias "))
+    assert lines[j + 1].strip() == "on the shards: dense tables stay on the shards"
