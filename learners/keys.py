@@ -21,6 +21,7 @@ KEY_MODULES = (
     "decay",
     "angelps.options",
     "learners.plan",
+    "learners.sparse_keys",
     "learners.feed",
     "learners.action",
     "learners.progress",
