@@ -14,7 +14,8 @@ unique, gradients summed: :meth:`HeldTables.add_grad`), then :meth:`HeldTables.a
 them to their owners, each of which sums a row's gradients from all workers and applies the
 optimizer once with this update's step size. With one worker nothing is exchanged; with
 several, the exchanges are all-to-all collectives (learners/table_exchange.py). This is BSP:
-every worker reads rows after every owner applied the previous update.
+every worker reads rows after every owner applied the previous update. One CPU worker applies
+an update in a thread while it prepares the next batch; its next read waits for it.
 """
 
 from __future__ import annotations
