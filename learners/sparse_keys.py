@@ -59,7 +59,7 @@ def _worker_conflict(conf: Mapping[str, Any]) -> str:
         else:
             on = int(v or 0) != 0
         if on:
-            return f"{name}={v}: {why}"
+            return f"{name}={str(v).lower() if isinstance(v, bool) else v}: {why}"
     return ""
 
 

@@ -13,6 +13,7 @@ import ray
 
 from angelconf.config import ConfigError
 from angelps import checkpoint
+from learners.export import export_state_dict
 from learners.learner import GraphLearner
 from tests.short_tmp import short_tmp
 
@@ -164,6 +165,11 @@ def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
         learner.shutdown()
     resumed = _tables(str(tmp_path / "resumed" / "model"))
     _assert_same(full, resumed)
+    # angelps export reads the workers' files as the shards'
+    a = export_state_dict(str(tmp_path / "full" / "model"), 1 << 30)
+    b = export_state_dict(str(tmp_path / "resumed" / "model"), 1 << 30)
+    for name in ("ps.wide", "ps.embedding", "ps.wide_bias"):
+        np.testing.assert_allclose(b[name].numpy(), a[name].numpy(), rtol=1e-5, atol=1e-7)
     loaded = GraphLearner.load(tmp_path / "resumed" / "model")  # shards, one worker
     try:
         np.testing.assert_allclose(loaded.predict(census)["pred"], live, rtol=1e-6)
@@ -186,18 +192,30 @@ def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
 
 
 def test_worker_placement_refuses_what_it_cannot_run(tmp_path, census):
-    for key, value in [
-        ("angel.staleness", 2),
-        ("angel.worker.cache.enable", True),
-        ("angel.ps.admission.min.count", 3),
-        ("angel.ps.eviction.ttl.updates", 10),
+    for key, value, shown in [
+        ("angel.staleness", 2, "2"),
+        ("angel.worker.cache.enable", True, "true"),
+        ("angel.ps.admission.min.count", 3, "3"),
+        ("angel.ps.eviction.ttl.updates", 10, "10"),
     ]:
-        with pytest.raises(
-            ConfigError, match=f"angel.sparse.placement=worker cannot run with {key}="
-        ):
-            _learner(
-                "fm_census.properties",
-                tmp_path,
-                census,
-                **{key: value, "angel.sparse.placement": "worker"},
-            )
+        sets = {key: value, "angel.sparse.placement": "worker"}
+        with pytest.raises(ConfigError) as e:
+            _learner("fm_census.properties", tmp_path, census, **sets)
+        assert str(e.value).startswith(
+            f"angel.sparse.placement=worker cannot run with {key}={shown}: "
+        )
+        assert str(e.value).endswith(
+            f"; set {key} to its default, or angel.sparse.placement=ps (or auto)"
+        )
+    with pytest.raises(ConfigError) as e:
+        _learner(
+            "fm_census.properties",
+            tmp_path,
+            census,
+            **{"angel.worker.cache.enable": True, "angel.sparse.placement": "worker"},
+        )
+    assert str(e.value) == (
+        "angel.sparse.placement=worker cannot run with angel.worker.cache.enable=true: a "
+        "worker reads the rows it holds directly; no cache; set angel.worker.cache.enable to "
+        "its default, or angel.sparse.placement=ps (or auto)"
+    )
