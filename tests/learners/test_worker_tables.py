@@ -122,7 +122,10 @@ def test_one_worker_holding_the_tables_trains_as_the_shards(tmp_path, census, co
 
 @pytest.mark.parametrize(
     ("conf", "opt"),
-    [("fm_census.properties", "Adam"), ("deepfm_census.properties", "Momentum")],
+    [
+        ("fm_census.properties", "Adam"),
+        pytest.param("deepfm_census.properties", "Momentum", marks=pytest.mark.slow),
+    ],
 )
 def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf, opt):
     """Each worker owns the rows the partitioner gives it; rows and gradients cross over
