@@ -208,7 +208,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl")
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-    s = result.summary
+    # (the run's directory was a temporary one, removed above: not reported)
+    s = {k: v for k, v in result.summary.items() if k != "run_dir"}
     # Rows trained per epoch (angelps also trains the last, partial batch).
     if case["suite"] == "census":
         total = sum(1 for line in CENSUS.read_text().splitlines() if line.strip())
