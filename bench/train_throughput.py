@@ -15,8 +15,10 @@ Four suites:
 - ``feed``: the synthetic data at 10^6 ids (500,000 training rows), FM and DeepFM
   (MLP 208-400-400-1) at batch 8192: plain PyTorch in one process (the table in memory, on the
   GPU with ``--device cuda``) against angelps with 1 worker and 1 shard, with and without the
-  worker cache (``-cache``), BSP and staleness 2 (``ssp``). Sized for a minute or two a run on
-  two cores.
+  worker cache (``-cache``), BSP and staleness 2 (``ssp``), and with the sparse tables held by
+  the workers (``-held``: angel.sparse.placement=worker; 1 and 2 workers). Sized for a minute
+  or two a run on two cores. Each run reports the ms of a step's phases (pull, compute, push,
+  wait) from its step records.
 - ``table``: angelps FM while the sparse table grows from 64 MB to 1 GB (weights and momentum
   state, 72 bytes an id): every id is touched in each epoch, samples/s of the later epochs.
 
@@ -206,7 +208,8 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl")
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-    s = result.summary
+    # (the run's directory was a temporary one, removed above: not reported)
+    s = {k: v for k, v in result.summary.items() if k != "run_dir"}
     # Rows trained per epoch (angelps also trains the last, partial batch).
     if case["suite"] == "census":
         total = sum(1 for line in CENSUS.read_text().splitlines() if line.strip())

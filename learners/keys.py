@@ -22,6 +22,7 @@ KEY_MODULES = (
     "angelps.options",
     "learners.job.loop_options",
     "learners.job.save_keys",
+    "learners.job.sparse_keys",
     "learners.worker.feed",
     "learners.job.action",
     "learners.runs.progress",

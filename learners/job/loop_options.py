@@ -18,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from angelconf.config import Config, ConfigError, Key, at_least, non_negative, positive
+from angelconf.config import Config, Key, at_least, non_negative, positive
 from learners.job.no_rows import no_rows_error
 from learners.job.save_keys import SAVE_MODEL, keep_best
+from learners.job.sparse_keys import SparseOptions
 from learners.worker.feed import FeedOptions
 
 __all__ = ["KEYS", "JobSize", "TrainPlan"]
@@ -170,26 +171,6 @@ DENSE_PLACEMENT = Key(
     "ps (one PS table per parameter, pulled and pushed every step, as Angel).",
     choices=("worker", "ps"),
 )
-SPARSE_PLACEMENT = Key(
-    "angel.sparse.placement",
-    "str",
-    "ps",
-    "Where sparse tables (weights, embeddings) live: ps (shard actors), worker (each worker "
-    "holds the rows its table partitioner assigns it, on its own device, and updates them "
-    "with the table's optimizer; rows and gradients are exchanged between workers with "
-    "all-to-all collectives; BSP only) or auto (worker when the job is BSP and the tables fit "
-    "angel.sparse.worker.memory.mb, else ps). Dense tables (biases) stay on the shards.",
-    choices=("ps", "worker", "auto"),
-)
-SPARSE_WORKER_MEMORY = Key(
-    "angel.sparse.worker.memory.mb",
-    "float",
-    2048.0,
-    "angel.sparse.placement=auto: the MiB of each worker's memory (GPU memory on a CUDA "
-    "worker) that the sparse tables it would hold (rows and optimizer state) may take; "
-    "tables above it stay on the shards.",
-    check=positive,
-)
 LOG_PATH = Key(
     "angel.log.path",
     "str",
@@ -324,8 +305,6 @@ KEYS = [
     PLACEMENT,
     FUSED,
     DENSE_PLACEMENT,
-    SPARSE_PLACEMENT,
-    SPARSE_WORKER_MEMORY,
     LOG_PATH,
     TENSORBOARD,
     LOG_EVERY,
@@ -355,45 +334,6 @@ def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
     return key.name in conf and conf[key.name] is not None
 
 
-#: Keys that other key modules declare, refused with angel.sparse.placement=worker.
-_WORKER_REFUSES = (
-    ("angel.staleness", "tables on the workers are updated once per step by their owners (BSP)"),
-    ("angel.worker.cache.enable", "a worker reads the rows it holds directly; no cache"),
-    ("angel.ps.admission.min.count", "admission is a shard feature (not on the workers)"),
-    ("angel.ps.eviction.ttl.updates", "expiry is a shard feature (not on the workers)"),
-)
-
-
-def _worker_conflict(conf: Mapping[str, Any]) -> str:
-    """Why sparse tables cannot be held by the workers in this job ("" when they can): the
-    first key of :data:`_WORKER_REFUSES` set to a value that needs the shards."""
-    for name, why in _WORKER_REFUSES:
-        v = conf.get(name)
-        if name == "angel.worker.cache.enable":
-            on = bool(v)
-        elif name == "angel.ps.admission.min.count":
-            on = int(v or 0) > 1
-        else:
-            on = int(v or 0) != 0
-        if on:
-            return f"{name}={v}: {why}"
-    return ""
-
-
-def _sparse_placement(conf: Mapping[str, Any]) -> tuple[str, str]:
-    """angel.sparse.placement and why the workers cannot hold tables ("" if they can); a
-    ConfigError for ``worker`` with a key that needs the shards."""
-    value = str(SPARSE_PLACEMENT.read(conf))
-    conflict = _worker_conflict(conf)
-    if value == "worker" and conflict:
-        name = conflict.split("=", 1)[0]
-        raise ConfigError(
-            f"{SPARSE_PLACEMENT.name}=worker cannot run with {conflict}; set {name} to its "
-            f"default, or {SPARSE_PLACEMENT.name}=ps (or auto)"
-        )
-    return value, conflict
-
-
 @dataclass(frozen=True)
 class TrainPlan:
     """What the training loop and every worker need from the job configuration."""
@@ -413,11 +353,7 @@ class TrainPlan:
     device: str
     fused: bool
     dense_placement: str
-    #: angel.sparse.placement (ps, worker, auto) and the memory budget of auto, in bytes
-    sparse_placement: str
-    sparse_budget: float
-    #: why the workers cannot hold sparse tables in this job ("" when they can): auto says it
-    sparse_conflict: str
+    sparse: SparseOptions
     log_dir: str
     tensorboard: bool
     log_every: int
@@ -470,9 +406,7 @@ class TrainPlan:
             device="cuda" if gpus > 0 else "cpu",
             fused=bool(FUSED.read(conf)),
             dense_placement=str(DENSE_PLACEMENT.read(conf)),
-            sparse_placement=_sparse_placement(conf)[0],
-            sparse_conflict=_sparse_placement(conf)[1],
-            sparse_budget=float(SPARSE_WORKER_MEMORY.read(conf)) * (1 << 20),
+            sparse=SparseOptions.from_config(conf),
             log_dir=log_path or "runs",
             tensorboard=bool(TENSORBOARD.read(conf)),
             log_every=int(LOG_EVERY.read(conf)),
@@ -509,8 +443,6 @@ class TrainPlan:
             frozen=(),
             fused=False,
             dense_placement=dense_placement,
-            # a saved model's tables load into shards, whatever held them in training
-            sparse_placement="ps",
         )
 
 

@@ -47,7 +47,7 @@ def held_bytes(spec: TableSpec, num_workers: int) -> int:
 
 def place_tables(plan: TrainPlan, tables: Sequence[TableSpec]) -> Placed:
     """Split ``tables`` between the shards and the workers as ``plan`` says."""
-    mode = plan.sparse_placement
+    mode = plan.sparse.placement
     sparse = [t for t in tables if t.sparse]
     why = {t.name: "dense tables stay on the shards" for t in tables if not t.sparse}
     held: list[TableSpec] = []
@@ -56,13 +56,13 @@ def place_tables(plan: TrainPlan, tables: Sequence[TableSpec]) -> Placed:
     elif mode == "worker":
         held = list(sparse)
         why |= {t.name: "angel.sparse.placement=worker" for t in sparse}
-    elif plan.sparse_conflict:
-        why |= {t.name: f"auto: {plan.sparse_conflict}" for t in sparse}
+    elif plan.sparse.conflict:
+        why |= {t.name: f"auto: {plan.sparse.conflict}" for t in sparse}
     else:
         need = sum(held_bytes(t, plan.workers) for t in sparse)
         mib = f"{need / 2**20:.1f} MiB a worker"
-        budget = f"angel.sparse.worker.memory.mb={plan.sparse_budget / 2**20:g}"
-        if need <= plan.sparse_budget:
+        budget = f"angel.sparse.worker.memory.mb={plan.sparse.budget / 2**20:g}"
+        if need <= plan.sparse.budget:
             held = list(sparse)
             why |= {t.name: f"auto: BSP, {mib} within {budget}" for t in sparse}
         else:

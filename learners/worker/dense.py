@@ -52,7 +52,7 @@ def finish_grads(
         for g in dense:
             g.div_(loss_scale)
     w = num_workers
-    sparse_sq = sum(_square_sum(g) for _, g in grads.values()) / (w * w)
+    sparse_sq = _square_sum([g for _, g in grads.values()]) / (w * w)
     bad = 0.0 if math.isfinite(sparse_sq) else 1.0
     if w > 1:
         like = dense[0] if dense else torch.zeros(1)
@@ -92,12 +92,14 @@ def finish_grads(
     return finite, coef
 
 
-def _square_sum(g: np.ndarray | Tensor) -> float:
-    """Σ g² in float64: a pushed gradient (numpy) or one of a table the workers hold (a tensor
-    on the worker's device)."""
-    if isinstance(g, Tensor):
-        return float(g.detach().double().square().sum())
-    return float(np.square(g, dtype=np.float64).sum())
+def _square_sum(gs: list[np.ndarray | Tensor]) -> float:
+    """Σ g² in float64 over pushed gradients (numpy) and those of tables the workers hold
+    (tensors on the worker's device: summed there, one read for all of them)."""
+    total = sum(
+        float(np.square(g, dtype=np.float64).sum()) for g in gs if not isinstance(g, Tensor)
+    )
+    held = [g.detach().double().square().sum() for g in gs if isinstance(g, Tensor)]
+    return total + (float(torch.stack(held).sum()) if held else 0.0)
 
 
 def _all_reduce(t: Tensor) -> Tensor:

@@ -14,12 +14,14 @@ unique, gradients summed: :meth:`HeldTables.add_grad`), then :meth:`HeldTables.a
 them to their owners, each of which sums a row's gradients from all workers and applies the
 optimizer once with this update's step size. With one worker nothing is exchanged; with
 several, the exchanges are all-to-all collectives (learners/worker/table_exchange.py). This is BSP:
-every worker reads rows after every owner applied the previous update.
+every worker reads rows after every owner applied the previous update. One CPU worker applies
+an update in a thread while it prepares the next batch; its next read waits for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -199,6 +201,18 @@ class HeldTables:
         self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
         #: bytes this worker sent to other workers (ids, rows, gradients)
         self.bytes_moved = 0
+        # One CPU worker: an update runs in a thread while the worker prepares the next batch
+        # (reads wait for it: BSP). Collectives (several workers) and a device's own queue
+        # (CUDA) need none.
+        solo = num_workers == 1 and device.type == "cpu" and bool(self.tables)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
+        self._pending: Future[None] | None = None
+
+    def settle(self) -> None:
+        """Wait for an update still running (its error, if any, is raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -216,6 +230,7 @@ class HeldTables:
         read here (one worker) or from their owners (several; every worker calls this in
         the same order, as each call is a collective)."""
         names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
+        self.settle()
         if self.exchange is None:
             return {n: self.tables[n].gather(to_device(req[n], self.device)) for n in names}
         got: dict[str, Tensor] = {}
@@ -267,9 +282,12 @@ class HeldTables:
         single = all(len(p) == 1 for p in self._parts.values())
         grads = self.merged()
         self._parts = {}
+        self.settle()
         if self.exchange is None:
-            for name, (ids, g) in grads.items():
-                self.tables[name].update(ids, g * scale, lr)
+            if self._pool is not None:
+                self._pending = self._pool.submit(self._update, grads, scale, lr)
+            else:
+                self._update(grads, scale, lr)
             return
         groups = self._groups(sorted(self.names))
         for group in groups:
@@ -278,6 +296,10 @@ class HeldTables:
             # one micro-batch an update (the same on every worker): the ids are the read's
             reuse = single and len(groups) == 1
             self.bytes_moved += self.exchange.push(local, tables, scale, lr, reuse)
+
+    def _update(self, grads: Mapping[str, tuple[Tensor, Tensor]], scale: float, lr: Step) -> None:
+        for name, (ids, g) in grads.items():
+            self.tables[name].update(ids, g * scale if scale != 1.0 else g, lr)
 
     def _groups(self, names: Sequence[str]) -> list[list[str]]:
         """Tables routed alike (the same row range) exchange together."""
@@ -291,6 +313,7 @@ class HeldTables:
     def save(self, root: str) -> dict[str, Any]:
         """Write this worker's share of every held table as ``<table>/shard-<worker>.parquet``
         under ``root`` (the shards' format); the files' manifest entries."""
+        self.settle()
         files = {}
         for name, t in self.tables.items():
             entry = write_table_chunks(table_file(root, name, self.worker_id), t.export_chunks())
@@ -300,6 +323,7 @@ class HeldTables:
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace every held table's rows with the checkpoint's at ``root`` (written by the
         shards or by workers, any number of them): this worker keeps the rows it owns."""
+        self.settle()
         restored = {}
         for name, t in self.tables.items():
             t.reset()

@@ -83,12 +83,12 @@ def _fail_saves(monkeypatch: pytest.MonkeyPatch, failing: set[int]) -> list[int]
     real = saved_model.save
     calls: list[int] = []
 
-    def save(path, ps, workers, section, *held):
+    def save(path, ps, workers, section, held=()):
         calls.append(int(section["epoch"]))
         if len(calls) - 1 not in failing:
-            return real(path, ps, workers, section, *held)
+            return real(path, ps, workers, section, held)
         with _disk_full(_shard_pids()):
-            return real(path, ps, workers, section, *held)
+            return real(path, ps, workers, section, held)
 
     monkeypatch.setattr(saved_model, "save", save)
     return calls

@@ -264,7 +264,7 @@ def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
     ref = _reference(tmp_path_factory, 2, EPOCHS)
     real, saves = saved_model.save, []
 
-    def save(path: str, ps: Any, workers: Any, section: Any) -> None:
+    def save(path: str, ps: Any, workers: Any, section: Any, held: Any = ()) -> None:
         saves.append(path)
         if len(saves) == 2:
             victim = workers.actors[1]
@@ -277,7 +277,7 @@ def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
                 except ray.exceptions.GetTimeoutError:
                     pass
                 time.sleep(0.05)
-        real(path, ps, workers, section)
+        real(path, ps, workers, section, held)
 
     monkeypatch.setattr(saved_model, "save", save)
     history, _, _ = _run(tmp_path, _sets(tmp_path, "save-death", 2, EPOCHS), None)
@@ -291,3 +291,23 @@ def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
     ) in err, err
     assert len(saves) == EPOCHS + 1  # the second epoch's save, again after the restart
     assert _metrics(history) == ref
+
+
+@pytest.mark.slow
+def test_a_killed_worker_holding_table_rows_restarts_from_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """angel.sparse.placement=worker: the lost worker's rows come back from the checkpoint
+    (every worker reads its share of the files), and the job ends as the uninterrupted one."""
+    held = {"angel.sparse.placement": "worker"}
+    ref_dir = tmp_path / "ref"
+    ref, _, _ = _run(ref_dir, {**_sets(ref_dir, "held-ref", 2, EPOCHS), **held}, None)
+    sets = {**_sets(tmp_path, "held-ray", 2, EPOCHS), **held}
+    history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, "ray"))
+    assert killer is not None and killer.killed
+    err = capsys.readouterr().err
+    assert (
+        f"); restarting the workers and parameter shards from the checkpoint "
+        f"{tmp_path / 'model'} (epoch 1 done), restart 1 of angel.worker.max.restarts=3\n"
+    ) in err
+    assert _metrics(history) == _metrics(ref)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from angelps.checkpoint import files as checkpoint
+from angelps.checkpoint import backups
 from angelps.server.shard import ParameterShard
 from angelps.table import TableSpec
 from learners.job.disk_space import LOG_MIN_FREE
@@ -45,19 +45,19 @@ def test_a_full_log_disk_is_one_line_and_nothing_written(tmp_path: Path) -> None
 def test_a_backup_that_runs_out_of_room_leaves_no_temporary(tmp_path, monkeypatch):
     shard = ParameterShard(0, 1, [TableSpec("w", rows=8, cols=2)])
     shard.push(0, 0, {"w": (np.arange(8), np.ones((8, 2)))}, 0.1)
-    first = checkpoint.write_backup(str(tmp_path), shard, {"clock": 0})
-    real = checkpoint.write_manifest
+    first = backups.write_backup(str(tmp_path), shard, {"clock": 0})
+    real = backups.write_manifest
 
     def full(root, manifest):
         if "tmp-" in os.path.basename(root):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(root, manifest)
 
-    monkeypatch.setattr(checkpoint, "write_manifest", full)
+    monkeypatch.setattr(backups, "write_manifest", full)
     with pytest.raises(OSError, match="No space left on device"):
-        checkpoint.write_backup(str(tmp_path), shard, {"clock": 1})
+        backups.write_backup(str(tmp_path), shard, {"clock": 1})
     assert sorted(os.listdir(tmp_path)) == ["LATEST", first]
-    assert checkpoint.backup_version(str(tmp_path)) == first
+    assert backups.backup_version(str(tmp_path)) == first
 
 
 def test_a_full_disk_met_later_names_the_job_s_paths_and_their_room(tmp_path):

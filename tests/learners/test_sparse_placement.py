@@ -150,7 +150,9 @@ def test_held_tables_on_a_gpu_update_as_on_the_cpu(opt: OptimizerSpec) -> None:
     np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-5, atol=1e-7)
 
 
-def _worker_steps(opt: str, device: str, held: bool, tmp_path, ps_cls) -> dict[str, np.ndarray]:
+def _worker_steps(
+    opt: str, device: str, held: bool, tmp_path, ps_cls, clip: float = 0.0
+) -> dict[str, np.ndarray]:
     """4 DeepFM updates of one worker (no Ray): the sparse tables' rows after them, held by
     the worker or in an in-process PS."""
     from decay.angel import StandardDecay
@@ -158,7 +160,7 @@ def _worker_steps(opt: str, device: str, held: bool, tmp_path, ps_cls) -> dict[s
 
     path = _head(ROOT / "data/census/census_148d_train.dummy", tmp_path / "c.dummy", 256)
     sets = {**DEEPFM, "ml.inputlayer.optimizer": opt, "ml.embedding.optimizer": opt}
-    w, ps = _worker(path, sets, {"device": device}, ps_cls, fields=13)
+    w, ps = _worker(path, sets, {"device": device, "clip": clip}, ps_cls, fields=13)
     sparse = [s for s in ps.specs.values() if s.sparse]
     if held:
         w.hold_tables(sparse, "hash")
@@ -170,10 +172,15 @@ def _worker_steps(opt: str, device: str, held: bool, tmp_path, ps_cls) -> dict[s
     return {k: v.cpu().numpy() for k, v in w.held.rows({s.name: keys for s in sparse}).items()}
 
 
-@pytest.mark.parametrize("opt", ["Momentum", "Adam", "FTRL"])
-def test_a_worker_holding_its_tables_steps_as_with_a_ps(opt, tmp_path, local_ps_class) -> None:
-    want = _worker_steps(opt, "cpu", False, tmp_path, local_ps_class)
-    got = _worker_steps(opt, "cpu", True, tmp_path, local_ps_class)
+@pytest.mark.parametrize(
+    ("opt", "clip"), [("Momentum", 0.0), ("Adam", 0.0), ("FTRL", 0.0), ("Momentum", 0.05)]
+)
+def test_a_worker_holding_its_tables_steps_as_with_a_ps(
+    opt, clip, tmp_path, local_ps_class
+) -> None:
+    """(clip: the held tables' gradients count in the global norm as pushed ones do)"""
+    want = _worker_steps(opt, "cpu", False, tmp_path, local_ps_class, clip)
+    got = _worker_steps(opt, "cpu", True, tmp_path, local_ps_class, clip)
     for name, rows in want.items():
         np.testing.assert_allclose(got[name], rows, rtol=1e-5, atol=1e-7, err_msg=name)
 
@@ -186,3 +193,25 @@ def test_a_cuda_worker_holding_its_tables_steps_as_the_cpu(opt, tmp_path, local_
     got = _worker_steps(opt, "cuda", True, tmp_path, local_ps_class)
     for name, rows in want.items():
         np.testing.assert_allclose(got[name], rows, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_start_screen_says_where_each_table_lives_and_why() -> None:
+    from angelps import PSOptions
+    from learners.job.loop_options import JobSize
+    from learners.runs.run_log import banner
+
+    sets = {"angel.sparse.placement": "auto", "angel.train.data.path": "train.libsvm"}
+    conf = load_config(None, sets, all_keys())
+    plan = TrainPlan.from_config(conf)
+    placed = place_tables(plan, TABLES)
+    size = JobSize(num_features=1000, num_fields=None, batch_size=128, updates_per_epoch=5)
+    text = banner(
+        conf, plan, PSOptions.from_config(conf), size, TABLES, "FM", 0, None, placed.where()
+    )
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.strip().startswith("embedding "))
+    assert lines[i + 1].strip() == (
+        "on the workers: auto: BSP, 0.1 MiB a worker within angel.sparse.worker.memory.mb=2048"
+    )
+    j = next(n for n, line in enumerate(lines) if line.strip().startswith("wide_bias "))
+    assert lines[j + 1].strip() == "on the shards: dense tables stay on the shards"

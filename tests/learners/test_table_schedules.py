@@ -156,7 +156,7 @@ def _job(tmp_path: Path, name: str, data: str, sets: dict, resume: bool = False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # lr_a9a's alpha, unused here
             learner.train(resume=resume)
-        pred = learner.predict(data)["pred"]
+        pred = learner.predict(data)
     finally:
         learner.shutdown()
     log = tmp_path / name

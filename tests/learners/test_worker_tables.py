@@ -14,6 +14,7 @@ import ray
 from angelconf.config import ConfigError
 from angelps.checkpoint import files as checkpoint
 from learners.job.learner import GraphLearner
+from learners.runs.export import export_state_dict
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +52,16 @@ def _learner(conf: str, tmp: Path, data: str, **sets: object) -> GraphLearner:
 
 
 def _train(conf: str, tmp: Path, data: str, **sets: object) -> tuple[dict, dict]:
+    """Train; (the summary with the live workers' predictions of ``data`` under ``pred``
+    and their ``evaluate`` metrics under ``eval``, every table of the last checkpoint)."""
     learner = _learner(conf, tmp, data, **sets)
     try:
         result = learner.train()
+        summary = {**result.summary, "pred": learner.predict(data)}
+        summary["eval"] = learner.evaluate(data)
     finally:
         learner.shutdown()
-    return result.summary, _tables(str(tmp / "model"))
+    return summary, _tables(str(tmp / "model"))
 
 
 def _tables(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
@@ -117,7 +122,10 @@ def test_one_worker_holding_the_tables_trains_as_the_shards(tmp_path, census, co
 
 @pytest.mark.parametrize(
     ("conf", "opt"),
-    [("fm_census.properties", "Adam"), ("deepfm_census.properties", "Momentum")],
+    [
+        ("fm_census.properties", "Adam"),
+        pytest.param("deepfm_census.properties", "Momentum", marks=pytest.mark.slow),
+    ],
 )
 def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf, opt):
     """Each worker owns the rows the partitioner gives it; rows and gradients cross over
@@ -136,6 +144,9 @@ def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf,
     assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
     _assert_same(ps_w, held_w)
     assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    # predict and evaluate on the live workers: every read is an exchange between them
+    np.testing.assert_allclose(held["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
+    assert held["eval"]["valid_auc"] == pytest.approx(ps["eval"]["valid_auc"], abs=1e-6)
 
 
 def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
@@ -152,14 +163,19 @@ def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
     try:
         result = learner.train(resume=True)
         assert [h["epoch"] for h in result.history] == [0, 1]
-        live = learner.predict(census)["pred"]
+        live = learner.predict(census)
     finally:
         learner.shutdown()
     resumed = _tables(str(tmp_path / "resumed" / "model"))
     _assert_same(full, resumed)
+    # angelps export reads the workers' files as the shards'
+    a = export_state_dict(str(tmp_path / "full" / "model"), 1 << 30)
+    b = export_state_dict(str(tmp_path / "resumed" / "model"), 1 << 30)
+    for name in ("ps.wide", "ps.embedding", "ps.wide_bias"):
+        np.testing.assert_allclose(b[name].numpy(), a[name].numpy(), rtol=1e-5, atol=1e-7)
     loaded = GraphLearner.load(tmp_path / "resumed" / "model")  # shards, one worker
     try:
-        np.testing.assert_allclose(loaded.predict(census)["pred"], live, rtol=1e-6)
+        np.testing.assert_allclose(loaded.predict(census), live, rtol=1e-6)
     finally:
         loaded.shutdown()
     # Into another worker count: the same start as the shards'.
@@ -179,18 +195,30 @@ def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
 
 
 def test_worker_placement_refuses_what_it_cannot_run(tmp_path, census):
-    for key, value in [
-        ("angel.staleness", 2),
-        ("angel.worker.cache.enable", True),
-        ("angel.ps.admission.min.count", 3),
-        ("angel.ps.eviction.ttl.updates", 10),
+    for key, value, shown in [
+        ("angel.staleness", 2, "2"),
+        ("angel.worker.cache.enable", True, "true"),
+        ("angel.ps.admission.min.count", 3, "3"),
+        ("angel.ps.eviction.ttl.updates", 10, "10"),
     ]:
-        with pytest.raises(
-            ConfigError, match=f"angel.sparse.placement=worker cannot run with {key}="
-        ):
-            _learner(
-                "fm_census.properties",
-                tmp_path,
-                census,
-                **{key: value, "angel.sparse.placement": "worker"},
-            )
+        sets = {key: value, "angel.sparse.placement": "worker"}
+        with pytest.raises(ConfigError) as e:
+            _learner("fm_census.properties", tmp_path, census, **sets)
+        assert str(e.value).startswith(
+            f"angel.sparse.placement=worker cannot run with {key}={shown}: "
+        )
+        assert str(e.value).endswith(
+            f"; set {key} to its default, or angel.sparse.placement=ps (or auto)"
+        )
+    with pytest.raises(ConfigError) as e:
+        _learner(
+            "fm_census.properties",
+            tmp_path,
+            census,
+            **{"angel.worker.cache.enable": True, "angel.sparse.placement": "worker"},
+        )
+    assert str(e.value) == (
+        "angel.sparse.placement=worker cannot run with angel.worker.cache.enable=true: a "
+        "worker reads the rows it holds directly; no cache; set angel.worker.cache.enable to "
+        "its default, or angel.sparse.placement=ps (or auto)"
+    )
