@@ -35,13 +35,16 @@ from angelps.client.ps_client import PSClient
 from angelps.client.routing import Routed, assemble
 from angelps.options import PSOptions
 from angelps.partition import Partitioner
+from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec
 
 
 class InProcessPS:
     """The client's work (validation, dedup, routing, assembly) and the shards' work, in one
-    process with no Ray: the ceiling a Ray deployment is compared with."""
+    process with no Ray: the ceiling a Ray deployment is compared with. As on the Ray path, a
+    call is validated once, by the client (angelps.push_checks), and the shards take it as
+    checked."""
 
     def __init__(self, tables: list[TableSpec], num_shards: int) -> None:
         self.specs = {t.name: t for t in tables}
@@ -50,11 +53,11 @@ class InProcessPS:
         self.clock = 0
 
     def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
-        r = Routed(self.specs[table], self.parts[table], keys)
+        r = Routed(self.specs[table], self.parts[table], check_keys(self.specs[table], keys))
         shards, values = [], []
         for s, shard in enumerate(self.shards):
             if r.count(s):
-                values.append(shard.pull({table: r.uniq[r.index(s)]}))
+                values.append(shard.pull({table: r.uniq[r.index(s)]}, checked=True))
                 shards.append(s)
         return assemble([r], shards, values)[table]
 
@@ -63,14 +66,14 @@ class InProcessPS:
 
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray, lr: float) -> None:
         spec = self.specs[table]
-        g = grads.astype(spec.dtype, copy=False)
-        if not np.isfinite(g).all():
-            raise ValueError("non-finite gradient")
-        r = Routed(spec, self.parts[table], keys)
-        summed = r.sum_grads(g)
+        checked = check_push(spec, keys, grads, "error")
+        assert checked is not None
+        r = Routed(spec, self.parts[table], checked[0])
+        summed = r.sum_grads(checked[1])
+        step = check_lr(lr)
         for s, shard in enumerate(self.shards):
             idx = r.index(s)
-            shard.push(0, self.clock, {table: (r.uniq[idx], summed[idx])}, lr)
+            shard.push(0, self.clock, {table: (r.uniq[idx], summed[idx])}, step, checked=True)
         self.clock += 1
 
 

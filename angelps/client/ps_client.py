@@ -34,20 +34,13 @@ from angelps.checkpoint import remote_backup as backup_remote
 from angelps.checkpoint.local_dir import write_durably
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
-from angelps.client.transport import (
-    Pulls,
-    Pushes,
-    Reply,
-    Transport,
-    call_bytes,
-    get_refs,
-    remote_error,
-)
+from angelps.client.transport import Reply, Transport, call_bytes, get_refs, remote_error
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
+from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step
 from angelps.server.launch import launch_shards
-from angelps.server.shard import check_keys, check_lr, check_push
+from angelps.step_call import Pulls, Pushes, StepCall
 from angelps.table import TableSpec, table_named
 
 __all__ = ["HeldWriter", "PSClient", "PSFuture"]
@@ -211,9 +204,9 @@ class PSClient:
             results = self._log.recover(every, self.net, self._clock)
         except FAILURES:
             results = self._log.recover(every, self.net, self._clock)
-        for c, (_, backed_up) in zip(every, results, strict=True):
-            self._log.trim(c.shard, backed_up)
-        return [rows for rows, _ in results[: len(calls)]]
+        for c, r in zip(every, results, strict=True):
+            self._log.trim(c.shard, r.backed_up)
+        return [r.rows for r in results[: len(calls)]]
 
     def _route(self, table: str, keys: ArrayLike) -> Routed:
         spec = self._spec(table)
@@ -246,7 +239,8 @@ class PSClient:
     ) -> list[Call]:
         """One ``step`` call per shard that has something to do (every shard for a push: it is
         this worker's clock tick). ``ahead``: the pull is for the batch of ``ahead`` clocks
-        later (a prefetch, SSP/ASP)."""
+        later (a prefetch, SSP/ASP). The calls are marked checked: ``push`` and ``pull`` were
+        validated here (:mod:`angelps.push_checks`), so the shards do not check them again."""
         clock = self._clock
         pull_clock = clock + 1 if push is not None else clock
         prefetch = pull_clock + ahead if ahead > 0 else None
@@ -257,16 +251,19 @@ class PSClient:
                 pushes = {
                     r.spec.name: (r.uniq[r.index(s)], g[r.index(s)]) for r, g in push if r.count(s)
                 }
-                self._log.record(s, clock, pushes, lr)
             pulls: Pulls = {r.spec.name: r.uniq[r.index(s)] for r in pull if r.count(s)}
             for name in pull_dense:
                 pulls[name] = None
             if pushes is None and not pulls:
                 continue
-            args = (self.worker_id, clock, pushes, lr, pulls or None, False, prefetch)
+            call = StepCall(
+                self.worker_id, clock, pushes, lr, pulls or None, False, prefetch, checked=True
+            )
+            if pushes is not None:
+                self._log.record(s, call)
             nbytes = call_bytes(self.specs, self.num_shards, pushes, pulls)
             # (recovery redoes a lost pull at pull_clock: rows as fresh as a prefetch's, or more)
-            calls.append(Call(s, self.net.call(s, args, nbytes), pull_clock, pulls or None))
+            calls.append(Call(s, self.net.call(s, call, nbytes), pull_clock, pulls or None))
         if push is not None:
             self._clock += 1
         return calls

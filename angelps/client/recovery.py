@@ -2,7 +2,8 @@
 
 Each ``step`` call in flight is a :class:`Call` (its shard, its reply's ref, and the pull to
 redo). With shard backups on (``angel.ps.backup.interval > 0``), a worker's client keeps a
-:class:`ReplayLog`: per shard, the pushes it sent since the last backup that shard reported
+:class:`ReplayLog`: per shard, the push calls (:class:`~angelps.step_call.StepCall`) it sent
+since the last backup that shard reported
 (each reply carries the worker's clock held by the shard's latest backup, and the log is
 trimmed to it). When a call fails because its shard died, Ray restarts the shard, which
 restores its latest backup and refuses the worker's calls (``ShardRestarted``) until the
@@ -26,16 +27,14 @@ from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
 
 from angelps.client.transport import (
     ChannelDown,
-    Pulls,
-    Pushes,
     Ref,
     Reply,
     Transport,
     get_refs,
     remote_error,
 )
-from angelps.rates import Step
 from angelps.server.shard import ShardRestarted
+from angelps.step_call import Pulls, StepCall, StepResult
 
 __all__ = ["FAILURES", "Call", "ReplayLog", "dead_for_good", "is_restart"]
 
@@ -53,15 +52,6 @@ class Call:
         self.ref = ref
         self.clock = clock  # the clock its pull is served at
         self.pulls = pulls
-
-
-class _Entry:
-    __slots__ = ("clock", "lr", "pushes")
-
-    def __init__(self, clock: int, pushes: Pushes, lr: Step) -> None:
-        self.clock = clock
-        self.pushes = pushes
-        self.lr = lr
 
 
 def dead_for_good(shard: int, e: ActorDiedError) -> str:
@@ -96,16 +86,18 @@ class ReplayLog:
         self.timeout_s = timeout_s
         #: The job's secret, which the shards check on every call (set by the client).
         self.secret = ""
-        self.entries: list[collections.deque[_Entry]] = [collections.deque() for _ in handles]
+        # per shard: the push calls sent to it, as they are replayed (StepCall.replayed)
+        self.entries: list[collections.deque[StepCall]] = [collections.deque() for _ in handles]
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()  # the log belongs to this process's pushes
         state["entries"] = [collections.deque() for _ in self.handles]
         return state
 
-    def record(self, shard: int, clock: int, pushes: Pushes, lr: Step) -> None:
+    def record(self, shard: int, call: StepCall) -> None:
+        """Keep the push of ``call`` (sent to ``shard``) until a backup holds it."""
         if self.enabled:
-            self.entries[shard].append(_Entry(clock, pushes, lr))
+            self.entries[shard].append(call.replayed())
 
     def trim(self, shard: int, backed_up: int) -> None:
         """Forget the pushes older than the clock the shard's latest backup holds."""
@@ -153,11 +145,14 @@ class ReplayLog:
         out: list[Reply] = []
         for c, r in zip(calls, results, strict=True):
             if r is None and c.pulls:
+                redo = StepCall(
+                    self.worker_id, c.clock, pulls=c.pulls, recovering=True, checked=True
+                )
                 ref: ray.ObjectRef[Reply] = self.handles[c.shard].step.remote(
-                    self.worker_id, c.clock, None, 0.0, c.pulls, True, secret=self.secret
+                    redo, secret=self.secret
                 )
                 r = self._retry_get(c.shard, ref)
-            out.append((None, 0) if r is None else r)
+            out.append(StepResult(None, 0) if r is None else r)
         return out
 
     def _retry_get(self, shard: int, ref: ray.ObjectRef[Reply]) -> Reply:
@@ -210,10 +205,7 @@ class ReplayLog:
                 f"but this client's log starts at clock {first}: updates would be lost"
             )
         h = self.handles[shard]
-        refs = [
-            h.step.remote(self.worker_id, e.clock, e.pushes, e.lr, None, True, secret=self.secret)
-            for e in entries
-        ]
+        refs = [h.step.remote(e, secret=self.secret) for e in entries]
         try:
             ray.get(refs)
         except RayTaskError as e:

@@ -31,8 +31,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelps.client import wire
 from angelps.options import ClientOptions
-from angelps.rates import Step
 from angelps.server.shard import ShardRestarted
+from angelps.step_call import Pulls, Pushes, StepCall, StepResult
 from angelps.table import TableSpec
 
 __all__ = [
@@ -49,11 +49,8 @@ __all__ = [
     "remote_error",
 ]
 
-#: One table's push to one shard: (keys, gradients); a pull: keys (None: a dense block).
-Pushes: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]
-Pulls: TypeAlias = dict[str, np.ndarray | None]
-#: What a shard's ``step`` returns: (rows or None, this worker's clock held by its backup).
-Reply: TypeAlias = tuple[dict[str, np.ndarray] | None, int]
+#: What a shard's ``step`` returns.
+Reply: TypeAlias = StepResult
 
 
 class ChannelDown(Exception):
@@ -202,12 +199,7 @@ class Transport:
         state["ray_refs"] = [[] for _ in self.handles]
         return state
 
-    def call(
-        self,
-        shard: int,
-        args: tuple[int, int, Pushes | None, Step, Pulls | None, bool, int | None],
-        nbytes: int,
-    ) -> Ref:
+    def call(self, shard: int, call: StepCall, nbytes: int) -> Ref:
         """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over
         the connection, whatever its size, or via Ray where the shard cannot be reached
         directly (waiting first for the calls in flight on the other path, so that the shard
@@ -219,14 +211,14 @@ class Transport:
                 ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
                 self.ray_refs[shard] = []
             try:
-                return chan.send(wire.encode_request(*args))
+                return chan.send(wire.encode_request(call))
             except ChannelDown:
                 pass  # the shard died: the Ray call below fails too and recovery takes over
         ch = self.chans[shard]
         if isinstance(ch, Channel):
             ch.drain()
         secret = self.options.shard.token  # checked by the shard (server._check_secret)
-        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(*args, secret=secret)
+        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(call, secret=secret)
         if ch is not False and self.options.transport == "socket":
             pending = self.ray_refs[shard]
             pending.append(ref)

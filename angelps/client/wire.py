@@ -1,4 +1,5 @@
-"""The data plane: a shard's ``step`` over a direct TCP connection instead of a Ray actor call.
+"""The data plane: a shard's ``step`` (a :class:`~angelps.step_call.StepCall` and its
+:class:`~angelps.step_call.StepResult`) over a direct TCP connection instead of a Ray actor call.
 
 A Ray actor call has a fixed cost whatever its payload (submission, scheduling, the reply
 through the core worker) that is several times a shard's work for a step and far above a
@@ -41,13 +42,14 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from angelps.rates import Step, StepRates
+from angelps.rates import StepRates
+from angelps.step_call import Pulls, Pushes, StepCall, StepResult
 
 __all__ = [
     "ACK",
@@ -116,45 +118,39 @@ class FrameLimits:
         return cls(header, min(body, MAX_CALL_BYTES))
 
 
-def encode_request(
-    worker: int,
-    clock: int,
-    pushes: Mapping[str, tuple[np.ndarray, np.ndarray]] | None,
-    lr: Step,
-    pulls: Mapping[str, np.ndarray | None] | None,
-    recovering: bool = False,
-    pull_clock: int | None = None,
-) -> list[bytes | memoryview]:
-    """The frames of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied)."""
+def encode_request(call: StepCall) -> list[bytes | memoryview]:
+    """The frames of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied).
+    ``call.checked`` is not sent: the shard checks every call it decodes."""
     bufs: list[bytes | memoryview] = []
     push_h = None
-    if pushes is not None:
+    if call.pushes is not None:
         push_h = []
-        for name, (keys, grads) in pushes.items():
+        for name, (keys, grads) in call.pushes.items():
             k = np.ascontiguousarray(keys, dtype=np.int64)
             g = np.ascontiguousarray(grads)
             push_h.append([name, int(k.size), int(g.shape[1]) if g.ndim == 2 else 1, g.dtype.str])
             bufs += [k.data, g.data]
     pull_h = None
-    if pulls is not None:
+    if call.pulls is not None:
         pull_h = []
-        for name, wanted in pulls.items():
+        for name, wanted in call.pulls.items():
             if wanted is None:
                 pull_h.append([name, -1])
                 continue
             pk = np.ascontiguousarray(wanted, dtype=np.int64)
             pull_h.append([name, int(pk.size)])
             bufs.append(pk.data)
+    step = call.step
     head: dict[str, Any] = {
-        "w": worker,
-        "c": clock,
-        "lr": lr.to_json() if isinstance(lr, StepRates) else lr,
-        "r": recovering,
+        "w": call.worker,
+        "c": call.clock,
+        "lr": step.to_json() if isinstance(step, StepRates) else step,
+        "r": call.recovering,
         "push": push_h,
         "pull": pull_h,
     }
-    if pull_clock is not None:
-        head["pc"] = pull_clock
+    if call.pull_clock is not None:
+        head["pc"] = call.pull_clock
     return frames(head, bufs)
 
 
@@ -197,8 +193,9 @@ def stream_length(header: bytes, first: int) -> int:
     return int(n)
 
 
-def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
-    """The arguments of ``ShardServer.step`` from a request frame (arrays are views of body).
+def decode_request(header: bytes, body: bytes) -> StepCall:
+    """The call of a request frame (arrays are views of body), not marked checked: the shard
+    validates its pushes and pulls against its tables (:mod:`angelps.push_checks`).
 
     ValueError for anything but a request of the documented shape whose arrays exactly fill
     ``body`` (garbage, unknown fields' types, a dtype other than :data:`DTYPES`, lengths that
@@ -224,7 +221,7 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
     if pull_clock is not None and not (_is_int(pull_clock) and pull_clock >= 0):
         raise ValueError("malformed request header: pc must be an integer >= 0")
     off = 0
-    pushes: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    pushes: Pushes | None = None
     if push_h is not None:
         pushes = {}
         for name, n, cols, dtype in _entries(push_h, 4):
@@ -237,7 +234,7 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
             grads = np.frombuffer(body, dtype=dt, count=n * cols, offset=off + 8 * n)
             pushes[name] = (keys, grads.reshape(n, cols))
             off += need
-    pulls: dict[str, np.ndarray | None] | None = None
+    pulls: Pulls | None = None
     if pull_h is not None:
         pulls = {}
         for name, n in _entries(pull_h, 2):
@@ -251,15 +248,15 @@ def decode_request(header: bytes, body: bytes) -> dict[str, Any]:
             off += 8 * n
     if off != len(body):
         raise ValueError(f"malformed request: its arrays hold {off} bytes, the body {len(body)}")
-    return {
-        "worker": worker,
-        "clock": clock,
-        "pushes": pushes,
-        "lr": lr if isinstance(lr, StepRates) else float(lr),
-        "pulls": pulls,
-        "recovering": recovering,
-        "pull_clock": pull_clock,
-    }
+    return StepCall(
+        worker,
+        clock,
+        pushes,
+        lr if isinstance(lr, StepRates) else float(lr),
+        pulls,
+        recovering,
+        pull_clock,
+    )
 
 
 def _is_int(v: Any) -> bool:
@@ -285,17 +282,17 @@ def _check_fits(off: int, need: int, size: int) -> None:
         raise ValueError(f"malformed request: its arrays need more than the body's {size} bytes")
 
 
-def encode_reply(rows: Mapping[str, np.ndarray] | None, backed_up: int) -> list[bytes | memoryview]:
+def encode_reply(result: StepResult) -> list[bytes | memoryview]:
     """The frames of a successful ``step``: its rows (or none) and the backup clock."""
     bufs: list[bytes | memoryview] = []
     rows_h = None
-    if rows is not None:
+    if result.rows is not None:
         rows_h = []
-        for name, r in rows.items():
+        for name, r in result.rows.items():
             a = np.ascontiguousarray(r)
             rows_h.append([name, int(a.shape[0]), int(a.shape[1]), a.dtype.str])
             bufs.append(a.data)
-    return frames({"ok": True, "b": backed_up, "rows": rows_h}, bufs)
+    return frames({"ok": True, "b": result.backed_up, "rows": rows_h}, bufs)
 
 
 def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
@@ -305,7 +302,7 @@ def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
 
 
 def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
-    """``(True, (rows or None, backed_up))`` or ``(False, (kind, msg, args))``."""
+    """``(True, StepResult)`` or ``(False, (kind, msg, args))``."""
     h = json.loads(header)
     if not h["ok"]:
         return False, (h["kind"], h["msg"], h["args"])
@@ -317,7 +314,7 @@ def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
             dt = np.dtype(dtype)
             rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
             off += dt.itemsize * n * cols
-    return True, (rows, int(h["b"]))
+    return True, StepResult(rows, int(h["b"]))
 
 
 def recv_call(

@@ -1,25 +1,23 @@
-"""One parameter shard as a plain class (:class:`ParameterShard`, testable without Ray), and the
-checks every pull and push goes through.
+"""One parameter shard as a plain class (:class:`ParameterShard`, testable without Ray).
 
 A shard holds, for every table, the rows the partitioner assigns to it plus their optimizer
 state (:mod:`angelps.storage.table_rows`), and the clocks of the workers (:mod:`angelps.server.consistency`).
 :class:`angelps.server.shard_server.ShardServer` wraps it in a Ray actor that adds the clock waiting, the
 TCP data plane and backups.
 
-Invariants: every push is validated completely (tables, key ranges, shapes, dtypes,
-finiteness) before any row is touched, so a rejected push leaves the shard unchanged; a
-worker's pushes are applied in clock order; under BSP the pushes of one clock from all workers
-are summed and applied as one optimizer update.
+Invariants: every push not already checked by the client (:mod:`angelps.push_checks`: a call
+from the network, a direct use of this class) is validated completely (tables, key ranges,
+ownership, shapes, dtypes, finiteness) before any row is touched, so a rejected push leaves the
+shard unchanged; a worker's pushes are applied in clock order; under BSP the pushes of one clock
+from all workers are summed and applied as one optimizer update.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from angelps.checkpoint.files import (
     CheckpointError,
@@ -42,111 +40,13 @@ from angelps.options import (
     one_of,
 )
 from angelps.partition import Partitioner
-from angelps.rates import Step, StepRates, rate_of
+from angelps.push_checks import check_keys, check_lr, check_push
+from angelps.rates import Step, rate_of
 from angelps.server.consistency import ClockTable
 from angelps.storage.table_rows import Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
-__all__ = [
-    "ParameterShard",
-    "ShardRestarted",
-    "all_finite",
-    "check_grads",
-    "check_keys",
-    "check_lr",
-    "check_push",
-]
-
-
-def all_finite(a: np.ndarray) -> bool:
-    """No NaN or inf in ``a``. A finite sum proves it without a boolean temporary (NaN and inf
-    propagate through a sum); only a non-finite sum, which may be an overflow, is checked
-    element by element."""
-    if a.size == 0:
-        return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = a.sum(dtype=np.float64)
-    if np.isfinite(total):
-        return True
-    return bool(np.isfinite(a).all())
-
-
-def check_lr(lr: Any) -> Step:
-    """The step of a push: a finite number >= 0, or :class:`~angelps.rates.StepRates` (checked
-    when built)."""
-    if isinstance(lr, StepRates):
-        return lr
-    try:
-        value = float(lr)
-    except (TypeError, ValueError):
-        raise ValueError(f"learning rate {lr!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"learning rate {lr!r} must be a finite number >= 0")
-    return value
-
-
-def check_keys(spec: TableSpec, keys: ArrayLike) -> np.ndarray:
-    """Keys as a 1-D int64 array, checked against the table's range."""
-    arr = np.asarray(keys)
-    if arr.ndim != 1:
-        raise ValueError(f"table {spec.name!r}: keys must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        if arr.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        raise ValueError(f"table {spec.name!r}: keys must be integers, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
-        raise ValueError(f"table {spec.name!r}: key {int(arr.max())} does not fit in int64")
-    arr = arr.astype(np.int64, copy=False)
-    if spec.rows > 0 and arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= spec.rows:
-            bad = lo if lo < 0 else hi
-            kind = "sparse index" if spec.sparse else "dense"
-            raise ValueError(
-                f"table {spec.name!r}: key {bad} is outside the {kind} range [0, {spec.rows})"
-            )
-    return arr
-
-
-def check_grads(spec: TableSpec, n: int, grads: ArrayLike) -> np.ndarray:
-    """Gradients as a ``[n, cols]`` array of the table's dtype."""
-    arr = np.asarray(grads)
-    if arr.dtype.kind != "f":
-        raise ValueError(
-            f"table {spec.name!r}: gradients must be floating point, got dtype {arr.dtype}"
-        )
-    if arr.ndim == 1 and spec.cols == 1:
-        arr = arr.reshape(-1, 1)
-    if arr.shape != (n, spec.cols):
-        raise ValueError(
-            f"table {spec.name!r}: gradients of shape {arr.shape} do not match "
-            f"{n} keys x {spec.cols} columns"
-        )
-    return arr.astype(spec.dtype, copy=False)
-
-
-def check_push(
-    spec: TableSpec,
-    keys: ArrayLike,
-    grads: ArrayLike,
-    nan_policy: str,
-    check_owned: Callable[[np.ndarray], None] | None = None,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Keys and gradients of one table's push, checked (``check_owned``: the shard's check
-    that it holds the keys); None when the gradients are not finite and ``nan_policy`` is
-    skip (ValueError when it is error)."""
-    k = check_keys(spec, keys)
-    if check_owned is not None:
-        check_owned(k)
-    g = check_grads(spec, len(k), grads)
-    if all_finite(g):
-        return k, g
-    if nan_policy == "error":
-        raise ValueError(
-            f"table {spec.name!r}: gradient contains NaN or inf "
-            f"(angel.ps.nan.policy=error; set it to skip to drop such updates)"
-        )
-    return None
+__all__ = ["ParameterShard", "ShardRestarted"]
 
 
 class ParameterShard:
@@ -236,6 +136,19 @@ class ParameterShard:
             out[name] = (k, g)
         return out
 
+    def _check_pull(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray | None]:
+        """Checked keys of every table of a pull, before any is read."""
+        out: dict[str, np.ndarray | None] = {}
+        for name, keys in requests.items():
+            t = self._table(name)
+            if keys is None:
+                out[name] = None
+                continue
+            k = check_keys(t.spec, keys)
+            t.check_owned(k)
+            out[name] = k
+        return out
+
     # --- operations ----------------------------------------------------------------------------
 
     def push(
@@ -244,9 +157,12 @@ class ParameterShard:
         clock: int,
         updates: Mapping[str, tuple[Any, Any]],
         lr: Step,
+        checked: bool = False,
     ) -> None:
         """Apply worker ``worker``'s gradients for ``clock`` (see :mod:`angelps.server.consistency`).
         ``lr``: the step size, or the per-table step sizes and momentum (:mod:`angelps.rates`).
+        ``checked``: the client validated ``updates`` and ``lr`` already
+        (:attr:`angelps.step_call.StepCall.checked`): they are used as they are.
 
         Under BSP the pushes of one clock are summed over the workers and applied as one
         optimizer update (with the step size of the first push of that clock) when the last
@@ -259,10 +175,11 @@ class ParameterShard:
                 f"shard {self.shard_id}: worker {worker} pushed clock {clock} but its next "
                 f"clock is {clocks.pushed[worker]}"
             )
-        lr = check_lr(lr)
-        checked = self._validate(updates)
+        if not checked:
+            lr = check_lr(lr)
+            updates = self._validate(updates)
         if not clocks.bsp or clocks.num_workers == 1:
-            for name, (k, g) in checked.items():
+            for name, (k, g) in updates.items():
                 self.tables[name].update(k, g, *rate_of(lr, name))
                 self.updates += 1
             clocks.record_push(worker)
@@ -271,7 +188,7 @@ class ParameterShard:
             return
         bucket = self._pending.setdefault(clock, {})
         self._pending_lr.setdefault(clock, lr)
-        for name, kg in checked.items():
+        for name, kg in updates.items():
             bucket.setdefault(name, []).append(kg)
         clocks.record_push(worker)
         while clocks.complete_clock():
@@ -294,20 +211,14 @@ class ParameterShard:
             t.update(k, g, *rate_of(lr, name))
             self.updates += 1
 
-    def pull(self, requests: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def pull(self, requests: Mapping[str, Any], checked: bool = False) -> dict[str, np.ndarray]:
         """Rows of the requested keys, per table, in the order of the keys. ``None`` as the
-        keys of a dense table means this shard's whole block."""
-        checked: dict[str, np.ndarray | None] = {}
-        for name, keys in requests.items():  # validate every table before reading any
-            t = self._table(name)
-            if keys is None:
-                checked[name] = None
-                continue
-            k = check_keys(t.spec, keys)
-            t.check_owned(k)
-            checked[name] = k
+        keys of a dense table means this shard's whole block. ``checked``: the client
+        validated the keys already (int64, in range, held here)."""
+        if not checked:
+            requests = self._check_pull(requests)
         out: dict[str, np.ndarray] = {}
-        for name, req in checked.items():
+        for name, req in requests.items():
             t = self.tables[name]
             if req is None or strictly_increasing(req):
                 out[name] = t.read(req)

@@ -27,7 +27,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import ray
 
 from angelps import fs
@@ -35,8 +34,8 @@ from angelps.checkpoint.backups import backup_version, read_backup, write_backup
 from angelps.checkpoint.files import CheckpointError
 from angelps.client import wire
 from angelps.options import ShardOptions
-from angelps.rates import Step
 from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
 
 try:
@@ -184,51 +183,47 @@ class ShardServer:
 
     # --- remote methods ------------------------------------------------------------------------
 
-    async def step(
-        self,
-        worker: int,
-        clock: int,
-        pushes: Mapping[str, tuple[Any, Any]] | None,
-        lr: Step,
-        pulls: Mapping[str, Any] | None,
-        recovering: bool = False,
-        pull_clock: int | None = None,
-        secret: Any = "",
-    ) -> tuple[dict[str, np.ndarray] | None, int]:
-        """Push (worker's gradients for ``clock``), then pull at the clock after it. Returns
-        (rows or None, the clock of this worker held by the latest backup).
+    async def step(self, call: StepCall, secret: Any = "") -> StepResult:
+        """Push (``call.pushes``: the worker's gradients for ``call.clock``), then pull at the
+        clock after it; the result's ``backed_up`` is the clock of this worker held by the
+        latest backup. A call the client did not check (``call.checked``: one from the
+        network) is validated by the shard before any row is touched; ``secret``: the job's,
+        which a Ray call must carry (server._check_secret).
 
-        ``pull_clock`` (SSP, ASP): a prefetch, the rows of a batch the worker computes at that
-        later clock; it waits as SSP asks for a read at that clock, but only for this worker's
-        pushes so far (the calls of its later clocks come behind it on the same connection).
+        ``call.pull_clock`` (SSP, ASP): a prefetch, the rows of a batch the worker computes at
+        that later clock; it waits as SSP asks for a read at that clock, but only for this
+        worker's pushes so far (the calls of its later clocks come behind it on the same
+        connection).
 
         After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
-        arrives that its client sent knowing of the restart (``recovering``: a replayed push
-        or a redone pull; Ray may deliver those out of order, so they wait for their clock
+        arrives that its client sent knowing of the restart (``call.recovering``: a replayed
+        push or a redone pull; Ray may deliver those out of order, so they wait for their clock
         instead) or that is not ahead of the restored clock."""
         self._check_secret(secret, "step")
         shard = self.shard
+        worker, clock = call.worker, call.clock
         shard.clocks.check_worker(worker)
         if worker in self._awaiting_replay:
-            if not recovering and clock > shard.clocks.pushed[worker]:
+            if not call.recovering and clock > shard.clocks.pushed[worker]:
                 raise ShardRestarted(shard.shard_id, worker, shard.clocks.pushed[worker])
             self._awaiting_replay.discard(worker)
-        if pushes is not None:
+        if call.pushes is not None:
             await self._wait(
                 lambda: shard.clocks.pushed[worker] >= clock,
                 f"worker {worker}'s push for clock {clock}",
             )
             if shard.clocks.can_push(worker, clock):
                 before = shard.clocks.applied if shard.clocks.bsp else -1
-                shard.push(worker, clock, pushes, lr)
+                shard.push(worker, clock, call.pushes, call.step, call.checked)
                 if shard.clocks.applied != before:
                     self._after_push()
                 await self._notify()
             # else: a duplicate of a push already applied (a retried call): ignore it.
             clock += 1
         backed_up = self.backup_clocks[worker]
-        if not pulls:
-            return None, backed_up
+        if not call.pulls:
+            return StepResult(None, backed_up)
+        pull_clock = call.pull_clock
         if pull_clock is not None and pull_clock > clock:
             await self._wait(
                 lambda: _can_prefetch(shard.clocks, pull_clock),
@@ -239,7 +234,7 @@ class ShardServer:
                 lambda: shard.clocks.can_pull(worker, clock),
                 f"worker {worker}'s pull at clock {clock}",
             )
-        return shard.pull(pulls), backed_up
+        return StepResult(shard.pull(call.pulls, call.checked), backed_up)
 
     async def clock_of(self, worker: int) -> int:
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
@@ -392,9 +387,9 @@ class ShardServer:
     async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
-            request = wire.decode_request(header, body)
-            rows, backed_up = await self.step(**request, secret=_AUTHENTICATED)
-            return wire.encode_reply(rows, backed_up)
+            # (a decoded call is never marked checked: the shard validates it)
+            call = wire.decode_request(header, body)
+            return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED))
         except ShardRestarted as e:
             return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
         except (ValueError, TimeoutError, KeyError) as e:

@@ -67,6 +67,7 @@ from learners.runs.run_log import (
     start_record,
     step_record,
 )
+from learners.worker.chunk_stats import StepStats
 from learners.worker.group import WorkerDied, WorkerGroup
 
 __all__ = ["GraphLearner", "TrainResult"]
@@ -301,7 +302,7 @@ class GraphLearner(Inference):
         self.rates.start_epoch(epoch)
         workers.execute("begin_epoch", epoch, self.rates)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0
-        line: list[dict[str, Any]] | None = None  # the chunks since the last metrics line
+        line: list[StepStats] | None = None  # the chunks since the last metrics line
         last_lr = float(self.rates.peek())
         t_epoch = time.perf_counter()
         while done < updates:
@@ -311,17 +312,19 @@ class GraphLearner(Inference):
             end = done + n >= updates
             more = not end or epoch + 1 < plan.epochs
             t0 = time.perf_counter()
-            outs = workers.execute("run_steps", n, None, more, epoch + 1 if end else None)
+            outs: list[StepStats] = workers.execute(
+                "run_steps", n, None, more, epoch + 1 if end else None
+            )
             seconds = time.perf_counter() - t0
             self._chunker.observe(n, seconds)
             done += n
-            chunk_samples = sum(o["samples"] for o in outs)
-            loss_sum += sum(o["loss_sum"] for o in outs)
+            chunk_samples = sum(o.samples for o in outs)
+            loss_sum += sum(o.loss_sum for o in outs)
             samples += chunk_samples
-            skipped += outs[0]["skipped"]
-            if outs[0]["updates"]:
-                last_lr = outs[0]["last_lr"]
-            self.rates.load_state_dict(outs[0]["sched_state"])
+            skipped += outs[0].skipped
+            if outs[0].updates:
+                last_lr = outs[0].last_lr
+            self.rates.load_state_dict(outs[0].sched_state)
             line = merge_chunks(line, outs)
             if done % plan.log_every == 0 or done == updates:
                 n_line = (done - 1) % plan.log_every + 1

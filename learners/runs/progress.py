@@ -15,6 +15,7 @@ step line per that many updates (:func:`merge_chunks` sums the chunks of one lin
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import shutil
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from angelconf.config import Key, non_negative
+from learners.worker.chunk_stats import StepStats
 
 __all__ = [
     "CHUNK_TARGET_S",
@@ -117,22 +119,20 @@ class Chunker:
 
 
 def merge_chunks(
-    acc: Sequence[Mapping[str, Any]] | None, outs: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+    acc: Sequence[StepStats] | None, outs: Sequence[StepStats]
+) -> list[StepStats]:
     """Each worker's answers of several ``run_steps`` chunks as one: counts and times summed,
     the last step size and scheduler state of the latest chunk that made an update."""
     if acc is None:
-        return [dict(o) for o in outs]
+        return [dataclasses.replace(o) for o in outs]
     merged = []
     for a, o in zip(acc, outs, strict=True):
-        m = dict(a)
-        for k in _SUMMED:
-            m[k] = a[k] + o[k]
-        m["elapsed_s"] = a["elapsed_s"] + o["elapsed_s"]
-        if o["updates"]:
-            m["last_lr"] = o["last_lr"]
-            m["last_rates"] = o.get("last_rates", {})
-        m["sched_state"] = o.get("sched_state", a.get("sched_state"))
+        m = dataclasses.replace(a, **{k: getattr(a, k) + getattr(o, k) for k in _SUMMED})
+        m.elapsed_s = a.elapsed_s + o.elapsed_s
+        if o.updates:
+            m.last_lr = o.last_lr
+            m.last_rates = o.last_rates
+        m.sched_state = o.sched_state
         merged.append(m)
     return merged
 

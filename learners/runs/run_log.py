@@ -29,6 +29,7 @@ from learners.job.loop_options import JobSize, TrainPlan
 from learners.job.rate_plan import RatePlan
 from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
 from learners.runs.progress import JobBar, PlainProgress, in_notebook
+from learners.worker.chunk_stats import StepStats
 
 __all__ = [
     "RunLog",
@@ -249,42 +250,38 @@ def start_record(
     }
 
 
-def step_record(
-    epoch: int, step: int, updates: int, outs: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+def step_record(epoch: int, step: int, updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
     """The metrics.jsonl record of one ``run_steps`` chunk (timings of worker 0)."""
     o0 = outs[0]
-    samples = sum(o["samples"] for o in outs)
+    samples = sum(o.samples for o in outs)
     return {
         "kind": "step",
         "epoch": epoch,
         "step": step,
         "updates": updates,
-        "lr": o0["last_lr"],
+        "lr": o0.last_lr,
         # momentum, lr/<table>, momentum/<table>, schedule_at (learners/job/rate_plan.py)
-        **o0.get("last_rates", {}),
-        "loss": sum(o["loss_sum"] for o in outs) / max(samples, 1),
-        "samples_per_s": samples / max(max(o["elapsed_s"] for o in outs), 1e-9),
-        "pull_s": o0["pull_s"],
-        "compute_s": o0["compute_s"],
-        "push_s": o0["push_s"],
+        **o0.last_rates,
+        "loss": sum(o.loss_sum for o in outs) / max(samples, 1),
+        "samples_per_s": samples / max(max(o.elapsed_s for o in outs), 1e-9),
+        "pull_s": o0.pull_s,
+        "compute_s": o0.compute_s,
+        "push_s": o0.push_s,
         # waiting for the rows of a fused push_pull already in flight
-        "wait_s": o0["wait_s"],
-        "elapsed_s": o0["elapsed_s"],
-        "skipped": o0["skipped"],
+        "wait_s": o0.wait_s,
+        "elapsed_s": o0.elapsed_s,
+        "skipped": o0.skipped,
         **feed_record(updates, outs),
     }
 
 
-def feed_record(updates: int, outs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def feed_record(updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
     """The data plane's share of a step record: bytes of step calls per update (all workers,
     requests and replies), and the worker cache's hit rate when it is on."""
-    rec: dict[str, Any] = {
-        "bytes_per_step": sum(o.get("bytes_moved", 0) for o in outs) / max(updates, 1)
-    }
-    if any(o.get("cache_on") for o in outs):
-        lookups = sum(o.get("cache_lookups", 0) for o in outs)
-        hits = sum(o.get("cache_hits", 0) for o in outs)
+    rec: dict[str, Any] = {"bytes_per_step": sum(o.bytes_moved for o in outs) / max(updates, 1)}
+    if any(o.cache_on for o in outs):
+        lookups = sum(o.cache_lookups for o in outs)
+        hits = sum(o.cache_hits for o in outs)
         rec["cache_hit_rate"] = hits / lookups if lookups else None
     return rec
 

@@ -243,7 +243,7 @@ class TrainWorker(HoldsTables):
         epoch_lr: float | None,
         prefetch: bool = False,
         next_epoch: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> StepStats:
         """Run ``n_updates`` optimizer updates (each of ``accum`` micro-batches).
 
         ``epoch_lr``: a fixed step size for every update; None (what the learner passes): this
@@ -287,9 +287,8 @@ class TrainWorker(HoldsTables):
             stats.updates
         ):  # momentum, lr/<table>, ... of the last update (learners/job/rate_plan.py)
             stats.last_rates = self._last_rates.record()
-        out = stats.__dict__.copy()
-        out["sched_state"] = self.sched.state_dict()
-        return out
+        stats.sched_state = self.sched.state_dict()
+        return stats
 
     def _update(
         self,

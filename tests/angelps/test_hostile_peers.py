@@ -25,6 +25,7 @@ from angelps.options import PSOptions
 from angelps.server.launch import shard_options
 from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer, backup_version, private_dir
+from angelps.step_call import StepCall
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
@@ -102,7 +103,7 @@ def test_idle_and_short_token_connections_are_closed(job: Job) -> None:
 
 def test_a_wrong_token_is_closed_unanswered(job: Job) -> None:
     with job.connect(b"x" * wire.TOKEN_BYTES) as s:
-        s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
+        s.sendall(b"".join(wire.encode_request(StepCall(0, 0, pulls={"lin": None}))))
         assert _closed(s)
     job.check()
 
@@ -143,9 +144,9 @@ def test_malformed_requests_are_answered_and_the_connection_stays(job: Job) -> N
             ok, (kind, msg, _) = _reply(s)
             assert not ok and kind == "ValueError" and match in msg
             job.check()
-        s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
-        ok, (rows, _) = _reply(s)
-        assert ok and rows["lin"].shape == (20, 1)
+        s.sendall(b"".join(wire.encode_request(StepCall(0, 0, pulls={"lin": None}))))
+        ok, res = _reply(s)
+        assert ok and res.rows["lin"].shape == (20, 1)
     job.check()
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from angelps.dedup import segment_sum
 from angelps.partition import Partitioner
-from angelps.server.shard import ParameterShard, all_finite
+from angelps.push_checks import all_finite
+from angelps.server.shard import ParameterShard
 from angelps.table import OptimizerSpec, TableSpec, init_rows
 
 SGD = OptimizerSpec("sgd")

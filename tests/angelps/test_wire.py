@@ -16,6 +16,7 @@ from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions, ShardOptions
 from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer
+from angelps.step_call import StepCall, StepResult
 from angelps.table import OptimizerSpec, TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
@@ -35,33 +36,40 @@ def test_request_round_trip():
     keys = np.array([3, -7, 2**62], dtype=np.int64)
     grads = np.arange(12, dtype=np.float32).reshape(3, 4)
     dense = np.arange(5, dtype=np.float64).reshape(5, 1)
-    frame = wire.encode_request(
+    call = StepCall(
         2,
         41,
         {"emb": (keys, grads), "lin": (np.arange(5), dense)},
         0.125,
         {"emb": keys, "lin": None},
-        True,
+        recovering=True,
+        pull_clock=43,
+        checked=True,
     )
-    got = wire.decode_request(*_frame(frame))
-    assert (got["worker"], got["clock"], got["lr"], got["recovering"]) == (2, 41, 0.125, True)
-    np.testing.assert_array_equal(got["pushes"]["emb"][0], keys)
-    np.testing.assert_array_equal(got["pushes"]["emb"][1], grads)
-    assert got["pushes"]["lin"][1].dtype == np.float64
-    np.testing.assert_array_equal(got["pushes"]["lin"][1], dense)
-    np.testing.assert_array_equal(got["pulls"]["emb"], keys)
-    assert got["pulls"]["lin"] is None
-    bare = wire.decode_request(*_frame(wire.encode_request(0, 0, None, 0.0, None)))
-    assert bare["pushes"] is None and bare["pulls"] is None
+    got = wire.decode_request(*_frame(wire.encode_request(call)))
+    assert (got.worker, got.clock, got.step, got.recovering) == (2, 41, 0.125, True)
+    assert got.pull_clock == 43
+    # The client's mark never crosses the wire: the shard checks what it decodes.
+    assert not got.checked
+    np.testing.assert_array_equal(got.pushes["emb"][0], keys)
+    np.testing.assert_array_equal(got.pushes["emb"][1], grads)
+    assert got.pushes["lin"][1].dtype == np.float64
+    np.testing.assert_array_equal(got.pushes["lin"][1], dense)
+    np.testing.assert_array_equal(got.pulls["emb"], keys)
+    assert got.pulls["lin"] is None
+    bare = wire.decode_request(*_frame(wire.encode_request(StepCall(0, 0))))
+    assert bare == StepCall(0, 0, None, 0.0, None, False, None, False)
 
 
 def test_reply_and_error_round_trip():
     rows = {"emb": np.arange(8, dtype=np.float32).reshape(2, 4), "lin": np.zeros((0, 1))}
-    header, body = _frame(wire.encode_reply(rows, 17))
-    ok, (got, backed_up) = wire.decode_reply(header, bytearray(body))
-    assert ok and backed_up == 17
-    np.testing.assert_array_equal(got["emb"], rows["emb"])
-    assert got["lin"].shape == (0, 1) and got["lin"].dtype == np.float64
+    header, body = _frame(wire.encode_reply(StepResult(rows, 17)))
+    ok, got = wire.decode_reply(header, bytearray(body))
+    assert ok and isinstance(got, StepResult) and got.backed_up == 17
+    np.testing.assert_array_equal(got.rows["emb"], rows["emb"])
+    assert got.rows["lin"].shape == (0, 1) and got.rows["lin"].dtype == np.float64
+    ok, got = wire.decode_reply(*_frame(wire.encode_reply(StepResult(None, 2))))
+    assert ok and got == StepResult(None, 2)
     ok, (kind, msg, args) = wire.decode_reply(
         *_frame(wire.encode_error("ShardRestarted", "m", [1, 0, 9]))
     )
@@ -104,19 +112,19 @@ def test_calls_in_order_and_errors_as_replies(served_shard):
         s.sendall(b"t" * wire.TOKEN_BYTES)
         assert wire.recv_exact(s, 1) == wire.ACK
         keys = np.array([4, 9])
-        ok, (rows, _) = _send(
+        ok, res = _send(
             s,
             wire.encode_request(
-                0, 0, {"lin": (keys, np.ones((2, 1), np.float32))}, 1.0, {"lin": keys}
+                StepCall(0, 0, {"lin": (keys, np.ones((2, 1), np.float32))}, 1.0, {"lin": keys})
             ),
         )
         assert ok
-        np.testing.assert_array_equal(rows["lin"], [[-1.0], [-1.0]])  # momentum's first step
+        np.testing.assert_array_equal(res.rows["lin"], [[-1.0], [-1.0]])  # momentum's 1st step
         # A bad call is answered with its error; the connection stays usable.
-        ok, (kind, msg, _) = _send(s, wire.encode_request(0, 1, None, 0.0, {"nope": keys}))
+        ok, (kind, msg, _) = _send(s, wire.encode_request(StepCall(0, 1, pulls={"nope": keys})))
         assert not ok and kind == "ValueError" and "unknown table 'nope'" in msg
-        ok, (rows, _) = _send(s, wire.encode_request(0, 1, None, 0.0, {"lin": None}))
-        assert ok and rows["lin"].shape == (20, 1)
+        ok, res = _send(s, wire.encode_request(StepCall(0, 1, pulls={"lin": None})))
+        assert ok and res.rows["lin"].shape == (20, 1)
     assert srv.shard.clocks.pushed[0] == 1
 
 
@@ -126,7 +134,7 @@ def test_a_wrong_token_is_disconnected_unanswered(served_shard):
         s.settimeout(10)
         s.sendall(b"x" * wire.TOKEN_BYTES)
         try:
-            s.sendall(b"".join(wire.encode_request(0, 0, None, 0.0, {"lin": None})))
+            s.sendall(b"".join(wire.encode_request(StepCall(0, 0, pulls={"lin": None}))))
             # Closed by the shard: an orderly close, or a reset when our request was still
             # unread in its buffer (both are "no reply").
             assert s.recv(1) == b""
@@ -335,3 +343,73 @@ def test_a_call_over_one_frame_streams_both_ways(ray_local):
         assert c.net.ray_refs == [[]] and c.net.chans[0].sent == 1
     finally:
         c.shutdown()
+
+
+def _step(srv: ShardServer, call: StepCall) -> StepResult:
+    return asyncio.run(srv.step(call))
+
+
+@pytest.mark.parametrize(
+    ("pushes", "step", "match"),
+    [
+        (
+            {"lin": ([7], np.ones((1, 1)))},
+            0.1,
+            r"key 7 is not held by this shard \(rows \[10, 20\)\)",
+        ),
+        ({"lin": ([25], np.ones((1, 1)))}, 0.1, r"key 25 is outside the dense range \[0, 20\)"),
+        ({"lin": ([12], np.ones((1, 2)))}, 0.1, r"gradients of shape \(1, 2\) do not match"),
+        ({"lin": ([12], [[np.nan]])}, 0.1, r"gradient contains NaN or inf"),
+        ({"nope": ([12], np.ones((1, 1)))}, 0.1, r"unknown table 'nope'"),
+        ({"lin": ([12], np.ones((1, 1)))}, float("nan"), r"learning rate nan must be a finite"),
+    ],
+)
+def test_a_call_from_the_network_is_checked_by_the_shard(pushes, step, match):
+    """A well-formed frame whose push is wrong for the shard's tables (a key it does not hold,
+    out of range, a wrong width, NaN, an unknown table, a bad step) is refused by the shard
+    with the client's own messages, and leaves it unchanged: what the wire decodes is never
+    marked checked, whatever the sender."""
+    options = ShardOptions.from_config({"angel.ps.nan.policy": "error"})
+    srv = ShardServer(1, 2, [LIN], options)  # holds rows [10, 20) of lin
+    before = srv.shard.pull({"lin": np.arange(10, 20)})["lin"].copy()
+    arrays = {
+        t: (np.asarray(k, np.int64), np.asarray(g, np.float64)) for t, (k, g) in pushes.items()
+    }
+    call = StepCall(0, 0, arrays, step, checked=True)
+    decoded = wire.decode_request(*_frame(wire.encode_request(call)))
+    assert not decoded.checked
+    with pytest.raises(ValueError, match=match):
+        _step(srv, decoded)
+    np.testing.assert_array_equal(srv.shard.pull({"lin": np.arange(10, 20)})["lin"], before)
+    assert srv.shard.clocks.pushed[0] == 0
+    # A good call from the network is applied.
+    good = StepCall(0, 0, {"lin": (np.array([12]), np.ones((1, 1)))}, 1.0, {"lin": None})
+    res = _step(srv, wire.decode_request(*_frame(wire.encode_request(good))))
+    assert res.rows["lin"][2, 0] == -1.0 and res.backed_up == 0
+
+
+def test_a_checked_call_is_not_validated_again(monkeypatch):
+    """The client's calls (StepCall.checked: validated by angelps.push_checks before they left
+    the worker) are applied without a second validation on the shard; the same call not marked
+    is validated there."""
+    from angelps.server import shard as shard_mod
+
+    calls: list[str] = []
+
+    def counting(name, f):
+        def wrapped(*a, **k):
+            calls.append(name)
+            return f(*a, **k)
+
+        return wrapped
+
+    for name in ("check_push", "check_keys", "check_lr"):
+        monkeypatch.setattr(shard_mod, name, counting(name, getattr(shard_mod, name)))
+    srv = ShardServer(0, 1, [LIN], ShardOptions.from_config({}))
+    keys = np.array([3, 4])
+    grads = np.ones((2, 1), np.float32)
+    res = _step(srv, StepCall(0, 0, {"lin": (keys, grads)}, 1.0, {"lin": keys}, checked=True))
+    assert calls == []
+    np.testing.assert_array_equal(res.rows["lin"], [[-1.0], [-1.0]])
+    _step(srv, StepCall(0, 1, {"lin": (keys, grads)}, 1.0, {"lin": keys}))
+    assert calls == ["check_lr", "check_push", "check_keys"]

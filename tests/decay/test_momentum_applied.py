@@ -20,6 +20,7 @@ from angelps.client import wire
 from angelps.optim import DenseOptimizer, apply, slot_widths
 from angelps.rates import StepRates
 from angelps.server.shard import ParameterShard
+from angelps.step_call import StepCall
 from angelps.table import OptimizerSpec, TableSpec
 
 N = 40  # updates: through OneCycleLR's whole cycle (warm-up, anneal, the end)
@@ -194,9 +195,9 @@ def test_shard_applies_step_rates_per_table_and_under_bsp():
 
 def test_step_rates_cross_the_wire_and_bad_ones_are_refused():
     rates = StepRates(0.125, 0.9, {"emb": (0.5, None)})
-    got = wire.decode_request(*_frame(wire.encode_request(1, 3, {}, rates, None)))
-    assert got["lr"] == rates and got["lr"].of("emb") == (0.5, None)
-    assert got["lr"].of("other") == (0.125, 0.9)
+    got = wire.decode_request(*_frame(wire.encode_request(StepCall(1, 3, {}, rates)))).step
+    assert got == rates and isinstance(got, StepRates) and got.of("emb") == (0.5, None)
+    assert got.of("other") == (0.125, 0.9)
     head = {"w": 0, "c": 0, "r": False, "push": None, "pull": None}
     for bad in ([0.1, 1.5, {}], [0.1, None], [-1.0, None, {}], [0.1, None, {"t": [0.1]}]):
         with pytest.raises(ValueError, match="malformed request header: lr"):

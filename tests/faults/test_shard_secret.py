@@ -19,6 +19,7 @@ from ray.exceptions import RayTaskError
 from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
 from angelps.server.launch import NAMESPACE, actor_name
+from angelps.step_call import StepCall
 from angelps.table import TableSpec
 
 EMB = TableSpec("emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5)
@@ -38,7 +39,7 @@ def test_a_shard_refuses_row_calls_without_the_job_s_secret(tmp_path, transport)
         before = client.push_pull({"emb": (keys, grads)}, 0.1, {"emb": keys})["emb"]
         outsider = ray.get_actor(actor_name(job, 0), namespace=NAMESPACE)
         calls = {
-            "step": lambda s: outsider.step.remote(0, 1, None, 0.0, {"emb": keys}, secret=s),
+            "step": lambda s: outsider.step.remote(StepCall(0, 1, pulls={"emb": keys}), secret=s),
             "save": lambda s: outsider.save.remote(str(tmp_path / "stolen"), secret=s),
             "load": lambda s: outsider.load.remote(str(tmp_path), {}, secret=s),
             "run_backup": lambda s: outsider.run_backup.remote(secret=s),

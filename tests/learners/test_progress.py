@@ -12,6 +12,8 @@ from tqdm import tqdm
 
 from learners.job.learner import GraphLearner
 from learners.runs.progress import Chunker, JobBar, PlainProgress, merge_chunks
+from learners.runs.run_log import step_record
+from learners.worker.chunk_stats import StepStats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,23 +32,28 @@ def test_chunks_take_about_a_quarter_second_and_never_cross_a_metrics_line():
     assert fast.next(0, 115) == 50  # fast updates: a whole metrics line per call
 
 
-def _out(updates: int, loss_sum: float, lr: float) -> dict:
-    return {"updates": updates, "skipped": 0, "samples": 10 * updates, "loss_sum": loss_sum,
-            "pull_s": 0.1, "compute_s": 0.2, "push_s": 0.1, "wait_s": 0.0, "elapsed_s": 0.5,
-            "last_lr": lr, "sched_state": {"count": updates}}  # fmt: skip
+def _out(updates: int, loss_sum: float, lr: float) -> StepStats:
+    return StepStats(updates=updates, samples=10 * updates, loss_sum=loss_sum, pull_s=0.1,
+                     compute_s=0.2, push_s=0.1, elapsed_s=0.5, last_lr=lr,
+                     last_rates={"momentum": lr}, sched_state={"count": updates})  # fmt: skip
 
 
 def test_chunks_of_one_metrics_line_are_summed_per_worker():
-    merged = merge_chunks(None, [_out(3, 1.5, 0.1), _out(3, 2.5, 0.1)])
+    first = [_out(3, 1.5, 0.1), _out(3, 2.5, 0.1)]
+    merged = merge_chunks(None, first)
     merged = merge_chunks(merged, [_out(2, 1.0, 0.05), _out(2, 1.0, 0.05)])
-    assert [m["updates"] for m in merged] == [5, 5]
-    assert [m["loss_sum"] for m in merged] == [2.5, 3.5]
-    assert merged[0]["samples"] == 50 and merged[0]["elapsed_s"] == 1.0
-    assert merged[0]["pull_s"] == pytest.approx(0.2)
-    assert merged[0]["last_lr"] == 0.05 and merged[0]["sched_state"] == {"count": 2}
+    assert [m.updates for m in merged] == [5, 5]
+    assert [m.loss_sum for m in merged] == [2.5, 3.5]
+    assert merged[0].samples == 50 and merged[0].elapsed_s == 1.0
+    assert merged[0].pull_s == pytest.approx(0.2)
+    assert merged[0].last_lr == 0.05 and merged[0].sched_state == {"count": 2}
+    assert first[0].updates == 3  # the workers' answers are not changed
     # A chunk that made no update (all skipped) keeps the step size of the one before.
-    merged = merge_chunks(merged, [{**_out(0, 0.0, 0.0)}, {**_out(0, 0.0, 0.0)}])
-    assert merged[0]["last_lr"] == 0.05
+    merged = merge_chunks(merged, [_out(0, 0.0, 0.0), _out(0, 0.0, 0.0)])
+    assert merged[0].last_lr == 0.05 and merged[0].last_rates == {"momentum": 0.05}
+    rec = step_record(0, 7, 7, merged)
+    assert rec["lr"] == 0.05 and rec["momentum"] == 0.05 and rec["loss"] == (2.5 + 3.5) / 100
+    assert rec["bytes_per_step"] == 0.0 and "cache_hit_rate" not in rec
 
 
 def test_the_bar_counts_the_whole_job_and_says_samples_loss_and_lr():

@@ -116,12 +116,12 @@ def test_worker_pushes_the_cycled_momentum_and_steps_dense_layers_with_it(tmp_pa
     sched = decay.OneCycleLR(0.1, total_steps=8)
     w.begin_epoch(0, RatePlan(sched, on_batch=True))
     out = w.run_steps(6, None)
-    assert out["updates"] == 6
+    assert out.updates == 6
     got = [p["lr"] for p in ps.pushes]
     assert all(isinstance(p, StepRates) for p in got)
     assert [p.lr for p in got] == [sched.lr_at(k) for k in range(6)]
     assert [p.momentum for p in got] == [sched.momentum_at(k) for k in range(6)]
-    assert out["last_rates"] == {"momentum": sched.momentum_at(5)}
+    assert out.last_rates == {"momentum": sched.momentum_at(5)}
 
 
 def _job_parts(sets: dict, dense_params: int = 10):

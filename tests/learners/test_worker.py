@@ -91,7 +91,7 @@ def test_accumulation_equals_the_larger_batch(census_256, local_ps_class):
     out_acc = acc.run_steps(4, None)
     # The schedule advanced once per update, never per micro-batch.
     assert s_big.count == s_acc.count == 4
-    assert out_big["updates"] == out_acc["updates"] == 4
+    assert out_big.updates == out_acc.updates == 4
     assert [p["lr"] for p in ps_big.pushes] == [p["lr"] for p in ps_acc.pushes]
     assert [p["lr"] for p in ps_acc.pushes] == pytest.approx(
         [0.05 / np.sqrt(1 + 0.5 * k) for k in (1, 2, 3, 4)]
@@ -100,7 +100,7 @@ def test_accumulation_equals_the_larger_batch(census_256, local_ps_class):
         np.testing.assert_allclose(ps_acc.w[name], ps_big.w[name], rtol=1e-4, atol=1e-6)
     for p, q in zip(big.model.parameters(), acc.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
-    assert out_big["samples"] == out_acc["samples"] == 256
+    assert out_big.samples == out_acc.samples == 256
     # The weights did move.
     assert np.abs(ps_big.w["embedding"]).sum() > 0
     assert not np.allclose(ps_big.w["wide"], 0)
@@ -137,7 +137,7 @@ def test_skipped_update_does_not_advance_the_schedule(tmp_path, local_ps_class):
     sched = StandardDecay(1.0, alpha=1.0)
     w.begin_epoch(0, sched)
     out = w.run_steps(4, None)
-    assert out["skipped"] == 1 and out["updates"] == 3
+    assert out.skipped == 1 and out.updates == 3
     assert sched.count == 3
     assert len(ps.pushes) == 3
     assert ps.clocks == 1  # the skipped step still ended at the PS (BSP peers do not wait)
@@ -231,7 +231,7 @@ def test_amp_halves_the_loss_scale_on_a_skipped_update(tmp_path, local_ps_class)
     w.begin_epoch(0, StandardDecay(1.0, alpha=1.0))
     with pytest.warns(UserWarning, match="CUDA is not available"):
         out = w.run_steps(4, None)
-    assert out["skipped"] == 1
+    assert out.skipped == 1
     assert w.loss_scale == 2.0**15
     assert w.good_steps == 2  # reset by the skip, then two good updates
     assert np.isfinite(ps.w["weight"]).all()

@@ -1,0 +1,39 @@
+"""What one ``run_steps`` chunk of a worker reports to the driver: :class:`StepStats`.
+
+Torch-free on purpose: the driver unpickles it (Ray returns it from the worker) and must not
+load torch (tests/test_layering.py). The driver reads it by attribute
+(:meth:`learners.job.learner.GraphLearner.run_epoch`, :func:`learners.runs.progress.merge_chunks`,
+:func:`learners.runs.run_log.step_record`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StepStats"]
+
+
+@dataclass
+class StepStats:
+    """What one ``run_steps`` chunk did (summed over its updates)."""
+
+    updates: int = 0
+    skipped: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    pull_s: float = 0.0
+    compute_s: float = 0.0
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    elapsed_s: float = 0.0
+    last_lr: float = 0.0
+    #: the last update's momentum and tables' own rates (learners.job.rate_plan.UpdateRates.record)
+    last_rates: dict[str, float] = field(default_factory=dict)
+    #: rows looked up in / served by the worker cache, and step-call bytes moved
+    cache_on: bool = False
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    bytes_moved: int = 0
+    #: the worker's rate plan after the chunk (learners.job.rate_plan.RatePlan.state_dict)
+    sched_state: dict[str, Any] = field(default_factory=dict)
