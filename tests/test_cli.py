@@ -95,7 +95,7 @@ def test_bad_line_in_file_names_file_and_line(
 
 
 def test_generated_config_reference_is_current() -> None:
-    from angelconf.config import render_markdown
+    from angelconf.render import render_markdown
     from learners.keys import key_groups
 
     current = (ROOT / "docs" / "config.md").read_text()

@@ -16,10 +16,10 @@ from angelconf.config import (
     interval,
     load_config,
     positive,
-    render_markdown,
     validate,
 )
 from angelconf.properties import parse_properties
+from angelconf.render import render_markdown
 
 KEYS = [
     Key("ml.learn.rate", "float", 0.5, "Initial step size.", positive),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from angelconf.config import format_value, render_markdown
+from angelconf.config import format_value
+from angelconf.render import render_markdown
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.data.problems import printable
 from learners.keys import all_keys, key_groups

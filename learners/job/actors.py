@@ -18,7 +18,8 @@ from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.server.launch import start_shards, wait_started
 from learners.data import DataOptions
 from learners.job import cluster, failover, terminate
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.placement import Layout, Placement, release, reserve
 from learners.job.preflight import tables_up_front
 from learners.job.sparse_placement import Placed, place_tables

@@ -20,7 +20,8 @@ from angelps import OptimizerSpec, PSOptions, TableSpec
 from learners.data import DataOptions
 from learners.job import saved_model
 from learners.job.actors import JobActors
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.predict_inputs import InMemory, in_input_order, is_path, predict_parts
 from learners.models.config import ModelConfig
 from learners.models.table_decl import table_specs

@@ -38,7 +38,8 @@ from learners.job import failover, saved_model
 from learners.job.disk_space import check_log_space, explain
 from learners.job.epoch_schedule import schedule_epoch
 from learners.job.inference import Inference
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.placement import Layout
 from learners.job.preflight import (
     check_job,

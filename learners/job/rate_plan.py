@@ -31,7 +31,8 @@ from angelps.rates import Step, StepRates
 from angelps.table import TableSpec
 from decay import StepSizeScheduler, from_conf
 from decay.keys import PREFIX
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.lr_scaling import batch_scale
 from learners.job.table_schedules import DENSE, table_schedules
 from learners.models.config import ModelConfig

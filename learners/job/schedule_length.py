@@ -2,7 +2,7 @@
 
 The learner builds its schedule with ``total_steps`` = ``ml.epoch.num`` (per-epoch decay) or
 ``ml.epoch.num`` × updates per epoch (``ml.opt.decay.on.batch=true``), the updates per epoch
-coming from the workers' training rows (:class:`learners.job.loop_options.JobSize`). This module computes
+coming from the workers' training rows (:class:`learners.job.job_size.JobSize`). This module computes
 the same numbers from the input itself, without torch, Ray or numpy (``angelps schedule``
 stays a config-only verb): it counts the non-blank lines of a text input (Parquet: the row
 counts in the files' footers) and splits them into workers' training parts as the reader does
@@ -93,7 +93,7 @@ def train_rows(opts: DataOptions, workers: int) -> list[int]:
 
 
 def _updates(plan: TrainPlan, parts: list[int]) -> tuple[int, int]:
-    """(rows per batch, updates per epoch) as :meth:`learners.job.loop_options.JobSize.of_parts` sizes them."""
+    """(rows per batch, updates per epoch) as :meth:`learners.job.job_size.JobSize.of_parts` sizes them."""
     smallest = min(parts)
     if smallest == 0:
         raise ConfigError(

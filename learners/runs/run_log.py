@@ -25,7 +25,8 @@ from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.data.problems import printable
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan
 from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
 from learners.runs.progress import JobBar, PlainProgress, in_notebook

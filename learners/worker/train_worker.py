@@ -17,7 +17,7 @@ the mean gradient of the global batch (batch × W × accum samples).
 
 A worker receives typed options only: the :class:`~learners.job.loop_options.TrainPlan`, the data options,
 then (:meth:`TrainWorker.build`) the :class:`~learners.models.config.ModelConfig` and the
-:class:`~learners.job.loop_options.JobSize`, and its PS client handle (:meth:`TrainWorker.set_ps`).
+:class:`~learners.job.job_size.JobSize`, and its PS client handle (:meth:`TrainWorker.set_ps`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from angelps.optim import DenseOptimizer
 from angelps.rates import Step
 from decay import StepSizeScheduler
 from learners.data import Batch, DataOptions
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan, UpdateRates
 from learners.models.config import ModelConfig
 from learners.models.sparse_input import SparseInput
@@ -55,9 +56,8 @@ from learners.worker.dense import (
     finish_grads,
     free_port,
     join_group,
-    load_dense,
-    save_dense,
 )
+from learners.worker.dense_checkpoint import DenseCheckpoint
 from learners.worker.device import to_host
 from learners.worker.held_step import HoldsTables
 from learners.worker.predict import predict_rows
@@ -69,7 +69,7 @@ __all__ = ["StepStats", "TrainWorker"]
 _PREDICT_BATCHES = 32
 
 
-class TrainWorker(HoldsTables):
+class TrainWorker(HoldsTables, DenseCheckpoint):
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
@@ -483,25 +483,6 @@ class TrainWorker(HoldsTables):
         return self.predict_batch(
             self.part.load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
         )
-
-    # --- checkpoints of the worker-side state -------------------------------------------------
-
-    def dense_state(self) -> bytes:
-        """Dense layers, dense optimizer state and RNG state as one ``.npz`` (no pickle)."""
-        assert self.model is not None
-        return save_dense(self.model, self.opt, self.loss_scale, self.good_steps)
-
-    def rng_state(self) -> bytes:
-        """This worker's torch RNG state (dropout): each worker has its own stream."""
-        return bytes(torch.get_rng_state().numpy().tobytes())
-
-    def set_rng_state(self, state: bytes) -> None:
-        torch.set_rng_state(torch.from_numpy(np.frombuffer(state, dtype=np.uint8).copy()))
-
-    def load_dense_state(self, blob: bytes) -> None:
-        """Restore what :meth:`dense_state` wrote."""
-        assert self.model is not None
-        self.loss_scale, self.good_steps = load_dense(blob, self.model, self.opt, self.loss_scale)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

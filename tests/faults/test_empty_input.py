@@ -8,7 +8,8 @@ import pytest
 
 from angelconf.config import ConfigError, load_config
 from learners.cli.main import main
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.keys import all_keys
 
 

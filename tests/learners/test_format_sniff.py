@@ -9,7 +9,8 @@ from angelconf.config import ConfigError, load_config
 from learners.data import DataOptions
 from learners.data.problems import DataError, ReadStats
 from learners.data.reader import load_file
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.keys import all_keys
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from angelconf.config import load_config
-from learners.job.loop_options import KEYS, JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import KEYS, TrainPlan
 from learners.keys import all_keys
 
 

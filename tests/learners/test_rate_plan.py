@@ -15,8 +15,9 @@ import ray
 import decay
 from angelconf.config import ConfigError, load_config
 from angelps.rates import StepRates
+from learners.job.job_size import JobSize
 from learners.job.learner import GraphLearner
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import (
     RatePlan,
     batch_scale,

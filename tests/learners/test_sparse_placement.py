@@ -197,7 +197,7 @@ def test_a_cuda_worker_holding_its_tables_steps_as_the_cpu(opt, tmp_path, local_
 
 def test_the_start_screen_says_where_each_table_lives_and_why() -> None:
     from angelps import PSOptions
-    from learners.job.loop_options import JobSize
+    from learners.job.job_size import JobSize
     from learners.runs.run_log import banner
 
     sets = {"angel.sparse.placement": "auto", "angel.train.data.path": "train.libsvm"}

@@ -18,7 +18,8 @@ from angelconf.config import load_config
 from angelps import OptimizerSpec
 from decay.angel import StandardDecay
 from learners.data import DataOptions
-from learners.job.loop_options import JobSize, TrainPlan
+from learners.job.job_size import JobSize
+from learners.job.loop_options import TrainPlan
 from learners.keys import all_keys
 from learners.models.config import ModelConfig
 from learners.models.table_decl import table_specs
