@@ -112,6 +112,19 @@ class PagedRows:
             return out
         return np.ascontiguousarray(out[:, :cols])
 
+    def take1(self, slots: np.ndarray) -> np.ndarray:
+        """Column 0 of rows ``slots`` as a 1-D array (a one-column store such as a table's
+        keys: the key index reads them on every probe, so no sort by page, a mask per page)."""
+        if len(self.pages) == 1:
+            return self.pages[0][:, 0].take(slots)
+        out = np.empty(len(slots), dtype=self.dtype)
+        page = slots >> self.shift
+        for p, rows in enumerate(self.pages):
+            sel = page == p
+            if sel.any():
+                out[sel] = rows[:, 0].take(slots[sel] & self.mask)
+        return out
+
     def scatter(self, slots: np.ndarray, values: np.ndarray) -> None:
         """``rows[slots] = values`` (``np.put`` of whole rows: 3x faster than ``a[i] = v``)."""
         values = np.ascontiguousarray(values, dtype=self.dtype)
