@@ -56,8 +56,13 @@ class PagedRows:
             return len(self.pages[0]) if self.pages else 0
         return len(self.pages) * self.page_rows
 
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.pages)
+    def nbytes(self, rows: int | None = None) -> int:
+        """Bytes of the pages; with ``rows``, of the first ``rows`` rows alone: pages come
+        from calloc, so the OS backs only the part written (a new page's unwritten tail
+        takes no memory, whatever its size)."""
+        if rows is None:
+            return sum(p.nbytes for p in self.pages)
+        return min(rows, self.capacity) * self.width * self.dtype.itemsize
 
     def reserve(self, n: int) -> None:
         """Capacity for at least ``n`` rows (the rows added are zero)."""

@@ -352,13 +352,15 @@ class Table:
 
     def nbytes(self) -> int:
         """Memory this table takes on the shard: rows and state, keys, index, admission."""
-        total = self.rows.nbytes()
-        if self.spec.sparse:
-            total += self.keys.nbytes() + self.index.nbytes()
-            if self.stamps is not None:
-                total += self.stamps.nbytes()
-            if self.admission is not None:
-                total += self.admission.nbytes()
+        if not self.spec.sparse:
+            return self.rows.nbytes()
+        # Rows in use, not the pages' capacity: the unwritten tail of a page is not resident.
+        used = self.rows.nbytes(self.n) if isinstance(self.rows, PagedRows) else self.rows.nbytes()
+        total = used + self.keys.nbytes(self.n) + self.index.nbytes()
+        if self.stamps is not None:
+            total += self.stamps.nbytes(self.n)
+        if self.admission is not None:
+            total += self.admission.nbytes()
         return total
 
 
