@@ -200,7 +200,7 @@ def phase(phases: dict[str, Any], name: str, fn: Any) -> Any:
         out = fn()
         phases[name] = {"ok": True, "seconds": round(time.perf_counter() - t, 3)}
         return out
-    except Exception as e:  # noqa: BLE001 -- a failed phase is reported, the others still run
+    except Exception as e:  # a failed phase is reported, the others still run
         phases[name] = {
             "ok": False,
             "seconds": round(time.perf_counter() - t, 3),
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         try:
             pred = phase(phases, "predict", predict)
             if pred is not None:
-                out["predictions"] = int(len(pred["pred"]))
+                out["predictions"] = len(pred["pred"])
             if models:
                 out["evaluate"] = phase(phases, "evaluate", lambda: models[0].evaluate(valid))
             else:

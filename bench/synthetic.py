@@ -134,7 +134,6 @@ def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0)
     if v < 1:
         raise ValueError(f"num_ids={spec.num_ids} gives no id per field for {spec.fields} fields")
     rng = np.random.default_rng([spec.seed, seed])
-    a = _multiplier(v)
     ranks = np.empty((cover_rows + rows, spec.fields), dtype=np.int64)
     for f in range(spec.fields):
         if cover_rows:

@@ -22,6 +22,7 @@ write wins and the others probe on. Deletion is a rebuild (expiry renumbers the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -176,4 +177,4 @@ class OpenIndex:
 
 
 def _capacity_for(n: int) -> int:
-    return max(_MIN_CAP, int(n / LOW_LOAD) + 1)
+    return max(_MIN_CAP, math.ceil(n / LOW_LOAD))
