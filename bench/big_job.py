@@ -22,7 +22,8 @@ null``). Phases, each timed and marked ok or not:
 
 ``peak_rss_mib_total`` is the peak over the run of the resident memory of this process and all
 its descendants (Ray's processes, the workers and shards), sampled from /proc every
-``--sample-s`` seconds; ``peak_pss_mib_total`` counts shared pages once (smaps_rollup).
+``--sample-s`` seconds (each phase's own peak in ``phases``); ``peak_pss_mib_total`` counts
+shared pages once (smaps_rollup).
 """
 
 from __future__ import annotations
@@ -101,12 +102,14 @@ class Sampler(threading.Thread):
         self.every = every
         self.peak_rss = self.peak_pss = 0
         self.peak_procs = 0
+        self.phase_rss = 0  # peak RSS since the last reset (one phase's)
         self._halt = threading.Event()
 
     def sample(self) -> None:
         pids = tree(os.getpid())
         rss, pss = memory(pids)
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        self.phase_rss = max(self.phase_rss, rss)
         self.peak_procs = max(self.peak_procs, len(pids))
 
     def run(self) -> None:
@@ -194,8 +197,10 @@ def shard_account(learner: Any) -> dict[str, Any]:
     }
 
 
-def phase(phases: dict[str, Any], name: str, fn: Any) -> Any:
+def phase(phases: dict[str, Any], name: str, fn: Any, sampler: Sampler) -> Any:
+    """Run one phase: ok or not, its seconds and its peak RSS (all processes) in ``phases``."""
     t = time.perf_counter()
+    sampler.phase_rss = 0
     try:
         out = fn()
         phases[name] = {"ok": True, "seconds": round(time.perf_counter() - t, 3)}
@@ -208,6 +213,9 @@ def phase(phases: dict[str, Any], name: str, fn: Any) -> Any:
         }
         print(f"big_job: {name} failed: {e}", file=sys.stderr, flush=True)
         return None
+    finally:
+        sampler.sample()
+        phases[name]["peak_rss_mib"] = round(sampler.phase_rss / MIB, 1)
 
 
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -225,7 +233,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         cluster.start_or_join(None, 60.0)  # one local Ray for every phase
         learner = GraphLearner(keys, quiet=not args.verbose)
         try:
-            result = phase(phases, "train", learner.train)
+            result = phase(phases, "train", learner.train, sampler)
             if result is not None:
                 row = result.history[-1]
                 out["samples_per_s"] = float(row["train_samples_per_s"])
@@ -234,7 +242,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 out["rows_held"] = acc["rows_total"]
                 out["bytes_per_row_shards"] = acc["bytes_total"] / max(acc["rows_total"], 1)
             saved = folder / "saved"
-            phase(phases, "save", lambda: learner.save(saved))
+            phase(phases, "save", lambda: learner.save(saved), sampler)
             if phases["save"]["ok"]:
                 out["checkpoint_bytes"] = sum(
                     p.stat().st_size for p in saved.rglob("*") if p.is_file()
@@ -258,7 +266,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 raise RuntimeError(f"resumed shards hold {acc['rows']} rows, trained {want}")
             return acc
 
-        out["shards_after_resume"] = phase(phases, "resume", resume)
+        out["shards_after_resume"] = phase(phases, "resume", resume, sampler)
         valid = folder / "valid.parquet"
         models: list[Any] = []
 
@@ -268,11 +276,13 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             return models[0].predict(valid)
 
         try:
-            pred = phase(phases, "predict", predict)
+            pred = phase(phases, "predict", predict, sampler)
             if pred is not None:
                 out["predictions"] = len(pred["pred"])
             if models:
-                out["evaluate"] = phase(phases, "evaluate", lambda: models[0].evaluate(valid))
+                out["evaluate"] = phase(
+                    phases, "evaluate", lambda: models[0].evaluate(valid), sampler
+                )
             else:
                 phases["evaluate"] = {"ok": False, "seconds": 0.0, "error": "no model loaded"}
         finally:

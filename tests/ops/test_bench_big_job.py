@@ -70,6 +70,7 @@ def test_big_job_runs_every_phase_at_a_small_size(tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     assert set(r["phases"]) == {"train", "save", "resume", "predict", "evaluate"}
     assert all(p["ok"] and p["seconds"] >= 0 for p in r["phases"].values()), r["phases"]
+    assert all(0 < p["peak_rss_mib"] <= r["peak_rss_mib_total"] for p in r["phases"].values())
     assert r["device_tier"] is None and r["placement"] == "ps"
     # FM: every id has a row in the weight table and in the embedding table, plus the bias.
     assert r["data"]["distinct_ids"] == 2600
