@@ -2,6 +2,7 @@
 
     python bench/ps_scale.py                          # 1M, 16M and 64M rows held
     python bench/ps_scale.py --rows 1000000 4000000   # other sizes
+    python bench/ps_scale.py --index khash            # pandas' khash index instead of ours
     python bench/ps_scale.py --markdown bench/results/ps_scale.json
 
 One step is what a training step asks of a shard: ``pull`` of 50k unique keys, half of them
@@ -208,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--direct-max", type=int, default=None, help="angelps.storage.index.DIRECT_MAX for this run"
     )
+    p.add_argument(
+        "--index",
+        choices=["open", "khash"],
+        default=None,
+        help="angelps.storage.index.HASH_KIND for this run (default: the library's)",
+    )
     p.add_argument("--label", default="", help="a name for this run (e.g. before, after)")
     p.add_argument("--out", default="bench/results/ps_scale.json")
     p.add_argument("--markdown", metavar="JSON", help="print the table of a result file and exit")
@@ -221,10 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.bounded & (args.bounded - 1):
         p.error(f"--bounded must be a power of two, got {args.bounded}")
     BOUNDED["span"] = args.bounded
-    if args.direct_max is not None:
-        from angelps.storage import index
+    from angelps.storage import index
 
+    if args.direct_max is not None:
         index.DIRECT_MAX = args.direct_max
+    if args.index is not None:
+        index.HASH_KIND = args.index
     points = []
     for rows in args.rows:
         floor = bench_floor(rows, args.steps, with_init=True)
@@ -250,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "keys": KEYS,
         "bounded": args.bounded,
+        "index": index.HASH_KIND,
         "cols": COLS,
         "steps": args.steps,
         "points": points,

@@ -17,15 +17,25 @@ and returned with the data.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 # One AUC for every system compared: the one angelps reports (ties share their mean rank).
 from learners.runs.metrics import auc
 
-__all__ = ["Synthetic", "SyntheticSpec", "auc", "generate", "write_parquet"]
+__all__ = [
+    "Synthetic",
+    "SyntheticSpec",
+    "auc",
+    "cover_chunk",
+    "generate",
+    "write_parquet",
+    "write_parquet_chunks",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,10 @@ class SyntheticSpec:
     factor_std: float = 0.22
     bias: float = -1.0
     seed: int = 7
+    #: Map each id through a bijection of ``[0, 2^63)`` (:func:`_mix63`), so ids span the whole
+    #: non-negative int64 range (a table of unbounded keys, ``ml.feature.index.range=-1``; the
+    #: data readers take 0-based ids, so no negatives).
+    spread: bool = False
 
     @property
     def ids_per_field(self) -> int:
@@ -69,6 +83,20 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+_M63 = np.uint64((1 << 63) - 1)
+
+
+def _mix63(x: np.ndarray) -> np.ndarray:
+    """A bijection of ``[0, 2^63)`` that scatters consecutive values over all of it: odd
+    multipliers modulo 2^63 and xor-shifts inside 63 bits are each invertible."""
+    z = x.astype(np.uint64) & _M63
+    z = (z * np.uint64(0xBF58476D1CE4E5B9)) & _M63
+    z ^= z >> np.uint64(31)
+    z = (z * np.uint64(0x94D049BB133111EB)) & _M63
+    z ^= z >> np.uint64(29)
+    return z.view(np.int64)
 
 
 def _hash_normal(keys: np.ndarray, stream: int, seed: int) -> np.ndarray:
@@ -106,7 +134,6 @@ def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0)
     if v < 1:
         raise ValueError(f"num_ids={spec.num_ids} gives no id per field for {spec.fields} fields")
     rng = np.random.default_rng([spec.seed, seed])
-    a = _multiplier(v)
     ranks = np.empty((cover_rows + rows, spec.fields), dtype=np.int64)
     for f in range(spec.fields):
         if cover_rows:
@@ -114,8 +141,16 @@ def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0)
             start = int(rng.integers(v))
             ranks[:cover_rows, f] = (start + np.arange(cover_rows, dtype=np.int64)) % v + 1
         ranks[cover_rows:, f] = _zipf_ranks(rng, rows, v, spec.zipf)
+    return _rows(spec, ranks, rng)
+
+
+def _rows(spec: SyntheticSpec, ranks: np.ndarray, rng: np.random.Generator) -> Synthetic:
+    """Ids, teacher probabilities and labels of rows of ``ranks`` [n, fields]."""
+    v = spec.ids_per_field
     offsets = np.arange(spec.fields, dtype=np.int64) * v
-    ids = (ranks * a) % v + offsets
+    ids = (ranks * _multiplier(v)) % v + offsets
+    if spec.spread:
+        ids = _mix63(ids)
 
     # Teacher: keys are (field, rank); ranks beyond signal_ranks carry nothing.
     keys = np.arange(spec.fields, dtype=np.int64)[None, :] * (1 << 40) + ranks
@@ -132,6 +167,52 @@ def generate(spec: SyntheticSpec, rows: int, seed: int = 0, cover_rows: int = 0)
     p = 1.0 / (1.0 + np.exp(-logit))
     labels = (rng.random(p.shape[0]) < p).astype(np.float32)
     return Synthetic(ids=ids, labels=labels, teacher_p=p.astype(np.float32))
+
+
+def cover_chunk(spec: SyntheticSpec, start: int, end: int, seed: int = 0) -> Synthetic:
+    """Rows ``[start, end)`` of a walk over every id of every field (row ``i`` holds the id of
+    rank ``(s_f + i) mod V + 1`` in field ``f``): ``ids_per_field`` rows touch each id once,
+    generated a chunk at a time so a table of 10^8 ids needs no 10^8-row array."""
+    v = spec.ids_per_field
+    if v < 1:
+        raise ValueError(f"num_ids={spec.num_ids} gives no id per field for {spec.fields} fields")
+    starts = np.random.default_rng([spec.seed, seed, 1]).integers(v, size=spec.fields)
+    i = np.arange(start, end, dtype=np.int64)[:, None]
+    ranks = (starts[None, :] + i) % v + 1
+    return _rows(spec, ranks, np.random.default_rng([spec.seed, seed, 2, start]))
+
+
+def write_parquet_chunks(path: str | Path, chunks: Iterable[Synthetic]) -> tuple[Path, int]:
+    """Write ``chunks`` (one row group each) as one Parquet file of :func:`write_parquet`'s
+    schema; returns the path and the number of rows."""
+    import pyarrow.parquet as pq
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    rows = 0
+    try:
+        for chunk in chunks:
+            table = _arrow(chunk)
+            if writer is None:
+                writer = pq.ParquetWriter(out, table.schema)
+            writer.write_table(table)
+            rows += len(chunk)
+    finally:
+        if writer is not None:
+            writer.close()
+    return out, rows
+
+
+def _arrow(data: Synthetic) -> Any:
+    import pyarrow as pa
+
+    n, f = data.ids.shape
+    offsets = np.arange(0, n * f + 1, f, dtype=np.int32 if n * f < 2**31 else np.int64)
+    ids = data.ids.reshape(-1)
+    cls = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
+    ids_col = cls.from_arrays(pa.array(offsets), pa.array(ids, type=pa.int64()))
+    return pa.table({"label": pa.array(data.labels, type=pa.float32()), "ids": ids_col})
 
 
 def write_parquet(path: str | Path, data: Synthetic, row_group: int = 65_536) -> Path:

@@ -1,12 +1,17 @@
 """The key index of a sparse table on one shard: key -> storage slot, for a whole batch at once.
 
-Two kinds, chosen per table when the shard is built (:func:`new_index`):
+Three kinds, chosen per table when the shard is built (:func:`new_index`):
 
-* :class:`HashIndex` (every table whose keys are not a small bounded span: ``rows == -1``, any
-  int64 key, negatives too): pandas' khash ``Int64HashTable`` (C, open addressing, vectorized
-  ``lookup`` and ``map_keys_to_values`` over a whole batch, no Python loop over keys). Lookups
-  and inserts cost O(batch) whatever the number of rows held (docs/benchmarks-ps.md). khash
-  has no delete: removing keys (expiry) rebuilds the index from the keys that stay.
+* :class:`angelps.storage.open_index.OpenIndex` (the default for every table whose keys are
+  not a small bounded span: ``rows == -1``, any int64 key, negatives too): open addressing over
+  int32 slots only, the keys read from the table's own ``keys`` store, vectorized over a batch
+  in numpy; 5.3-8 bytes a row.
+* :class:`HashIndex` (the same tables when :data:`HASH_KIND` is ``"khash"``; also the
+  admission counters): pandas' khash ``Int64HashTable`` (C, open addressing, vectorized
+  ``lookup`` and ``map_keys_to_values`` over a whole batch, no Python loop over keys), about 32
+  bytes a row. Lookups and inserts cost O(batch) whatever the number of rows held
+  (docs/benchmarks-ps.md). khash has no delete: removing keys (expiry) rebuilds the index from
+  the keys that stay.
 * :class:`DirectIndex` (bounded tables whose key span on this shard is at most
   :data:`DIRECT_MAX` keys): an int32 array over the span holding ``slot + 1`` (0 = absent), so a
   lookup is one gather. It is allocated zeroed (calloc): only the pages keys land in take
@@ -17,14 +22,30 @@ Both answer ``lookup(keys) -> slots`` with -1 for absent keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from angelps.partition import Partitioner
+from angelps.storage.open_index import OpenIndex
 from angelps.table import TableSpec
 
-__all__ = ["DIRECT_MAX", "DirectIndex", "HashIndex", "KeyIndex", "direct_span", "new_index"]
+__all__ = [
+    "DIRECT_MAX",
+    "HASH_KIND",
+    "DirectIndex",
+    "HashIndex",
+    "KeyIndex",
+    "direct_span",
+    "new_index",
+]
+
+#: The index of tables over any int64 key: "open" (:class:`OpenIndex`, int32 slots, the keys
+#: read from the table) or "khash" (:class:`HashIndex`, pandas' khash, ~32 B a row). Both are
+#: within 1.3x of each other at 50k-key batches (docs/benchmarks-ps.md); "open" takes a quarter
+#: of the memory.
+HASH_KIND = "open"
 
 # The largest key span of a bounded sparse table on one shard that gets a direct index: 64 MiB
 # of int32 at most. A direct lookup is a plain gather (0.1-0.4 ms for 50k keys against 3-5 ms
@@ -46,7 +67,7 @@ def _hash_table(size: int) -> Any:
 class HashIndex:
     """key -> slot in a khash table (any int64 key)."""
 
-    kind = "hash"
+    kind = "khash"
 
     def __init__(self, size_hint: int = 0) -> None:
         self._table = _hash_table(max(int(size_hint), 1))
@@ -119,7 +140,7 @@ class DirectIndex:
         return int(self.index.nbytes)
 
 
-KeyIndex = HashIndex | DirectIndex
+KeyIndex = HashIndex | DirectIndex | OpenIndex
 
 
 def direct_span(spec: TableSpec, part: Partitioner, shard_id: int) -> tuple[int, int] | None:
@@ -131,7 +152,18 @@ def direct_span(spec: TableSpec, part: Partitioner, shard_id: int) -> tuple[int,
     return (lo, hi) if hi - lo <= DIRECT_MAX else None
 
 
-def new_index(spec: TableSpec, part: Partitioner, shard_id: int) -> KeyIndex:
-    """The index of a sparse table on shard ``shard_id``: direct where the span allows."""
+def new_index(
+    spec: TableSpec,
+    part: Partitioner,
+    shard_id: int,
+    key_at: Callable[[np.ndarray], np.ndarray],
+    size_hint: int = 0,
+) -> KeyIndex:
+    """The index of a sparse table on shard ``shard_id``: direct where the span allows, else
+    :data:`HASH_KIND` (``key_at(slots)``: the keys the table holds in those slots)."""
     span = direct_span(spec, part, shard_id)
-    return HashIndex() if span is None else DirectIndex(*span)
+    if span is not None:
+        return DirectIndex(*span)
+    if HASH_KIND == "khash":
+        return HashIndex(size_hint)
+    return OpenIndex(key_at, size_hint)

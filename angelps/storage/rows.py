@@ -56,8 +56,13 @@ class PagedRows:
             return len(self.pages[0]) if self.pages else 0
         return len(self.pages) * self.page_rows
 
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.pages)
+    def nbytes(self, rows: int | None = None) -> int:
+        """Bytes of the pages; with ``rows``, of the first ``rows`` rows alone: pages come
+        from calloc, so the OS backs only the part written (a new page's unwritten tail
+        takes no memory, whatever its size)."""
+        if rows is None:
+            return sum(p.nbytes for p in self.pages)
+        return min(rows, self.capacity) * self.width * self.dtype.itemsize
 
     def reserve(self, n: int) -> None:
         """Capacity for at least ``n`` rows (the rows added are zero)."""
@@ -111,6 +116,19 @@ class PagedRows:
         if cols is None or cols == self.width:
             return out
         return np.ascontiguousarray(out[:, :cols])
+
+    def take1(self, slots: np.ndarray) -> np.ndarray:
+        """Column 0 of rows ``slots`` as a 1-D array (a one-column store such as a table's
+        keys: the key index reads them on every probe, so no sort by page, a mask per page)."""
+        if len(self.pages) == 1:
+            return self.pages[0][:, 0].take(slots)
+        out = np.empty(len(slots), dtype=self.dtype)
+        page = slots >> self.shift
+        for p, rows in enumerate(self.pages):
+            sel = page == p
+            if sel.any():
+                out[sel] = rows[:, 0].take(slots[sel] & self.mask)
+        return out
 
     def scatter(self, slots: np.ndarray, values: np.ndarray) -> None:
         """``rows[slots] = values`` (``np.put`` of whole rows: 3x faster than ``a[i] = v``)."""

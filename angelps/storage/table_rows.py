@@ -7,8 +7,8 @@ block. Layout:
 
 * dense: one block of the shard's key range ``[lo, hi)`` (local row = key - lo);
 * sparse: rows in creation order by slot, ``keys`` holding each slot's key, found through the
-  table's key index (:mod:`angelps.storage.index`: a khash table for any int64 key, or a direct array
-  for a small bounded span). Growth adds pages and never copies the table; creating ``m`` rows
+  table's key index (:mod:`angelps.storage.index`: open addressing over int32 slots for any
+  int64 key, or a direct array for a small bounded span). Growth adds pages and never copies the table; creating ``m`` rows
   costs O(m).
 
 A row is created on its first pull or push (or, with admission on, by the update that admits
@@ -37,7 +37,7 @@ from angelps.dedup import strictly_increasing
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
-from angelps.storage.index import DIRECT_MAX, HashIndex, new_index
+from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
 from angelps.storage.rows import PagedRows, TorchRows
 from angelps.table import TableSpec, init_rows
 
@@ -63,6 +63,7 @@ class Table:
     ) -> None:
         self.spec = spec
         self.part = part
+        self.shard_id = shard_id
         self.device = device
         self.dtype = np.dtype(spec.dtype)
         self.widths = slot_widths(spec.optimizer, spec.cols)
@@ -81,10 +82,10 @@ class Table:
         self.stamps: PagedRows | None = None
         if spec.sparse:
             self.lo = self.hi = self.n = 0
-            self.index = new_index(spec, part, shard_id)
+            self.keys = PagedRows(1, np.int64)  # key of each slot
+            self.index = new_index(spec, part, shard_id, self.keys.take1)
             self.index_kind = self.index.kind
             self.rows: Rows = self._new_rows()
-            self.keys = PagedRows(1, np.int64)  # key of each slot
             if self.ttl > 0:
                 self.stamps = PagedRows(1, np.uint32)
         else:
@@ -343,21 +344,23 @@ class Table:
     def reserve(self, rows: int) -> None:
         """Expect about ``rows`` rows (a restore): size an empty hash index for them once
         instead of growing it by doubling."""
-        if self.spec.sparse and self.n == 0 and isinstance(self.index, HashIndex):
-            self.index = HashIndex(rows)
+        if self.spec.sparse and self.n == 0 and not isinstance(self.index, DirectIndex):
+            self.index = new_index(self.spec, self.part, self.shard_id, self.keys.take1, rows)
 
     def num_rows(self) -> int:
         return self.n
 
     def nbytes(self) -> int:
         """Memory this table takes on the shard: rows and state, keys, index, admission."""
-        total = self.rows.nbytes()
-        if self.spec.sparse:
-            total += self.keys.nbytes() + self.index.nbytes()
-            if self.stamps is not None:
-                total += self.stamps.nbytes()
-            if self.admission is not None:
-                total += self.admission.nbytes()
+        if not self.spec.sparse:
+            return self.rows.nbytes()
+        # Rows in use, not the pages' capacity: the unwritten tail of a page is not resident.
+        used = self.rows.nbytes(self.n) if isinstance(self.rows, PagedRows) else self.rows.nbytes()
+        total = used + self.keys.nbytes(self.n) + self.index.nbytes()
+        if self.stamps is not None:
+            total += self.stamps.nbytes(self.n)
+        if self.admission is not None:
+            total += self.admission.nbytes()
         return total
 
 

@@ -94,7 +94,7 @@ def test_index_kind_follows_the_table_bound_and_span(monkeypatch):
 
     assert index.DIRECT_MAX == 1 << 24
     assert table(BOUNDED).index_kind == "direct"
-    assert table(UNBOUNDED).index_kind == "hash"
+    assert table(UNBOUNDED).index_kind == "hash"  # angelps.storage.open_index
     assert table(TableSpec("emb", rows=10, cols=2)).index_kind == "dense"
     # A span above the cap gets the hash index, unless range partitioning splits the key
     # range into shard spans small enough (a small cap keeps the test's allocations small).
