@@ -194,7 +194,7 @@ def test_sigterm_stops_cleanly_with_143() -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline() == b"step,lr\n"
+        assert proc.stdout.readline() == b"update,lr\n"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -369,7 +369,7 @@ def test_schedule_into_a_closed_pipe_stops_quietly() -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        assert proc.stdout.readline() == b"step,lr\n"
+        assert proc.stdout.readline() == b"update,lr\n"
         proc.stdout.close()
         err = proc.stderr.read()
         proc.wait(timeout=60)
