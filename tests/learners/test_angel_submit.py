@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 
 from angelconf.config import ConfigError, load_config
 from learners.angel_keys import angel_notes, resolve
@@ -23,14 +22,6 @@ from learners.keys import all_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 1500
-
-
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), namespace="angelps")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +70,7 @@ def _summary(argv: list[str], tmp: Path, name: str, capsys) -> dict:
 
 
 @pytest.mark.slow
-def test_angel_documented_submit_commands_run_unchanged(data, local_ray, capsys) -> None:
+def test_angel_documented_submit_commands_run_unchanged(data, ray_local, capsys) -> None:
     tmp = data["tmp"]
     lr = [
         *_resources(tmp, "lr"),

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 
 from learners.cli.main import main
 
@@ -17,14 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 JSONS = ROOT / "tests" / "data" / "angel_json"
 ANGEL_MODEL = "com.tencent.angel.ml.core.graphsubmit.AngelModel"
 ROWS = 1500
-
-
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), namespace="angelps")
-    yield
-    ray.shutdown()
 
 
 def _slice(tmp: Path, src: str) -> Path:
@@ -45,7 +36,7 @@ def _slice(tmp: Path, src: str) -> Path:
         ),
     ],
 )
-def test_a_documented_json_job_runs_unchanged(graph, data, auc, local_ray, tmp_path, capsys):
+def test_a_documented_json_job_runs_unchanged(graph, data, auc, ray_local, tmp_path, capsys):
     name = graph.removesuffix(".json")
     argv = [
         "--angel.job.name", name,

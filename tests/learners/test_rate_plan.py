@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 import decay
 from angelconf.config import ConfigError, load_config
@@ -30,7 +28,6 @@ from learners.models.config import ModelConfig
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
 from tests.learners.test_worker import _head, _worker
-from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,15 +185,6 @@ def test_momentum_cycles_need_momentum_on_the_dense_layers_and_each_tables_own()
 # --- real jobs -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    tmp = short_tmp()
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _run(tmp_path: Path, name: str, sets: dict, resume: bool = False) -> list[dict]:
     """Train LR on ``sets``; the run's metrics.jsonl records."""
     conf = {
@@ -219,7 +207,7 @@ def _run(tmp_path: Path, name: str, sets: dict, resume: bool = False) -> list[di
 
 
 @pytest.mark.filterwarnings("ignore:ml.opt.decay.alpha. set but not used")
-def test_onecycle_momentum_in_a_job_and_without_momentum_an_error(tmp_path, local_ray):
+def test_onecycle_momentum_in_a_job_and_without_momentum_an_error(tmp_path, ray_local):
     data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 400)
     sets = {
         "angel.train.data.path": data,
@@ -244,7 +232,7 @@ def test_onecycle_momentum_in_a_job_and_without_momentum_an_error(tmp_path, loca
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:ml.opt.decay.alpha. set but not used")
-def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, local_ray):
+def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, ray_local):
     """2 epochs with 1 worker, resumed with 2 workers (twice the global batch): the lr at each
     sample count is the uninterrupted run's."""
     data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 1000)

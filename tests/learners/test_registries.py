@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-import ray
 
 from angelconf.config import ConfigError
 from learners.job.learner import GraphLearner
 from learners.models import registry
 from learners.models.registry import ModelEntry, model_entry, register
-from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ModelEntry(
@@ -32,17 +29,8 @@ def toy_registered():
         registry.ANGEL_CLASSES.pop(alias)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    tmp = short_tmp()
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def test_a_registered_toy_model_trains_saves_and_predicts(
-    toy_registered, local_ray, tmp_path, monkeypatch
+    toy_registered, ray_local, tmp_path, monkeypatch
 ):
     monkeypatch.chdir(ROOT)  # the workers import the toy's module from the job's directory
     sets = {
@@ -105,7 +93,7 @@ def toy_optimizer():
 
 
 def test_a_registered_toy_optimizer_trains_on_the_shards(
-    toy_optimizer, local_ray, tmp_path, monkeypatch
+    toy_optimizer, ray_local, tmp_path, monkeypatch
 ):
     import numpy as np
 

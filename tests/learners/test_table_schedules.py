@@ -4,13 +4,11 @@ global keys; each table follows its own schedule exactly in a job, across resume
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 import decay
 from angelconf.config import ConfigError, load_config
@@ -20,7 +18,6 @@ from learners.job.table_schedules import table_keys, table_names, table_schedule
 from learners.keys import all_keys
 from learners.runs.run_log import tb_scalars
 from tests.learners.test_worker import _head
-from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,15 +108,6 @@ def test_table_rates_go_to_tensorboard():
 # --- real jobs -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    tmp = short_tmp()
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 BIAS = decay.CosineAnnealingLR(0.2, t_max=12, eta_min=0.01)
 WEIGHT = decay.StepLR(0.05, step_size=3, gamma=0.5)
 TWO = {
@@ -165,7 +153,7 @@ def _job(tmp_path: Path, name: str, data: str, sets: dict, resume: bool = False)
     return [r for r in records if r["kind"] == "step"], np.asarray(pred)
 
 
-def test_a_table_on_its_own_schedule_trains_as_the_job_schedule_would(tmp_path, local_ray):
+def test_a_table_on_its_own_schedule_trains_as_the_job_schedule_would(tmp_path, ray_local):
     """weight frozen: bias alone trains, on its own CosineAnnealingLR beside the job's StepLR,
     and ends exactly where a job whose schedule is that CosineAnnealingLR ends."""
     data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 400)
@@ -188,7 +176,7 @@ def test_a_table_on_its_own_schedule_trains_as_the_job_schedule_would(tmp_path, 
 
 
 @pytest.mark.slow
-def test_two_tables_on_two_schedules_resume_exactly(tmp_path, local_ray):
+def test_two_tables_on_two_schedules_resume_exactly(tmp_path, ray_local):
     data = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 400)
     full, pred_full = _job(tmp_path, "full", data, TWO)
     ckpt = {"angel.save.model.path": str(tmp_path / "ckpt")}
