@@ -20,9 +20,9 @@ before version 2), and say so. A damaged
 checkpoint that ``--resume`` moved aside (``<path>.damaged-<id>``, :mod:`learners.job.saved_model`)
 is never removed.
 
-A URL (``s3://...``) has no rename: every function here hands it to
-:mod:`angelps.checkpoint.remote` (generations under ``<path>``, a pointer committed last), so
-the local code path above is unchanged.
+Every function here takes a local path: a URL (``s3://...``) has no rename, and its
+checkpoints are :mod:`angelps.checkpoint.remote`'s (generations under ``<path>``, a pointer
+committed last). :func:`angelps.checkpoint.store.store_for` picks one or the other from a path.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import os
 import shutil
 import uuid
 
-from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.errors import (
     FORMAT,
     MANIFEST,
@@ -41,7 +40,6 @@ from angelps.checkpoint.errors import (
     CheckpointError,
     NoCheckpoint,
 )
-from angelps.fs import is_remote, write_bytes
 
 __all__ = [
     "MANIFEST",
@@ -51,7 +49,9 @@ __all__ = [
     "NoCheckpoint",
     "check_target",
     "commit_dir",
+    "file_in",
     "fsync_dir",
+    "holds_checkpoint",
     "new_tmp_dir",
     "older_hint",
     "previous",
@@ -61,10 +61,7 @@ __all__ = [
 
 
 def fsync_dir(path: str) -> None:
-    """Make the entries of directory ``path`` (created, renamed files) durable (a URL: an
-    object is durable once written)."""
-    if is_remote(path):
-        return
+    """Make the entries of directory ``path`` (created, renamed files) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -74,9 +71,6 @@ def fsync_dir(path: str) -> None:
 
 def write_durably(path: str, data: bytes | memoryview) -> None:
     """Write ``data`` to a new file ``path``, flushed and fsynced before returning."""
-    if is_remote(path):
-        write_bytes(path, data)
-        return
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -85,8 +79,6 @@ def write_durably(path: str, data: bytes | memoryview) -> None:
 
 def holds_checkpoint(path: str) -> bool:
     """Whether directory ``path`` has an angelps manifest (its ``format`` field says so)."""
-    if is_remote(path):
-        return checkpoint_remote.holds_checkpoint(path)
     try:
         with open(os.path.join(path, MANIFEST), "rb") as f:
             data = f.read()
@@ -100,8 +92,6 @@ def check_target(path: str) -> None:
     """Refuse a save path that angelps must not replace: a regular file (or anything but a
     directory), or a non-empty directory without an angelps checkpoint. Absent, empty, or
     holding a checkpoint is fine."""
-    if is_remote(path):
-        return checkpoint_remote.check_target(path)
     path = os.path.abspath(path)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise CheckpointError(
@@ -118,8 +108,6 @@ def check_target(path: str) -> None:
 def new_tmp_dir(path: str) -> str:
     """A fresh sibling directory ``<path>.tmp-<id>`` to write a checkpoint into (after
     :func:`check_target`, so nothing is written for a path that would be refused)."""
-    if is_remote(path):
-        return checkpoint_remote.new_tmp_dir(path)
     path = os.path.abspath(path)
     check_target(path)
     parent = os.path.dirname(path)
@@ -137,8 +125,6 @@ def new_tmp_dir(path: str) -> str:
 def commit_dir(tmp: str, path: str) -> None:
     """Make the complete checkpoint in ``tmp`` appear at ``path``, keeping the previous one as
     ``<path>.prev`` (see the module docstring). ``tmp`` must be complete and fsynced."""
-    if is_remote(path):
-        return checkpoint_remote.commit_dir(tmp, path)
     path = os.path.abspath(path)
     check_target(path)  # again: the path may have changed since the save began
     parent = os.path.dirname(path)
@@ -155,10 +141,21 @@ def commit_dir(tmp: str, path: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def file_in(root: str, rel: str) -> str:
+    """The file ``rel`` (a relative name already checked) inside the checkpoint ``root``; one
+    that a symbolic link leads outside ``root`` is a CheckpointDamaged."""
+    path = os.path.join(root, *rel.split("/"))
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(path), real_root]) != real_root:
+        raise CheckpointDamaged(
+            f"checkpoint file {path} leads outside the checkpoint {root} (a symbolic link); "
+            "refusing to read it"
+        )
+    return path
+
+
 def previous(path: str) -> str | None:
     """``<path>.prev`` if it holds a checkpoint (the one before the latest), else None."""
-    if is_remote(path):
-        return checkpoint_remote.previous(path)
     prev = os.path.abspath(path) + PREV
     return prev if holds_checkpoint(prev) else None
 
@@ -169,8 +166,6 @@ def resolve(path: str, fallback: bool = False) -> str:
     silently), with a hint naming ``<path>.prev`` when one is there. ``fallback=True`` (what
     ``--resume`` and a restart after a lost worker use, saying so on the console) returns
     ``<path>.prev`` when a save crashed between its renames, or the newest ``<path>.old-*``."""
-    if is_remote(path):
-        return checkpoint_remote.resolve(path)
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
@@ -185,8 +180,8 @@ def resolve(path: str, fallback: bool = False) -> str:
 
 def older_hint(path: str) -> str:
     """``; an older checkpoint is at <path>.prev: pass it explicitly ...`` for an error about
-    ``path`` when a save left one beside it; empty otherwise (a URL: its pointer decides)."""
-    older = None if is_remote(path) else _older(os.path.abspath(path))
+    ``path`` when a save left one beside it; empty otherwise."""
+    older = _older(os.path.abspath(path))
     if older is None:
         return ""
     return (

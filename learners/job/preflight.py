@@ -19,7 +19,8 @@ import numpy as np
 
 from angelconf.config import Config, ConfigError
 from angelps import TableSpec
-from angelps.checkpoint import local_dir as checkpoint_dir
+from angelps.checkpoint import store as checkpoint_store
+from angelps.checkpoint.errors import CheckpointError
 from decay import ReduceLROnPlateau
 from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
@@ -114,8 +115,8 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
     where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
     if is_url(save_path):  # reachable (check_url); only its content is checked here
         try:
-            checkpoint_dir.check_target(save_path)
-        except (checkpoint_dir.CheckpointError, OSError) as e:
+            checkpoint_store.check_target(save_path)
+        except (CheckpointError, OSError) as e:
             raise ConfigError(f"{where}: {e}") from None
         return
     path = Path(os.path.realpath(save_path))
@@ -130,8 +131,8 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
             )
     _check_own_folders(path, where, log_dir, backup_path)
     try:
-        checkpoint_dir.check_target(str(path))
-    except checkpoint_dir.CheckpointError as e:
+        checkpoint_store.check_target(str(path))
+    except CheckpointError as e:
         raise ConfigError(f"{where}: {e}") from None
     parent = path.parent
     while not parent.exists() and parent != parent.parent:

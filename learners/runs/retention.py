@@ -39,6 +39,7 @@ from angelps import fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint import local_dir as checkpoint_dir
 from angelps.checkpoint import remote as checkpoint_remote
+from angelps.checkpoint import store as checkpoint_store
 from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
@@ -143,14 +144,14 @@ class Checkpoints:
         if self.last_good is not None and self.last_good.epoch == epoch:
             return self.path
         kept = f"{self.path}{_EPOCH}{epoch + 1}"
-        return kept if self.keep_last > 1 and checkpoint_dir.holds_checkpoint(kept) else None
+        return kept if self.keep_last > 1 and checkpoint_store.holds_checkpoint(kept) else None
 
     def last_good_text(self) -> str:
         """The last good checkpoint, for a message."""
         if self.last_good is None:
             return "no checkpoint has been written yet"
         try:
-            where = checkpoint_dir.resolve(self.path, fallback=True)  # <path>.prev mid-commit
+            where = checkpoint_store.resolve(self.path, fallback=True)  # <path>.prev mid-commit
         except checkpoint_dir.CheckpointError:
             where = self.last_good.path
         return f"the last good checkpoint is {where} (epoch {self.last_good.epoch + 1})"
