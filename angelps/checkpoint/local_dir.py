@@ -49,6 +49,8 @@ __all__ = [
     "NoCheckpoint",
     "check_target",
     "commit_dir",
+    "copy_checkpoint",
+    "create_new",
     "file_in",
     "fsync_dir",
     "holds_checkpoint",
@@ -56,6 +58,8 @@ __all__ = [
     "older_hint",
     "previous",
     "resolve",
+    "restore_interrupted",
+    "set_aside",
     "write_durably",
 ]
 
@@ -202,3 +206,74 @@ def _older(path: str) -> str | None:
         if os.path.isfile(os.path.join(p, MANIFEST))
     ]
     return max(olds, key=os.path.getmtime) if olds else None
+
+
+def set_aside(path: str) -> str:
+    """Move the (damaged) checkpoint at ``path`` to ``<path>.damaged-<id>``, kept and never
+    removed; returns where it went."""
+    aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
+    os.rename(path, aside)
+    return aside
+
+
+def restore_interrupted(path: str) -> tuple[str, str] | None:
+    """For ``path`` without its manifest: the older checkpoint a save left (``<path>.prev``, or
+    ``<path>.old-*``) moved back to ``path``, anything at ``path`` set aside first. (where it
+    came from, where what was at ``path`` went or ''); None when ``path`` has its manifest or
+    nothing older is there."""
+    try:
+        root = resolve(path, fallback=True)
+    except CheckpointError:
+        return None
+    path = os.path.abspath(path)
+    if root == path:
+        return None
+    aside = set_aside(path) if os.path.lexists(path) else ""
+    os.rename(root, path)
+    return root, aside
+
+
+def copy_checkpoint(src: str, dst: str) -> None:
+    """Make ``dst`` a copy of checkpoint ``src`` (hard links where possible: a checkpoint's
+    files are never changed in place), replacing what was at ``dst`` only once the copy is
+    complete."""
+    tmp = f"{dst}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        _link_tree(src, tmp)
+        old = None
+        if os.path.lexists(dst):
+            old = f"{dst}.old-{uuid.uuid4().hex[:12]}"
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+        fsync_dir(os.path.dirname(dst))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_tree(src: str, dst: str) -> None:
+    def link_or_copy(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy)
+
+
+def create_new(path: str, data: bytes) -> bool:
+    """Create file ``path`` holding ``data`` (fsynced) unless it exists: whether it was
+    created (``O_EXCL``: of two creators exactly one wins)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

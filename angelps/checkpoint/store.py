@@ -13,6 +13,7 @@ below dispatch once each, for callers that hold only a path.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from collections.abc import Iterator
@@ -98,6 +99,45 @@ class CheckpointStore(Protocol):
         """Remove the uncommitted ``tmp`` of a save that failed, quietly (best effort)."""
         ...
 
+    def normalize(self, path: str) -> str:
+        """``path`` in the form its copies' names are built from (absolute; a URL as it is)."""
+        ...
+
+    def holds_latest(self, path: str) -> bool:
+        """Whether there is something at ``path`` that :meth:`roll_back` can set aside."""
+        ...
+
+    def roll_back(self, path: str, prev: str) -> str:
+        """Set the damaged latest checkpoint at ``path`` aside (kept) and make ``prev`` (its
+        :meth:`previous`) the latest; where the damaged one is kept."""
+        ...
+
+    def restore_interrupted(self, path: str) -> tuple[str, str] | None:
+        """Finish a save interrupted before its commit completed: (the older checkpoint made
+        the latest again, where what was at ``path`` went or ''); None if there is nothing to
+        do."""
+        ...
+
+    def copy(self, src: str, dst: str) -> None:
+        """Make ``dst`` a copy of the checkpoint at ``src``, replacing ``dst`` only when done."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove the checkpoint at ``path`` (a kept copy), nothing angelps did not write."""
+        ...
+
+    def beside(self, path: str, prefix: str) -> list[str]:
+        """The checkpoints beside ``path`` whose names start with its name and ``prefix``."""
+        ...
+
+    def create_new(self, path: str, data: bytes) -> bool:
+        """Create file ``path`` holding ``data`` unless it exists: whether it was created."""
+        ...
+
+    def delete_file(self, path: str) -> None:
+        """Delete file ``path`` (FileNotFoundError when it is not there)."""
+        ...
+
 
 class LocalStore:
     """Checkpoints on a local disk: a temporary sibling, fsync, renames (``<path>.prev``)."""
@@ -149,6 +189,35 @@ class LocalStore:
     def discard(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    def normalize(self, path: str) -> str:
+        return os.path.abspath(path)
+
+    def holds_latest(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def roll_back(self, path: str, prev: str) -> str:
+        aside = local_dir.set_aside(path)
+        os.rename(prev, os.path.abspath(path))
+        return aside
+
+    def restore_interrupted(self, path: str) -> tuple[str, str] | None:
+        return local_dir.restore_interrupted(path)
+
+    def copy(self, src: str, dst: str) -> None:
+        local_dir.copy_checkpoint(src, dst)
+
+    def remove(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def beside(self, path: str, prefix: str) -> list[str]:
+        return glob.glob(glob.escape(path) + prefix + "*")
+
+    def create_new(self, path: str, data: bytes) -> bool:
+        return local_dir.create_new(path, data)
+
+    def delete_file(self, path: str) -> None:
+        os.unlink(path)
+
 
 class ObjectStore:
     """Checkpoints on object storage (``s3://``, ``gs://``): generations and a pointer."""
@@ -199,6 +268,45 @@ class ObjectStore:
             fs.delete_dir(tmp)
         except OSError:
             pass  # an uncommitted generation: the next save removes it
+
+    def normalize(self, path: str) -> str:
+        # No abspath (it would make s3://b/m a local s3:/b/m), no trailing / (or the copies'
+        # names would go inside it: s3://b/m/.best).
+        return path.rstrip("/")
+
+    def holds_latest(self, path: str) -> bool:
+        return True  # the pointer names the latest generation
+
+    def roll_back(self, path: str, prev: str) -> str:
+        return checkpoint_remote.set_aside(path)  # no rename: the pointer goes back
+
+    def restore_interrupted(self, path: str) -> tuple[str, str] | None:
+        return None  # a generation is committed by its pointer alone: none is half-committed
+
+    def copy(self, src: str, dst: str) -> None:
+        checkpoint_remote.copy_checkpoint(src, dst)
+
+    def remove(self, path: str) -> None:
+        checkpoint_remote.remove(path)  # the pointer, then the generations: nothing else
+
+    def beside(self, path: str, prefix: str) -> list[str]:
+        parent, base = path.rsplit("/", 1)
+        return [
+            fs.join(parent, name)
+            for name, is_dir in fs.list_dir(parent)
+            if is_dir and name.startswith(base + prefix)
+        ]
+
+    def create_new(self, path: str, data: bytes) -> bool:
+        # No exclusive create on object storage: checked, written, then read back by the
+        # caller (the last writer wins).
+        if fs.exists(path):
+            return False
+        fs.write_bytes(path, data)
+        return True
+
+    def delete_file(self, path: str) -> None:
+        fs.delete_file(path)
 
 
 _LOCAL = LocalStore()
