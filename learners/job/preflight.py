@@ -31,7 +31,7 @@ from learners.job.rate_plan import check_rates_early
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
-from learners.runs.folders import BACKUP_DIR, LATEST
+from learners.runs.log_store import run_logs_for
 
 __all__ = [
     "check_job",
@@ -147,11 +147,7 @@ def _check_own_folders(path: Path, where: str, log_dir: str, backup_path: str) -
     """Refuse a save path equal to or inside a folder the job writes and removes by itself:
     its shard backups (``<log>/ps-backup`` or ``angel.ps.backup.path``) and ``<log>/latest``
     (a run's pointer)."""
-    own = []
-    if not is_url(log_dir):
-        backups = f"the shard backups' folder (angel.log.path/{BACKUP_DIR})"
-        own.append((os.path.join(log_dir, BACKUP_DIR), backups))
-        own.append((os.path.join(log_dir, LATEST), f"the latest run's pointer ({LATEST})"))
+    own = run_logs_for(log_dir).own_folders()
     if backup_path and not is_url(backup_path):
         own.append((backup_path, f"the shard backups' folder (angel.ps.backup.path={backup_path})"))
     for folder, what in own:
