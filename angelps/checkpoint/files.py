@@ -42,22 +42,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from angelps import fs
-from angelps.checkpoint.local_dir import (
+from angelps.checkpoint.errors import (
     FORMAT,
     MANIFEST,
     CheckpointDamaged,
     CheckpointError,
     NoCheckpoint,
+)
+from angelps.checkpoint.store import (
     check_target,
     commit_dir,
     fsync_dir,
     new_tmp_dir,
     previous,
     resolve,
+    store_for,
     write_durably,
 )
 from angelps.checkpoint.table_sink import write_chunks
-from angelps.fs import is_remote
 from angelps.table import TableSpec
 
 __all__ = [
@@ -116,16 +118,7 @@ def member(root: str, rel: str) -> str:
             f"checkpoint {root} is damaged: its manifest names {rel!r}, which is not a file "
             "inside the checkpoint; refusing to read it"
         )
-    if is_remote(root):
-        return fs.join(root, rel)
-    path = os.path.join(root, *parts)
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([os.path.realpath(path), real_root]) != real_root:
-        raise CheckpointDamaged(
-            f"checkpoint file {path} leads outside the checkpoint {root} (a symbolic link); "
-            "refusing to read it"
-        )
-    return path
+    return store_for(root).file_in(root, rel)
 
 
 def table_rel(table: str, shard: int) -> str:
@@ -150,16 +143,9 @@ def write_table_chunks(
     """Write one shard's rows of one table from (keys, w, state) chunks, one Parquet row group
     each, so a large table is never copied whole; hashed while written, page checksums on,
     fsynced. Returns the file's manifest entry: ``rows``, ``sha256``, ``bytes``."""
-    if is_remote(path):  # one object, complete once closed (no directories, no fsync)
-        with fs.open_output_stream(path) as out:
-            rows, sink = write_chunks(out, path, chunks)
-        return {"rows": rows, "sha256": sink.sha.hexdigest(), "bytes": sink.size}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        rows, sink = write_chunks(f, path, chunks)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(os.path.dirname(path))
+    # A local file is fsynced with its directory; an object is complete once closed.
+    with store_for(path).open_write(path) as out:
+        rows, sink = write_chunks(out, path, chunks)
     return {"rows": rows, "sha256": sink.sha.hexdigest(), "bytes": sink.size}
 
 
@@ -194,7 +180,7 @@ def _open_checked(path: str, expect: Mapping[str, Any] | None, keep: bool) -> by
     sha = hashlib.sha256()
     parts: list[bytes] = []
     try:
-        with open(path, "rb") if not is_remote(path) else fs.open_input_stream(path) as f:
+        with store_for(path).open_read(path) as f:
             while block := f.read(1 << 24):
                 sha.update(block)
                 if keep:

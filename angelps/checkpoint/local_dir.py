@@ -20,9 +20,9 @@ before version 2), and say so. A damaged
 checkpoint that ``--resume`` moved aside (``<path>.damaged-<id>``, :mod:`learners.job.saved_model`)
 is never removed.
 
-A URL (``s3://...``) has no rename: every function here hands it to
-:mod:`angelps.checkpoint.remote` (generations under ``<path>``, a pointer committed last), so
-the local code path above is unchanged.
+Every function here takes a local path: a URL (``s3://...``) has no rename, and its
+checkpoints are :mod:`angelps.checkpoint.remote`'s (generations under ``<path>``, a pointer
+committed last). :func:`angelps.checkpoint.store.store_for` picks one or the other from a path.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import os
 import shutil
 import uuid
 
-from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.errors import (
     FORMAT,
     MANIFEST,
@@ -41,7 +40,6 @@ from angelps.checkpoint.errors import (
     CheckpointError,
     NoCheckpoint,
 )
-from angelps.fs import is_remote, write_bytes
 
 __all__ = [
     "MANIFEST",
@@ -51,20 +49,23 @@ __all__ = [
     "NoCheckpoint",
     "check_target",
     "commit_dir",
+    "copy_checkpoint",
+    "create_new",
+    "file_in",
     "fsync_dir",
+    "holds_checkpoint",
     "new_tmp_dir",
     "older_hint",
     "previous",
     "resolve",
+    "restore_interrupted",
+    "set_aside",
     "write_durably",
 ]
 
 
 def fsync_dir(path: str) -> None:
-    """Make the entries of directory ``path`` (created, renamed files) durable (a URL: an
-    object is durable once written)."""
-    if is_remote(path):
-        return
+    """Make the entries of directory ``path`` (created, renamed files) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -74,9 +75,6 @@ def fsync_dir(path: str) -> None:
 
 def write_durably(path: str, data: bytes | memoryview) -> None:
     """Write ``data`` to a new file ``path``, flushed and fsynced before returning."""
-    if is_remote(path):
-        write_bytes(path, data)
-        return
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -85,8 +83,6 @@ def write_durably(path: str, data: bytes | memoryview) -> None:
 
 def holds_checkpoint(path: str) -> bool:
     """Whether directory ``path`` has an angelps manifest (its ``format`` field says so)."""
-    if is_remote(path):
-        return checkpoint_remote.holds_checkpoint(path)
     try:
         with open(os.path.join(path, MANIFEST), "rb") as f:
             data = f.read()
@@ -100,8 +96,6 @@ def check_target(path: str) -> None:
     """Refuse a save path that angelps must not replace: a regular file (or anything but a
     directory), or a non-empty directory without an angelps checkpoint. Absent, empty, or
     holding a checkpoint is fine."""
-    if is_remote(path):
-        return checkpoint_remote.check_target(path)
     path = os.path.abspath(path)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise CheckpointError(
@@ -118,8 +112,6 @@ def check_target(path: str) -> None:
 def new_tmp_dir(path: str) -> str:
     """A fresh sibling directory ``<path>.tmp-<id>`` to write a checkpoint into (after
     :func:`check_target`, so nothing is written for a path that would be refused)."""
-    if is_remote(path):
-        return checkpoint_remote.new_tmp_dir(path)
     path = os.path.abspath(path)
     check_target(path)
     parent = os.path.dirname(path)
@@ -137,8 +129,6 @@ def new_tmp_dir(path: str) -> str:
 def commit_dir(tmp: str, path: str) -> None:
     """Make the complete checkpoint in ``tmp`` appear at ``path``, keeping the previous one as
     ``<path>.prev`` (see the module docstring). ``tmp`` must be complete and fsynced."""
-    if is_remote(path):
-        return checkpoint_remote.commit_dir(tmp, path)
     path = os.path.abspath(path)
     check_target(path)  # again: the path may have changed since the save began
     parent = os.path.dirname(path)
@@ -155,10 +145,21 @@ def commit_dir(tmp: str, path: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def file_in(root: str, rel: str) -> str:
+    """The file ``rel`` (a relative name already checked) inside the checkpoint ``root``; one
+    that a symbolic link leads outside ``root`` is a CheckpointDamaged."""
+    path = os.path.join(root, *rel.split("/"))
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(path), real_root]) != real_root:
+        raise CheckpointDamaged(
+            f"checkpoint file {path} leads outside the checkpoint {root} (a symbolic link); "
+            "refusing to read it"
+        )
+    return path
+
+
 def previous(path: str) -> str | None:
     """``<path>.prev`` if it holds a checkpoint (the one before the latest), else None."""
-    if is_remote(path):
-        return checkpoint_remote.previous(path)
     prev = os.path.abspath(path) + PREV
     return prev if holds_checkpoint(prev) else None
 
@@ -169,8 +170,6 @@ def resolve(path: str, fallback: bool = False) -> str:
     silently), with a hint naming ``<path>.prev`` when one is there. ``fallback=True`` (what
     ``--resume`` and a restart after a lost worker use, saying so on the console) returns
     ``<path>.prev`` when a save crashed between its renames, or the newest ``<path>.old-*``."""
-    if is_remote(path):
-        return checkpoint_remote.resolve(path)
     path = os.path.abspath(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
@@ -185,8 +184,8 @@ def resolve(path: str, fallback: bool = False) -> str:
 
 def older_hint(path: str) -> str:
     """``; an older checkpoint is at <path>.prev: pass it explicitly ...`` for an error about
-    ``path`` when a save left one beside it; empty otherwise (a URL: its pointer decides)."""
-    older = None if is_remote(path) else _older(os.path.abspath(path))
+    ``path`` when a save left one beside it; empty otherwise."""
+    older = _older(os.path.abspath(path))
     if older is None:
         return ""
     return (
@@ -207,3 +206,74 @@ def _older(path: str) -> str | None:
         if os.path.isfile(os.path.join(p, MANIFEST))
     ]
     return max(olds, key=os.path.getmtime) if olds else None
+
+
+def set_aside(path: str) -> str:
+    """Move the (damaged) checkpoint at ``path`` to ``<path>.damaged-<id>``, kept and never
+    removed; returns where it went."""
+    aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
+    os.rename(path, aside)
+    return aside
+
+
+def restore_interrupted(path: str) -> tuple[str, str] | None:
+    """For ``path`` without its manifest: the older checkpoint a save left (``<path>.prev``, or
+    ``<path>.old-*``) moved back to ``path``, anything at ``path`` set aside first. (where it
+    came from, where what was at ``path`` went or ''); None when ``path`` has its manifest or
+    nothing older is there."""
+    try:
+        root = resolve(path, fallback=True)
+    except CheckpointError:
+        return None
+    path = os.path.abspath(path)
+    if root == path:
+        return None
+    aside = set_aside(path) if os.path.lexists(path) else ""
+    os.rename(root, path)
+    return root, aside
+
+
+def copy_checkpoint(src: str, dst: str) -> None:
+    """Make ``dst`` a copy of checkpoint ``src`` (hard links where possible: a checkpoint's
+    files are never changed in place), replacing what was at ``dst`` only once the copy is
+    complete."""
+    tmp = f"{dst}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        _link_tree(src, tmp)
+        old = None
+        if os.path.lexists(dst):
+            old = f"{dst}.old-{uuid.uuid4().hex[:12]}"
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+        fsync_dir(os.path.dirname(dst))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_tree(src: str, dst: str) -> None:
+    def link_or_copy(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy)
+
+
+def create_new(path: str, data: bytes) -> bool:
+    """Create file ``path`` holding ``data`` (fsynced) unless it exists: whether it was
+    created (``O_EXCL``: of two creators exactly one wins)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

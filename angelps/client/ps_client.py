@@ -18,7 +18,6 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,8 +29,8 @@ from ray.exceptions import RayTaskError
 
 from angelps import fs
 from angelps.checkpoint import files as checkpoint
-from angelps.checkpoint import remote_backup as backup_remote
-from angelps.checkpoint.local_dir import write_durably
+from angelps.checkpoint.backups import remove_launch
+from angelps.checkpoint.store import store_for, write_durably
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
 from angelps.client.transport import Reply, Transport, call_bytes, get_refs, remote_error
@@ -58,13 +57,7 @@ Requests = Mapping[str, ArrayLike | None]
 
 def _remove_quietly(tmp: str) -> None:
     """Remove the temporary directory (or generation) of a save that failed."""
-    if not fs.is_remote(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    try:
-        fs.delete_dir(tmp)
-    except OSError:
-        pass  # an uncommitted generation: the next save removes it
+    store_for(tmp).discard(tmp)
 
 
 class PSFuture(Generic[T]):
@@ -489,7 +482,5 @@ class PSClient:
                 self.handles = []
                 self._owner = False
                 backups = self.options.shard.backup_dir
-                if backups and fs.is_remote(backups):
-                    backup_remote.remove_launch(backups)  # only this launch's prefix
-                elif backups:
-                    shutil.rmtree(backups, ignore_errors=True)
+                if backups:
+                    remove_launch(backups)  # only this launch's directory or prefix

@@ -16,7 +16,6 @@ at every launch.
 
 from __future__ import annotations
 
-import os
 import secrets
 import tempfile
 import uuid
@@ -28,11 +27,11 @@ import ray
 from ray.actor import ActorClass, ActorHandle
 from ray.exceptions import GetTimeoutError, RayTaskError
 
-from angelps import fs
+from angelps.checkpoint.backups import launch_dir
 from angelps.client import wire
 from angelps.client.transport import remote_error
 from angelps.options import ClientOptions, PSOptions, ShardOptions
-from angelps.server.shard_server import ShardServer, private_dir
+from angelps.server.shard_server import ShardServer
 from angelps.table import TableSpec, check_unique_names
 
 __all__ = [
@@ -83,13 +82,7 @@ def _backup_dir(ps: PSOptions) -> str:
     the prefix ``<angel.ps.backup.path>/<job>-<id>``, nothing created yet."""
     if not ps.backup_path:
         return tempfile.mkdtemp(prefix=f"angelps-backup-{ps.job}-")  # made 0700
-    if fs.is_remote(ps.backup_path):
-        # A prefix of its own (it exists once a shard writes under it); who reads it is the
-        # bucket's permissions: object storage has no 0700.
-        return fs.join(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}")
-    path = os.path.abspath(os.path.join(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}"))
-    private_dir(path)
-    return path
+    return launch_dir(ps.backup_path, f"{ps.job}-{uuid.uuid4().hex[:12]}")
 
 
 def _actor_options(ps: PSOptions) -> dict[str, Any]:

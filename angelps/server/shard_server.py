@@ -29,9 +29,13 @@ from typing import Any
 
 import ray
 
-from angelps import fs
-from angelps.checkpoint.backups import backup_version, read_backup, write_backup
-from angelps.checkpoint.files import CheckpointError
+from angelps.checkpoint.backups import (
+    backup_version,
+    private_dir,
+    read_backup,
+    shard_dir,
+    write_backup,
+)
 from angelps.client import wire
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
@@ -91,11 +95,7 @@ class ShardServer:
         self.timeout_s = options.timeout_s
         self.backup_interval = options.backup_interval
         root = options.backup_dir
-        self.backup_dir = fs.join(root, f"shard-{shard_id}") if root else ""
-        # On object storage there is no directory mode: the bucket's permissions decide.
-        if self.backup_dir and not fs.is_remote(root):
-            private_dir(root)
-            private_dir(self.backup_dir)
+        self.backup_dir = shard_dir(root, shard_id) if root else ""
         self._since_backup = 0
         self._backups = {"count": 0, "seconds": 0.0, "start_s": 0.0}
         self.backup_clocks = [0] * self.shard.clocks.num_workers
@@ -420,28 +420,6 @@ def _connection_cap(wanted: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return wanted
     return max(1, min(wanted, soft // 2))
-
-
-def private_dir(path: str) -> None:
-    """Create directory ``path`` for this user only (0700); an existing one must belong to
-    this user (else CheckpointError naming it) and is made 0700."""
-    try:
-        os.mkdir(path, 0o700)
-        return
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return
-    st = os.stat(path)
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise CheckpointError(
-            f"backup directory {path} belongs to another user (uid {st.st_uid}); choose "
-            f"another angel.ps.backup.path"
-        )
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
 
 
 def _was_restarted() -> bool:

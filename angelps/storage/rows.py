@@ -9,25 +9,71 @@ scatter over several pages groups the slots by page (a radix sort of 16-bit page
 works page by page. :class:`TorchRows` keeps one tensor on a torch device (a GPU shard), grown
 by doubling; torch is imported when one is made (a CPU shard never loads it).
 
-Both offer the same few operations on slot arrays: ``gather``, ``scatter``, ``write`` (a
-contiguous range), ``move`` (compaction after rows are removed), ``reserve``,
-``truncate``.
+Both are a :class:`RowStore`: the same few operations on slot arrays: ``gather``, ``scatter``,
+``write`` (a contiguous range), ``move`` (compaction after rows are removed), ``reserve``,
+``truncate``; and a block of whole rows for the optimizer to update in place where the rows
+live (``gather_block``, ``as_block``, ``scatter_block``: numpy on the host, a tensor on the
+device), so a table never asks which one it holds.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PAGE_BYTES", "PagedRows", "TorchRows"]
+__all__ = ["PAGE_BYTES", "PagedRows", "RowStore", "TorchRows"]
 
 #: Bytes of one page of rows (the page holds the largest power-of-two rows that fit).
 PAGE_BYTES = 1 << 28
 _FIRST = 1024  # rows of the first page when it is first allocated
+
+
+class RowStore(Protocol):
+    """``[capacity, width]`` rows of one dtype by slot, on the host or on a device."""
+
+    width: int
+    dtype: np.dtype
+
+    @property
+    def capacity(self) -> int: ...
+
+    def nbytes(self, rows: int | None = None) -> int:
+        """Bytes held; with ``rows``, of the first ``rows`` rows where that is less."""
+        ...
+
+    def reserve(self, n: int) -> None: ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def block(self, a: int, b: int) -> Any:
+        """Rows ``a:b`` as a view (numpy or tensor) for an initialisation in place."""
+        ...
+
+    def gather(self, slots: np.ndarray, cols: int | None = None) -> np.ndarray: ...
+
+    def scatter(self, slots: np.ndarray, values: np.ndarray) -> None: ...
+
+    def write(self, start: int, values: np.ndarray) -> None: ...
+
+    def read(self, start: int, end: int, cols: int | None = None) -> np.ndarray: ...
+
+    def move(self, dst: np.ndarray, src: np.ndarray) -> None: ...
+
+    def gather_block(self, slots: np.ndarray) -> Any:
+        """The rows of ``slots`` where they live (numpy, or a tensor on the device)."""
+        ...
+
+    def as_block(self, values: np.ndarray) -> Any:
+        """Host ``values`` (gradients) beside a :meth:`gather_block` result."""
+        ...
+
+    def scatter_block(self, slots: np.ndarray, block: Any) -> None:
+        """Write back a block from :meth:`gather_block` (updated in place)."""
+        ...
 
 
 class PagedRows:
@@ -166,6 +212,15 @@ class PagedRows:
         for a in range(0, len(src), chunk):
             self.scatter(dst[a : a + chunk], self.gather(src[a : a + chunk]))
 
+    def gather_block(self, slots: np.ndarray) -> np.ndarray:
+        return self.gather(slots)
+
+    def as_block(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def scatter_block(self, slots: np.ndarray, block: np.ndarray) -> None:
+        self.scatter(slots, block)
+
 
 class TorchRows:
     """``[capacity, width]`` rows as one tensor on ``device``, grown by doubling."""
@@ -183,7 +238,8 @@ class TorchRows:
     def capacity(self) -> int:
         return int(self.t.shape[0])
 
-    def nbytes(self) -> int:
+    def nbytes(self, rows: int | None = None) -> int:
+        """Bytes of the tensor, whatever ``rows``: device memory is held whole."""
         return int(self.t.numel() * self.t.element_size())
 
     def reserve(self, n: int) -> None:
@@ -228,6 +284,15 @@ class TorchRows:
 
     def move(self, dst: np.ndarray, src: np.ndarray) -> None:
         self.scatter_t(dst, self.gather_t(src))
+
+    def gather_block(self, slots: np.ndarray) -> torch.Tensor:
+        return self.gather_t(slots)
+
+    def as_block(self, values: np.ndarray) -> torch.Tensor:
+        return self.tensor(values)
+
+    def scatter_block(self, slots: np.ndarray, block: torch.Tensor) -> None:
+        self.scatter_t(slots, block)
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
 from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
-from angelps.storage.rows import PagedRows, TorchRows
+from angelps.storage.rows import PagedRows, RowStore, TorchRows
 from angelps.table import TableSpec, init_rows
 
 __all__ = ["CHUNK_ROWS", "DIRECT_MAX", "Table", "new_table"]
@@ -46,7 +46,7 @@ __all__ = ["CHUNK_ROWS", "DIRECT_MAX", "Table", "new_table"]
 #: Rows per chunk of a dense table's initialisation and of a checkpoint's export.
 CHUNK_ROWS = 1 << 20
 
-Rows = PagedRows | TorchRows
+Rows = RowStore
 
 
 class Table:
@@ -246,19 +246,15 @@ class Table:
                     slots, grads = slots[keep], grads[keep]
             if self.stamps is not None:
                 self.stamps.scatter(slots, np.full((len(slots), 1), self._stamp(), np.uint32))
-        if isinstance(self.rows, TorchRows):
-            tblock = self.rows.gather_t(slots)
-            self._apply(tblock, grads, lr, momentum)
-            self.rows.scatter_t(slots, tblock)
-            return
-        block = self.rows.gather(slots)
+        # Updated where the rows live: numpy on the host, a tensor on the device.
+        block = self.rows.gather_block(slots)
         self._apply(block, grads, lr, momentum)
-        self.rows.scatter(slots, block)
+        self.rows.scatter_block(slots, block)
 
     def _apply(self, block: Any, grads: np.ndarray, lr: float, momentum: float | None) -> None:
         """The optimizer on a block of whole rows (weights and slots), in place."""
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
-        g = self.rows.tensor(grads) if isinstance(self.rows, TorchRows) else grads
+        g = self.rows.as_block(grads)
         apply(self.spec.optimizer, block[:, : self.cols], state, g, lr, momentum)
 
     def evict(self) -> int:
@@ -355,7 +351,7 @@ class Table:
         if not self.spec.sparse:
             return self.rows.nbytes()
         # Rows in use, not the pages' capacity: the unwritten tail of a page is not resident.
-        used = self.rows.nbytes(self.n) if isinstance(self.rows, PagedRows) else self.rows.nbytes()
+        used = self.rows.nbytes(self.n)
         total = used + self.keys.nbytes(self.n) + self.index.nbytes()
         if self.stamps is not None:
             total += self.stamps.nbytes(self.n)

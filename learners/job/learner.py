@@ -53,7 +53,8 @@ from learners.job.startup import Phases
 from learners.keys import all_keys
 from learners.models.angel_json import apply_angel_json, check_saved_graph
 from learners.models.config import ModelConfig, job_model_info
-from learners.runs.folders import is_url, log_root, new_run_dir, relative_under_ray_job, run_url
+from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
+from learners.runs.log_store import run_logs_for
 from learners.runs.metrics import validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
 from learners.runs.progress import TrainProgress as _Progress
@@ -186,7 +187,7 @@ class GraphLearner(Inference):
         if plan.save_model and not plan.save_path:
             # Saved by default, into the run's own folder (angel.save.model=false: not at all).
             # (a log path on object storage: beside the run's copy there, not in its staging)
-            home = run_url(plan.log_dir, run_dir.name) if is_url(plan.log_dir) else str(run_dir)
+            home = run_logs_for(plan.log_dir).home(run_dir)
             plan = self.plan = replace(plan, save_path=f"{home}/model")
         ckpts = self._checkpoints(log)
         try:

@@ -19,7 +19,8 @@ import numpy as np
 
 from angelconf.config import Config, ConfigError
 from angelps import TableSpec
-from angelps.checkpoint import local_dir as checkpoint_dir
+from angelps.checkpoint import store as checkpoint_store
+from angelps.checkpoint.errors import CheckpointError
 from decay import ReduceLROnPlateau
 from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
@@ -30,7 +31,7 @@ from learners.job.rate_plan import check_rates_early
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
-from learners.runs.folders import BACKUP_DIR, LATEST
+from learners.runs.log_store import run_logs_for
 
 __all__ = [
     "check_job",
@@ -114,8 +115,8 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
     where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
     if is_url(save_path):  # reachable (check_url); only its content is checked here
         try:
-            checkpoint_dir.check_target(save_path)
-        except (checkpoint_dir.CheckpointError, OSError) as e:
+            checkpoint_store.check_target(save_path)
+        except (CheckpointError, OSError) as e:
             raise ConfigError(f"{where}: {e}") from None
         return
     path = Path(os.path.realpath(save_path))
@@ -130,8 +131,8 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
             )
     _check_own_folders(path, where, log_dir, backup_path)
     try:
-        checkpoint_dir.check_target(str(path))
-    except checkpoint_dir.CheckpointError as e:
+        checkpoint_store.check_target(str(path))
+    except CheckpointError as e:
         raise ConfigError(f"{where}: {e}") from None
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
@@ -146,11 +147,7 @@ def _check_own_folders(path: Path, where: str, log_dir: str, backup_path: str) -
     """Refuse a save path equal to or inside a folder the job writes and removes by itself:
     its shard backups (``<log>/ps-backup`` or ``angel.ps.backup.path``) and ``<log>/latest``
     (a run's pointer)."""
-    own = []
-    if not is_url(log_dir):
-        backups = f"the shard backups' folder (angel.log.path/{BACKUP_DIR})"
-        own.append((os.path.join(log_dir, BACKUP_DIR), backups))
-        own.append((os.path.join(log_dir, LATEST), f"the latest run's pointer ({LATEST})"))
+    own = run_logs_for(log_dir).own_folders()
     if backup_path and not is_url(backup_path):
         own.append((backup_path, f"the shard backups' folder (angel.ps.backup.path={backup_path})"))
     for folder, what in own:

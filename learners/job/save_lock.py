@@ -29,6 +29,7 @@ from typing import Any
 
 from angelconf.config import ConfigError
 from angelps import fs
+from angelps.checkpoint.store import store_for
 from learners.data.problems import printable
 
 __all__ = ["LOCK_SUFFIX", "SaveLock"]
@@ -71,11 +72,8 @@ class SaveLock:
     def __init__(self, save_path: str, job: str, source: str = "") -> None:
         self.save_path = save_path
         self.shown = f"{_KEY}={save_path}" + (f" ({source})" if source else "")
-        self.path = (
-            save_path.rstrip("/") + LOCK_SUFFIX
-            if fs.is_remote(save_path)
-            else os.path.abspath(save_path) + LOCK_SUFFIX
-        )
+        self.store = store_for(save_path)
+        self.path = self.store.normalize(save_path) + LOCK_SUFFIX
         self.me = {
             "job": job,
             "host": socket.gethostname(),
@@ -117,25 +115,11 @@ class SaveLock:
 
     def _create(self, data: bytes) -> dict[str, Any] | None:
         """Create the lock file; None when created, else the holder it names."""
-        if fs.is_remote(self.path):
-            return self._create_remote(data)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        if not self.store.create_new(self.path, data):
             return self._holder()
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return None
-
-    def _create_remote(self, data: bytes) -> dict[str, Any] | None:
-        if fs.exists(self.path):
-            return self._holder()
-        fs.write_bytes(self.path, data)
-        holder = self._holder()  # last writer wins: check that it is this job
+        # Object storage has no exclusive create (the last writer wins): read back that the
+        # lock names this job (on a local disk O_EXCL has decided already).
+        holder = self._holder()
         return None if holder.get("token") == self.me["token"] else holder
 
     def _holder(self) -> dict[str, Any]:
@@ -153,10 +137,7 @@ class SaveLock:
 
     def _remove(self) -> None:
         try:
-            if fs.is_remote(self.path):
-                fs.delete_file(self.path)
-            else:
-                os.unlink(self.path)
+            self.store.delete_file(self.path)
         except FileNotFoundError:
             pass
 

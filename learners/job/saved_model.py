@@ -28,7 +28,6 @@ import binascii
 import hashlib
 import os
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,8 @@ from typing import Any
 from angelconf.config import Config, ConfigError
 from angelps import PSClient, TableSpec, fs
 from angelps.checkpoint import files as checkpoint
-from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.files import CheckpointDamaged
+from angelps.checkpoint.store import store_for
 from learners.data.problems import printable
 from learners.models.angel_json import check_saved_graph
 from learners.models.registry import model_name
@@ -169,13 +168,22 @@ def resume_point(path: str) -> dict[str, Any]:
     ``<path>.prev`` is sound, the latest (if any) is moved aside to ``<path>.damaged-<id>`` and
     the previous one back to ``<path>``, where the restore reads it; damaged without a sound
     previous one, it is a CheckpointDamaged naming the file."""
-    if not fs.is_remote(path):
-        _fall_back(path)
+    store = store_for(path)
+    restored = store.restore_interrupted(path)
+    if restored is not None:
+        root, aside = restored
+        kept = f"; what was at {os.path.abspath(path)} is kept as {aside}" if aside else ""
+        print(
+            printable(
+                f"angelps: note: resuming from {root} (the latest save did not complete){kept}"
+            ),
+            file=sys.stderr,
+        )
     try:
         _verify(path)
     except CheckpointDamaged as damaged:
         prev = checkpoint.previous(path)
-        if prev is None or not (fs.is_remote(path) or os.path.isdir(path)):
+        if prev is None or not store.holds_latest(path):
             raise
         try:
             _verify(prev)
@@ -183,9 +191,7 @@ def resume_point(path: str) -> dict[str, Any]:
             raise CheckpointDamaged(
                 f"{damaged}; the previous checkpoint is damaged too: {e}"
             ) from None
-        aside = _set_aside(path)
-        if not fs.is_remote(path):
-            os.rename(prev, os.path.abspath(path))
+        aside = store.roll_back(path, prev)
         print(
             printable(
                 f"angelps: warning: {damaged}; resuming from the previous checkpoint {prev} "
@@ -196,37 +202,6 @@ def resume_point(path: str) -> dict[str, Any]:
     except checkpoint.CheckpointError:
         pass  # not a checkpoint at all: read_extra below says so
     return read_extra(path)
-
-
-def _fall_back(path: str) -> None:
-    """``--resume`` of a local ``path`` without its manifest: the older checkpoint a save left
-    (``<path>.prev``, or ``<path>.old-*``) moved back to ``path`` (a directory there set aside,
-    kept), and the console says so; nothing when ``path`` has its manifest or nothing older is
-    there (the reader's error then names ``path``)."""
-    try:
-        root = checkpoint.resolve(path, fallback=True)
-    except checkpoint.CheckpointError:
-        return
-    path = os.path.abspath(path)
-    if root == path:
-        return
-    kept = ""
-    if os.path.lexists(path):
-        kept = f"; what was at {path} is kept as {_set_aside(path)}"
-    os.rename(root, path)
-    print(
-        printable(f"angelps: note: resuming from {root} (the latest save did not complete){kept}"),
-        file=sys.stderr,
-    )
-
-
-def _set_aside(path: str) -> str:
-    """Move the damaged latest checkpoint at ``path`` aside (kept, never removed); where."""
-    if fs.is_remote(path):  # no rename: the pointer goes back to the previous generation
-        return checkpoint_remote.set_aside(path)
-    aside = f"{os.path.abspath(path)}.damaged-{uuid.uuid4().hex[:8]}"
-    os.rename(path, aside)
-    return aside
 
 
 def _verify(path: str) -> dict[str, Any]:

@@ -26,7 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from learners.runs.log_store import BACKUP_DIR, LATEST, is_url, run_logs_for, run_url
+
 __all__ = [
+    "BACKUP_DIR",
     "LATEST",
     "METRICS",
     "SUMMARY",
@@ -41,9 +44,6 @@ __all__ = [
     "upload_run",
 ]
 
-LATEST = "latest"
-#: The folder under the log path that holds a job's shard backups (learners.job.failover).
-BACKUP_DIR = "ps-backup"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 TIME_FORMAT = "%Y%m%d-%H%M%S"
@@ -59,13 +59,6 @@ class RunRef:
 
     name: str
     metrics: Path | str
-
-
-def is_url(path: object) -> bool:
-    """Whether ``path`` (a path key's value) is on object storage (``file://`` is local); the
-    test of :func:`angelps.fs.is_remote`, without loading pyarrow (learners.job.paths and the
-    run log use this one)."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
 
 
 def run_name(job: str, when: float | None = None) -> str:
@@ -96,17 +89,7 @@ def new_run_dir(root: str | os.PathLike[str], job: str, when: float | None = Non
 def log_root(path: str) -> str:
     """Where a run under ``angel.log.path`` is written: the path itself, or for a URL a local
     staging root of its own (the same for the same URL and user; mode 0700)."""
-    if not is_url(path):
-        return path
-    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
-    root = os.path.join(tempfile.gettempdir(), f"angelps-{os.getuid()}", "log-staging", digest)
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    return root
-
-
-def run_url(url: str, name: str) -> str:
-    """Where :func:`upload_run` puts the run ``name`` of the log path ``url``."""
-    return posixpath.join(url, name)
+    return run_logs_for(path).staging_root()
 
 
 def upload_run(run_dir: Path, url: str) -> None:

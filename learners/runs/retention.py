@@ -15,7 +15,8 @@ made beside its target and renamed into place, so a crash leaves either the old 
 On object storage (a URL save path) each copy is a checkpoint of its own at the same name,
 copied server-side and committed by its own pointer
 (:func:`angelps.checkpoint.remote.copy_checkpoint`); pruning removes only what angelps wrote
-there (the pointer, the generations), never another object under or beside it.
+there (the pointer, the generations), never another object under or beside it. Both ways are
+the checkpoint store's that the path names (:func:`angelps.checkpoint.store.store_for`).
 
 A checkpoint that cannot be written (a full disk, a path made unwritable) never touches the
 previous one (the save writes into a temporary directory and commits by renames only once
@@ -25,20 +26,16 @@ naming the path and the last good checkpoint; ``continue`` warns and trains on.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
-import shutil
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from angelps import fs
 from angelps.checkpoint import files as checkpoint
-from angelps.checkpoint import local_dir as checkpoint_dir
-from angelps.checkpoint import remote as checkpoint_remote
+from angelps.checkpoint.errors import CheckpointDamaged, CheckpointError
+from angelps.checkpoint.store import store_for
 from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
@@ -76,7 +73,7 @@ def _on_disk(exc: BaseException) -> bool:
     its text, inside a Ray actor) or the path (a CheckpointError)."""
     seen = 0
     while seen < 8:
-        if isinstance(exc, (OSError, checkpoint_dir.CheckpointError)):
+        if isinstance(exc, (OSError, CheckpointError)):
             return True
         nxt = getattr(exc, "cause", None) or exc.__cause__
         if not isinstance(nxt, BaseException):
@@ -96,9 +93,8 @@ class Checkpoints:
         on_failure: str = "stop",
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        # A URL (object storage) as it is: abspath would make s3://b/m a local s3:/b/m; no
-        # trailing / either, or the copies' names would go inside it (s3://b/m/.best).
-        self.path = path.rstrip("/") if fs.is_remote(path) else os.path.abspath(path)
+        self.store = store_for(path)
+        self.path = self.store.normalize(path)  # a URL as it is, a local path absolute
         self.keep_last = keep_last
         self.keep_best = keep_best
         self.on_failure = on_failure
@@ -129,7 +125,7 @@ class Checkpoints:
         self.last_good = Kept(self.path, epoch)
         try:
             self._keep(epoch, improved)
-        except (OSError, checkpoint_dir.CheckpointError) as e:
+        except (OSError, CheckpointError) as e:
             self.warn(
                 f"angelps: warning: the checkpoint of epoch {epoch + 1} is saved at {self.path}, "
                 f"but keeping its copy failed: {_reason(e)}"
@@ -143,15 +139,15 @@ class Checkpoints:
         if self.last_good is not None and self.last_good.epoch == epoch:
             return self.path
         kept = f"{self.path}{_EPOCH}{epoch + 1}"
-        return kept if self.keep_last > 1 and checkpoint_dir.holds_checkpoint(kept) else None
+        return kept if self.keep_last > 1 and self.store.holds_checkpoint(kept) else None
 
     def last_good_text(self) -> str:
         """The last good checkpoint, for a message."""
         if self.last_good is None:
             return "no checkpoint has been written yet"
         try:
-            where = checkpoint_dir.resolve(self.path, fallback=True)  # <path>.prev mid-commit
-        except checkpoint_dir.CheckpointError:
+            where = self.store.resolve(self.path, fallback=True)  # <path>.prev mid-commit
+        except CheckpointError:
             where = self.last_good.path
         return f"the last good checkpoint is {where} (epoch {self.last_good.epoch + 1})"
 
@@ -171,7 +167,7 @@ class Checkpoints:
 
     def _keep(self, epoch: int, improved: bool) -> None:
         """The copies of the checkpoint just committed at ``self.path``."""
-        copy = checkpoint_remote.copy_checkpoint if fs.is_remote(self.path) else _replace_with_links
+        copy = self.store.copy
         if self.keep_last > 1:
             copy(self.path, f"{self.path}{_EPOCH}{epoch + 1}")
             self._prune(epoch)
@@ -185,29 +181,21 @@ class Checkpoints:
         newest = epoch + 1
         for n, p in self._epoch_copies():
             if n > newest or n <= newest - self.keep_last:
-                if fs.is_remote(p):
-                    try:  # the pointer, then the generations: never another object
-                        checkpoint_remote.remove(p)
-                    except checkpoint_dir.CheckpointDamaged as e:
-                        if p not in self._foreign:
-                            self._foreign.add(p)
-                            self.warn(f"angelps: warning: not removing {p}: {e}")
-                else:
-                    shutil.rmtree(p, ignore_errors=True)
+                try:  # on object storage: the pointer, then the generations, nothing else
+                    self.store.remove(p)
+                except CheckpointDamaged as e:
+                    if p not in self._foreign:
+                        self._foreign.add(p)
+                        self.warn(f"angelps: warning: not removing {p}: {e}")
 
     def _epoch_copies(self) -> list[tuple[int, str]]:
         """(n, path) of every ``<path>.epoch-<n>`` beside the checkpoint (a URL: every prefix)."""
-        if fs.is_remote(self.path):
-            parent, base = self.path.rsplit("/", 1)
-            names = [n for n, is_dir in fs.list_dir(parent) if is_dir]
-        else:
-            parent, base = os.path.split(self.path)
-            names = [os.path.basename(p) for p in glob.glob(glob.escape(self.path) + _EPOCH + "*")]
+        base = os.path.basename(self.path)  # (a URL's last part too)
         pattern = re.compile(re.escape(base + _EPOCH) + r"([0-9]+)")
         return [
-            (int(m.group(1)), fs.join(parent, name))
-            for name in names
-            if (m := pattern.fullmatch(name))
+            (int(m.group(1)), p)
+            for p in self.store.beside(self.path, _EPOCH)
+            if (m := pattern.fullmatch(os.path.basename(p)))
         ]
 
 
@@ -238,32 +226,3 @@ def _epoch_of(path: str) -> int | None:
         return int(extra["learner"]["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _replace_with_links(src: str, dst: str) -> None:
-    """Make ``dst`` a copy of checkpoint ``src`` (hard links where possible), replacing what was
-    at ``dst`` only once the copy is complete."""
-    tmp = f"{dst}.tmp-{uuid.uuid4().hex[:12]}"
-    try:
-        _link_tree(src, tmp)
-        old = None
-        if os.path.lexists(dst):
-            old = f"{dst}.old-{uuid.uuid4().hex[:12]}"
-            os.rename(dst, old)
-        os.rename(tmp, dst)
-        checkpoint_dir.fsync_dir(os.path.dirname(dst))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _link_tree(src: str, dst: str) -> None:
-    def link_or_copy(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
-    shutil.copytree(src, dst, copy_function=link_or_copy)

@@ -28,7 +28,8 @@ from learners.data.problems import printable
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan
-from learners.runs.folders import METRICS, SUMMARY, is_url, run_url, upload_run
+from learners.runs.folders import METRICS, SUMMARY, run_url, upload_run
+from learners.runs.log_store import run_logs_for
 from learners.runs.progress import JobBar, PlainProgress, in_notebook
 from learners.worker.chunk_stats import StepStats
 
@@ -99,7 +100,7 @@ class RunLog:
         self.tb: Any = None
         self.progress: JobBar | PlainProgress | None = None
         #: a log path on object storage: the run (written locally) is copied there
-        self.upload_to = upload_to if is_url(upload_to) else None
+        self.upload_to = run_logs_for(upload_to).upload_to if upload_to else None
         #: something was written since the last copy (each copy sends every file whole)
         self._unsent = False
         if path is not None:
