@@ -59,6 +59,7 @@ from learners.worker.dense import (
 )
 from learners.worker.dense_checkpoint import DenseCheckpoint
 from learners.worker.device import to_host
+from learners.worker.device_step import LossSum
 from learners.worker.held_step import HoldsTables
 from learners.worker.predict import predict_rows
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
@@ -105,6 +106,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         self._ready_epoch = -1
         self._epoch = -1
         self._last_rates = UpdateRates.fixed(0.0)
+        self._losses = LossSum()  # (read once per run_steps: no host sync per step)
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -280,12 +282,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
         stats.bytes_moved = self.ps.bytes_moved + self.held.bytes_moved - moved
+        stats.loss_sum = self._losses.take()
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
-        if (
-            stats.updates
-        ):  # momentum, lr/<table>, ... of the last update (learners/job/rate_plan.py)
+        if stats.updates:  # momentum, lr/<table>, ... of the last update (rate_plan.py)
             stats.last_rates = self._last_rates.record()
         stats.sched_state = self.sched.state_dict()
         return stats
@@ -349,7 +350,6 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             t.name: [] for t in self.push_tables
         }
         grads: list[tuple[str, np.ndarray, Tensor]] = []
-        losses: list[tuple[Tensor, int]] = []
         for m in range(self.plan.accum):
             t0 = time.perf_counter()
             if m == 0 and queue:
@@ -383,14 +383,12 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
                     grads.append((name, req[name], pg))
                     p.grad = None
             stats.compute_s += time.perf_counter() - t0
-            losses.append((loss.detach(), num_rows(batch)))
-        # Down to the host together: on a GPU one synchronisation per update, after which
-        # reading the losses costs nothing.
+            stats.samples += num_rows(batch)
+            self._losses.add(loss, num_rows(batch))
+        # Down to the host together: on a GPU one synchronisation per update (none when every
+        # table is held by the workers); the losses stay on the device (LossSum).
         for (name, ids, _), g in zip(grads, to_host([g for _, _, g in grads]), strict=True):
             parts[name].append((ids, g))
-        for loss_d, n in losses:
-            stats.loss_sum += float(loss_d) * n
-            stats.samples += n
         return parts
 
     def _skip(self, stats: StepStats) -> None:
