@@ -19,7 +19,8 @@ import torch
 from angelconf.config import ConfigError, validate
 from angelps.dedup import Dedup
 from learners.keys import all_keys
-from learners.worker.device_step import LossSum, dedup_on_device, unique_slots
+from learners.models.sparse_input import SparseInput
+from learners.worker.device_step import LossSum, SideStream, dedup_on_device, unique_slots
 from learners.worker.feed import DEDUP, FeedOptions
 from tests.learners.test_worker_tables import _train
 from tests.short_tmp import short_tmp
@@ -90,6 +91,36 @@ def test_the_dedup_key_is_checked() -> None:
     ):
         validate(DEDUP, "gpu")
     assert FeedOptions.from_config({"angel.worker.dedup": "device"}).dedup == "device"
+
+
+def _side_batch(device: torch.device) -> tuple[SideStream, SparseInput, dict]:
+    """A batch built on the side stream: its ids deduplicated and its input copied up there."""
+    side = SideStream(device)
+    ids = np.array([7, 3, 7, 9, 3, 3], dtype=np.int64)
+    with side.scope():
+        uniq, slots = unique_slots(torch.from_numpy(ids).to(device))
+        x = SparseInput.from_csr(
+            np.array([0, 3, 6]), slots, np.ones(6, np.float32), {}, 3, device=device
+        )
+    return side, x, {"wide": uniq}
+
+
+def test_a_batch_built_beside_the_compute_is_the_same_batch() -> None:
+    side, x, req = _side_batch(torch.device("cpu"))
+    assert side.stream is None  # the CPU has no side stream: the same code, nothing to wait on
+    side.hand_over(x, None, req)
+    assert x.slot.tolist() == [1, 0, 1, 2, 0, 0] and req["wide"].tolist() == [3, 7, 9]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_batch_built_on_the_side_stream_is_handed_to_the_compute_stream() -> None:
+    side, x, req = _side_batch(torch.device("cuda"))
+    assert side.stream is not None and x.slot.is_cuda
+    side.hand_over(x, None, req)
+    rows = torch.arange(3, dtype=torch.float32, device="cuda").unsqueeze(1)
+    assert x.slot.tolist() == [1, 0, 1, 2, 0, 0] and req["wide"].tolist() == [3, 7, 9]
+    assert rows.index_select(0, x.slot).flatten().tolist() == [1, 0, 1, 2, 0, 0]
 
 
 CASES = [
