@@ -71,6 +71,9 @@ VARIANTS: dict[str, list[str]] = {
     "cache": ["angel.worker.cache.enable=true", "angel.worker.cache.capacity=262144"],
     # the sparse tables held by the workers (angel.sparse.placement=worker): no shard holds them
     "held": ["angel.sparse.placement=worker"],
+    # the same with the batch's ids deduplicated by torch.unique (on a CUDA worker ``held``
+    # does so already: angel.worker.dedup=auto); on the CPU it measures that choice
+    "helddev": ["angel.sparse.placement=worker", "angel.worker.dedup=device"],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -437,7 +440,12 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
     cases = []
     for model in args.models.split(","):
         for b in batches:
-            held = [f"{a}-held" for a in ANGELPS if a.startswith("angelps-bsp")]
+            held = [
+                f"{a}-{v}"
+                for v in ("held", "helddev")
+                for a in ANGELPS
+                if a.startswith("angelps-bsp")
+            ]
             for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS, *held)):
                 if want(system, system in FEED_SYSTEMS):
                     cases.append(

@@ -135,7 +135,7 @@ class SparseInput:
     @staticmethod
     def from_csr(
         indptr: npt.ArrayLike,
-        slots: npt.ArrayLike,
+        slots: npt.ArrayLike | Tensor,
         values: npt.ArrayLike,
         rows: dict[str, Tensor],
         num_fields: int | None = None,
@@ -148,10 +148,17 @@ class SparseInput:
         (default: the rows' device, else the CPU).
         """
         indptr_n = np.asarray(indptr, dtype=np.int64)
-        slots_n = np.asarray(slots, dtype=np.int64)
+        # Slots already on a device (ids deduplicated there) stay there; on the CPU a tensor's
+        # numpy view serves the CSR matrices below.
+        slots_d = slots if isinstance(slots, Tensor) and slots.device.type != "cpu" else None
+        slots_n = (
+            np.zeros(0, dtype=np.int64)
+            if slots_d is not None
+            else np.asarray(slots.numpy() if isinstance(slots, Tensor) else slots, dtype=np.int64)
+        )
         values_n = np.asarray(values, dtype=np.float32)
         b = int(indptr_n.size - 1)
-        nnz = int(slots_n.size)
+        nnz = int(slots_n.size if slots_d is None else slots_d.numel())
         counts = np.diff(indptr_n)
         sample = torch.from_numpy(np.repeat(np.arange(b, dtype=np.int64), counts))
         if device is not None:
@@ -179,7 +186,11 @@ class SparseInput:
                 to_device(sample.numpy(), dev),
                 (None if value is None else to_device(value.numpy(), dev)),
             )
-            slot = to_device(np.ascontiguousarray(slots_n), dev)
+            slot = (
+                slots_d.to(dev)
+                if slots_d is not None
+                else to_device(np.ascontiguousarray(slots_n), dev)
+            )
         else:
             slot = torch.from_numpy(np.ascontiguousarray(slots_n))
         return SparseInput(

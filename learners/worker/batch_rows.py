@@ -15,6 +15,7 @@ of every sparse table's pulled block; dense tables are pulled whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from learners.models.sparse_input import SparseInput
 from learners.models.table_decl import TableDecl
 from learners.models.zoo import BaseModel
 from learners.worker.device import to_device
+from learners.worker.device_step import unique_slots
 
 __all__ = ["BatchInput"]
 
@@ -53,10 +55,22 @@ class BatchInput:
         self.num_fields = num_fields
         self.ps_dense = list(ps_dense)
         self.dedup = dedup
+        #: deduplicate on the device (set once the worker holds its tables)
+        self.on_device = False
 
     def request(self, batch: Batch) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Dedup the batch ids: (slot of each id, the rows to pull from every table)."""
+        """Dedup the batch ids: (slot of each id, the rows to pull from every table). With
+        ``on_device`` (every sparse table held by this one worker: learners/worker/device_step.py)
+        the ids go up once and are deduplicated there: the slots and the sparse tables' ids are
+        then tensors on the device (the same values), which only the held tables read."""
         ids = np.asarray(batch.ids, dtype=np.int64)
+        if self.on_device:
+            uniq_t, slots_t = unique_slots(to_device(ids, self.device))
+            ids_of: dict[str, Any] = {
+                t.name: (uniq_t if t.sparse else np.arange(t.rows, dtype=np.int64))
+                for t in self.tables
+            }
+            return slots_t, ids_of  # type: ignore[return-value]
         uniq, slots = self.dedup(ids)
         req = {
             t.name: (uniq if t.sparse else np.arange(t.rows, dtype=np.int64)) for t in self.tables

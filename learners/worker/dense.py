@@ -52,13 +52,23 @@ def finish_grads(
         for g in dense:
             g.div_(loss_scale)
     w = num_workers
-    sparse_sq = _square_sum([g for _, g in grads.values()]) / (w * w)
-    bad = 0.0 if math.isfinite(sparse_sq) else 1.0
+    gs = [g for _, g in grads.values()]
+    # Pushed gradients are on the host (numpy); those of held tables, the non-finite flag and
+    # the dense norms stay on the device until the one read of this update below.
+    host_sq = sum(
+        float(np.square(g, dtype=np.float64).sum()) for g in gs if not isinstance(g, Tensor)
+    )
+    held = [g.detach().double().square().sum() for g in gs if isinstance(g, Tensor)]
+    held_sq = torch.stack(held).sum() if held else None
+    bad_t: Tensor | None = None
     if w > 1:
         like = dense[0] if dense else torch.zeros(1)
+        bad = 0.0 if math.isfinite(host_sq / (w * w)) else 1.0
         flag = torch.tensor([bad], dtype=like.dtype, device=like.device)
+        if held_sq is not None:
+            flag = flag + (~torch.isfinite(held_sq / (w * w))).to(like.device, like.dtype)
         flat = _all_reduce(torch.cat([*(g.reshape(-1) for g in dense), flag]))
-        bad = float(flat[-1])
+        bad_t = flat[-1]
         flat /= w
         off = 0
         for g in dense:
@@ -69,9 +79,15 @@ def finish_grads(
     # square-and-sum (docs/benchmarks-train.md). NaN or inf in any gradient makes its norm
     # non-finite. After the all-reduce every worker holds the same dense gradients, so every
     # worker reaches the same verdict.
-    dense_sq = (
-        float(torch.stack(torch._foreach_norm(dense)).double().pow(2).sum()) if dense else 0.0
-    )
+    dense_t = torch.stack(torch._foreach_norm(dense)).double().pow(2).sum() if dense else None
+    # One host read per update: the verdict decides, before anything is applied, whether the
+    # update happens at all (the schedule, the loss scale and the skip count are host state).
+    on_dev = [t for t in (held_sq, dense_t, bad_t) if t is not None]
+    read = _read_scalars(on_dev)
+    held_v = read.pop(0) if held_sq is not None else 0.0
+    dense_sq = read.pop(0) if dense_t is not None else 0.0
+    sparse_sq = (host_sq + held_v) / (w * w)
+    bad = read.pop(0) if bad_t is not None else (0.0 if math.isfinite(sparse_sq) else 1.0)
     finite = bad == 0 and math.isfinite(dense_sq)
     coef = 1.0
     if finite and clip > 0:
@@ -92,14 +108,19 @@ def finish_grads(
     return finite, coef
 
 
-def _square_sum(gs: list[np.ndarray | Tensor]) -> float:
-    """Σ g² in float64 over pushed gradients (numpy) and those of tables the workers hold
-    (tensors on the worker's device: summed there, one read for all of them)."""
-    total = sum(
-        float(np.square(g, dtype=np.float64).sum()) for g in gs if not isinstance(g, Tensor)
-    )
-    held = [g.detach().double().square().sum() for g in gs if isinstance(g, Tensor)]
-    return total + (float(torch.stack(held).sum()) if held else 0.0)
+def _read_scalars(ts: list[Tensor]) -> list[float]:
+    """Float64 scalars (on any devices) as Python floats: one transfer per device."""
+    if not ts:
+        return []
+    by_dev: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(ts):
+        by_dev.setdefault(t.device, []).append(i)
+    out = [0.0] * len(ts)
+    for idx in by_dev.values():
+        vals = torch.stack([ts[i].reshape(()).double() for i in idx]).tolist()
+        for i, v in zip(idx, vals, strict=True):
+            out[i] = float(v)
+    return out
 
 
 def _all_reduce(t: Tensor) -> Tensor:

@@ -47,10 +47,20 @@ CACHE_ADMIT = Key(
     "A row enters the worker cache on its n-th sighting (frequency admission).",
     check=at_least(1, "an integer"),
 )
+DEDUP = Key(
+    "angel.worker.dedup",
+    "str",
+    "auto",
+    "Where a batch's ids are deduplicated when the workers hold every sparse table "
+    "(angel.sparse.placement=worker, 1 worker): host (numpy), device (torch.unique where the "
+    "rows are, so ids never come back to the host) or auto (device on a CUDA worker, host on "
+    "the CPU, where numpy is faster). Both give the same rows and slots.",
+    choices=("auto", "host", "device"),
+)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _MAX_CACHE_ROWS = 2**31 - 1  # slots are int32
 
-KEYS = [PREFETCH_DEPTH, CACHE_ENABLE, CACHE_CAPACITY, CACHE_ADMIT]
+KEYS = [PREFETCH_DEPTH, CACHE_ENABLE, CACHE_CAPACITY, CACHE_ADMIT, DEDUP]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class FeedOptions:
     capacity: int
     capacity_bytes: bool
     admit: int
+    #: where held tables' ids are deduplicated: auto, host or device (DEDUP)
+    dedup: str = "auto"
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> FeedOptions:
@@ -90,6 +102,7 @@ class FeedOptions:
             capacity=n,
             capacity_bytes=in_bytes,
             admit=int(CACHE_ADMIT.read(conf)),
+            dedup=str(DEDUP.read(conf)),
         )
 
 

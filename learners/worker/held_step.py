@@ -14,6 +14,9 @@ import torch.distributed as dist
 
 from angelps import TableSpec
 from learners.job.loop_options import TrainPlan
+from learners.models.table_decl import TableDecl
+from learners.worker.batch_rows import BatchInput
+from learners.worker.device_step import dedup_on_device
 from learners.worker.held_tables import HeldTables
 from learners.worker.step_stats import RowMap, StepStats
 
@@ -31,12 +34,18 @@ class HoldsTables:
     num_workers: int
     device: torch.device
     held: HeldTables
+    inputs: BatchInput
+    tables: list[TableDecl]
 
     def hold_tables(self, specs: Sequence[TableSpec], partitioner: str) -> int:
         """Hold this worker's share of ``specs`` (the partitioner's ``W``-owner split, on
         this worker's device); the bytes it takes."""
         self.held = HeldTables(
             specs, self.worker_id, self.num_workers, partitioner, self.device, self.plan.collective
+        )
+        sparse = {t.name for t in self.tables if t.sparse}
+        self.inputs.on_device = dedup_on_device(
+            self.plan.feed.dedup, self.device, self.num_workers, sparse, self.held.names
         )
         return self.held.nbytes()
 

@@ -55,6 +55,11 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
 
 
+def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """A batch's ids on ``device``: a copy of host ids, or ids deduplicated there already."""
+    return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
+
+
 def _torch_dtype(spec: TableSpec) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
 
@@ -232,7 +237,7 @@ class HeldTables:
         names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
         self.settle()
         if self.exchange is None:
-            return {n: self.tables[n].gather(to_device(req[n], self.device)) for n in names}
+            return {n: self.tables[n].gather(_ids_on(req[n], self.device)) for n in names}
         got: dict[str, Tensor] = {}
         for group in self._groups(names):
             ids = req[group[0]]
@@ -249,9 +254,9 @@ class HeldTables:
         empty = np.zeros(0, dtype=np.int64)
         self.rows(dict.fromkeys(names, empty))
 
-    def add_grad(self, name: str, ids: np.ndarray, grad: Tensor) -> None:
+    def add_grad(self, name: str, ids: np.ndarray | Tensor, grad: Tensor) -> None:
         """One micro-batch's row gradients of a held table (ids unique)."""
-        self._parts.setdefault(name, []).append((to_device(ids, self.device), grad))
+        self._parts.setdefault(name, []).append((_ids_on(ids, self.device), grad))
 
     def merged(self) -> dict[str, tuple[Tensor, Tensor]]:
         """This update's gradients by table: ids unique, a repeated id's gradients summed."""

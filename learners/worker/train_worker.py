@@ -59,6 +59,7 @@ from learners.worker.dense import (
 )
 from learners.worker.dense_checkpoint import DenseCheckpoint
 from learners.worker.device import to_host
+from learners.worker.device_step import LossSum, SideStream, unscaled
 from learners.worker.held_step import HoldsTables
 from learners.worker.predict import predict_rows
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
@@ -105,6 +106,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         self._ready_epoch = -1
         self._epoch = -1
         self._last_rates = UpdateRates.fixed(0.0)
+        self._losses = LossSum()  # (read once per run_steps: no host sync per step)
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -161,6 +163,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             self.dedup,
         )
         self.task = self.model.task
+        self._side = SideStream(self.device)  # (where the next batch is built: CUDA)
         self.hold_tables([], "hash")
         torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
@@ -280,12 +283,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         stats.wait_s += time.perf_counter() - t0
         stats.elapsed_s = time.perf_counter() - t_start
         stats.bytes_moved = self.ps.bytes_moved + self.held.bytes_moved - moved
+        stats.loss_sum = self._losses.take()
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
-        if (
-            stats.updates
-        ):  # momentum, lr/<table>, ... of the last update (learners/job/rate_plan.py)
+        if stats.updates:  # momentum, lr/<table>, ... of the last update (rate_plan.py)
             stats.last_rates = self._last_rates.record()
         stats.sched_state = self.sched.state_dict()
         return stats
@@ -319,13 +321,15 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         update = {k: (ids, g * scale) for k, (ids, g) in grads.items()}
         if self.cache is not None:
             self.cache.note_push(update, rates.push, self.ps.step_count)
+        # The tables the workers hold (updated by their owners) first: the device, or the
+        # update thread of one CPU worker, applies it while the next batch is built below.
+        self.held.apply(scale, rates.push)
         if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
             # those after this push (and, under BSP, after every worker's push).
             self._push_and_fetch(update, rates.push, last, next_epoch, queue, want)
         else:
             self.ps.push_many(update, lr=rates.push)
-        self.held.apply(scale, rates.push)  # (the tables the workers hold: updated by their owners)
         stats.push_s += time.perf_counter() - t0
         if self.opt is not None:
             self.opt.step(rates.dense_lr, rates.dense_momentum)
@@ -349,11 +353,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             t.name: [] for t in self.push_tables
         }
         grads: list[tuple[str, np.ndarray, Tensor]] = []
-        losses: list[tuple[Tensor, int]] = []
         for m in range(self.plan.accum):
             t0 = time.perf_counter()
             if m == 0 and queue:
                 batch, x, y, req, rows = queue.popleft()
+                self._side.hand_over(x, y, req)
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
                 pulled = self._held_rows(pulled, req, stats)
@@ -374,23 +378,21 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             for t in self.push_tables:
                 rg = x.rows[t.name].grad
                 if rg is not None and t.name in self.held:
-                    self.held.add_grad(t.name, req[t.name], self._unscaled(rg))
+                    self.held.add_grad(t.name, req[t.name], unscaled(rg, self.loss_scale))
                 elif rg is not None:
-                    grads.append((t.name, req[t.name], self._unscaled(rg)))
+                    grads.append((t.name, req[t.name], unscaled(rg, self.loss_scale)))
             for name, p in self.ps_dense:
                 if p.grad is not None and name in parts:
-                    pg = self._unscaled(p.grad.detach().reshape(p.shape[0], -1))
+                    pg = unscaled(p.grad.detach().reshape(p.shape[0], -1), self.loss_scale)
                     grads.append((name, req[name], pg))
                     p.grad = None
             stats.compute_s += time.perf_counter() - t0
-            losses.append((loss.detach(), num_rows(batch)))
-        # Down to the host together: on a GPU one synchronisation per update, after which
-        # reading the losses costs nothing.
+            stats.samples += num_rows(batch)
+            self._losses.add(loss, num_rows(batch))
+        # Down to the host together: on a GPU one synchronisation per update (none when every
+        # table is held by the workers); the losses stay on the device (LossSum).
         for (name, ids, _), g in zip(grads, to_host([g for _, _, g in grads]), strict=True):
             parts[name].append((ids, g))
-        for loss_d, n in losses:
-            stats.loss_sum += float(loss_d) * n
-            stats.samples += n
         return parts
 
     def _skip(self, stats: StepStats) -> None:
@@ -432,7 +434,8 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         first = True
         while len(queue) < want:
             nb = self._next_batch()
-            n_slots, n_req = self.inputs.request(nb)
+            with self._side.scope():
+                n_slots, n_req = self.inputs.request(nb)
             ahead = len(queue)
             pull, sp = self._cache_split(n_req, clock, clock + ahead)
             if first:
@@ -446,7 +449,8 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
                 fut = self.ps.pull_many_async(pull)
             rows: Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
             # While the call is in flight: the next batch's input minus its rows.
-            nx, ny = self.inputs.prepare(nb, n_slots)
+            with self._side.scope():
+                nx, ny = self.inputs.prepare(nb, n_slots)
             queue.append(Prefetched(nb, nx, ny, n_req, rows))
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
@@ -461,11 +465,6 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             self._iter = self._minibatches(self._epoch + 100_000, True)
             batch = next(self._iter)
         return batch
-
-    def _unscaled(self, g: Tensor) -> Tensor:
-        """A row gradient in float32 on the worker's device, the loss scale divided out."""
-        g = g.detach().float()
-        return g / self.loss_scale if self.loss_scale != 1.0 else g
 
     # --- evaluation -------------------------------------------------------------------------
 
