@@ -278,7 +278,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         try:
             pred = phase(phases, "predict", predict, sampler)
             if pred is not None:
-                out["predictions"] = len(pred["pred"])
+                out["predictions"] = len(pred)
             if models:
                 out["evaluate"] = phase(
                     phases, "evaluate", lambda: models[0].evaluate(valid), sampler
