@@ -60,6 +60,7 @@ def test_sampler_sums_this_process_and_its_children() -> None:
         child.wait()
 
 
+@pytest.mark.slow  # three real jobs (15-60 s); the data and the sampler are checked above
 def test_big_job_runs_every_phase_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "big.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
