@@ -20,8 +20,10 @@ under a temporary name and renamed into place.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -129,6 +131,12 @@ def _onnx(path: str, out: Path) -> list[tuple[str, tuple[int, ...], str]]:
     module = load_standalone(path)
     ids, values = _example(module)
 
+    # The TorchScript-based exporter: torch.export (the default since torch 2.9) cannot trace
+    # the module's data-dependent id check. (Older torch has no ``dynamo`` switch.)
+    legacy: dict[str, Any] = (
+        {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+    )
+
     def write(tmp: str) -> None:
         torch.onnx.export(
             module,
@@ -137,6 +145,7 @@ def _onnx(path: str, out: Path) -> list[tuple[str, tuple[int, ...], str]]:
             input_names=["ids", "values"],
             output_names=["pred"],
             dynamic_axes={"ids": {0: "n", 1: "k"}, "values": {0: "n", 1: "k"}, "pred": {0: "n"}},
+            **legacy,
         )
 
     replace_atomically(out, write)
