@@ -14,7 +14,7 @@ order: each is a collective.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -24,8 +24,18 @@ from torch import Tensor
 from angelps.rates import Step
 from learners.worker.device import to_device
 
-if TYPE_CHECKING:
-    from learners.worker.held_tables import HeldTable
+
+class HeldTable(Protocol):
+    """What an exchange needs of a table an owner holds (learners/worker/held_tables.py):
+    stated here, so that the exchange does not import the tables that use it."""
+
+    cols: int
+    part: Any
+
+    def gather(self, keys: Tensor) -> Tensor: ...
+
+    def update(self, keys: Tensor, grads: Tensor, step: Step) -> None: ...
+
 
 __all__ = ["Exchange"]
 
