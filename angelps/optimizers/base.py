@@ -10,6 +10,7 @@ rows' dtype, the torch path in float64 (as torch does with Python scalars).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -82,7 +83,7 @@ def soft_threshold(xp: Ops, w: Array, thr: Any) -> None:
     w[...] = xp.sign(w) * xp.clamp0(abs(w) - thr)
 
 
-class Optimizer:
+class Optimizer(ABC):
     """One optimizer: its name, its state slots, its update.
 
     Subclasses set :attr:`name` (lower case, what ``OptimizerSpec.name`` holds), :attr:`display`
@@ -102,6 +103,7 @@ class Optimizer:
     #: Why the workers' dense layers cannot use it (None: they can).
     not_for_dense: ClassVar[str | None] = None
 
+    @abstractmethod
     def update(
         self,
         xp: Ops,
@@ -114,7 +116,6 @@ class Optimizer:
     ) -> None:
         """Update ``w`` and ``state`` in place (``momentum``: this update's m or β1, when a
         schedule cycles it; None: the spec's)."""
-        raise NotImplementedError
 
     def dense_spec(self, spec: OptimizerSpec) -> OptimizerSpec:
         """The spec the workers' dense layers run with (torch.optim's semantics)."""

@@ -6,6 +6,7 @@ Notation: ``η`` the pushed step size, ``λ1``/``λ2`` = ``ml.reg.l1``/``ml.reg.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import ClassVar
@@ -124,8 +125,9 @@ class _Scaled(Optimizer):
 
     slots: ClassVar[Mapping[str, int | None]] = {"n": None}
 
+    @abstractmethod
     def accumulate(self, xp: Ops, spec: OptimizerSpec, n: Array, gp: Array) -> None:
-        raise NotImplementedError
+        """Update the squared-gradient state ``n`` in place from ``g'``."""
 
     def update(
         self,
