@@ -170,6 +170,7 @@ def test_all_three_packages_exist() -> None:
 #: the top of the file instead of hiding a cycle.
 LAZY_IMPORTS = {
     ("decay/docs.py", "decay.render"): "rendering the docs table only when asked",
+    ("angelps/file_store.py", "angelps.fs"): "pyarrow only for a path on object storage",
     ("learners/cli/export.py", "learners.runs.export_formats"): "torch only when exporting",
     ("learners/cli/predict.py", "learners.runs.predict_output"): "pyarrow only when writing",
     ("learners/job/learner.py", "learners.job.local_predict"): "torch only in GraphLearner.load",
@@ -185,11 +186,8 @@ LAZY_IMPORTS = {
     ("learners/cli/train.py", "learners.job.learner"): "torch and Ray only when training",
     ("learners/cli/train.py", "learners.job.loop_options"): "after the keys are checked",
     ("learners/cli/train.py", "learners.job.preflight"): "pyarrow only when training",
-    ("learners/job/paths.py", "angelps.fs"): "pyarrow only for a job with a URL",
-    ("learners/models/angel_json.py", "angelps.fs"): "pyarrow only for a JSON on a URL",
     ("learners/runs/folders.py", "angelps.fs"): "pyarrow only for a run on object storage",
     ("learners/runs/plot.py", "learners.runs.plot_draw"): "matplotlib only when drawing",
-    ("learners/runs/curves.py", "angelps.fs"): "pyarrow only for a run on object storage",
     ("learners/worker/actor.py", "learners.worker.train_worker"): "torch in the actor only",
 }
 
@@ -306,3 +304,56 @@ def test_the_cycle_checker_sees_cycles(tmp_path: Path) -> None:
     )
     got = project_imports(f, {"p", "p.sub", "p.typed", "p.lazy"})
     assert got == [("p.sub", False), ("p", False), ("p.typed", False), ("p.lazy", True)]
+
+
+# --- local disk or object storage is chosen in one place per kind of use -----------------------
+
+#: The modules that may look at a path to tell a local disk from object storage, each with what
+#: it chooses; everything else asks the store one of them returns (no `is_remote`/`is_url` branch).
+PATH_KIND_TESTS = {
+    "angelps/fs.py": "the primitive calls: os, or pyarrow's file system of the URL",
+    "angelps/file_store.py": "files_for: how a path is read (inputs, JSON, runs, metrics)",
+    "angelps/checkpoint/store.py": "store_for: how a checkpoint or a backup is written",
+    "learners/runs/log_store.py": "run_logs_for: where a job's runs are logged",
+}
+_KIND_TESTS = {"is_remote", "is_url", "_is_url"}
+
+
+def path_kind_tests(path: Path) -> list[int]:
+    """The lines of ``path`` that name a local-or-remote test of a path (a call, an import or
+    a definition of ``is_remote``/``is_url``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        named = (
+            (isinstance(node, ast.Name) and node.id in _KIND_TESTS)
+            or (isinstance(node, ast.Attribute) and node.attr in _KIND_TESTS)
+            or (isinstance(node, ast.FunctionDef) and node.name in _KIND_TESTS)
+            or (isinstance(node, ast.ImportFrom) and any(a.name in _KIND_TESTS for a in node.names))
+        )
+        if named:
+            lines.append(getattr(node, "lineno", 0))
+    return sorted(set(lines))
+
+
+def test_only_the_stores_tell_a_local_path_from_object_storage() -> None:
+    found = {
+        rel: lines
+        for p in package_files()
+        if (rel := p.relative_to(ROOT).as_posix()) not in PATH_KIND_TESTS
+        and (lines := path_kind_tests(p))
+    }
+    assert not found, (
+        "is_remote/is_url outside the stores (ask angelps.file_store.files_for(path), "
+        f"angelps.checkpoint.store.store_for or learners.runs.log_store.run_logs_for): {found}"
+    )
+    stale = sorted(rel for rel in PATH_KIND_TESTS if not path_kind_tests(ROOT / rel))
+    assert not stale, f"PATH_KIND_TESTS lists modules that no longer choose: {stale}"
+
+
+def test_the_path_kind_checker_sees_a_branch(tmp_path: Path) -> None:
+    f = tmp_path / "probe.py"
+    f.write_text(
+        "from angelps.file_store import is_url\nfrom angelps import fs\n"
+        "def f(p):\n    if fs.is_remote(p):\n        return 1\n    return is_url(p)\n"
+    )
+    assert path_kind_tests(f) == [1, 4, 6]

@@ -23,6 +23,7 @@ from typing import IO, Any, Protocol
 from angelps import fs
 from angelps.checkpoint import local_dir
 from angelps.checkpoint import remote as checkpoint_remote
+from angelps.file_store import is_url
 
 __all__ = [
     "CheckpointStore",
@@ -316,7 +317,7 @@ _OBJECT = ObjectStore()
 def store_for(path: str) -> CheckpointStore:
     """The store that ``path`` names: object storage for a URL, else the local disk. The one
     place that looks at a path to choose."""
-    return _OBJECT if fs.is_remote(path) else _LOCAL
+    return _OBJECT if is_url(path) else _LOCAL
 
 
 def holds_checkpoint(path: str) -> bool:

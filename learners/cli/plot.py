@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from angelps.file_store import files_for
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
-from learners.runs.folders import RunRef, is_url
+from learners.runs.folders import RunRef
 
 __all__ = ["register", "run"]
 
@@ -74,8 +75,9 @@ def _default_out(refs: list[RunRef], log_dir: str) -> Path:
         if isinstance(metrics, Path):
             return metrics.parent / "curves.png"
         return Path(f"{refs[0].name}-curves.png")
-    if not is_url(log_dir) and Path(log_dir).is_dir():
-        return Path(log_dir) / "compare.png"
+    folder = files_for(log_dir).disk_path(log_dir)  # (a figure is written to the disk only)
+    if folder is not None and folder.is_dir():
+        return folder / "compare.png"
     return Path("compare.png")
 
 

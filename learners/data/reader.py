@@ -14,14 +14,13 @@ chunk never holds more than ``chunk_rows`` rows; a malformed line goes to
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from angelps import fs
+from angelps.file_store import files_for
 from learners.data.batch import Batch, concat
 from learners.data.labels import label_transform
 from learners.data.options import DataOptions, split_period
@@ -36,34 +35,21 @@ def input_files(path: str) -> list[str]:
     """The files of an input path: the file itself, or a directory's visible files in name order.
 
     Text files may be compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``: detected by suffix).
-    A URL (``s3://...``) is listed through ``pyarrow.fs`` (:mod:`angelps.fs`), by the same rule.
+    A URL (``s3://...``) is listed through ``pyarrow.fs`` by the same rule
+    (:func:`angelps.file_store.files_for` chooses).
     """
-    if fs.is_remote(path):
-        return _remote_files(path)
-    if os.path.isdir(path):
-        names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
-        files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
-        if not files:
-            raise DataError(f"{path}: the input directory has no data files")
-        return files
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such input file or directory")
-    return [path]
-
-
-def _remote_files(url: str) -> list[str]:
-    """input_files of a URL: the object itself, or the visible objects under the prefix."""
+    store = files_for(path)
     try:
-        if fs.is_dir(url):
-            names = [n for n, d in fs.list_dir(url) if not d and not n.startswith((".", "_"))]
+        if store.is_dir(path):
+            names = [n for n in store.files_in(path) if not n.startswith((".", "_"))]
             if not names:
-                raise DataError(f"{url}: the input directory has no data files")
-            return [fs.join(url, n) for n in names]
-        if not fs.exists(url):
-            raise DataError(f"{url}: no such input file or directory")
+                raise DataError(f"{path}: the input directory has no data files")
+            return [store.join(path, n) for n in names]
+        if not store.exists(path):
+            raise DataError(f"{path}: no such input file or directory")
     except OSError as e:
-        raise DataError(f"{url}: cannot list the input ({printable(str(e))})") from None
-    return [url]
+        raise DataError(f"{path}: cannot list the input ({printable(str(e))})") from None
+    return [path]
 
 
 def _readable(file: str, blocks: Iterator[tuple[pa.Array, int]]) -> Iterator[tuple[pa.Array, int]]:

@@ -16,13 +16,13 @@ import pyarrow as pa
 import torch
 
 from angelconf.config import Config, ConfigError
+from angelps.file_store import files_for
 from learners.data import DataOptions, binary_labels01
 from learners.job import saved_model
 from learners.job.action import LOCAL_MAX_ROWS
 from learners.job.predict_inputs import InMemory, check_ids, is_path, to_batch
 from learners.models.registry import model_entry
 from learners.runs.export import export_size
-from learners.runs.folders import is_url
 from learners.runs.standalone import Standalone, load_standalone, padded
 
 __all__ = ["LOCAL_MAX_BYTES", "LocalModel"]
@@ -66,7 +66,10 @@ class LocalModel:
         """The model at ``path`` in-process, or None when it predicts through Ray only
         (the key is 0, a model class without a standalone graph)."""
         max_rows = int(LOCAL_MAX_ROWS.read(conf))
-        if max_rows <= 0 or is_url(path) or export_size(path) > LOCAL_MAX_BYTES:
+        # (a model in-process is read from the disk: one on object storage predicts through Ray)
+        if max_rows <= 0 or files_for(path).disk_path(path) is None:
+            return None
+        if export_size(path) > LOCAL_MAX_BYTES:
             return None
         if any(conf.is_set(k) for k in _PLACED):
             return None  # a job that places its worker runs on it

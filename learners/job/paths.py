@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from angelconf.config import Config, ConfigError
+from angelps.file_store import files_for
 from learners.keys import all_keys
-from learners.runs.folders import is_url
 
 __all__ = [
     "PATH_KEYS",
@@ -24,7 +24,6 @@ __all__ = [
     "absolute",
     "absolute_paths",
     "check_url",
-    "is_url",
     "relative_notes",
 ]
 
@@ -54,17 +53,15 @@ def check_url(conf: Config, key: str) -> bool:
     """For a path key whose value is a URL: ConfigError (one line naming the key and the path)
     when the store cannot be reached in a few seconds, the credentials are refused, the bucket
     does not exist, or a path the job reads is absent; nothing is written. False when the
-    value is not a URL (the caller checks the local path), True when the URL was checked."""
+    value is a local path (the caller checks it on the disk), True when the URL was checked."""
     value = conf[key] if key in conf else None
-    if not is_url(value):
+    if not (isinstance(value, str) and value):
         return False
-    where = f"{key}={value} ({conf.source(key)})"
-    from angelps.fs import probe  # pyarrow: only for a job with a URL
-
-    why = probe(str(value), must_exist=key in READ_KEYS)
+    store = files_for(value)
+    why = store.probe(value, must_exist=key in READ_KEYS)
     if why is not None:
-        raise ConfigError(f"{where}: {why}")
-    return True
+        raise ConfigError(f"{key}={value} ({conf.source(key)}): {why}")
+    return store.disk_path(value) is None
 
 
 def absolute(path: str, base: str | None = None) -> str:
@@ -115,7 +112,7 @@ def relative_notes(conf: Config, address: str | None) -> list[str]:
         shown = f"{key}={value} ({conf.source(key)})"
         if key == "angel.log.path" and not value and not in_job:
             shown = f"{key} (unset: runs)"  # (under ray job submit the run log says so)
-        elif not (isinstance(value, str) and value) or is_url(value) or os.path.isabs(value):
+        elif not (isinstance(value, str) and value) or files_for(value).is_absolute(value):
             continue
         notes.append(
             f"angelps: note: {shown} is relative to {where}; actors on other nodes do not "

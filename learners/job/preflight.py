@@ -13,7 +13,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -21,12 +20,13 @@ from angelconf.config import Config, ConfigError
 from angelps import TableSpec
 from angelps.checkpoint import store as checkpoint_store
 from angelps.checkpoint.errors import CheckpointError
+from angelps.file_store import files_for
 from decay import ReduceLROnPlateau
 from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
 from learners.data import DataOptions
 from learners.job.loop_options import TrainPlan
-from learners.job.paths import PATH_KEYS, check_url, is_url
+from learners.job.paths import PATH_KEYS, check_url
 from learners.job.rate_plan import check_rates_early
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.table_decl import table_specs
@@ -113,13 +113,14 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
     manifest.json); and one whose parent cannot be created or written. ConfigError naming the
     key, path and reason."""
     where = f"angel.save.model.path={save_path}" + (f" ({source})" if source else "")
-    if is_url(save_path):  # reachable (check_url); only its content is checked here
+    disk = files_for(save_path).disk_path(save_path)
+    if disk is None:  # object storage: reachable (check_url); only its content is checked here
         try:
             checkpoint_store.check_target(save_path)
         except (CheckpointError, OSError) as e:
             raise ConfigError(f"{where}: {e}") from None
         return
-    path = Path(os.path.realpath(save_path))
+    path = Path(os.path.realpath(disk))
     for name, other in (("the current directory", "."), ("the log directory", log_dir)):
         o = Path(os.path.realpath(other))
         if path == o or path in o.parents:
@@ -148,7 +149,7 @@ def _check_own_folders(path: Path, where: str, log_dir: str, backup_path: str) -
     its shard backups (``<log>/ps-backup`` or ``angel.ps.backup.path``) and ``<log>/latest``
     (a run's pointer)."""
     own = run_logs_for(log_dir).own_folders()
-    if backup_path and not is_url(backup_path):
+    if backup_path and files_for(backup_path).disk_path(backup_path) is not None:
         own.append((backup_path, f"the shard backups' folder (angel.ps.backup.path={backup_path})"))
     for folder, what in own:
         o = Path(os.path.realpath(folder))
@@ -189,7 +190,8 @@ def _check_kept(conf: Config, plan: TrainPlan) -> None:
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps checkpoints, but "
                 f"angel.save.model=false ({conf.source('angel.save.model')}): drop one of them"
             )
-        if asked and is_url(plan.save_path) and not urlsplit(str(plan.save_path)).path.strip("/"):
+        save = str(plan.save_path or "")
+        if asked and save and files_for(save).parent(save) is None:
             # The copies are siblings (<path>.best): beside a bucket they would be other buckets.
             raise ConfigError(
                 f"{key}={str(conf[key]).lower()} ({conf.source(key)}) keeps copies beside the "

@@ -20,10 +20,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, validate
+from angelps.file_store import files_for
 from angelps.options import OPTIMIZER_KEYS
 from learners.models.angel_graph import (
     Layer,
@@ -109,17 +109,19 @@ _ROLE_KEYS = ("ml.inputlayer.optimizer", "ml.embedding.optimizer", "ml.fclayer.o
 def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name) -> dict[str, Any]:
     """The JSON document of ``path``; a ConfigError names the file (and the line and column of
     malformed JSON)."""
-    if _is_url(str(path)):
-        text = _read_url(str(path), key)
-    else:
-        p = Path(path)
-        if not p.is_file():
-            what = "is a directory" if p.is_dir() else "does not exist"
-            raise ConfigError(f"{key}={path}: the JSON file {what}")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{key}={path}: cannot be read ({e})") from None
+    src = str(path)
+    store = files_for(src)
+    missing = text = ""
+    try:
+        if store.is_file(src):
+            text = store.read_bytes(src).decode("utf-8")
+        else:
+            missing = "is a directory" if store.is_dir(src) else "does not exist"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        # (a store that cannot be reached, refused credentials, a file that is not UTF-8)
+        raise ConfigError(f"{key}={path}: cannot be read ({e})") from None
+    if missing:
+        raise ConfigError(f"{key}={path}: the JSON file {missing}")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -127,21 +129,6 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
     return doc
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def _read_url(url: str, key: str) -> str:
-    """A JSON file on object storage (s3://, gs://, hdfs://), read through pyarrow as the job's
-    other paths are (only then is pyarrow loaded)."""
-    from angelps import fs
-
-    try:
-        return fs.read_bytes(url).decode("utf-8")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{key}={url}: cannot be read ({e})") from None
 
 
 def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -201,8 +188,7 @@ def apply_angel_json(conf: Config) -> Config:
     if not path:
         return conf
     src = str(path)
-    if not _is_url(src):
-        src = os.path.normpath(os.path.expanduser(src.removeprefix("file://")))
+    src = files_for(src).canonical(src)
     if any(conf.source(k).startswith(f"{src}:") for k in conf):
         return conf  # already applied (the CLI, then GraphLearner)
     doc = read_angel_json(src)

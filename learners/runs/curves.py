@@ -5,8 +5,8 @@ lines (every ``angel.log.every.steps`` updates), ``epoch`` lines (validation) an
 Files written before runs had their own directories may hold several runs appended: a run ends
 at its ``summary`` line, or where the step count goes backwards. Lines of other kinds are
 skipped; a line that is not a JSON object, or a step/epoch line without its step/epoch number,
-is an error naming the file and line. A run on object storage (a URL) is read whole through
-:mod:`angelps.fs`, imported only then.
+is an error naming the file and line. The file is read whole, from the disk or from object
+storage (a URL), through :func:`angelps.file_store.files_for` (pyarrow only for a URL).
 
 The figure (:func:`panels` decides what goes where; :func:`learners.runs.plot.plot_runs` draws it): every panel
 shares one x axis, the epoch, counted from 1 as the console counts: training is drawn at its
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learners.runs.folders import is_url
+from angelps.file_store import files_for
 
 __all__ = [
     "FAMILIES",
@@ -180,34 +180,25 @@ def _parse(file: str, lineno: int, line: str) -> dict[str, Any] | None:
     return obj
 
 
-def _lines(path: str | Path) -> Iterator[str]:
-    """The lines of a metrics file: a local path, or a URL read whole through angelps.fs."""
-    if isinstance(path, str) and is_url(path):
-        from angelps import fs  # pyarrow: only for a URL (plotting a local run stays light)
-
-        try:
-            data = fs.read_bytes(path)
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such metrics file") from None
-        except OSError as e:
-            raise ValueError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
-        yield from data.decode("utf-8").splitlines()
-        return
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{p}: no such metrics file")
-    with p.open(encoding="utf-8") as f:
-        yield from f
+def _lines(path: str) -> list[str]:
+    """The lines of a metrics file (a local path, or a URL), read whole."""
+    try:
+        data = files_for(path).read_bytes(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such metrics file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
+    return data.decode("utf-8").splitlines()
 
 
 def read_metrics(path: str | Path, name: str = "") -> list[Run]:
     """Parse a ``metrics.jsonl`` (a local path or a URL) into its runs (one, or several
     appended by older versions); ``name`` names them. Raises ValueError naming the file and
     line."""
-    file = path if isinstance(path, str) and is_url(path) else str(Path(path))
+    file = files_for(str(path)).canonical(str(path))
     runs: list[Run] = [Run()]
     last_step = -math.inf
-    for lineno, line in enumerate(_lines(path), start=1):
+    for lineno, line in enumerate(_lines(file), start=1):
         obj = _parse(file, lineno, line)
         kind = None if obj is None else obj.get("kind")
         run = runs[-1]

@@ -11,8 +11,9 @@ An ``angel.log.path`` on object storage (``s3://...``) cannot be appended to: th
 into a local staging root (:func:`log_root`, private to the user) and :func:`upload_run` copies
 the run directory and ``latest`` to the URL, whole files replacing whole objects (the learner
 does it after every epoch and when the run ends, also on failure); the run is then named by its
-URL, :func:`run_url`. :func:`find_run` finds runs there too, through :mod:`angelps.fs` (pyarrow:
-imported only for a URL, so that plotting a local run stays light).
+URL, :func:`run_url`. :func:`find_run` finds runs there too, the same way, through
+:func:`angelps.file_store.files_for` (pyarrow: loaded only for a URL, so that plotting a local
+run stays light).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from learners.runs.log_store import BACKUP_DIR, LATEST, is_url, run_logs_for, run_url
+from angelps.file_store import FileStore, LocalFiles, files_for
+from learners.runs.log_store import BACKUP_DIR, LATEST, run_logs_for, run_url
 
 __all__ = [
     "BACKUP_DIR",
@@ -35,7 +37,6 @@ __all__ = [
     "SUMMARY",
     "RunRef",
     "find_run",
-    "is_url",
     "latest_run",
     "log_root",
     "new_run_dir",
@@ -109,13 +110,13 @@ def _point_latest(root: Path, name: str) -> None:
 
 
 def latest_run(root: str | os.PathLike[str]) -> Path | None:
-    """The run ``root/latest`` names, or None when there is none (or it is gone)."""
+    """The run ``root/latest`` names (a local log root), or None when there is none (or it is
+    gone)."""
     try:
-        name = _pointed(Path(root, LATEST).read_text(encoding="utf-8"))
+        name = _latest(LocalFiles(), str(root))
     except OSError:
         return None
-    run = Path(root) / name if name else None
-    return run if run is not None and run.is_dir() else None
+    return Path(root) / name if name else None
 
 
 def _pointed(text: str) -> str | None:
@@ -125,36 +126,73 @@ def _pointed(text: str) -> str | None:
     return None if not name or "/" in name or "\\" in name or name in (".", "..") else name
 
 
+def _latest(store: FileStore, root: str) -> str | None:
+    """The run ``<root>/latest`` names, or None (no pointer, or no such run)."""
+    try:
+        name = _pointed(store.read_bytes(store.join(root, LATEST)).decode("utf-8"))
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return name if name and store.is_dir(store.join(root, name)) else None
+
+
 def find_run(arg: str | None, root: str | os.PathLike[str] = "runs") -> RunRef:
     """The run that ``arg`` names: a metrics.jsonl file, a run directory, a log root (its
     latest run), or a run name under ``root``; ``None``: the latest run under ``root``. Any of
-    them may be a URL (``s3://...``): read through :mod:`angelps.fs`. ValueError saying what
-    was looked for when there is no such run, or why the store cannot be read."""
-    if is_url(arg or "") or (arg is None and is_url(str(root))):
-        return _find_url(arg, str(root))
+    them may be a URL (``s3://...``), read through :func:`angelps.file_store.files_for`.
+    ValueError saying what was looked for when there is no such run, or why the store cannot be
+    read."""
+    root = str(root)
+    at_root = files_for(root)
+    # Where to look, in order: a path on the disk first, then a run's name under the root.
+    on_disk = arg is not None and files_for(arg).disk_path(arg) is not None
+    places = [root] if arg is None else [arg, at_root.join(root, arg)] if on_disk else [arg]
+    for place in dict.fromkeys(places):
+        store = files_for(place)
+        # The store, the bucket and the credentials first, in a few seconds: a clear line, no hang.
+        why = store.probe(place, must_exist=False)
+        if why:
+            raise ValueError(f"{place}: {why}")
+        try:
+            ref = _run_at(store, place, latest_only=arg is None)
+        except OSError as e:
+            raise ValueError(f"{place}: {' '.join(str(e).split())}") from None
+        if ref is not None:
+            return ref
+    shown = at_root.canonical(root)
     if arg is None:
-        run = latest_run(root)
-        if run is None:
-            raise ValueError(_no_runs(str(Path(root)), str(Path(root, LATEST))))
-        return RunRef(run.name, run / METRICS)
-    p = Path(arg)
-    if p.is_file():
-        name = p.parent.name if p.name == METRICS and p.parent.name else p.stem
-        return RunRef(name, p)
-    # A local directory first, as without a URL; then a run's name under a URL log root.
-    for d in (p,) if is_url(str(root)) else (p, Path(root) / arg):
-        if (d / METRICS).is_file():
-            return RunRef(d.name, d / METRICS)
-        run = latest_run(d) if d.is_dir() else None
-        if run is not None:
-            return RunRef(run.name, run / METRICS)
-    if is_url(str(root)):
-        return _find_url(arg, str(root))
-    root = Path(root)
-    known = (
-        sorted(d.name for d in root.iterdir() if (d / METRICS).is_file()) if root.is_dir() else []
-    )
-    raise ValueError(_no_such_run(arg, str(root), known))
+        raise ValueError(_no_runs(shown, at_root.join(shown, LATEST)))
+    try:  # the runs under the root as a hint, for a name looked for there
+        known = _runs_under(at_root, root) if on_disk else []
+    except OSError as e:
+        raise ValueError(f"{places[-1]}: {' '.join(str(e).split())}") from None
+    raise ValueError(_no_such_run(arg, shown, known))
+
+
+def _run_at(store: FileStore, place: str, latest_only: bool) -> RunRef | None:
+    """The run at ``place``: a metrics file, a run's folder, or a log root's latest run."""
+
+    def ref(name: str, metrics: str) -> RunRef:
+        return RunRef(name, store.disk_path(metrics) or metrics)
+
+    if not latest_only:
+        if store.is_file(place):
+            base = posixpath.basename(place.rstrip("/"))
+            parent = posixpath.basename(posixpath.dirname(place.rstrip("/")))
+            return ref(parent if base == METRICS and parent else Path(base).stem, place)
+        if store.is_file(store.join(place, METRICS)):
+            name = posixpath.basename(store.canonical(place).rstrip("/"))
+            return ref(name, store.join(place, METRICS))
+    run = _latest(store, place)
+    return None if run is None else ref(run, store.join(place, run, METRICS))
+
+
+def _runs_under(store: FileStore, root: str) -> list[str]:
+    """The runs (folders holding a metrics file) directly under the log root ``root``."""
+    if not store.is_dir(root):
+        return []
+    return [
+        n for n, d in store.list_dir(root) if d and store.is_file(store.join(root, n, METRICS))
+    ]
 
 
 def _no_runs(root: str, pointer: str) -> str:
@@ -167,49 +205,6 @@ def _no_runs(root: str, pointer: str) -> str:
 def _no_such_run(arg: str, root: str, known: list[str]) -> str:
     hint = f"; runs under {root}: {', '.join(known[-5:])}" if known else ""
     return f"{arg}: no such run, run directory or metrics file{hint}"
-
-
-def _find_url(arg: str | None, root: str) -> RunRef:
-    """:func:`find_run` on object storage: ``arg`` a URL, a run's name under the URL ``root``,
-    or None (the latest run under ``root``)."""
-    from angelps import fs  # pyarrow: only for a URL
-
-    target = root if arg is None else arg if is_url(arg) else posixpath.join(root, arg)
-    # The store, the bucket and the credentials first, in a few seconds: a clear line, no hang.
-    why = fs.probe(target, must_exist=False)
-    if why:
-        raise ValueError(f"{target}: {why}")
-    try:
-        if arg is None:
-            run = _latest_url(root)
-            if run is None:
-                raise ValueError(_no_runs(root, posixpath.join(root, LATEST)))
-            return RunRef(run, posixpath.join(root, run, METRICS))
-        if fs.is_file(target):
-            base = posixpath.basename(target.rstrip("/"))
-            parent = posixpath.basename(posixpath.dirname(target.rstrip("/")))
-            return RunRef(parent if base == METRICS and parent else Path(base).stem, target)
-        if fs.is_file(posixpath.join(target, METRICS)):
-            return RunRef(posixpath.basename(target.rstrip("/")), posixpath.join(target, METRICS))
-        run = _latest_url(target)
-        if run is not None:
-            return RunRef(run, posixpath.join(target, run, METRICS))
-        # A name under the root: the runs there as a hint (any folder of a log root is one).
-        known = [] if is_url(arg) else [n for n, d in fs.list_dir(root) if d]
-    except OSError as e:
-        raise ValueError(f"{target}: {' '.join(str(e).split())}") from None
-    raise ValueError(_no_such_run(arg, root, known))
-
-
-def _latest_url(root: str) -> str | None:
-    """The run ``<root>/latest`` names on object storage, or None (no pointer, or no run)."""
-    from angelps import fs
-
-    try:
-        name = _pointed(fs.read_bytes(posixpath.join(root, LATEST)).decode("utf-8"))
-    except (FileNotFoundError, UnicodeDecodeError):
-        return None
-    return name if name and fs.is_dir(posixpath.join(root, name)) else None
 
 
 def relative_under_ray_job(paths: dict[str, str | None]) -> str | None:

@@ -4,8 +4,9 @@ A local log path is written in place: each run's folder under it, ``latest`` bes
 shard backups in ``ps-backup`` (:class:`LocalRunLogs`). Object storage cannot be appended to:
 the runs are written into a local staging root private to the user and copied to the URL
 whole (:class:`ObjectRunLogs`; :func:`learners.runs.folders.upload_run`). :func:`run_logs_for`
-is the one place that looks at the path to choose. Standard library only, so that the light
-commands (``angelps plot``, ``conf``) load no pyarrow for it.
+is the one place that looks at the path to choose (by :func:`angelps.file_store.is_url`, the
+test the readers choose by). Standard library only, so that the light commands (``angelps
+plot``, ``conf``) load no pyarrow for it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
+from angelps.file_store import is_url
+
 __all__ = [
     "BACKUP_DIR",
     "LATEST",
     "LocalRunLogs",
     "ObjectRunLogs",
     "RunLogStore",
-    "is_url",
     "run_logs_for",
     "run_url",
 ]
@@ -31,13 +33,6 @@ __all__ = [
 LATEST = "latest"
 #: The folder under the log path that holds a job's shard backups (learners.job.failover).
 BACKUP_DIR = "ps-backup"
-
-
-def is_url(path: object) -> bool:
-    """Whether ``path`` (a path key's value) is on object storage (``file://`` is local); the
-    test of :func:`angelps.fs.is_remote`, without loading pyarrow (learners.job.paths and the
-    run log use this one)."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
 
 
 def run_url(url: str, name: str) -> str:

@@ -525,7 +525,12 @@ def test_the_json_may_be_on_object_storage(tmp_path: Path, monkeypatch) -> None:
         c = _conf({"angel.ml.conf": "s3://angel/jsons/fm.json"})
         assert c["ml.learn.rate"] == 0.8
         assert c.source("ml.learn.rate") == "s3://angel/jsons/fm.json: train.lr"
+        # The same lines as for a local path (one reader for both: angelps.file_store).
         with pytest.raises(
-            ConfigError, match=r"^angel\.ml\.conf=s3://angel/jsons/no\.json: cannot be read \("
+            ConfigError, match=r"^angel\.ml\.conf=s3://angel/jsons/no\.json: the JSON file does "
         ):
             _conf({"angel.ml.conf": "s3://angel/jsons/no.json"})
+        with pytest.raises(
+            ConfigError, match=r"^angel\.ml\.conf=s3://angel/jsons: the JSON file is a directory$"
+        ):
+            _conf({"angel.ml.conf": "s3://angel/jsons"})
