@@ -70,6 +70,11 @@ class FileStore(Protocol):
         """Whether ``path`` means the same place from any working directory (a URL does)."""
         ...
 
+    def absolute(self, path: str, base: str | None = None) -> str:
+        """``path`` from any working directory: a local one against ``base`` (default: the
+        current directory), ``~`` expanded, normalised, without ``file://``; a URL as it is."""
+        ...
+
     def parent(self, path: str) -> str | None:
         """The folder holding ``path``; None when there is none to hold siblings of it (a
         bucket: its siblings would be other buckets)."""
@@ -121,7 +126,11 @@ class LocalFiles:
         return os.path.normpath(os.path.expanduser(_local(path)))
 
     def is_absolute(self, path: str) -> bool:
-        return os.path.isabs(path)
+        return os.path.isabs(_local(path))
+
+    def absolute(self, path: str, base: str | None = None) -> str:
+        p = os.path.expanduser(_local(path))
+        return os.path.normpath(p if os.path.isabs(p) else os.path.join(base or os.getcwd(), p))
 
     def parent(self, path: str) -> str | None:
         return os.path.dirname(os.path.abspath(_local(path)))
@@ -173,6 +182,9 @@ class ObjectFiles:
 
     def is_absolute(self, path: str) -> bool:
         return True
+
+    def absolute(self, path: str, base: str | None = None) -> str:
+        return path
 
     def parent(self, path: str) -> str | None:
         parts = urlsplit(path)

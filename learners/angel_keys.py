@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, at_least, format_value, non_negative
+from angelps.file_store import files_for
 
 __all__ = ["KEYS", "MODEL_TYPES", "angel_notes", "check_output_policy", "resolve"]
 
@@ -384,8 +385,9 @@ def check_output_policy(conf: Config, key: str) -> None:
     if OUTPUT_DELETE.read(conf) or key not in conf or not conf[key]:
         return
     path = str(conf[key])
-    if "://" in path or not os.path.lexists(path):
-        return  # object storage: its checkpoints are replaced whole, as the docs say
+    disk = files_for(path).disk_path(path)
+    if disk is None or not os.path.lexists(disk):
+        return  # (object storage: its checkpoints are replaced whole, as the docs say)
     raise ConfigError(
         f"{_shown(conf, key)} already exists and {_shown(conf, OUTPUT_DELETE.name)}: remove "
         f"it, choose another path, or set {OUTPUT_DELETE.name}=true"

@@ -315,13 +315,17 @@ PATH_KIND_TESTS = {
     "angelps/file_store.py": "files_for: how a path is read (inputs, JSON, runs, metrics)",
     "angelps/checkpoint/store.py": "store_for: how a checkpoint or a backup is written",
     "learners/runs/log_store.py": "run_logs_for: where a job's runs are logged",
+    "learners/job/cluster.py": "a Ray address (ray://host:port), not a path",
 }
 _KIND_TESTS = {"is_remote", "is_url", "_is_url"}
+#: The same test written out: ``"://" in path``, ``path.startswith("file://")``.
+_URL_MARKS = {"://", "file://"}
 
 
 def path_kind_tests(path: Path) -> list[int]:
-    """The lines of ``path`` that name a local-or-remote test of a path (a call, an import or
-    a definition of ``is_remote``/``is_url``)."""
+    """The lines of ``path`` that test whether a path is local or remote: a call, an import or a
+    definition of ``is_remote``/``is_url``, or the test written out (a ``"://"`` or
+    ``"file://"`` literal)."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         named = (
@@ -329,6 +333,7 @@ def path_kind_tests(path: Path) -> list[int]:
             or (isinstance(node, ast.Attribute) and node.attr in _KIND_TESTS)
             or (isinstance(node, ast.FunctionDef) and node.name in _KIND_TESTS)
             or (isinstance(node, ast.ImportFrom) and any(a.name in _KIND_TESTS for a in node.names))
+            or (isinstance(node, ast.Constant) and node.value in _URL_MARKS)
         )
         if named:
             lines.append(getattr(node, "lineno", 0))
@@ -343,7 +348,7 @@ def test_only_the_stores_tell_a_local_path_from_object_storage() -> None:
         and (lines := path_kind_tests(p))
     }
     assert not found, (
-        "is_remote/is_url outside the stores (ask angelps.file_store.files_for(path), "
+        "is_remote/is_url or a '://' test outside the stores (ask angelps.file_store.files_for, "
         f"angelps.checkpoint.store.store_for or learners.runs.log_store.run_logs_for): {found}"
     )
     stale = sorted(rel for rel in PATH_KIND_TESTS if not path_kind_tests(ROOT / rel))
@@ -355,5 +360,6 @@ def test_the_path_kind_checker_sees_a_branch(tmp_path: Path) -> None:
     f.write_text(
         "from angelps.file_store import is_url\nfrom angelps import fs\n"
         "def f(p):\n    if fs.is_remote(p):\n        return 1\n    return is_url(p)\n"
+        "def g(p):\n    return '://' in p or p.startswith('file://')\n"
     )
-    assert path_kind_tests(f) == [1, 4, 6]
+    assert path_kind_tests(f) == [1, 4, 6, 8]

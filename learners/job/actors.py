@@ -15,6 +15,7 @@ import ray
 
 from angelconf.config import Config
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
+from angelps.file_store import files_for
 from angelps.server.launch import start_shards, wait_started
 from learners.data import DataOptions
 from learners.job import cluster, failover, terminate
@@ -147,8 +148,10 @@ class JobActors:
                 backups = self._ps.options.shard.backup_dir
                 self._ps.net.close()
                 self._ps = None
-                if backups and "://" not in backups:
-                    shutil.rmtree(backups, ignore_errors=True)
+                # (on the disk only: no store is asked anything while the job is torn down)
+                disk = files_for(backups).disk_path(backups) if backups else None
+                if disk is not None:
+                    shutil.rmtree(disk, ignore_errors=True)
                 failover.remove_backup_root(self.ps_options, self.plan.log_dir)
         if self._workers is not None:
             self._workers.shutdown()

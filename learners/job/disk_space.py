@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from angelps.file_store import files_for
+
 __all__ = ["LOG_MIN_FREE", "DiskFull", "check_log_space", "explain", "free_bytes"]
 
 #: Room a job needs under its log path before it starts: the run's files (metrics.jsonl,
@@ -27,8 +29,13 @@ class DiskFull(RuntimeError):
 
 
 def free_bytes(path: str) -> int | None:
-    """Bytes free to this user on the file system that holds (or would hold) ``path``."""
-    p = os.path.abspath(path)
+    """Bytes free to this user on the file system that holds (or would hold) ``path``; None when
+    it cannot be told, or on object storage (no disk of this machine fills up: a run logged
+    there is staged locally and copied when written, learners.runs.log_store)."""
+    disk = files_for(path).disk_path(path)
+    if disk is None:
+        return None
+    p = os.path.abspath(disk)
     while not os.path.exists(p) and os.path.dirname(p) != p:
         p = os.path.dirname(p)
     try:
@@ -49,8 +56,6 @@ def _size(n: float) -> str:
 def check_log_space(log_dir: str, table_bytes: int = 0) -> None:
     """DiskFull when the disk of ``log_dir`` (a local path) has less room than the job's start
     needs: :data:`LOG_MIN_FREE` plus twice ``table_bytes`` (the shard backups)."""
-    if "://" in log_dir:
-        return  # object storage: staged locally, copied when written (learners.runs.folders)
     need = LOG_MIN_FREE + 2 * table_bytes
     free = free_bytes(log_dir)
     if free is not None and free < need:
@@ -69,7 +74,7 @@ def explain(exc: BaseException, paths: dict[str, str]) -> DiskFull | None:
     where = "; ".join(
         f"{key}={path}: {_size(free)} free"
         for key, path in paths.items()
-        if path and "://" not in path and (free := free_bytes(path)) is not None
+        if path and (free := free_bytes(path)) is not None
     )
     return DiskFull(
         f"no space left on device ({where}): make room, then continue with --resume"

@@ -68,14 +68,7 @@ def absolute(path: str, base: str | None = None) -> str:
     """``path`` against ``base`` (default: the current directory); ``~`` expanded; a URL
     (``scheme://...``, read through pyarrow.fs) is left as it is, but ``file://`` is a local
     path."""
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    elif "://" in path:
-        return path
-    path = os.path.expanduser(path)
-    if os.path.isabs(path):
-        return os.path.normpath(path)
-    return os.path.normpath(os.path.join(base or os.getcwd(), path))
+    return files_for(path).absolute(path, base)
 
 
 def absolute_paths(conf: Config, base: str | None = None) -> Config:

@@ -212,7 +212,7 @@ def relative_under_ray_job(paths: dict[str, str | None]) -> str | None:
     is relative: it would land in Ray's working directory for the job, deleted with it."""
     if _RAY_JOB_ENV not in os.environ:
         return None
-    rel = [f"{k}={v}" for k, v in paths.items() if v and not os.path.isabs(v) and "://" not in v]
+    rel = [f"{k}={v}" for k, v in paths.items() if v and not files_for(v).is_absolute(v)]
     if not rel:
         return None
     return (

@@ -87,6 +87,8 @@ def test_where_a_path_is(tree: tuple[str, str]) -> None:
         False,
         False,
     ]
+    assert files_for("file://r/../s").absolute("file://r/../s", "/base") == "/base/s"
+    assert files_for(url).absolute(url, "/base") == url
     assert files_for("~/x/../y").canonical("~/x/../y") == str(Path.home() / "y")
     assert files_for(url + "/").canonical(url + "/") == url + "/"  # a URL as it is
     assert [is_url(p) for p in (url, "gs://b/k", "hdfs://nn/p", local, "file:///x", None)] == [
