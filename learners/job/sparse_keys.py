@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from angelconf.config import ConfigError, Key, positive
+from angelconf.options import key_field, read_keys
 
 __all__ = ["KEYS", "SparseOptions"]
 
@@ -68,7 +69,7 @@ class SparseOptions:
     """angel.sparse.placement, auto's memory budget, and what keeps tables off the workers."""
 
     #: ps, worker or auto
-    placement: str = SPARSE_PLACEMENT.default
+    placement: str = key_field(SPARSE_PLACEMENT)
     #: auto: bytes of a worker's share of the held tables
     budget: float = SPARSE_WORKER_MEMORY.default * (1 << 20)
     #: why the workers cannot hold sparse tables in this job ("" when they can): auto says it
@@ -77,7 +78,7 @@ class SparseOptions:
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> SparseOptions:
         """The options of a job; a ConfigError for ``worker`` with a key that needs shards."""
-        value = str(SPARSE_PLACEMENT.read(conf))
+        value = read_keys(cls, conf)["placement"]
         conflict = _worker_conflict(conf)
         if value == "worker" and conflict:
             name = conflict.split("=", 1)[0]
