@@ -84,13 +84,13 @@ class JobAction:
     def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
         """The action of a job (a Config or a mapping; a missing key takes its default)."""
         action = str(ACTION_TYPE.read(conf))
-        keyed = read_keys(cls, conf)
+        values = read_keys(cls, conf)
         if action == "inctrain":
-            if not keyed["model_path"]:
+            if not values["model_path"]:
                 raise ConfigError(
                     "action.type=inctrain trains on from a saved model: set "
                     "angel.load.model.path to it"
                 )
             action = "train"  # training starts from angel.load.model.path
         # angel.predict.data.path is the data module's key (read here by name: no import of it)
-        return cls(action=action, data_path=conf.get(_PREDICT_PATH) or None, **keyed)
+        return cls(action=action, data_path=conf.get(_PREDICT_PATH) or None, **values)

@@ -5,8 +5,9 @@ config-only verbs (``angelps conf``, ``angelps schedule``) list and check these 
 loading torch or Ray.
 
 :class:`TrainPlan` is built once from the job configuration (:meth:`TrainPlan.from_config`) at
-the learner's entry point, as the loop section of ``learners.job.job_options.JobOptions``; the driver's loop and every worker read it, and it crosses Ray as a
-frozen dataclass (never a dict of string keys). Every default lives in its ``Key`` below, none in
+the learner's entry point, as the loop section of ``learners.job.job_options.JobOptions``; the
+driver's loop and every worker read it, and it crosses Ray as a frozen dataclass (never a dict of
+string keys). Every default lives in its ``Key`` below, none in
 the dataclass. :class:`JobSize` holds what is known only once the workers have read their data
 (feature range, batch size, updates per epoch).
 """
@@ -339,6 +340,10 @@ def _optional(value: Any) -> Any:
     return value or None
 
 
+def _runs_root(path: str) -> str:
+    return str(path) or "runs"
+
+
 def _lower_names(names: list[str] | None) -> tuple[str, ...]:
     return tuple(s.lower() for s in (names or []))
 
@@ -347,8 +352,9 @@ def _lower_names(names: list[str] | None) -> tuple[str, ...]:
 class TrainPlan:
     """What the training loop and every worker need from the job configuration.
 
-    A field given by ``key_field`` holds that key's value (read by :meth:`from_config` from the
-    key's own declaration); the others are derived from several keys, in :meth:`from_config`.
+    A field whose metadata names a key (``keyed``) holds that key's value, read by
+    :meth:`from_config` through the key's own declaration (``angelconf.options.read_keys``); the
+    others are derived from several keys, in :meth:`from_config`.
     """
 
     epochs: int = field(metadata=keyed(EPOCHS))
@@ -367,7 +373,8 @@ class TrainPlan:
     fused: bool = field(metadata=keyed(FUSED))
     dense_placement: str = field(metadata=keyed(DENSE_PLACEMENT))
     sparse: SparseOptions
-    log_dir: str
+    #: angel.log.path, or "runs" when empty
+    log_dir: str = field(metadata=keyed(LOG_PATH, _runs_root))
     tensorboard: bool = field(metadata=keyed(TENSORBOARD))
     log_every: int = field(metadata=keyed(LOG_EVERY))
     save_path: str | None
@@ -405,18 +412,17 @@ class TrainPlan:
         gpus = float(WORKER_GPUS.read(conf))
         if gpus == 0 and DEVICE.read(conf) == "cuda":
             gpus = 1.0
-        keyed = read_keys(cls, conf)
+        values = read_keys(cls, conf)
         return cls(
-            **keyed,
+            **values,
             updates_per_epoch=(
                 int(UPDATES_PER_EPOCH.read(conf)) if _is_set(conf, UPDATES_PER_EPOCH) else None
             ),
             worker_gpus=gpus,
             device="cuda" if gpus > 0 else "cpu",
             sparse=SparseOptions.from_config(conf),
-            log_dir=str(LOG_PATH.read(conf)) or "runs",
             # angel.save.model=false wins over a job file's path: nothing is saved
-            save_path=(SAVE_PATH.read(conf) or None) if keyed["save_model"] else None,
+            save_path=(SAVE_PATH.read(conf) or None) if values["save_model"] else None,
             decay_on_batch=bool(conf[_DECAY_ON_BATCH]),
             feed=FeedOptions.from_config(conf),
             keep_best=keep_best(KEEP_BEST.read(conf), conf),

@@ -64,6 +64,10 @@ def _worker_conflict(conf: Mapping[str, Any]) -> str:
     return ""
 
 
+def _mib_to_bytes(mib: float) -> float:
+    return float(mib) * (1 << 20)
+
+
 @dataclass(frozen=True)
 class SparseOptions:
     """angel.sparse.placement, auto's memory budget, and what keeps tables off the workers."""
@@ -71,14 +75,15 @@ class SparseOptions:
     #: ps, worker or auto
     placement: str = key_field(SPARSE_PLACEMENT)
     #: auto: bytes of a worker's share of the held tables
-    budget: float = SPARSE_WORKER_MEMORY.default * (1 << 20)
+    budget: float = key_field(SPARSE_WORKER_MEMORY, convert=_mib_to_bytes)
     #: why the workers cannot hold sparse tables in this job ("" when they can): auto says it
     conflict: str = ""
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> SparseOptions:
         """The options of a job; a ConfigError for ``worker`` with a key that needs shards."""
-        value = read_keys(cls, conf)["placement"]
+        values = read_keys(cls, conf)
+        value = values["placement"]
         conflict = _worker_conflict(conf)
         if value == "worker" and conflict:
             name = conflict.split("=", 1)[0]
@@ -86,5 +91,4 @@ class SparseOptions:
                 f"{SPARSE_PLACEMENT.name}=worker cannot run with {conflict}; set {name} to its "
                 f"default, or {SPARSE_PLACEMENT.name}=ps (or auto)"
             )
-        budget = float(SPARSE_WORKER_MEMORY.read(conf)) * (1 << 20)
-        return cls(placement=value, budget=budget, conflict=conflict)
+        return cls(**values, conflict=conflict)

@@ -83,8 +83,8 @@ class FeedOptions:
         """Checked against each other: a depth above the staleness under SSP (or above 1
         under BSP) and a capacity of 0, below, or above the machine's memory are errors."""
         staleness = int(conf.get(_STALENESS) or 0)
-        keyed = read_keys(cls, conf)
-        depth = keyed["prefetch_depth"]
+        values = read_keys(cls, conf)
+        depth = values["prefetch_depth"]
         if staleness == 0 and depth > 1:
             raise ConfigError(
                 f"{PREFETCH_DEPTH.name}={depth} needs bounded staleness: under BSP "
@@ -97,7 +97,7 @@ class FeedOptions:
                 f"worker may run at most the staleness ahead; valid: 1 .. {staleness}"
             )
         n, in_bytes = _capacity(str(CACHE_CAPACITY.read(conf)))
-        return cls(**keyed, staleness=staleness, capacity=n, capacity_bytes=in_bytes)
+        return cls(**values, staleness=staleness, capacity=n, capacity_bytes=in_bytes)
 
 
 def _capacity(text: str) -> tuple[int, bool]:
