@@ -13,9 +13,14 @@ sections, each an option object whose fields name their keys (``angelconf.option
 - ``feed``: :class:`~learners.worker.feed.FeedOptions`, how a worker gets its rows (the loop's
   own, ``loop.feed``: the workers receive it with the plan).
 
-GraphLearner builds it in its constructor (and again for a saved model's configuration); each
-part of the job takes the section it needs instead of reading the configuration again. Standard
-library and the key modules only, like them: the config-only verbs build it without torch or Ray.
+GraphLearner builds it in its constructor (and again for a saved model's configuration), the
+``schedule`` verb once for its preview; each part of the job takes the section it needs instead of
+reading the configuration again. Standard library and the key modules only, like them: the
+config-only verbs build it without torch or Ray.
+
+The checkpoint and log settings are fields of the loop section (``save_path``, ``keep_last``,
+``log_dir``, ...), not sections of their own: the driver's loop replaces ``save_path`` when the
+model is saved into the run's folder, and the workers receive them with the plan.
 """
 
 from __future__ import annotations
