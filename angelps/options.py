@@ -17,10 +17,11 @@ hyper-parameters are read by :meth:`angelps.table.OptimizerSpec.from_conf` throu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from angelconf.config import Key, non_negative
+from angelconf.options import key_field, keyed, read_keys
 
 __all__ = [
     "KEYS",
@@ -337,25 +338,27 @@ class PSOptions:
     """How to run the parameter server of one job (everything ``angel.ps.*`` and the
     consistency keys say); built once at the entry point with :meth:`from_config`."""
 
-    job: str
-    num_shards: int
-    partitioner: str
-    cpus: float
-    memory_mib: int
-    gpus: float
-    backup_interval: int
-    backup_path: str
-    max_attempts: int
-    transport: str
-    nan_policy: str
-    staleness: int
-    timeout_ms: int
-    max_connections: int
-    token_timeout_ms: int
-    admission_min_count: int = ADMISSION_MIN_COUNT.default
-    eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default
+    job: str = field(metadata=keyed(JOB_NAME))
+    num_shards: int = field(metadata=keyed(PS_NUMBER))
+    partitioner: str = field(metadata=keyed(PARTITIONER))
+    cpus: float = field(metadata=keyed(CPUS))
+    memory_mib: int = field(metadata=keyed(MEMORY))
+    gpus: float = field(metadata=keyed(GPUS))
+    backup_interval: int = field(metadata=keyed(BACKUP_INTERVAL))
+    backup_path: str = field(metadata=keyed(BACKUP_PATH))
+    max_attempts: int = field(metadata=keyed(MAX_ATTEMPTS))
+    transport: str = field(metadata=keyed(TRANSPORT))
+    nan_policy: str = field(metadata=keyed(NAN_POLICY))
+    staleness: int = field(metadata=keyed(STALENESS))
+    timeout_ms: int = field(metadata=keyed(TIMEOUT_MS))
+    max_connections: int = field(metadata=keyed(MAX_CONNECTIONS))
+    token_timeout_ms: int = field(metadata=keyed(TOKEN_TIMEOUT_MS))
+    admission_min_count: int = key_field(ADMISSION_MIN_COUNT)
+    eviction_ttl_updates: int = key_field(EVICTION_TTL_UPDATES)
 
     def __post_init__(self) -> None:
+        # Checked here in the words the shards' own options use (a plain mapping is not
+        # checked by the keys: read_keys(check=False)), so a direct construction fails alike.
         _check_storage(self.admission_min_count, self.eviction_ttl_updates)
         if not self.job or "/" in self.job:
             raise ValueError(f"angel.job.name={self.job!r} must be a non-empty name without '/'")
@@ -377,25 +380,7 @@ class PSOptions:
     def from_config(cls, conf: Mapping[str, Any]) -> PSOptions:
         """From a :class:`~angelconf.config.Config` or a plain mapping of typed values; keys
         absent (or None) take their declared defaults."""
-        return cls(
-            job=str(JOB_NAME.read(conf)),
-            num_shards=int(PS_NUMBER.read(conf)),
-            partitioner=str(PARTITIONER.read(conf)),
-            cpus=float(CPUS.read(conf)),
-            memory_mib=int(MEMORY.read(conf)),
-            gpus=float(GPUS.read(conf)),
-            backup_interval=int(BACKUP_INTERVAL.read(conf)),
-            backup_path=str(BACKUP_PATH.read(conf)),
-            max_attempts=int(MAX_ATTEMPTS.read(conf)),
-            transport=str(TRANSPORT.read(conf)),
-            nan_policy=str(NAN_POLICY.read(conf)),
-            staleness=int(STALENESS.read(conf)),
-            timeout_ms=int(TIMEOUT_MS.read(conf)),
-            max_connections=int(MAX_CONNECTIONS.read(conf)),
-            token_timeout_ms=int(TOKEN_TIMEOUT_MS.read(conf)),
-            admission_min_count=int(ADMISSION_MIN_COUNT.read(conf)),
-            eviction_ttl_updates=int(EVICTION_TTL_UPDATES.read(conf)),
-        )
+        return cls(**read_keys(cls, conf, check=False))
 
     @property
     def timeout_s(self) -> float:

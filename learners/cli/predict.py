@@ -21,10 +21,8 @@ from typing import TYPE_CHECKING, Any
 from angelconf.config import Config, ConfigError
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
-from learners.data.options import SID
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
 from learners.job.paths import absolute_paths, check_url, relative_notes
-from learners.models.config import job_model_info
 from learners.runs.output_file import replace_atomically
 
 if TYPE_CHECKING:
@@ -190,8 +188,8 @@ def prediction_file(conf: Config, learner: GraphLearner, data: str) -> dict[str,
     from learners.runs.predict_output import prediction_columns, read_sids
 
     pred = learner.predict_rows(data)
-    sids = read_sids(data) if SID.read(learner.conf) else None
-    task = job_model_info(learner.conf).task
+    sids = read_sids(data) if learner.options.data.sid else None
+    task = learner.options.model.entry.task
     return prediction_columns(pred, task, str(PREDICT_OUT_FORMAT.read(conf)), sids)
 
 

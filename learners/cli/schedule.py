@@ -30,7 +30,7 @@ from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
-from learners.job.loop_options import TrainPlan
+from learners.job.job_options import JobOptions
 from learners.job.lr_scaling import batch_scale
 from learners.job.table_schedules import table_keys, table_schedules
 from learners.runs.output_file import replace_atomically
@@ -136,10 +136,11 @@ class Preview:
 def build(args: argparse.Namespace) -> Preview:
     """The schedule of ``--conf``/``--set``: the job's sequence with --conf, else ``--steps``."""
     conf = load_job(args)
+    options = JobOptions.from_config(conf)
     why, per_epoch = None, None
     counted = str(conf["ml.opt.decay.unit"])
     if counted != "updates":
-        return _build_in(conf, args, counted)
+        return _build_in(conf, options, args, counted)
     if args.conf is None:
         # numbered from 1 and labelled as a job's sequence is: update n trains at lr_at(n - 1)
         unit, steps = "update", 100 if args.steps is None else args.steps
@@ -151,7 +152,7 @@ def build(args: argparse.Namespace) -> Preview:
 
         if args.updates_per_epoch is not None and args.updates_per_epoch < 1:
             raise ConfigError(f"--updates-per-epoch {args.updates_per_epoch}: expected >= 1")
-        length = schedule_length(conf, args.updates_per_epoch)
+        length = schedule_length(conf, args.updates_per_epoch, options)
         unit, steps, why = length.unit, length.total, length.why
         per_epoch = length.updates_per_epoch
     sched, tables = _schedules(conf, max(steps, 1))
@@ -162,7 +163,7 @@ def build(args: argparse.Namespace) -> Preview:
         why,
         per_epoch if args.conf and why else None,
         tables,
-        scale=_scale(conf, None),
+        scale=_scale(conf, options, None),
     )
 
 
@@ -179,28 +180,28 @@ def _schedules(conf: Any, total: int) -> tuple[StepSizeScheduler, dict[str, Step
         raise ConfigError(str(e)) from None
 
 
-def _scale(conf: Any, global_batch: int | None) -> float:
+def _scale(conf: Any, options: JobOptions, global_batch: int | None) -> float:
     """ml.learn.rate.scaling's factor (the global batch of ml.minibatch.size when not counted)."""
 
     if global_batch is None:
-        plan = TrainPlan.from_config(conf)
+        plan = options.loop
         global_batch = plan.minibatch_size * plan.workers * plan.accum
     return batch_scale(
         str(conf["ml.learn.rate.scaling"]), global_batch, int(conf["ml.learn.rate.reference.batch"])
     )
 
 
-def _build_in(conf: Any, args: argparse.Namespace, unit: str) -> Preview:
+def _build_in(conf: Any, options: JobOptions, args: argparse.Namespace, unit: str) -> Preview:
     """A schedule counted in samples or epochs: with --conf one value per update of the job,
     at the samples (epochs) seen before it; else --steps values at 0, 1, 2, ... of the unit."""
     if args.conf is None or args.steps is not None:
         steps = 100 if args.steps is None else args.steps
         sched, tables = _schedules(conf, max(steps, 1))
         why = f"in {unit} (ml.opt.decay.unit={unit}): the schedule at 0..{steps - 1} {unit}"
-        return Preview(sched, steps, unit, why, None, tables, scale=_scale(conf, None))
+        return Preview(sched, steps, unit, why, None, tables, scale=_scale(conf, options, None))
     from learners.job.schedule_length import sample_length
 
-    n = sample_length(conf)
+    n = sample_length(conf, options)
     total = n.epochs * n.rows if unit == "samples" else n.epochs
     sched, tables = _schedules(conf, max(total, 1))
     steps = n.epochs * n.updates_per_epoch
@@ -208,7 +209,8 @@ def _build_in(conf: Any, args: argparse.Namespace, unit: str) -> Preview:
     def at(i: int) -> float:
         return n.position(i, unit)
 
-    return Preview(sched, steps, unit, n.why, None, tables, at, _scale(conf, n.global_batch))
+    scale = _scale(conf, options, n.global_batch)
+    return Preview(sched, steps, unit, n.why, None, tables, at, scale)
 
 
 def values(

@@ -2,9 +2,9 @@
 
 A key module: it imports only the standard library and ``angelconf.config``, so the CLI's
 config-only verbs can list these keys without numpy or pyarrow. Every default lives in its
-``Key`` below; :meth:`DataOptions.from_config` reads each key once (``Key.read``: the value,
-or the declared default when missing), at the entry point, and the readers see only the
-frozen object.
+``Key`` below; each field of :class:`DataOptions` names its key, :meth:`DataOptions.from_config`
+reads them all once (``Key.read``: the value, or the declared default when missing), at the entry
+point (``learners.job.job_options``), and the readers see only the frozen object.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from angelconf.config import Key
+from angelconf.options import check_keys, key_field, read_keys
 
 __all__ = [
     "FORMATS",
@@ -198,77 +199,37 @@ def _optional_path(value: Any) -> str | None:
 class DataOptions:
     """Everything the readers need to know about the input, one field per data key.
 
-    Built with :meth:`from_config`; the checks in ``__post_init__`` repeat the keys' own checks
-    so that options built from a plain mapping (the Python API, tests) fail the same way.
+    Each field names its key (``key_field``): :meth:`from_config` reads them all, and
+    ``__post_init__`` runs the keys' own checks on an object built directly (the Python API,
+    tests), so both fail as a loaded file does. A field's default is its key's.
     """
 
-    kind: str = DATA_TYPE.default  # ml.data.type, lower case
-    splitor: str = SPLITOR.default
-    has_label: bool = HAS_LABEL.default
-    sid: bool = SID.default
-    validate_ratio: float = VALIDATE_RATIO.default
-    index_range: int = INDEX_RANGE.default
-    field_num: int = FIELD_NUM.default
-    label_trans: str = LABEL_TRANS.default
-    label_threshold: float = LABEL_THRESHOLD.default
-    skip_bad_lines: bool = SKIP_BAD_LINES.default
-    use_shuffle: bool = USE_SHUFFLE.default
-    train_path: str | None = TRAIN_PATH.default
-    validate_path: str | None = VALIDATE_PATH.default
-    predict_path: str | None = PREDICT_PATH.default
-    parquet_label_col: str = PARQUET_LABEL_COL.default
-    parquet_ids_col: str = PARQUET_IDS_COL.default
-    parquet_values_col: str = PARQUET_VALUES_COL.default
-    chunk_rows: int = CHUNK_ROWS.default
+    kind: str = key_field(DATA_TYPE)  # lower case
+    splitor: str = key_field(SPLITOR)
+    has_label: bool = key_field(HAS_LABEL)
+    sid: bool = key_field(SID)
+    validate_ratio: float = key_field(VALIDATE_RATIO)
+    index_range: int = key_field(INDEX_RANGE)
+    field_num: int = key_field(FIELD_NUM)
+    label_trans: str = key_field(LABEL_TRANS)
+    label_threshold: float = key_field(LABEL_THRESHOLD)
+    skip_bad_lines: bool = key_field(SKIP_BAD_LINES)
+    use_shuffle: bool = key_field(USE_SHUFFLE)
+    train_path: str | None = key_field(TRAIN_PATH, convert=_optional_path)
+    validate_path: str | None = key_field(VALIDATE_PATH, convert=_optional_path)
+    predict_path: str | None = key_field(PREDICT_PATH, convert=_optional_path)
+    parquet_label_col: str = key_field(PARQUET_LABEL_COL)
+    parquet_ids_col: str = key_field(PARQUET_IDS_COL)
+    parquet_values_col: str = key_field(PARQUET_VALUES_COL)
+    chunk_rows: int = key_field(CHUNK_ROWS)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", self.kind.lower())
-        if self.kind not in FORMATS:
-            raise ValueError(
-                f"ml.data.type={self.kind} is not valid: expected one of {', '.join(FORMATS)}"
-            )
-        problem = check_splitor(self.splitor)
-        if problem:
-            raise ValueError(f"ml.data.splitor={self.splitor} is not valid: expected {problem}")
-        problem = _check_ratio(self.validate_ratio)
-        if problem:
-            raise ValueError(
-                f"ml.data.validate.ratio={self.validate_ratio} is not valid: expected {problem}"
-            )
-        if self.label_trans.lower() not in {t.lower() for t in LABEL_TRANSFORMS}:
-            raise ValueError(
-                f"ml.data.label.trans.class={self.label_trans} is not valid: expected one of "
-                f"{', '.join(LABEL_TRANSFORMS)}"
-            )
-        problem = _check_chunk(self.chunk_rows)
-        if problem:
-            raise ValueError(
-                f"ml.data.chunk.rows={self.chunk_rows} is not valid: expected {problem}"
-            )
+        check_keys(self)
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> DataOptions:
         """The data keys of ``conf`` (a loaded Config or a plain mapping of typed values)."""
-        return cls(
-            kind=str(DATA_TYPE.read(conf)),
-            splitor=str(SPLITOR.read(conf)),
-            has_label=bool(HAS_LABEL.read(conf)),
-            sid=bool(SID.read(conf)),
-            validate_ratio=float(VALIDATE_RATIO.read(conf)),
-            index_range=int(INDEX_RANGE.read(conf)),
-            field_num=int(FIELD_NUM.read(conf)),
-            label_trans=str(LABEL_TRANS.read(conf)),
-            label_threshold=float(LABEL_THRESHOLD.read(conf)),
-            skip_bad_lines=bool(SKIP_BAD_LINES.read(conf)),
-            use_shuffle=bool(USE_SHUFFLE.read(conf)),
-            train_path=_optional_path(TRAIN_PATH.read(conf)),
-            validate_path=_optional_path(VALIDATE_PATH.read(conf)),
-            predict_path=_optional_path(PREDICT_PATH.read(conf)),
-            parquet_label_col=str(PARQUET_LABEL_COL.read(conf)),
-            parquet_ids_col=str(PARQUET_IDS_COL.read(conf)),
-            parquet_values_col=str(PARQUET_VALUES_COL.read(conf)),
-            chunk_rows=int(CHUNK_ROWS.read(conf)),
-        )
+        return cls(**read_keys(cls, conf))
 
     @property
     def holds_out_validation(self) -> bool:

@@ -7,10 +7,11 @@ torch and Ray load).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from angelconf.config import ConfigError, Key
+from angelconf.options import keyed, read_keys
 from learners.job.loop_options import LOAD_PATH
 
 __all__ = ["ACTIONS", "KEYS", "LOCAL_MAX_ROWS", "PREDICT_OUT_FORMAT", "JobAction"]
@@ -63,32 +64,33 @@ PREDICT_OUT_FORMAT = Key(
 KEYS = [ACTION_TYPE, PREDICT_OUT_PATH, LOCAL_MAX_ROWS, PREDICT_OUT_FORMAT]
 
 
+def _optional(value: Any) -> Any:
+    return value or None
+
+
 @dataclass(frozen=True)
 class JobAction:
     """What the job does and on which paths: ``action.type`` and the prediction keys."""
 
     action: str
     #: angel.load.model.path: the saved model that predicts or evaluates
-    model_path: str | None
+    model_path: str | None = field(metadata=keyed(LOAD_PATH, _optional))
     #: angel.predict.data.path: the input of prediction and evaluation
     data_path: str | None
     #: angel.predict.out.path: where predictions go
-    out_path: str | None
+    out_path: str | None = field(metadata=keyed(PREDICT_OUT_PATH, _optional))
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> JobAction:
         """The action of a job (a Config or a mapping; a missing key takes its default)."""
         action = str(ACTION_TYPE.read(conf))
+        values = read_keys(cls, conf)
         if action == "inctrain":
-            if not LOAD_PATH.read(conf):
+            if not values["model_path"]:
                 raise ConfigError(
                     "action.type=inctrain trains on from a saved model: set "
                     "angel.load.model.path to it"
                 )
             action = "train"  # training starts from angel.load.model.path
-        return cls(
-            action=action,
-            model_path=LOAD_PATH.read(conf) or None,
-            data_path=conf.get(_PREDICT_PATH) or None,
-            out_path=PREDICT_OUT_PATH.read(conf) or None,
-        )
+        # angel.predict.data.path is the data module's key (read here by name: no import of it)
+        return cls(action=action, data_path=conf.get(_PREDICT_PATH) or None, **values)

@@ -17,11 +17,11 @@ from angelconf.config import Config
 from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
 from angelps.file_store import files_for
 from angelps.server.launch import start_shards, wait_started
-from learners.data import DataOptions
 from learners.job import cluster, failover, terminate
+from learners.job.job_options import JobOptions
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
-from learners.job.placement import Layout, Placement, release, reserve
+from learners.job.placement import Layout, release, reserve
 from learners.job.preflight import tables_up_front
 from learners.job.sparse_placement import Placed, place_tables
 from learners.job.startup import Phases, plural
@@ -36,6 +36,8 @@ class JobActors:
     """Ray, the placement, the workers and the shards of one job."""
 
     conf: Config
+    #: the job's options by section, built once from ``conf`` (learners.job.job_options)
+    options: JobOptions
     plan: TrainPlan
     ps_options: PSOptions
     #: --address (None: RAY_ADDRESS, else a private local Ray)
@@ -65,15 +67,15 @@ class JobActors:
                     cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
             finally:  # up, even when a SIGTERM held during the start is raised now
                 self._ray_started = ray.is_initialized()
-        cluster.check_fits(self.plan, self.ps_options, Placement.from_config(self.conf))
+        cluster.check_fits(self.plan, self.ps_options, self.options.resources.placement)
 
     def _start_workers(self) -> WorkerGroup:
         """Create the worker actors (each loads its part of the data) and, when the tables'
         sizes are known without the data, the shards at the same time; size the job, build
         the model on every worker and hand each its PS client."""
         conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
-        data = DataOptions.from_config(conf)
-        early = tables_up_front(conf, plan, data)
+        data = self.options.data
+        early = tables_up_front(conf, self.options)
         if early is not None:  # (the shards serve the tables that the workers do not hold)
             early = place_tables(plan, early).ps
         what = f"loading data on {plural(plan.workers, 'worker')}"
@@ -87,7 +89,7 @@ class JobActors:
                 self._ps = self._launch(early, layout)
             size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
         with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
-            model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+            model = self.options.model.sized(size.num_features, size.num_fields)
             self._build(workers, model, size)
             workers.join_process_group()
         return workers
@@ -117,7 +119,7 @@ class JobActors:
     def _reserve(self) -> Layout:
         """The job's placement (learners.job.placement): a placement group reserved when
         angel.placement.strategy asks for one."""
-        place = Placement.from_config(self.conf)
+        place = self.options.resources.placement
         asks = cluster.job_asks(self.plan, self.ps_options, place)
         if place.strategy == "none":
             return reserve(place, [], self.plan.workers, 0.0)

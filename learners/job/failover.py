@@ -31,12 +31,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from angelconf.options import keyed, read_keys
 from angelps import PSOptions
 from angelps.checkpoint import files as checkpoint
 from angelps.server.launch import NAMESPACE, actor_name
@@ -78,11 +79,12 @@ def remove_backup_root(ps: PSOptions, log_dir: str) -> None:
 class FailoverOptions:
     """How many times a job may restart itself after a worker died."""
 
-    max_restarts: int
+    max_restarts: int = field(metadata=keyed(MAX_WORKER_RESTARTS))
 
     @classmethod
     def from_config(cls, conf: Any) -> FailoverOptions:
-        return cls(max_restarts=int(MAX_WORKER_RESTARTS.read(conf)))
+        """angel.worker.max.restarts of ``conf`` (a Config or a mapping)."""
+        return cls(**read_keys(cls, conf))
 
 
 class WorkerFailover:

@@ -16,14 +16,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from angelconf.config import ConfigError
-from angelps import OptimizerSpec, PSOptions, TableSpec
-from learners.data import DataOptions
+from angelps import OptimizerSpec, TableSpec
 from learners.job import saved_model
 from learners.job.actors import JobActors
+from learners.job.job_options import JobOptions
 from learners.job.job_size import JobSize
-from learners.job.loop_options import TrainPlan
 from learners.job.predict_inputs import InMemory, in_input_order, is_path, predict_parts
-from learners.models.config import ModelConfig
 from learners.models.table_decl import table_specs
 from learners.runs.metrics import validation_metrics
 from learners.runs.run_log import jsonable
@@ -42,11 +40,10 @@ class Inference(JobActors):
         info = saved_model.read_extra(p)["learner"]
         conf = saved_model.inference_conf(self.conf, info, str(p))
         self.conf = conf
-        self.plan = TrainPlan.from_config(conf).for_inference(
-            str(info.get("dense_placement", "worker"))
-        )
+        self.options = options = JobOptions.from_config(conf)  # the saved model's job
+        self.plan = options.loop.for_inference(str(info.get("dense_placement", "worker")))
         self._start_ray()
-        data = replace(DataOptions.from_config(conf), train_path=None)
+        data = replace(options.data, train_path=None)
         # The placement keys hold for a saved model's actors as for training's.
         layout = self._reserve()
         workers = self._workers = WorkerGroup(self.plan, data, read_data=False, layout=layout)
@@ -56,14 +53,14 @@ class Inference(JobActors):
             batch_size=self.plan.minibatch_size,
             updates_per_epoch=0,
         )
-        model = ModelConfig.from_config(conf, size.num_features, size.num_fields)
+        model = options.model.sized(size.num_features, size.num_fields)
         decls = workers.execute(
             "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
         )[0]
         saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
         self._model, self._size = model, size
         self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
-        self.ps_options = PSOptions.from_config(conf)
+        self.ps_options = options.resources.ps
         self._ps = self._launch(self._tables, layout)
         self._ps.load(str(p))
         workers.attach_ps(self._ps)
@@ -80,9 +77,7 @@ class Inference(JobActors):
         if not self._workers:
             raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
         features = self._size.num_features if self._size is not None else 0
-        return predict_parts(
-            self._workers, data, labels, DataOptions.from_config(self.conf), features
-        )
+        return predict_parts(self._workers, data, labels, self.options.data, features)
 
     def evaluate(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None

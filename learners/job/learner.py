@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, load_config
-from angelps import PSClient, PSOptions, TableSpec
+from angelps import PSClient, TableSpec
 from decay import StepSizeScheduler
 from learners.angel_keys import angel_notes
 from learners.angel_keys import resolve as resolve_angel_keys
@@ -38,8 +38,8 @@ from learners.job import failover, saved_model
 from learners.job.disk_space import check_log_space, explain
 from learners.job.epoch_schedule import schedule_epoch
 from learners.job.inference import Inference
+from learners.job.job_options import JobOptions
 from learners.job.job_size import JobSize
-from learners.job.loop_options import TrainPlan
 from learners.job.placement import Layout
 from learners.job.preflight import (
     check_job,
@@ -100,8 +100,9 @@ class GraphLearner(Inference):
             _say_notes(conf, quiet)
         # Angel's own keys applied (idempotent), then Angel's JSON (angel.ml.conf), when named
         self.conf = conf = apply_angel_json(resolve_angel_keys(conf))
-        self.plan = TrainPlan.from_config(conf)
-        self.ps_options = PSOptions.from_config(conf)
+        self.options = JobOptions.from_config(conf)  # every option, once (its sections)
+        self.plan = self.options.loop
+        self.ps_options = self.options.resources.ps
         self.address = address
         self.quiet = quiet
         self._ray_started = False

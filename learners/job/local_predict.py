@@ -57,6 +57,7 @@ class LocalModel:
     def __init__(self, module: Standalone, conf: Config, info: dict[str, Any], max_rows: int):
         self.module = module
         self.conf = conf
+        self.data = DataOptions.from_config(conf)  # the saved model's job: read once
         self.max_rows = max_rows
         self.num_features = int(info["num_features"])
         self.task = model_entry(str(info["model"])).task
@@ -89,7 +90,7 @@ class LocalModel:
 
     def predict(self, data: InMemory, labels: Any = None) -> dict[str, np.ndarray]:
         """As ``GraphLearner.predict``: ``pred`` (and ``label`` when the rows have labels)."""
-        batch = to_batch(data, DataOptions.from_config(self.conf), labels)
+        batch = to_batch(data, self.data, labels)
         check_ids(batch, self.num_features, data)
         ids, values = padded(batch.indptr, batch.ids, batch.values)
         try:

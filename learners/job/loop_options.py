@@ -5,8 +5,9 @@ config-only verbs (``angelps conf``, ``angelps schedule``) list and check these 
 loading torch or Ray.
 
 :class:`TrainPlan` is built once from the job configuration (:meth:`TrainPlan.from_config`) at
-the learner's entry point; the driver's loop and every worker read it, and it crosses Ray as a
-frozen dataclass (never a dict of string keys). Every default lives in its ``Key`` below, none in
+the learner's entry point, as the loop section of ``learners.job.job_options.JobOptions``; the
+driver's loop and every worker read it, and it crosses Ray as a frozen dataclass (never a dict of
+string keys). Every default lives in its ``Key`` below, none in
 the dataclass. :class:`JobSize` holds what is known only once the workers have read their data
 (feature range, batch size, updates per epoch).
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from angelconf.config import Config, Key, at_least, non_negative, positive
+from angelconf.options import key_field, keyed, read_keys
 from learners.job.save_keys import SAVE_MODEL, keep_best
 from learners.job.sparse_keys import SparseOptions
 from learners.worker.feed import FeedOptions
@@ -333,50 +335,69 @@ def _is_set(conf: Mapping[str, Any], key: Key) -> bool:
     return key.name in conf and conf[key.name] is not None
 
 
+def _optional(value: Any) -> Any:
+    """A path key's value, None when unset or empty."""
+    return value or None
+
+
+def _runs_root(path: str) -> str:
+    return str(path) or "runs"
+
+
+def _lower_names(names: list[str] | None) -> tuple[str, ...]:
+    return tuple(s.lower() for s in (names or []))
+
+
 @dataclass(frozen=True)
 class TrainPlan:
-    """What the training loop and every worker need from the job configuration."""
+    """What the training loop and every worker need from the job configuration.
 
-    epochs: int
+    A field whose metadata names a key (``keyed``) holds that key's value, read by
+    :meth:`from_config` through the key's own declaration (``angelconf.options.read_keys``); the
+    others are derived from several keys, in :meth:`from_config`.
+    """
+
+    epochs: int = field(metadata=keyed(EPOCHS))
     #: rows per mini-batch (also the chunk of prediction)
-    minibatch_size: int
+    minibatch_size: int = field(metadata=keyed(MINIBATCH_SIZE))
     #: ml.num.update.per.epoch when the job sets it (Angel's sizing), else None
     updates_per_epoch: int | None
-    workers: int
-    stream: bool
-    worker_cpus: float
+    workers: int = field(metadata=keyed(WORKERS))
+    stream: bool = field(metadata=keyed(STREAM))
+    worker_cpus: float = field(metadata=keyed(WORKER_CPUS))
     #: GPUs per worker actor: angel.worker.gpus, or 1 when only angel.worker.device=cuda says so
     worker_gpus: float
-    torch_threads: int
+    torch_threads: int = field(metadata=keyed(TORCH_THREADS))
     #: "cuda" when the workers have GPUs, else "cpu"
     device: str
-    fused: bool
-    dense_placement: str
+    fused: bool = field(metadata=keyed(FUSED))
+    dense_placement: str = field(metadata=keyed(DENSE_PLACEMENT))
     sparse: SparseOptions
-    log_dir: str
-    tensorboard: bool
-    log_every: int
+    #: angel.log.path, or "runs" when empty
+    log_dir: str = field(metadata=keyed(LOG_PATH, _runs_root))
+    tensorboard: bool = field(metadata=keyed(TENSORBOARD))
+    log_every: int = field(metadata=keyed(LOG_EVERY))
     save_path: str | None
-    load_path: str | None
-    seed: int
-    accum: int
-    clip: float
-    amp: bool
+    load_path: str | None = field(metadata=keyed(LOAD_PATH, _optional))
+    seed: int = field(metadata=keyed(SEED))
+    accum: int = field(metadata=keyed(ACCUM_STEPS))
+    clip: float = field(metadata=keyed(CLIP_NORM))
+    amp: bool = field(metadata=keyed(AMP))
     decay_on_batch: bool
-    early_stop_patience: int
-    early_stop_metric: str
+    early_stop_patience: int = field(metadata=keyed(EARLY_STOP_PATIENCE))
+    early_stop_metric: str = field(metadata=keyed(EARLY_STOP_METRIC))
     #: lower-cased names of frozen PS tables and worker-side modules
-    frozen: tuple[str, ...]
+    frozen: tuple[str, ...] = field(metadata=keyed(FREEZE_LAYERS, _lower_names))
     #: how long to wait for the address of a Ray cluster to answer (angel.ray.connect.timeout.s)
-    ray_connect_timeout_s: float
+    ray_connect_timeout_s: float = field(metadata=keyed(RAY_CONNECT_TIMEOUT))
     #: prefetch depth and worker cache (angel.worker.prefetch.*, angel.worker.cache.*)
     feed: FeedOptions
     #: checkpoints kept: the last ``keep_last`` epochs, the best one; a failed write: stop/continue
-    keep_last: int
+    keep_last: int = field(metadata=keyed(KEEP_LAST))
     keep_best: bool
-    save_failure: str
+    save_failure: str = field(metadata=keyed(SAVE_FAILURE))
     #: angel.save.model: save (into save_path, else into the run folder)
-    save_model: bool = True
+    save_model: bool = key_field(SAVE_MODEL)
 
     @property
     def collective(self) -> str:
@@ -386,46 +407,25 @@ class TrainPlan:
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> TrainPlan:
-        """The plan of a job (a :class:`~angelconf.config.Config`, every declared key present)."""
+        """The plan of a job (a :class:`~angelconf.config.Config`, every declared key present):
+        the keyed fields from their keys, the rest derived here."""
         gpus = float(WORKER_GPUS.read(conf))
         if gpus == 0 and DEVICE.read(conf) == "cuda":
             gpus = 1.0
-        log_path = str(LOG_PATH.read(conf))
+        values = read_keys(cls, conf)
         return cls(
-            epochs=int(EPOCHS.read(conf)),
-            minibatch_size=int(MINIBATCH_SIZE.read(conf)),
+            **values,
             updates_per_epoch=(
                 int(UPDATES_PER_EPOCH.read(conf)) if _is_set(conf, UPDATES_PER_EPOCH) else None
             ),
-            workers=int(WORKERS.read(conf)),
-            stream=bool(STREAM.read(conf)),
-            worker_cpus=float(WORKER_CPUS.read(conf)),
             worker_gpus=gpus,
-            torch_threads=int(TORCH_THREADS.read(conf)),
             device="cuda" if gpus > 0 else "cpu",
-            fused=bool(FUSED.read(conf)),
-            dense_placement=str(DENSE_PLACEMENT.read(conf)),
             sparse=SparseOptions.from_config(conf),
-            log_dir=log_path or "runs",
-            tensorboard=bool(TENSORBOARD.read(conf)),
-            log_every=int(LOG_EVERY.read(conf)),
             # angel.save.model=false wins over a job file's path: nothing is saved
-            save_path=(SAVE_PATH.read(conf) or None) if SAVE_MODEL.read(conf) else None,
-            load_path=LOAD_PATH.read(conf) or None,
-            seed=int(SEED.read(conf)),
-            accum=int(ACCUM_STEPS.read(conf)),
-            clip=float(CLIP_NORM.read(conf)),
-            amp=bool(AMP.read(conf)),
+            save_path=(SAVE_PATH.read(conf) or None) if values["save_model"] else None,
             decay_on_batch=bool(conf[_DECAY_ON_BATCH]),
-            early_stop_patience=int(EARLY_STOP_PATIENCE.read(conf)),
-            early_stop_metric=str(EARLY_STOP_METRIC.read(conf)),
-            frozen=tuple(s.lower() for s in (FREEZE_LAYERS.read(conf) or [])),
-            ray_connect_timeout_s=float(RAY_CONNECT_TIMEOUT.read(conf)),
             feed=FeedOptions.from_config(conf),
-            keep_last=int(KEEP_LAST.read(conf)),
             keep_best=keep_best(KEEP_BEST.read(conf), conf),
-            save_model=bool(SAVE_MODEL.read(conf)),
-            save_failure=str(SAVE_FAILURE.read(conf)),
         )
 
     def for_inference(self, dense_placement: str) -> TrainPlan:

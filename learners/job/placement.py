@@ -17,10 +17,11 @@ resources too, so a resource that no node has is an error at once, not an actor 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from angelconf.config import ConfigError
+from angelconf.options import key_field, read_keys
 from learners.job.loop_options import PLACEMENT, PS_RESOURCES, WORKER_RESOURCES, parse_resources
 
 __all__ = ["Layout", "Placement", "release", "reserve"]
@@ -33,18 +34,15 @@ _MIN_CPU = 0.01
 class Placement:
     """The placement keys of a job, parsed."""
 
-    ps_resources: Mapping[str, float] = field(default_factory=dict)
-    worker_resources: Mapping[str, float] = field(default_factory=dict)
+    ps_resources: Mapping[str, float] = key_field(PS_RESOURCES, convert=parse_resources)
+    worker_resources: Mapping[str, float] = key_field(WORKER_RESOURCES, convert=parse_resources)
     #: none, pack or spread
-    strategy: str = "none"
+    strategy: str = key_field(PLACEMENT)
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> Placement:
-        return cls(
-            ps_resources=parse_resources(PS_RESOURCES.read(conf)),
-            worker_resources=parse_resources(WORKER_RESOURCES.read(conf)),
-            strategy=str(PLACEMENT.read(conf)).lower(),
-        )
+        """The placement keys of ``conf`` (a Config or a mapping; a missing key: its default)."""
+        return cls(**read_keys(cls, conf))
 
 
 @dataclass

@@ -24,11 +24,11 @@ from angelps.file_store import files_for
 from decay import ReduceLROnPlateau
 from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
-from learners.data import DataOptions
+from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.paths import PATH_KEYS, check_url
 from learners.job.rate_plan import check_rates_early
-from learners.models.config import ModelConfig, job_model_info
+from learners.models.config import job_model_info
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
 from learners.runs.log_store import run_logs_for
@@ -237,17 +237,18 @@ def check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
         )
 
 
-def tables_up_front(conf: Config, plan: TrainPlan, data: DataOptions) -> list[TableSpec] | None:
+def tables_up_front(conf: Config, options: JobOptions) -> list[TableSpec] | None:
     """The PS tables when the configuration alone sizes them (``ml.feature.index.range`` set,
     ``ml.fm.field.num`` too for a model with fields, dense layers on the workers), so that the
     shards start with the workers; None when the workers' data must be read first."""
-    if data.index_range <= 0 or plan.dense_placement != "worker":
+    data = options.data
+    if data.index_range <= 0 or options.loop.dense_placement != "worker":
         return None
     fields = data.field_num if data.field_num > 0 else None
     if job_model_info(conf).needs_fields and fields is None:
         return None
     try:  # learners.models.tables: the tables without building the model (and without torch)
-        tables = model_tables(ModelConfig.from_config(conf, data.index_range, fields))
+        tables = model_tables(options.model.sized(data.index_range, fields))
     except ConfigError:
         return None  # the workers' own build reports it
     return table_specs(conf, tables)

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from angelconf.config import ConfigError
 from learners.data.options import DataOptions, split_period
+from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
 
 __all__ = ["SampleLength", "ScheduleLength", "sample_length", "schedule_length", "train_rows"]
@@ -108,10 +109,14 @@ def _updates(plan: TrainPlan, parts: list[int]) -> tuple[int, int]:
 
 
 def schedule_length(
-    conf: Mapping[str, Any], updates_per_epoch: int | None = None
+    conf: Mapping[str, Any],
+    updates_per_epoch: int | None = None,
+    options: JobOptions | None = None,
 ) -> ScheduleLength:
-    """The unit and length of the job's schedule; ``updates_per_epoch`` given skips counting."""
-    plan = TrainPlan.from_config(conf)
+    """The unit and length of the job's schedule; ``updates_per_epoch`` given skips counting.
+    ``options``: the job's, when its entry point built them (else built from ``conf``)."""
+    options = options or JobOptions.from_config(conf)
+    plan = options.loop
     if not plan.decay_on_batch:
         return ScheduleLength(
             "epoch",
@@ -121,7 +126,7 @@ def schedule_length(
             f"per epoch (ml.opt.decay.on.batch=false): ml.epoch.num={plan.epochs} epochs",
         )
     if updates_per_epoch is None:
-        opts = DataOptions.from_config(conf)
+        opts = options.data
         parts = train_rows(opts, plan.workers)
         batch, updates_per_epoch = _updates(plan, parts)
         how = (
@@ -160,11 +165,11 @@ class SampleLength:
         return seen if unit == "samples" else seen / self.rows
 
 
-def sample_length(conf: Mapping[str, Any]) -> SampleLength:
+def sample_length(conf: Mapping[str, Any], options: JobOptions | None = None) -> SampleLength:
     """The rows, global batch and updates of a job whose schedule counts samples or epochs,
     counted from its training input as :func:`schedule_length` counts them."""
-    plan = TrainPlan.from_config(conf)
-    opts = DataOptions.from_config(conf)
+    options = options or JobOptions.from_config(conf)
+    plan, opts = options.loop, options.data
     parts = train_rows(opts, plan.workers)
     batch, updates = _updates(plan, parts)
     rows, g = sum(parts), batch * plan.workers * plan.accum

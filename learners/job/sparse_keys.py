@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from angelconf.config import ConfigError, Key, positive
+from angelconf.options import key_field, read_keys
 
 __all__ = ["KEYS", "SparseOptions"]
 
@@ -63,21 +64,26 @@ def _worker_conflict(conf: Mapping[str, Any]) -> str:
     return ""
 
 
+def _mib_to_bytes(mib: float) -> float:
+    return float(mib) * (1 << 20)
+
+
 @dataclass(frozen=True)
 class SparseOptions:
     """angel.sparse.placement, auto's memory budget, and what keeps tables off the workers."""
 
     #: ps, worker or auto
-    placement: str = SPARSE_PLACEMENT.default
+    placement: str = key_field(SPARSE_PLACEMENT)
     #: auto: bytes of a worker's share of the held tables
-    budget: float = SPARSE_WORKER_MEMORY.default * (1 << 20)
+    budget: float = key_field(SPARSE_WORKER_MEMORY, convert=_mib_to_bytes)
     #: why the workers cannot hold sparse tables in this job ("" when they can): auto says it
     conflict: str = ""
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> SparseOptions:
         """The options of a job; a ConfigError for ``worker`` with a key that needs shards."""
-        value = str(SPARSE_PLACEMENT.read(conf))
+        values = read_keys(cls, conf)
+        value = values["placement"]
         conflict = _worker_conflict(conf)
         if value == "worker" and conflict:
             name = conflict.split("=", 1)[0]
@@ -85,5 +91,4 @@ class SparseOptions:
                 f"{SPARSE_PLACEMENT.name}=worker cannot run with {conflict}; set {name} to its "
                 f"default, or {SPARSE_PLACEMENT.name}=ps (or auto)"
             )
-        budget = float(SPARSE_WORKER_MEMORY.read(conf)) * (1 << 20)
-        return cls(placement=value, budget=budget, conflict=conflict)
+        return cls(**values, conflict=conflict)

@@ -6,19 +6,22 @@ without loading torch. The activation names are therefore plain strings here;
 ``learners.models.zoo`` maps each name to its ``torch.nn`` class (a test checks that the two agree).
 
 :class:`ModelConfig` is built once from a job configuration with
-:meth:`ModelConfig.from_config` and is what ``learners.models.zoo.build_model`` takes. Every default
-lives in its :class:`~angelconf.config.Key` declaration below, none in the dataclass.
+:meth:`ModelConfig.from_config` (each hyper-parameter field names its key) and is what
+``learners.models.zoo.build_model`` takes; :meth:`ModelConfig.sized` gives it the data's sizes.
+Every default lives in its :class:`~angelconf.config.Key` declaration below, none in the
+dataclass.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 from angelconf.config import ConfigError, Key, positive
+from angelconf.options import keyed, read_keys
 from learners.models.angel_graph import Graph, graph_from_text
 from learners.models.angel_json import GRAPH_MODEL, MODEL_GRAPH
 from learners.models.registry import ModelEntry, model_entry
@@ -162,6 +165,14 @@ KEYS = [
 ]
 
 
+def _ints(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(int(v) for v in values)
+
+
+def _names(values: list[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(str(v) for v in values)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The hyper-parameters a model is built from.
@@ -174,15 +185,15 @@ class ModelConfig:
     model: str
     num_features: int
     num_fields: int | None
-    num_class: int
-    fm_rank: int
-    mlr_rank: int
-    huber_delta: float
-    hidden: tuple[int, ...] | None
-    activations: tuple[str, ...] | None
-    dropout: float
-    input_std: float
-    embedding_std: float
+    num_class: int = field(metadata=keyed(NUM_CLASS))
+    fm_rank: int = field(metadata=keyed(FM_RANK))
+    mlr_rank: int = field(metadata=keyed(MLR_RANK))
+    huber_delta: float = field(metadata=keyed(HUBER_DELTA))
+    hidden: tuple[int, ...] | None = field(metadata=keyed(HIDDEN_LAYERS, _ints))
+    activations: tuple[str, ...] | None = field(metadata=keyed(ACTIVATION_NAMES, _names))
+    dropout: float = field(metadata=keyed(DROPOUT))
+    input_std: float = field(metadata=keyed(INPUT_INIT_STD))
+    embedding_std: float = field(metadata=keyed(EMBEDDING_INIT_STD))
     #: The model's registry entry (its tables and class), carried to the workers with the rest.
     entry: ModelEntry
     #: The network of an AngelModel (Angel's JSON layers), None for a built-in model.
@@ -194,23 +205,19 @@ class ModelConfig:
     ) -> ModelConfig:
         """Read the model keys from a job configuration (a Config, or any mapping of typed
         values; a missing key takes its declared default)."""
-        hidden = HIDDEN_LAYERS.read(conf)
-        activations = ACTIVATION_NAMES.read(conf)
         graph = job_graph(conf)
         entry = _entry(str(MODEL_CLASS_NAME.read(conf)), graph)
         return cls(
             model=entry.name,
             num_features=int(num_features),
             num_fields=None if num_fields is None else int(num_fields),
-            num_class=int(NUM_CLASS.read(conf)),
-            fm_rank=int(FM_RANK.read(conf)),
-            mlr_rank=int(MLR_RANK.read(conf)),
-            huber_delta=float(HUBER_DELTA.read(conf)),
-            hidden=None if hidden is None else tuple(int(h) for h in hidden),
-            activations=None if activations is None else tuple(str(a) for a in activations),
-            dropout=float(DROPOUT.read(conf)),
-            input_std=float(INPUT_INIT_STD.read(conf)),
-            embedding_std=float(EMBEDDING_INIT_STD.read(conf)),
             entry=entry,
             graph=graph,
+            **read_keys(cls, conf),
         )
+
+    def sized(self, num_features: int, num_fields: int | None) -> ModelConfig:
+        """These hyper-parameters for data of ``num_features`` ids and ``num_fields`` fields
+        (known once the workers have read it)."""
+        fields = None if num_fields is None else int(num_fields)
+        return replace(self, num_features=int(num_features), num_fields=fields)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from angelconf.config import ConfigError, Key, at_least
+from angelconf.options import key_field, keyed, read_keys
 
 __all__ = ["KEYS", "FeedOptions"]
 
@@ -67,22 +68,23 @@ KEYS = [PREFETCH_DEPTH, CACHE_ENABLE, CACHE_CAPACITY, CACHE_ADMIT, DEDUP]
 class FeedOptions:
     """How a worker gets its rows: prefetch depth and the worker cache (learners/worker/cache.py)."""
 
-    prefetch_depth: int
+    prefetch_depth: int = field(metadata=keyed(PREFETCH_DEPTH))
     staleness: int
-    cache: bool
+    cache: bool = field(metadata=keyed(CACHE_ENABLE))
     #: the cache's capacity: rows, or bytes when ``capacity_bytes``
     capacity: int
     capacity_bytes: bool
-    admit: int
+    admit: int = field(metadata=keyed(CACHE_ADMIT))
     #: where held tables' ids are deduplicated: auto, host or device (DEDUP)
-    dedup: str = "auto"
+    dedup: str = key_field(DEDUP)
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> FeedOptions:
         """Checked against each other: a depth above the staleness under SSP (or above 1
         under BSP) and a capacity of 0, below, or above the machine's memory are errors."""
         staleness = int(conf.get(_STALENESS) or 0)
-        depth = int(PREFETCH_DEPTH.read(conf))
+        values = read_keys(cls, conf)
+        depth = values["prefetch_depth"]
         if staleness == 0 and depth > 1:
             raise ConfigError(
                 f"{PREFETCH_DEPTH.name}={depth} needs bounded staleness: under BSP "
@@ -95,15 +97,7 @@ class FeedOptions:
                 f"worker may run at most the staleness ahead; valid: 1 .. {staleness}"
             )
         n, in_bytes = _capacity(str(CACHE_CAPACITY.read(conf)))
-        return cls(
-            prefetch_depth=depth,
-            staleness=staleness,
-            cache=bool(CACHE_ENABLE.read(conf)),
-            capacity=n,
-            capacity_bytes=in_bytes,
-            admit=int(CACHE_ADMIT.read(conf)),
-            dedup=str(DEDUP.read(conf)),
-        )
+        return cls(**values, staleness=staleness, capacity=n, capacity_bytes=in_bytes)
 
 
 def _capacity(text: str) -> tuple[int, bool]:
