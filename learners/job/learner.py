@@ -5,9 +5,10 @@
         → validate (metrics over all workers' predictions) → advance the per-epoch schedule
         (ReduceLROnPlateau gets the validation metric) → checkpoint → stop early?
 
-The scheduler lives here (per-epoch decay) or is copied to the workers for the epoch
-(``ml.opt.decay.on.batch=true``), where it advances once per applied optimizer update: never per
-micro-batch and never for a skipped update. Each run writes to its own directory
+The rate plan (learners/job/rate_plan.py) goes to the workers once; each advances it once per
+applied optimizer update (never per micro-batch, never for a skipped update) and at each new
+epoch; the driver keeps its copy in step from the applied updates the workers report, feeds
+ReduceLROnPlateau its metric and then sends the plan again. Each run writes to its own directory
 ``<angel.log.path>/<job>-<time>`` (:mod:`learners.runs.folders`, :mod:`learners.runs.run_log`); checkpoints
 are :mod:`learners.job.saved_model`, the copies kept and a failed write :mod:`learners.runs.retention`;
 the progress bar and the chunks of updates that move it :mod:`learners.runs.progress`; the schedule
@@ -281,6 +282,7 @@ class GraphLearner(Inference):
             progress.best_epoch = info.get("best_epoch", progress.epoch_of_best())
         elif plan.load_path:
             saved_model.restore(plan.load_path, self._ps, workers, self._held())
+        workers.execute("set_rates", self.rates)  # once: each worker keeps it in step itself
         log.say(
             banner(
                 self.conf,
@@ -302,7 +304,7 @@ class GraphLearner(Inference):
         assert self._workers is not None and self._size is not None and self.rates is not None
         plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
         self.rates.start_epoch(epoch)
-        workers.execute("begin_epoch", epoch, self.rates)
+        workers.execute("begin_epoch", epoch)  # (each worker moves its own plan to the epoch)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0
         line: list[StepStats] | None = None  # the chunks since the last metrics line
         last_lr = float(self.rates.peek())
@@ -326,7 +328,7 @@ class GraphLearner(Inference):
             skipped += outs[0].skipped
             if outs[0].updates:
                 last_lr = outs[0].last_lr
-            self.rates.load_state_dict(outs[0].sched_state)
+            self.rates.advance(outs[0].updates)  # (applied ones: every worker applies the same)
             line = merge_chunks(line, outs)
             if done % plan.log_every == 0 or done == updates:
                 n_line = (done - 1) % plan.log_every + 1
@@ -350,10 +352,11 @@ class GraphLearner(Inference):
         }
 
     def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
-        """The schedule after an epoch (learners/job/epoch_schedule.py)."""
-        assert self.rates is not None
-        for sched in self.rates.schedules():  # the job's schedule and the tables' own
-            schedule_epoch(sched, self.plan, row, self._watch_metric(), self.rates.unit)
+        """The schedules after an epoch (learners/job/epoch_schedule.py); a metric-driven one
+        (ReduceLROnPlateau) changed the plan in a way the workers cannot count: they get it."""
+        assert self.rates is not None and self._workers is not None
+        if schedule_epoch(self.rates, self.plan, row, self._watch_metric()):
+            self._workers.execute("set_rates", self.rates)
 
     def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
         """Early stopping's count: epochs since the watched metric last improved; True when

@@ -35,7 +35,7 @@ def test_chunks_take_about_a_quarter_second_and_never_cross_a_metrics_line():
 def _out(updates: int, loss_sum: float, lr: float) -> StepStats:
     return StepStats(updates=updates, samples=10 * updates, loss_sum=loss_sum, pull_s=0.1,
                      compute_s=0.2, push_s=0.1, elapsed_s=0.5, last_lr=lr,
-                     last_rates={"momentum": lr}, sched_state={"count": updates})  # fmt: skip
+                     last_rates={"momentum": lr})  # fmt: skip
 
 
 def test_chunks_of_one_metrics_line_are_summed_per_worker():
@@ -46,7 +46,7 @@ def test_chunks_of_one_metrics_line_are_summed_per_worker():
     assert [m.loss_sum for m in merged] == [2.5, 3.5]
     assert merged[0].samples == 50 and merged[0].elapsed_s == 1.0
     assert merged[0].pull_s == pytest.approx(0.2)
-    assert merged[0].last_lr == 0.05 and merged[0].sched_state == {"count": 2}
+    assert merged[0].last_lr == 0.05 and merged[0].last_rates == {"momentum": 0.05}
     assert first[0].updates == 3  # the workers' answers are not changed
     # A chunk that made no update (all skipped) keeps the step size of the one before.
     merged = merge_chunks(merged, [_out(0, 0.0, 0.0), _out(0, 0.0, 0.0)])
