@@ -11,6 +11,7 @@ import pytest
 from tqdm import tqdm
 
 from learners.job.learner import GraphLearner
+from learners.job.train_loop import TrainingLoop
 from learners.runs.progress import Chunker, JobBar, PlainProgress, merge_chunks
 from learners.runs.run_log import step_record
 from learners.worker.chunk_stats import StepStats
@@ -182,7 +183,7 @@ def test_the_bar_is_closed_when_training_stops(tmp_path, monkeypatch, capsys, er
     def fail(self):
         raise error
 
-    monkeypatch.setattr(GraphLearner, "validate", fail)  # after the first epoch's updates
+    monkeypatch.setattr(TrainingLoop, "validate", fail)  # after the first epoch's updates
     learner = _learner(tmp_path)
     try:
         with pytest.raises(type(error)):
