@@ -264,12 +264,9 @@ class TrainingLoop:
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
         """One epoch of updates, in chunks of about a quarter second (so that the bar moves),
         one metrics line per ``angel.log.every.steps`` updates: its training record."""
-        assert (
-            self.actors.workers is not None
-            and self.actors.size is not None
-            and self.rates is not None
-        )
-        plan, workers, updates = self.plan, self.actors.workers, self.actors.size.updates_per_epoch
+        workers, size = self.actors.workers, self.actors.size
+        assert workers is not None and size is not None and self.rates is not None
+        plan, updates = self.plan, size.updates_per_epoch
         self.rates.start_epoch(epoch)
         workers.execute("begin_epoch", epoch)  # (each worker moves its own plan to the epoch)
         done, loss_sum, samples, skipped = 0, 0.0, 0, 0

@@ -3,7 +3,7 @@
 Torch-free on purpose: the driver unpickles it (Ray returns it from the worker) and must not
 load torch (tests/test_layering.py). It carries no schedule state: the driver keeps its rate plan
 in step from ``updates`` (learners/job/rate_plan.py). The driver reads it by attribute
-(:meth:`learners.job.learner.GraphLearner.run_epoch`, :func:`learners.runs.progress.merge_chunks`,
+(:meth:`learners.job.train_loop.TrainingLoop.run_epoch`, :func:`learners.runs.progress.merge_chunks`,
 :func:`learners.runs.run_log.step_record`).
 """
 

@@ -2,7 +2,7 @@
 
 ``TrainWorker`` is a plain class (testable in one process); :mod:`learners.worker.actor` builds
 it inside a Ray actor and :class:`learners.worker.group.WorkerGroup` starts W of them. The driver
-(:class:`learners.job.learner.GraphLearner`) calls ``run_steps`` in chunks so it can show progress;
+(:class:`learners.job.train_loop.TrainingLoop`) calls ``run_steps`` in chunks so it can show progress;
 every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
 
     for each of ml.grad.accum.steps micro-batches:
