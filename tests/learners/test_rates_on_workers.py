@@ -69,6 +69,33 @@ def test_a_plan_sent_once_gives_the_rates_of_the_drivers_count(tmp_path, local_p
     assert [p["lr"] for p in ps.pushes] == [sched.lr_at(k) for k in counts]
 
 
+def test_an_epoch_is_counted_once_by_the_per_epoch_schedules():
+    """The driver ends an epoch after validating; a worker's copy ends it when the next one
+    starts; a plan restored from a checkpoint (written after its epoch ended) does not count
+    that epoch again."""
+    driver = RatePlan(decay.StepLR(1.0, step_size=1, gamma=0.5))
+    worker = copy.deepcopy(driver)
+    for epoch in range(3):
+        driver.start_epoch(epoch)
+        worker.start_epoch(epoch)
+        driver.advance(4)
+        worker.advance(4)
+        assert driver.peek() == worker.peek() == 0.5**epoch
+        driver.end_epoch()
+        driver.end_epoch()  # (once only)
+    assert driver.main.count == 3 and worker.main.count == 2  # (the worker's epoch 2 not ended)
+    resumed = RatePlan(decay.StepLR(1.0, step_size=1, gamma=0.5))
+    resumed.load_state_dict(driver.state_dict())
+    resumed.start_epoch(3)
+    worker.start_epoch(3)
+    assert resumed.main.count == worker.main.count == 3
+    assert resumed.peek() == worker.peek() == 0.125
+    on_batch = RatePlan(decay.StepLR(1.0, step_size=1, gamma=0.5), on_batch=True)
+    on_batch.advance(5)
+    on_batch.start_epoch(1)  # per-update decay: an epoch is no step
+    assert on_batch.main.count == 5 and on_batch.in_epoch == 0
+
+
 def test_a_bare_schedule_at_a_later_epoch_starts_there(tmp_path, local_ps_class):
     path = _head(ROOT / "data/a9a/a9a_123d_train.libsvm", tmp_path / "a.libsvm", 64)
     w, _ = _worker(
