@@ -13,7 +13,7 @@ S3 server on 127.0.0.1 (the test extra's ``moto[server]``): the cost of the obje
 protocol and requests (a generation, a pointer, a listing and deletes per backup), without a
 real network's latency.
 
-Training time is the time of the epochs' updates only (``GraphLearner.run_epoch``: start-up,
+Training time is the time of the epochs' updates only (``TrainingLoop.run_epoch``: start-up,
 validation and shutdown excluded). Prints, per job and interval, the median training seconds,
 their range and the cost against backups off; and, from the shard's own account (``stats()``:
 the backups it wrote during training and the seconds they took; not the one it writes at
@@ -61,7 +61,7 @@ def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict
     }
     learner = GraphLearner.from_properties(REPO / JOBS[job], sets, quiet=True)
     epoch_s: list[float] = []
-    run_epoch = learner.run_epoch
+    run_epoch = learner.loop.run_epoch
 
     def timed(*a: Any, **kw: Any) -> dict[str, Any]:
         t = time.perf_counter()
@@ -69,12 +69,12 @@ def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict
         epoch_s.append(time.perf_counter() - t)
         return row
 
-    learner.run_epoch = timed  # type: ignore[method-assign]
+    learner.loop.run_epoch = timed  # type: ignore[method-assign]
     try:
         result = learner.train()
-        assert learner._size is not None and learner._ps is not None
-        updates = learner._size.updates_per_epoch * epochs
-        backups = learner._ps.stats()[0]["backups"]
+        assert learner.actors.size is not None and learner.actors.ps is not None
+        updates = learner.actors.size.updates_per_epoch * epochs
+        backups = learner.actors.ps.stats()[0]["backups"]
     finally:
         learner.shutdown()
     assert len(epoch_s) == epochs

@@ -179,7 +179,7 @@ def job_keys(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 def shard_account(learner: Any) -> dict[str, Any]:
     """Rows and bytes the shards report, per table and in total."""
     # The PS client of the learner (a bench reads it; users see these in the step records).
-    stats = learner._ps.stats()
+    stats = learner.actors.ps.stats()
     rows: dict[str, int] = {}
     nbytes: dict[str, int] = {}
     for s in stats:

@@ -1,10 +1,9 @@
 """The actors of one job: Ray started or joined, the placement reserved, the workers and the
 shards started, and all of them stopped again.
 
-:class:`JobActors` is the base of :class:`learners.job.inference.Inference` and so of
-:class:`learners.job.learner.GraphLearner`, whose ``__init__`` sets the attributes declared here;
-training (learners/job/learner.py) and a saved model's start (learners/job/inference.py) use the same
-steps.
+:class:`JobActors` is one part of :class:`learners.job.learner.GraphLearner`: it holds the job's
+options and its running actors; the training loop (learners/job/train_loop.py) and the start of a
+saved model (learners/job/inference.py) use the same steps and read the same state.
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ import shutil
 import ray
 
 from angelconf.config import Config
-from angelps import OptimizerSpec, PSClient, PSOptions, TableSpec
+from angelps import OptimizerSpec, PSClient, TableSpec
 from angelps.file_store import files_for
 from angelps.server.launch import start_shards, wait_started
 from learners.job import cluster, failover, terminate
 from learners.job.job_options import JobOptions
 from learners.job.job_size import JobSize
-from learners.job.loop_options import TrainPlan
 from learners.job.placement import Layout, release, reserve
 from learners.job.preflight import tables_up_front
 from learners.job.sparse_placement import Placed, place_tables
@@ -33,47 +31,50 @@ __all__ = ["JobActors"]
 
 
 class JobActors:
-    """Ray, the placement, the workers and the shards of one job."""
+    """Ray, the placement, the workers and the shards of one job, with the options they are
+    started from (changed by :class:`~learners.job.inference.Inference` to a saved model's)."""
 
-    conf: Config
-    #: the job's options by section, built once from ``conf`` (learners.job.job_options)
-    options: JobOptions
-    plan: TrainPlan
-    ps_options: PSOptions
-    #: --address (None: RAY_ADDRESS, else a private local Ray)
-    address: str | None
-    #: whether this job started (or joined) Ray, and so stops (or leaves) it
-    _ray_started: bool
-    _phases: Phases
-    _layout: Layout | None
-    _ps: PSClient | None
-    _workers: WorkerGroup | None
-    _tables: list[TableSpec]
-    _model: ModelConfig | None
-    _size: JobSize | None
-    #: which tables the shards serve and which the workers hold (angel.sparse.placement)
-    _placed: Placed | None = None
+    def __init__(self, conf: Config, address: str | None = None, quiet: bool = False) -> None:
+        """``conf``: the job (Angel's keys applied); ``address``: --address (None:
+        RAY_ADDRESS, else a private local Ray); ``quiet``: no start-up lines."""
+        self.conf = conf
+        #: the job's options by section, built once from ``conf`` (learners.job.job_options)
+        self.options = JobOptions.from_config(conf)
+        self.plan = self.options.loop
+        self.ps_options = self.options.resources.ps
+        self.address = address
+        self.phases = Phases(quiet)
+        #: whether this job started (or joined) Ray, and so stops (or leaves) it
+        self.ray_started = False
+        self.layout: Layout | None = None
+        self.ps: PSClient | None = None
+        self.workers: WorkerGroup | None = None
+        self.tables: list[TableSpec] = []
+        self.model: ModelConfig | None = None
+        self.size: JobSize | None = None
+        #: which tables the shards serve and which the workers hold (angel.sparse.placement)
+        self.placed: Placed | None = None
 
-    def _model_task(self) -> str:
+    def model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
         return job_model_info(self.conf).task
 
-    def _start_ray(self) -> None:
+    def start_ray(self) -> None:
         """A private local Ray, or the cluster of --address / RAY_ADDRESS (learners.job.cluster);
         then make sure it can hold the job's workers and shards before any of them starts."""
         if not ray.is_initialized():
             try:
-                with self._phases.phase(cluster.start_label(self.address)):
+                with self.phases.phase(cluster.start_label(self.address)):
                     cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
             finally:  # up, even when a SIGTERM held during the start is raised now
-                self._ray_started = ray.is_initialized()
+                self.ray_started = ray.is_initialized()
         cluster.check_fits(self.plan, self.ps_options, self.options.resources.placement)
 
-    def _start_workers(self) -> WorkerGroup:
+    def start_workers(self) -> WorkerGroup:
         """Create the worker actors (each loads its part of the data) and, when the tables'
         sizes are known without the data, the shards at the same time; size the job, build
         the model on every worker and hand each its PS client."""
-        conf, plan = self.conf, self.plan  # _start_ray checked that the cluster holds them
+        conf, plan = self.conf, self.plan  # start_ray checked that the cluster holds them
         data = self.options.data
         early = tables_up_front(conf, self.options)
         if early is not None:  # (the shards serve the tables that the workers do not hold)
@@ -81,14 +82,14 @@ class JobActors:
         what = f"loading data on {plural(plan.workers, 'worker')}"
         if early is not None:
             what += f", launching {plural(self.ps_options.num_shards, 'shard')}"
-        layout = self._reserve()
-        with self._phases.phase(what):
-            workers = self._workers = WorkerGroup(plan, data, layout=layout)
+        layout = self.reserve()
+        with self.phases.phase(what):
+            workers = self.workers = WorkerGroup(plan, data, layout=layout)
             summaries = workers.execute_async("data_summary")
             if early is not None:  # shards start while the workers read their data
-                self._ps = self._launch(early, layout)
+                self.ps = self.launch(early, layout)
             size = JobSize.of_parts(plan, get(summaries), data.index_range, data.field_num)
-        with self._phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
+        with self.phases.phase(f"building the model on {plural(plan.workers, 'worker')}"):
             model = self.options.model.sized(size.num_features, size.num_fields)
             self._build(workers, model, size)
             workers.join_process_group()
@@ -98,38 +99,38 @@ class JobActors:
         """The model on every worker, the PS tables it reads, and each worker's PS handle."""
         dense = OptimizerSpec.from_conf(self.conf, "ml.fclayer.optimizer")
         decls = workers.execute("build", model, size, dense)[0]
-        self._model, self._size = model, size
-        self._tables = table_specs(self.conf, decls)
-        self._placed = placed = place_tables(self.plan, self._tables)
+        self.model, self.size = model, size
+        self.tables = table_specs(self.conf, decls)
+        self.placed = placed = place_tables(self.plan, self.tables)
         if placed.held:
             kind = self.ps_options.partitioner
             workers.execute("hold_tables", placed.held, kind)
-        if self._ps is not None and list(self._ps.specs.values()) != placed.ps:
-            self._ps.shutdown()  # launched early with other tables: start them again
-            self._ps = None
-        if self._ps is None:
-            with self._phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
-                self._ps = self._launch(placed.ps, workers.layout)
-        workers.attach_ps(self._ps)
+        if self.ps is not None and list(self.ps.specs.values()) != placed.ps:
+            self.ps.shutdown()  # launched early with other tables: start them again
+            self.ps = None
+        if self.ps is None:
+            with self.phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
+                self.ps = self.launch(placed.ps, workers.layout)
+        workers.attach_ps(self.ps)
 
-    def _held(self) -> list[TableSpec]:
+    def held(self) -> list[TableSpec]:
         """The tables the workers hold (angel.sparse.placement)."""
-        return list(self._placed.held) if self._placed is not None else []
+        return list(self.placed.held) if self.placed is not None else []
 
-    def _reserve(self) -> Layout:
+    def reserve(self) -> Layout:
         """The job's placement (learners.job.placement): a placement group reserved when
         angel.placement.strategy asks for one."""
         place = self.options.resources.placement
         asks = cluster.job_asks(self.plan, self.ps_options, place)
         if place.strategy == "none":
             return reserve(place, [], self.plan.workers, 0.0)
-        with self._phases.phase(f"reserving a placement group ({place.strategy})"):
-            self._layout = reserve(
+        with self.phases.phase(f"reserving a placement group ({place.strategy})"):
+            self.layout = reserve(
                 place, cluster.bundles(asks), self.plan.workers, self.ps_options.timeout_s
             )
-        return self._layout
+        return self.layout
 
-    def _launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
+    def launch(self, tables: list[TableSpec], layout: Layout | None) -> PSClient:
         """Start the shards of ``tables`` where ``layout`` puts them and wait for them."""
         n = self.ps_options.num_shards
         where = [layout.shard(i) for i in range(n)] if layout is not None else None
@@ -139,31 +140,31 @@ class JobActors:
 
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""
-        at_once = self._ray_started and terminate.received()
+        at_once = self.ray_started and terminate.received()
         if at_once:
             # A SIGTERM (to the whole process group, as schedulers and `timeout` send it, or
             # to the driver): the private Ray's processes may be half-stopped already and
             # answer nothing; none is asked, and the Ray is ended at once below (its launch's
             # backups are removed as a stop removes them).
-            self._workers = None
-            if self._ps is not None:
-                backups = self._ps.options.shard.backup_dir
-                self._ps.net.close()
-                self._ps = None
+            self.workers = None
+            if self.ps is not None:
+                backups = self.ps.options.shard.backup_dir
+                self.ps.net.close()
+                self.ps = None
                 # (on the disk only: no store is asked anything while the job is torn down)
                 disk = files_for(backups).disk_path(backups) if backups else None
                 if disk is not None:
                     shutil.rmtree(disk, ignore_errors=True)
                 failover.remove_backup_root(self.ps_options, self.plan.log_dir)
-        if self._workers is not None:
-            self._workers.shutdown()
-            self._workers = None
-        if self._ps is not None:
-            self._ps.shutdown()
-            self._ps = None
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+        if self.ps is not None:
+            self.ps.shutdown()
+            self.ps = None
             failover.remove_backup_root(self.ps_options, self.plan.log_dir)
-        release(self._layout)
-        self._layout = None
-        if self._ray_started and ray.is_initialized():
+        release(self.layout)
+        self.layout = None
+        if self.ray_started and ray.is_initialized():
             cluster.stop(at_once=at_once)
-            self._ray_started = False
+            self.ray_started = False

@@ -1,5 +1,5 @@
-"""The step-size schedule between epochs: ReduceLROnPlateau fed the watched validation metric,
-per-epoch decay advanced (:func:`schedule_epoch`, called by GraphLearner after validation)."""
+"""The step-size schedules between epochs: ReduceLROnPlateau fed the watched validation metric,
+per-epoch decay advanced (:func:`schedule_epoch`, called by the training loop after validation)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, Protocol, TypeGuard
 from angelconf.config import ConfigError
 from decay import StepSizeScheduler
 from learners.job.loop_options import TrainPlan
+from learners.job.rate_plan import RatePlan
 
 __all__ = ["is_plateau", "schedule_epoch"]
 
@@ -24,17 +25,24 @@ def is_plateau(sched: StepSizeScheduler) -> TypeGuard[_MetricDriven]:
 
 
 def schedule_epoch(
-    sched: StepSizeScheduler,
-    plan: TrainPlan,
-    row: Mapping[str, Any],
-    metric_name: str,
-    unit: str = "updates",
-) -> None:
-    """The schedule after an epoch whose record is ``row``: ReduceLROnPlateau fed
-    ``metric_name`` (the watched validation metric, decided once by the learner); per-epoch
-    decay advanced (``unit`` updates only: a schedule counted in samples or epochs reads its
-    position from the samples seen). ConfigError when the metric is watched but the model
-    does not report it."""
+    rates: RatePlan, plan: TrainPlan, row: Mapping[str, Any], metric_name: str
+) -> bool:
+    """The schedules of ``rates`` after an epoch whose record is ``row``: each ReduceLROnPlateau
+    fed ``metric_name`` (the watched validation metric, decided once by the learner), then the
+    epoch ended (per-epoch decay advanced: :meth:`RatePlan.end_epoch`). True when a schedule is
+    metric-driven: its state is then no function of the update count, and the workers need
+    the plan again. ConfigError when the metric is watched but the model does not report it."""
+    driven = False
+    for sched in rates.schedules():  # the job's schedule and the tables' own
+        driven = _metric_step(sched, plan, row, metric_name) or driven
+    rates.end_epoch()
+    return driven
+
+
+def _metric_step(
+    sched: StepSizeScheduler, plan: TrainPlan, row: Mapping[str, Any], metric_name: str
+) -> bool:
+    """ReduceLROnPlateau fed the watched metric (True), or nothing to do (False)."""
     if (
         any(k.startswith("valid_") for k in row)
         and metric_name not in row
@@ -46,13 +54,13 @@ def schedule_epoch(
             f"no {metric_name}; valid names: {names}"
         )
     plateau = sched
-    if is_plateau(plateau):
-        watched = row.get(metric_name)
-        if watched is None:
-            raise ConfigError(
-                "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
-                "or angel.validate.data.path"
-            )
-        plateau.step(watched)
-    if not plan.decay_on_batch and unit == "updates":
-        sched.advance()
+    if not is_plateau(plateau):
+        return False
+    watched = row.get(metric_name)
+    if watched is None:
+        raise ConfigError(
+            "ReduceLROnPlateau needs a validation metric: set ml.data.validate.ratio > 0 "
+            "or angel.validate.data.path"
+        )
+    plateau.step(watched)
+    return True

@@ -95,14 +95,14 @@ class WorkerFailover:
         self.save_path = save_path
         self.restarts = 0
 
-    def restart(self, learner: Any, died: WorkerDied, log: Any, progress: Any) -> Any:
-        """Stop every worker and shard of ``learner``, start them again and restore the last
-        checkpoint (or start over); the new progress (``learner._prepare``'s), keeping the
-        training time and samples counted so far. Raises ``died`` (with the count) when the
+    def restart(self, loop: Any, died: WorkerDied, log: Any, progress: Any) -> Any:
+        """Stop every worker and shard of the training ``loop``'s actors, start them again and
+        restore the last checkpoint (or start over); the new progress (``loop.prepare``'s),
+        keeping the training time and samples counted so far. Raises ``died`` (with the count) when the
         restarts ``angel.worker.max.restarts`` allows are used up."""
         limit = self.options.max_restarts
         if self.restarts >= limit:
-            _kill_workers(learner)  # the live ones may wait for the dead one: do not ask them
+            _kill_workers(loop.actors)  # the live ones may wait for the dead one: do not ask them
             raise WorkerDied(
                 died.index,
                 f"{died.reason}; the job has restarted {self.restarts} time(s), as many as "
@@ -126,8 +126,8 @@ class WorkerFailover:
             file=sys.stderr,
             flush=True,
         )
-        _stop(learner)
-        fresh = learner._prepare(resume is not None, log)
+        _stop(loop.actors)
+        fresh = loop.prepare(resume is not None, log)
         fresh.samples, fresh.train_s = progress.samples, progress.train_s
         return fresh
 
@@ -143,23 +143,23 @@ class WorkerFailover:
         return int(saved_model.resume_point(self.save_path)["learner"]["next_epoch"])
 
 
-def _kill_workers(learner: Any) -> None:
-    """Kill every worker actor of ``learner`` at once."""
-    workers, learner._workers = learner._workers, None
+def _kill_workers(actors: Any) -> None:
+    """Kill every worker actor of the job's ``actors`` (learners.job.actors.JobActors) at once."""
+    workers, actors.workers = actors.workers, None
     if workers is not None:
         for a in workers.actors:
             ray.kill(a)
         workers.actors = []
 
 
-def _stop(learner: Any) -> None:
+def _stop(actors: Any) -> None:
     """Kill the workers (without asking them: the live ones may be blocked waiting for the dead
     one) and the shards, and wait until the shards' names are free for the new launch."""
-    _kill_workers(learner)
-    ps, learner._ps = learner._ps, None
+    _kill_workers(actors)
+    ps, actors.ps = actors.ps, None
     if ps is None:
         return
-    job, n = learner.ps_options.job, ps.num_shards
+    job, n = actors.ps_options.job, ps.num_shards
     ps.shutdown()
     deadline = time.monotonic() + 60.0
     for i in range(n):

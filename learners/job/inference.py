@@ -1,17 +1,17 @@
-"""GraphLearner's inference face: a saved model started for prediction, ``evaluate``, ``predict``.
+"""GraphLearner's inference part: a saved model started for prediction, ``evaluate``, ``predict``.
 
-:class:`Inference` is a base class of :class:`learners.job.learner.GraphLearner`:
-``GraphLearner.load(path)`` builds a learner and calls :meth:`Inference._load` (one worker and the
-PS holding the saved model); ``evaluate`` and ``predict`` run on the workers of a trained or loaded
-learner. Its actors (Ray, the placement, the workers and the shards) are
-:class:`learners.job.actors.JobActors`.
+:class:`Inference` is one part of :class:`learners.job.learner.GraphLearner`, given the job's
+actors (:class:`learners.job.actors.JobActors`): ``GraphLearner.load(path)`` builds a learner and
+calls :meth:`Inference.start` (one worker and the PS holding the saved model), or keeps a small
+model in this process (:attr:`Inference.local`); ``evaluate`` and ``predict`` run on the workers
+of a trained or loaded learner.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -29,28 +29,35 @@ from learners.worker.group import WorkerGroup
 
 __all__ = ["Inference"]
 
-_L = TypeVar("_L", bound="Inference")
 
-
-class Inference(JobActors):
+class Inference:
     """Prediction and evaluation with the learner's workers; the start of a saved model."""
 
-    def _load(self: _L, p: str) -> _L:
-        """Start one worker and the PS from the saved model in ``p`` (a directory or a URL)."""
+    def __init__(self, actors: JobActors) -> None:
+        self.actors = actors
+        #: GraphLearner.load: a LocalModel predicting small inputs in this process
+        #: (learners/job/local_predict.py), and the saved model whose actors are not started
+        self.local: Any = None
+        self.saved: str | None = None
+
+    def start(self, p: str) -> None:
+        """Start one worker and the PS from the saved model in ``p`` (a directory or a URL):
+        the actors take its options."""
+        a = self.actors
         info = saved_model.read_extra(p)["learner"]
-        conf = saved_model.inference_conf(self.conf, info, str(p))
-        self.conf = conf
-        self.options = options = JobOptions.from_config(conf)  # the saved model's job
-        self.plan = options.loop.for_inference(str(info.get("dense_placement", "worker")))
-        self._start_ray()
+        conf = saved_model.inference_conf(a.conf, info, str(p))
+        a.conf = conf
+        a.options = options = JobOptions.from_config(conf)  # the saved model's job
+        a.plan = options.loop.for_inference(str(info.get("dense_placement", "worker")))
+        a.start_ray()
         data = replace(options.data, train_path=None)
         # The placement keys hold for a saved model's actors as for training's.
-        layout = self._reserve()
-        workers = self._workers = WorkerGroup(self.plan, data, read_data=False, layout=layout)
+        layout = a.reserve()
+        workers = a.workers = WorkerGroup(a.plan, data, read_data=False, layout=layout)
         size = JobSize(
             num_features=int(info["num_features"]),
             num_fields=info["num_fields"],
-            batch_size=self.plan.minibatch_size,
+            batch_size=a.plan.minibatch_size,
             updates_per_epoch=0,
         )
         model = options.model.sized(size.num_features, size.num_fields)
@@ -58,26 +65,25 @@ class Inference(JobActors):
             "build", model, size, OptimizerSpec.from_conf(conf, "ml.fclayer.optimizer")
         )[0]
         saved_model.check_tables(table_specs(conf, decls), info, conf, str(p))
-        self._model, self._size = model, size
-        self._tables = [TableSpec.from_dict(d) for d in info["tables"]]
-        self.ps_options = options.resources.ps
-        self._ps = self._launch(self._tables, layout)
-        self._ps.load(str(p))
-        workers.attach_ps(self._ps)
+        a.model, a.size = model, size
+        a.tables = [TableSpec.from_dict(d) for d in info["tables"]]
+        a.ps_options = options.resources.ps
+        a.ps = a.launch(a.tables, layout)
+        a.ps.load(str(p))
+        workers.attach_ps(a.ps)
         saved_model.load_dense(info, workers, str(p))
-        return self
 
     def _predict_outs(
         self, data: str | os.PathLike[str] | InMemory, labels: Any, verb: str
     ) -> list[dict[str, Any]]:
         """Every worker's predictions of ``data`` (learners/job/predict_inputs.py)."""
-        saved = getattr(self, "_saved", None)
-        if not self._workers and saved is not None:
-            self._load(saved)  # a model loaded in-process: its actors start now
-        if not self._workers:
+        a = self.actors
+        if not a.workers and self.saved is not None:
+            self.start(self.saved)  # a model loaded in-process: its actors start now
+        if not a.workers:
             raise RuntimeError(f"{verb}(): train() or GraphLearner.load(path) first")
-        features = self._size.num_features if self._size is not None else 0
-        return predict_parts(self._workers, data, labels, self.options.data, features)
+        features = a.size.num_features if a.size is not None else 0
+        return predict_parts(a.workers, data, labels, a.options.data, features)
 
     def evaluate(
         self, data: str | os.PathLike[str] | InMemory, labels: Any = None
@@ -89,7 +95,7 @@ class Inference(JobActors):
         if not outs or any(o["labels"] is None or np.isnan(o["labels"]).all() for o in outs):
             what = data if is_path(data) else type(data).__name__
             raise ConfigError(f"{what}: evaluation needs labels (ml.data.has.label=true)")
-        return jsonable(validation_metrics(self._model_task(), outs))
+        return jsonable(validation_metrics(self.actors.model_task(), outs))
 
     def predict(self, data: str | os.PathLike[str] | InMemory, labels: Any = None) -> Any:
         """One prediction per input row, in input order: a numpy array ``[N]`` (P(y=1) for
@@ -114,7 +120,7 @@ class Inference(JobActors):
         wrote it, when the rows have labels), each row's line position in the input
         (``row_index``) and, for multi-class models, the predicted class's probability
         (``proba``): what a prediction file is written from (learners/runs/predict_output.py)."""
-        local = getattr(self, "_local", None)
-        if local is not None and not self._workers and local.takes(data):
+        local = self.local
+        if local is not None and not self.actors.workers and local.takes(data):
             return local.predict(data, labels)  # type: ignore[no-any-return]
         return in_input_order(self._predict_outs(data, labels, "predict"), with_rows=True)

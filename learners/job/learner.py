@@ -1,18 +1,16 @@
-"""GraphLearner: the one visible training loop of angelps.
+"""GraphLearner: train, evaluate and predict one model on the parameter server.
 
-    start or join Ray → workers load their data parts → PS tables launched → for each epoch:
-        workers run updates in chunks (pull, forward, backward, push with lr; see worker.py)
-        → validate (metrics over all workers' predictions) → advance the per-epoch schedule
-        (ReduceLROnPlateau gets the validation metric) → checkpoint → stop early?
+A learner is three parts, each with its own state:
 
-The scheduler lives here (per-epoch decay) or is copied to the workers for the epoch
-(``ml.opt.decay.on.batch=true``), where it advances once per applied optimizer update: never per
-micro-batch and never for a skipped update. Each run writes to its own directory
-``<angel.log.path>/<job>-<time>`` (:mod:`learners.runs.folders`, :mod:`learners.runs.run_log`); checkpoints
-are :mod:`learners.job.saved_model`, the copies kept and a failed write :mod:`learners.runs.retention`;
-the progress bar and the chunks of updates that move it :mod:`learners.runs.progress`; the schedule
-between epochs :mod:`learners.job.epoch_schedule`; ``load``, ``predict`` and ``evaluate``
-:mod:`learners.job.inference`.
+* :class:`~learners.job.actors.JobActors` (``learner.actors``): the job's options and its
+  actors: Ray, the placement, the workers and the shards (learners/job/actors.py);
+* :class:`~learners.job.train_loop.TrainingLoop` (``learner.loop``): the epochs, the rate plan,
+  validation, checkpoints, restarts and early stopping (learners/job/train_loop.py);
+* :class:`~learners.job.inference.Inference` (``learner.inference``): a saved model started
+  for prediction, ``evaluate`` and ``predict`` (learners/job/inference.py).
+
+The loop and inference run on the same actors: a trained learner predicts with the workers it
+trained, a loaded one with those its saved model starts.
 
 Invariant: the job configuration is read once, here, into typed options (:class:`TrainPlan`,
 ``ModelConfig``, the data options, the PS's own); the workers and the loop read those.
@@ -22,70 +20,30 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
-from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from angelconf.config import Config, load_config
-from angelps import PSClient, TableSpec
+from angelps import PSOptions
 from decay import StepSizeScheduler
 from learners.angel_keys import angel_notes
 from learners.angel_keys import resolve as resolve_angel_keys
-from learners.job import failover, saved_model
-from learners.job.disk_space import check_log_space, explain
-from learners.job.epoch_schedule import schedule_epoch
+from learners.job.actors import JobActors
 from learners.job.inference import Inference
-from learners.job.job_options import JobOptions
-from learners.job.job_size import JobSize
-from learners.job.placement import Layout
-from learners.job.preflight import (
-    check_job,
-    check_resume,
-    lower_is_better,
-    watched_metric,
-)
-from learners.job.rate_plan import RatePlan, build_rate_plan
-from learners.job.save_lock import SaveLock
-from learners.job.startup import Phases
+from learners.job.loop_options import TrainPlan
+from learners.job.predict_inputs import InMemory
+from learners.job.rate_plan import RatePlan
+from learners.job.train_loop import TrainingLoop, TrainResult
 from learners.keys import all_keys
-from learners.models.angel_json import apply_angel_json, check_saved_graph
-from learners.models.config import ModelConfig, job_model_info
-from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
-from learners.runs.log_store import run_logs_for
-from learners.runs.metrics import validation_metrics
-from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
-from learners.runs.progress import TrainProgress as _Progress
-from learners.runs.retention import Checkpoints, CheckpointWriteError, kept_summary
-from learners.runs.run_config import log_hparams, write_config
-from learners.runs.run_log import (
-    RunLog,
-    banner,
-    done_line,
-    epoch_line,
-    jsonable,
-    start_record,
-    step_record,
-)
-from learners.worker.chunk_stats import StepStats
-from learners.worker.group import WorkerDied, WorkerGroup
+from learners.models.angel_json import apply_angel_json
+from learners.runs.progress import TrainProgress
 
 __all__ = ["GraphLearner", "TrainResult"]
 
-SAVE_KEY = "angel.save.model.path"
 
-
-@dataclass
-class TrainResult:
-    """What ``train()`` returns: one dict per epoch and the final summary."""
-
-    history: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-class GraphLearner(Inference):
+class GraphLearner:
     """Train, evaluate and predict one model on the parameter server.
 
     ``GraphLearner(conf)`` takes a loaded :class:`~angelconf.config.Config`;
@@ -99,26 +57,11 @@ class GraphLearner(Inference):
             conf = load_config(None, dict(conf), all_keys())
             _say_notes(conf, quiet)
         # Angel's own keys applied (idempotent), then Angel's JSON (angel.ml.conf), when named
-        self.conf = conf = apply_angel_json(resolve_angel_keys(conf))
-        self.options = JobOptions.from_config(conf)  # every option, once (its sections)
-        self.plan = self.options.loop
-        self.ps_options = self.options.resources.ps
-        self.address = address
+        conf = apply_angel_json(resolve_angel_keys(conf))
         self.quiet = quiet
-        self._ray_started = False
-        self._phases = Phases(quiet)
-        self._layout: Layout | None = None
-        self._ps: PSClient | None = None
-        self._workers: WorkerGroup | None = None
-        self._tables: list[TableSpec] = []
-        self._model: ModelConfig | None = None
-        self._size: JobSize | None = None
-        self.sched: StepSizeScheduler | None = None
-        self.rates: RatePlan | None = None  # the schedules of every update (job's, tables')
-        self.epoch = 0
-        self._chunker = Chunker(self.plan.log_every)
-        self._local: Any = None  # GraphLearner.load: a LocalModel predicting in-process
-        self._saved: str | None = None  # ... of this saved model, its actors not started
+        self.actors = JobActors(conf, address, quiet)
+        self.loop = TrainingLoop(self.actors, quiet)
+        self.inference = Inference(self.actors)
 
     @classmethod
     def from_properties(
@@ -132,318 +75,75 @@ class GraphLearner(Inference):
         _say_notes(conf, bool(kw.get("quiet", False)))
         return cls(conf, **kw)
 
-    # --- training ----------------------------------------------------------------------------
+    # --- the job's options and where training stands (the parts' own) --------------------------
+
+    @property
+    def conf(self) -> Config:
+        """The job's configuration (a loaded model's: with its saved ``ml.*`` settings)."""
+        return self.actors.conf
+
+    @property
+    def plan(self) -> TrainPlan:
+        return self.actors.plan
+
+    @property
+    def ps_options(self) -> PSOptions:
+        return self.actors.ps_options
+
+    @property
+    def address(self) -> str | None:
+        return self.actors.address
+
+    @property
+    def rates(self) -> RatePlan | None:
+        """The rate plan of the job (None before ``train`` builds it)."""
+        return self.loop.rates
+
+    @property
+    def sched(self) -> StepSizeScheduler | None:
+        """The job's step-size schedule (the rate plan's main one)."""
+        return self.loop.sched
+
+    @property
+    def epoch(self) -> int:
+        return self.loop.epoch
+
+    # --- training (learners/job/train_loop.py) --------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
-        check_job(self.conf, self.plan, resume)
-        check_log_space(str(self.plan.log_dir))  # room for the run and the first backups
-        try:
-            if not self.plan.save_path:
-                return self._train(resume)
-            # One writer per save path, for the whole job (a second job is refused: exit 2).
-            key = "angel.save.model.path"
-            with SaveLock(
-                str(self.plan.save_path), str(self.conf["angel.job.name"]), self.conf.source(key)
-            ):
-                return self._train(resume)
-        except CheckpointWriteError:
-            raise  # names its path and the last good checkpoint already
-        except Exception as e:
-            paths = {"angel.log.path": str(self.plan.log_dir)}
-            paths["angel.save.model.path"] = str(self.plan.save_path or "")
-            full = explain(e, paths)
-            if full is None:
-                raise
-            raise full from e
-
-    def _train(self, resume: bool) -> TrainResult:
-        plan, t_start = self.plan, time.perf_counter()
-        if resume:
-            # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
-            point = saved_model.resume_point(str(plan.save_path))
-            check_resume(point, plan)
-            check_saved_graph(self.conf, point["learner"], str(plan.save_path), SAVE_KEY)
-        elif plan.load_path and self.conf.get("ml.model.graph"):
-            extra = saved_model.read_extra(str(plan.load_path))
-            check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
-        self._start_ray()
-        # A log path on object storage: the run is staged locally and copied there (runs.py).
-        run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
-        progress_s = PROGRESS_EVERY.read(self.conf)  # plain progress lines off a terminal
-        log = RunLog(
-            run_dir, self.quiet, plan.tensorboard, progress_s=progress_s, upload_to=plan.log_dir
-        )
-        note = relative_under_ray_job(
-            {"angel.log.path": plan.log_dir, "angel.save.model.path": plan.save_path}
-        )
-        if note:
-            log.warn(note)
-        # Failover (learners.job.failover): shard backups under the job's own path; a dead worker
-        # restarts the job from its last checkpoint.
-        self.ps_options = failover.backup_options(self.ps_options, plan.log_dir)
-        restarts = failover.WorkerFailover(
-            failover.FailoverOptions.from_config(self.conf), plan.save_path
-        )
-        if plan.save_model and not plan.save_path:
-            # Saved by default, into the run's own folder (angel.save.model=false: not at all).
-            # (a log path on object storage: beside the run's copy there, not in its staging)
-            home = run_logs_for(plan.log_dir).home(run_dir)
-            plan = self.plan = replace(plan, save_path=f"{home}/model")
-        ckpts = self._checkpoints(log)
-        try:
-            progress = self._prepare(resume, log)
-            if resume and ckpts is not None:
-                ckpts.resumed(progress.next_epoch - 1)
-            self._open_run(log, run_dir, progress)
-            epoch = progress.next_epoch
-            while epoch < plan.epochs:
-                self.epoch = epoch
-                try:
-                    row = self.run_epoch(epoch, log, progress)
-                    row.update(self.validate())
-                    self._schedule_epoch(row)
-                    improved = self._track(epoch, row, progress)
-                    row["elapsed_s"] = time.perf_counter() - t_start
-                    progress.history.append(row)
-                    log.record(row)
-                    log.say(epoch_line(row, plan.epochs))
-                    if ckpts is not None:
-                        write = partial(self.checkpoint, epoch=epoch, progress=progress)
-                        self._save(ckpts, write, epoch, improved)
-                except WorkerDied as died:
-                    # At any moment, the end-of-epoch save included: the job restarts from its
-                    # last checkpoint and runs the epoch (and its save) again.
-                    progress = restarts.restart(self, died, log, progress)
-                    if ckpts is not None and progress.next_epoch > 0:
-                        ckpts.resumed(progress.next_epoch - 1)
-                    epoch = progress.next_epoch
-                    continue
-                if self.early_stop(progress, log):
-                    break
-                epoch += 1
-            log.close_bar()
-            summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
-            if log.tb is not None:
-                log_hparams(log.tb, self.conf, summary)
-            log.write_summary(summary)
-            log.say(done_line(summary))
-            return TrainResult(history=progress.history, summary=jsonable(summary))
-        finally:
-            log.close()  # the progress bar too: on Ctrl-C and on errors as well
-
-    @staticmethod
-    def _save(ckpts: Checkpoints, write: Any, epoch: int, improved: bool) -> None:
-        """The end-of-epoch save; a worker lost during it is a WorkerDied that says so (a lost
-        worker is not a failed write: the epoch is run again, then saved)."""
-        try:
-            ckpts.save(write, epoch, improved)
-        except failover.WorkerDied as died:
-            why = f"{died.reason}, while the checkpoint of epoch {epoch + 1} was written"
-            raise failover.WorkerDied(died.index, why) from died
-
-    def _checkpoints(self, log: RunLog) -> Checkpoints | None:
-        """The job's checkpoints (angel.save.model.*), None without a save path."""
-        p = self.plan
-        if not p.save_path:
-            return None
-        return Checkpoints(p.save_path, p.keep_last, p.keep_best, p.save_failure, warn=log.warn)
-
-    def _open_run(self, log: RunLog, run_dir: Path, progress: _Progress) -> None:
-        """The run's first record (what the plot's title says), its keys for TensorBoard, and
-        the whole-job progress bar."""
-        assert self._size is not None
-        plan, conf, updates = self.plan, self.conf, self._size.updates_per_epoch
-        log.record(
-            start_record(
-                run_dir.name, conf, plan, self._size, _angel_name(conf), progress.next_epoch
-            )
-            | {"task": self._model_task(), "watch": self._watch_metric()}
-        )
-        log.config_text(conf)
-        write_config(run_dir, conf)  # every key, its value and where it came from
-        log.bar(updates * plan.epochs, updates * progress.next_epoch, plan.epochs, updates)
-
-    def _prepare(self, resume: bool, log: RunLog) -> _Progress:
-        """Workers, PS and scheduler up; the checkpoint or saved weights loaded; the banner."""
-        plan = self.plan
-        workers = self._start_workers()
-        assert self._size is not None and self._ps is not None
-        dense_params = int(workers.execute_single(0, "dense_param_count"))
-        self.rates = build_rate_plan(self.conf, plan, self._size, self._tables, dense_params)
-        self.sched = self.rates.main
-        progress = _Progress()
-        if resume:
-            info = saved_model.restore(str(plan.save_path), self._ps, workers, self._held())
-            self.rates.load_state_dict(info["scheduler"])
-            progress.next_epoch = int(info["next_epoch"])
-            progress.history = list(info["history"])
-            progress.best, progress.since_best = info["best"], int(info["since_best"])
-            progress.best_epoch = info.get("best_epoch", progress.epoch_of_best())
-        elif plan.load_path:
-            saved_model.restore(plan.load_path, self._ps, workers, self._held())
-        log.say(
-            banner(
-                self.conf,
-                self.plan,
-                self.ps_options,
-                self._size,
-                self._tables,
-                _angel_name(self.conf),
-                dense_params,
-                self.rates,
-                self._placed.where() if self._placed is not None else None,
-            )
-        )
-        return progress
-
-    def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
-        """One epoch of updates, in chunks of about a quarter second (so that the bar moves),
-        one metrics line per ``angel.log.every.steps`` updates: its training record."""
-        assert self._workers is not None and self._size is not None and self.rates is not None
-        plan, workers, updates = self.plan, self._workers, self._size.updates_per_epoch
-        self.rates.start_epoch(epoch)
-        workers.execute("begin_epoch", epoch, self.rates)
-        done, loss_sum, samples, skipped = 0, 0.0, 0, 0
-        line: list[StepStats] | None = None  # the chunks since the last metrics line
-        last_lr = float(self.rates.peek())
-        t_epoch = time.perf_counter()
-        while done < updates:
-            n = self._chunker.next(done, updates)
-            # Another chunk follows (of this epoch or the next): the workers fetch its
-            # first batch's rows with this chunk's last push (one round trip, not two).
-            end = done + n >= updates
-            more = not end or epoch + 1 < plan.epochs
-            t0 = time.perf_counter()
-            outs: list[StepStats] = workers.execute(
-                "run_steps", n, None, more, epoch + 1 if end else None
-            )
-            seconds = time.perf_counter() - t0
-            self._chunker.observe(n, seconds)
-            done += n
-            chunk_samples = sum(o.samples for o in outs)
-            loss_sum += sum(o.loss_sum for o in outs)
-            samples += chunk_samples
-            skipped += outs[0].skipped
-            if outs[0].updates:
-                last_lr = outs[0].last_lr
-            self.rates.load_state_dict(outs[0].sched_state)
-            line = merge_chunks(line, outs)
-            if done % plan.log_every == 0 or done == updates:
-                n_line = (done - 1) % plan.log_every + 1
-                log.record(step_record(epoch, epoch * updates + done, n_line, line))
-                line = None
-            if log.progress is not None:
-                log.progress.update(n, chunk_samples, seconds, loss_sum / max(samples, 1), last_lr)
-        train_s = time.perf_counter() - t_epoch
-        progress.samples += samples
-        progress.train_s += train_s
-        return {
-            "kind": "epoch",
-            "epoch": epoch,
-            # the global update at the end of the epoch: the x of its metrics in plots and TB
-            "step": (epoch + 1) * updates,
-            # the step size of the epoch's last update
-            "lr": last_lr,
-            "train_loss": loss_sum / max(samples, 1),
-            "train_samples_per_s": samples / max(train_s, 1e-9),
-            "skipped_updates": skipped,
-        }
-
-    def _schedule_epoch(self, row: Mapping[str, Any]) -> None:
-        """The schedule after an epoch (learners/job/epoch_schedule.py)."""
-        assert self.rates is not None
-        for sched in self.rates.schedules():  # the job's schedule and the tables' own
-            schedule_epoch(sched, self.plan, row, self._watch_metric(), self.rates.unit)
-
-    def _track(self, epoch: int, row: Mapping[str, Any], progress: _Progress) -> bool:
-        """Early stopping's count: epochs since the watched metric last improved; True when
-        this epoch is the best so far."""
-        metric_name = self._watch_metric()
-        return progress.watch(epoch, row.get(metric_name), lower_is_better(metric_name))
-
-    def early_stop(self, progress: _Progress, log: RunLog) -> bool:
-        """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
-        metric_name = self._watch_metric()
-        patience = self.plan.early_stop_patience
-        if patience > 0 and progress.since_best >= patience:
-            log.say(
-                f"early stop: {metric_name} has not improved for {progress.since_best} epochs "
-                f"(best {progress.best:.6g})"
-            )
-            progress.stopped_early = True
-            return True
-        return False
-
-    def _summary(
-        self, progress: _Progress, elapsed_s: float, run_dir: Path, ckpts: Checkpoints | None
-    ) -> dict[str, Any]:
-        assert self._size is not None
-        plan, size = self.plan, self._size
-        last = progress.history[-1] if progress.history else {}
-        summary = {
-            "model": _angel_name(self.conf),
-            "epochs": len(progress.history),
-            "workers": plan.workers,
-            "global_batch": size.batch_size * plan.workers * plan.accum,
-            "updates_per_epoch": size.updates_per_epoch,
-            **{k: v for k, v in last.items() if k.startswith("valid_")},
-            "train_loss": last.get("train_loss"),
-            "train_samples_per_s": progress.samples / max(progress.train_s, 1e-9),
-            "elapsed_s": elapsed_s,
-            "stopped_early": progress.stopped_early,
-            "skipped_lines": size.skipped_lines,
-            "run_dir": str(run_dir),
-            **kept_summary(ckpts, progress.best_epoch, self._watch_metric(), progress.best),
-        }
-        for k in ("valid_auc", "valid_logloss", "valid_accuracy"):
-            summary.setdefault(k, None)
-        return summary
-
-    def _watch_metric(self) -> str:
-        return watched_metric(self.plan, self._model_task())
-
-    # --- validation (predict, evaluate and load: learners/job/inference.py) ---------------------
+        return self.loop.train(resume)
 
     def validate(self) -> dict[str, Any]:
         """Validation metrics over every worker's validation part ({} when there is none)."""
-        assert self._workers is not None
-        outs = self._workers.execute("validate")
-        if sum(o["rows"] for o in outs) == 0:
-            return {}
-        return jsonable(validation_metrics(self._model_task(), outs))
+        return self.loop.validate()
 
-    # --- saved models --------------------------------------------------------------------------
+    # --- prediction (learners/job/inference.py) -------------------------------------------------
 
-    def checkpoint(self, path: str, epoch: int, progress: _Progress) -> None:
-        """Save the PS tables and the workers' state, resumable after ``epoch``."""
-        assert self._ps is not None and self._workers is not None
-        assert self._size is not None
-        conf = self.conf
-        section = {
-            "epoch": epoch,
-            "next_epoch": epoch + 1,
-            "scheduler": self.rates.state_dict() if self.rates is not None else None,
-            "dense_placement": self.plan.dense_placement,
-            "conf": {k: v for k, v in conf.to_properties().items() if conf.is_set(k)},
-            "history": jsonable(progress.history),
-            "best": progress.best,
-            "best_epoch": progress.best_epoch,
-            "since_best": progress.since_best,
-            "model": _angel_name(conf),
-            "num_features": self._size.num_features,
-            "num_fields": self._size.num_fields,
-            "tables": [t.to_dict() for t in self._tables],
-            # Shuffling is a pure function of (ml.seed, epoch): the data position is the epoch.
-            "data_position": {"epoch": epoch + 1, "row": 0},
-        }
-        saved_model.save(path, self._ps, self._workers, section, self._held())
+    def evaluate(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, Any]:
+        """Metrics of the current model on labelled data (:meth:`Inference.evaluate`)."""
+        return self.inference.evaluate(data, labels)
+
+    def predict(self, data: str | os.PathLike[str] | InMemory, labels: Any = None) -> Any:
+        """One prediction per input row, in input order (:meth:`Inference.predict`)."""
+        return self.inference.predict(data, labels)
+
+    def predict_rows(
+        self, data: str | os.PathLike[str] | InMemory, labels: Any = None
+    ) -> dict[str, np.ndarray]:
+        """The predictions as columns: ``pred``, ``label``, ``row_index``, ``proba``
+        (:meth:`Inference.predict_rows`)."""
+        return self.inference.predict_rows(data, labels)
+
+    # --- saved models ---------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""
-        if self._ps is None:
+        if self.actors.ps is None:
             raise RuntimeError("save(): nothing trained or loaded yet")
-        self.checkpoint(str(path), self.epoch, _Progress())
+        self.loop.checkpoint(str(path), self.loop.epoch, TrainProgress())
 
     @classmethod
     def load(
@@ -468,12 +168,17 @@ class GraphLearner(Inference):
 
             local = LocalModel.maybe(learner.conf, str(path))
             if local is not None:
-                learner._local, learner._saved = local, str(path)
+                learner.inference.local, learner.inference.saved = local, str(path)
                 return learner
-            return learner._load(str(path))  # not a Path: it would mangle s3://
+            learner.inference.start(str(path))  # not a Path: it would mangle s3://
+            return learner
         except BaseException:
             learner.shutdown()
             raise
+
+    def shutdown(self) -> None:
+        """Stop the workers and the PS; stop Ray only if this learner started it."""
+        self.actors.shutdown()
 
     def __enter__(self) -> GraphLearner:
         return self
@@ -487,8 +192,3 @@ def _say_notes(conf: Config, quiet: bool) -> None:
     if not quiet:
         for note in angel_notes(conf):
             print(f"angelps: {note}", file=sys.stderr)
-
-
-def _angel_name(conf: Mapping[str, Any]) -> str:
-    """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
-    return job_model_info(conf).angel_name

@@ -14,9 +14,13 @@ the unit they count in and the batch scaling (:class:`RatePlan`).
 * Scaling (``ml.learn.rate.scaling``): every step size times ``G/ref`` (linear) or
   ``√(G/ref)`` (sqrt), ``G`` the global batch, ``ref`` ``ml.learn.rate.reference.batch``.
 
-The driver holds the plan; each worker gets a copy per epoch (``begin_epoch``), asks it for each
-update's rates (:meth:`RatePlan.rates`) and advances it once per applied update; its state comes
-back with every ``run_steps`` (:meth:`RatePlan.state_dict`).
+Where the schedules stand is a pure function of the applied updates and the epoch (plus a
+metric-driven schedule's reductions). The driver sends each worker the plan once (when the job
+starts or restarts, and again after a validation only when a schedule is metric-driven:
+ReduceLROnPlateau); each worker asks it for each update's rates (:meth:`RatePlan.rates`),
+advances it once per applied update and counts the epochs itself (:meth:`RatePlan.start_epoch`).
+The driver keeps its own copy in step from the count of applied updates each ``run_steps``
+reports (:meth:`RatePlan.advance`): no schedule state comes back from the workers.
 """
 
 from __future__ import annotations
@@ -125,15 +129,30 @@ class RatePlan:
         self.ps_dense = ps_dense if DENSE in self.tables else ()
         self.epoch = 0
         self.in_epoch = 0  # updates applied in this epoch
+        self.ended = False  # whether epoch ``epoch`` was counted by the per-epoch schedules
         self._plain = not self.tables and main.momentum_at(0) is None and unit == "updates"
         self._own = list(self.tables.items())  # (name, schedule): read every update
 
     # --- where the schedules stand ---------------------------------------------------------------
 
     def start_epoch(self, epoch: int) -> None:
-        """Epoch ``epoch`` begins (its first update has seen ``epoch × rows`` samples)."""
+        """Epoch ``epoch`` begins (its first update has seen ``epoch × rows`` samples). A later
+        epoch than the plan's own, which was not ended (a worker's copy: the driver ends epochs
+        after validating), ends that one first: the per-epoch schedules count it."""
+        if epoch > self.epoch and not self.ended:
+            self.end_epoch()
         self.epoch = epoch
         self.in_epoch = 0
+        self.ended = False
+
+    def end_epoch(self) -> None:
+        """Epoch ``epoch`` is over: per-epoch decay (unit updates, ``ml.opt.decay.on.batch=false``)
+        counts it, once (a schedule counted in samples or epochs reads its position from the
+        samples seen)."""
+        if not self.ended and self.unit == "updates" and not self.on_batch:
+            for s in self.schedules():
+                s.advance()
+        self.ended = True
 
     def position(self) -> float:
         """Where the next update reads the schedules: samples seen, or the fractional epoch
@@ -145,13 +164,14 @@ class RatePlan:
         )
         return seen if self.unit == "samples" else seen / self.epoch_rows
 
-    def advance(self) -> None:
-        """An update was applied: the per-update schedules count it."""
-        self.in_epoch += 1
+    def advance(self, n: int = 1) -> None:
+        """``n`` updates were applied: the per-update schedules count them (a worker after each
+        applied update; the driver with the count a ``run_steps`` chunk reports)."""
+        self.in_epoch += n
         if self.unit == "updates" and self.on_batch:
-            self.main.advance()
+            self.main.advance(n)
             for s in self.tables.values():
-                s.advance()
+                s.advance(n)
 
     def schedules(self) -> list[StepSizeScheduler]:
         """The job schedule, then the tables' own."""
@@ -229,14 +249,16 @@ class RatePlan:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a checkpoint without a table's state (the table had no
-        schedule of its own then) starts that table at the job schedule's count."""
+        """Restore :meth:`state_dict` (a checkpoint: written after its epoch ended); a
+        checkpoint without a table's state (the table had no schedule of its own then) starts
+        that table at the job schedule's count."""
         self.main.load_state_dict({k: v for k, v in state.items() if k not in _OWN})
         saved = state.get("tables") or {}
         for name, s in self.tables.items():
             s.load_state_dict(saved.get(name, {"count": self.main.count}))
         self.in_epoch = int(state.get("in_epoch", 0))
         self.epoch = int(state.get("epoch", self.epoch))
+        self.ended = True
 
 
 #: The optimizers whose momentum (β1) a schedule can drive.

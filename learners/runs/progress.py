@@ -118,11 +118,9 @@ class Chunker:
         )
 
 
-def merge_chunks(
-    acc: Sequence[StepStats] | None, outs: Sequence[StepStats]
-) -> list[StepStats]:
+def merge_chunks(acc: Sequence[StepStats] | None, outs: Sequence[StepStats]) -> list[StepStats]:
     """Each worker's answers of several ``run_steps`` chunks as one: counts and times summed,
-    the last step size and scheduler state of the latest chunk that made an update."""
+    the last step size and rates of the latest chunk that made an update."""
     if acc is None:
         return [dataclasses.replace(o) for o in outs]
     merged = []
@@ -132,7 +130,6 @@ def merge_chunks(
         if o.updates:
             m.last_lr = o.last_lr
             m.last_rates = o.last_rates
-        m.sched_state = o.sched_state
         merged.append(m)
     return merged
 

@@ -1,15 +1,15 @@
 """What one ``run_steps`` chunk of a worker reports to the driver: :class:`StepStats`.
 
 Torch-free on purpose: the driver unpickles it (Ray returns it from the worker) and must not
-load torch (tests/test_layering.py). The driver reads it by attribute
-(:meth:`learners.job.learner.GraphLearner.run_epoch`, :func:`learners.runs.progress.merge_chunks`,
+load torch (tests/test_layering.py). It carries no schedule state: the driver keeps its rate plan
+in step from ``updates`` (learners/job/rate_plan.py). The driver reads it by attribute
+(:meth:`learners.job.train_loop.TrainingLoop.run_epoch`, :func:`learners.runs.progress.merge_chunks`,
 :func:`learners.runs.run_log.step_record`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["StepStats"]
 
@@ -35,5 +35,3 @@ class StepStats:
     cache_lookups: int = 0
     cache_hits: int = 0
     bytes_moved: int = 0
-    #: the worker's rate plan after the chunk (learners.job.rate_plan.RatePlan.state_dict)
-    sched_state: dict[str, Any] = field(default_factory=dict)

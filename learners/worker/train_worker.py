@@ -2,7 +2,7 @@
 
 ``TrainWorker`` is a plain class (testable in one process); :mod:`learners.worker.actor` builds
 it inside a Ray actor and :class:`learners.worker.group.WorkerGroup` starts W of them. The driver
-(:class:`learners.job.learner.GraphLearner`) calls ``run_steps`` in chunks so it can show progress;
+(:class:`learners.job.train_loop.TrainingLoop`) calls ``run_steps`` in chunks so it can show progress;
 every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
 
     for each of ml.grad.accum.steps micro-batches:
@@ -10,7 +10,7 @@ every optimizer update inside a chunk is (:meth:`TrainWorker._update`):
     merge row gradients; all-reduce dense gradients (W > 1); skip the update everywhere if any
     gradient is not finite; clip; push row gradients × 1/W with this update's rates (step
     sizes and momentum, :mod:`learners.job.rate_plan`); step the dense optimizer with its rates;
-    advance the rate plan once.
+    advance this worker's rate plan once (it is the driver's, sent once: :meth:`set_rates`).
 
 Under BSP the shard applies one optimizer update on the sum of the W pushes, so ×1/W makes it
 the mean gradient of the global batch (batch × W × accum samples).
@@ -75,7 +75,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
     ``build`` (model, same seed on every worker) → ``set_ps`` → ``setup_dist`` (W > 1)
-    → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``validate``.
+    → ``set_rates`` → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``validate``.
     """
 
     def __init__(
@@ -220,22 +220,35 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         """The batch's rows: pulled ones and (with a split) those the cache served."""
         return fill_rows(self.cache, sp, pulled)
 
-    def begin_epoch(self, epoch: int, sched: RatePlan | StepSizeScheduler) -> int:
-        """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the scheduler.
+    def set_rates(self, rates: RatePlan | StepSizeScheduler) -> None:
+        """The job's :class:`~learners.job.rate_plan.RatePlan` (a bare schedule is taken as the
+        job's only one): sent by the driver when the job starts and again only when a
+        metric-driven schedule changed it. It gives each update's step sizes and momenta; this
+        worker advances it once per applied update and at each new epoch, so it is never sent
+        back (the driver keeps its own copy in step from the updates ``run_steps`` reports)."""
+        if isinstance(rates, StepSizeScheduler):
+            rates = RatePlan(rates, on_batch=self.plan.decay_on_batch)
+        self.sched = rates
 
-        ``sched`` is the driver's :class:`~learners.job.rate_plan.RatePlan` (a copy arrives here;
-        a bare schedule is taken as the job's only one): it gives each update's step sizes and
-        momenta, advances once per applied update and ``run_steps`` returns its state.
-        Returns the number of batches of this worker's part.
+    def begin_epoch(self, epoch: int, rates: RatePlan | StepSizeScheduler | None = None) -> int:
+        """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the rate plan
+        moved to the epoch (per-epoch decay counts the epoch that ended). ``rates``: set the
+        plan first (:meth:`set_rates`; a bare schedule starts at this epoch). Returns the
+        number of batches of this worker's part.
         """
-        if isinstance(sched, StepSizeScheduler):
-            sched = RatePlan(sched, on_batch=self.plan.decay_on_batch)
+        if rates is not None:
+            self.set_rates(rates)
+            if isinstance(rates, StepSizeScheduler):
+                assert self.sched is not None
+                self.sched.epoch = epoch  # (it starts here: no epoch of it ended)
+        if self.sched is None:
+            raise RuntimeError("begin_epoch: no rate plan yet (set_rates first)")
         if not self._ready or self._ready_epoch != epoch:
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
             self._ready = collections.deque()
             self._iter = self._minibatches(epoch, self.part.opts.use_shuffle)
         self._epoch = epoch
-        self.sched = sched
+        self.sched.start_epoch(epoch)
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
         return math.ceil(self.part.train_rows() / self.batch_size)
@@ -289,7 +302,6 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
         if stats.updates:  # momentum, lr/<table>, ... of the last update (rate_plan.py)
             stats.last_rates = self._last_rates.record()
-        stats.sched_state = self.sched.state_dict()
         return stats
 
     def _update(

@@ -86,8 +86,8 @@ def _run(d: Path, sets: dict[str, Any], killer: Callable[[GraphLearner], Killer]
         k.start()
     try:
         result = learner.train()
-        assert learner._ps is not None
-        stats = learner._ps.stats()
+        assert learner.actors.ps is not None
+        stats = learner.actors.ps.stats()
     finally:
         if k:
             k.stop.set()
@@ -119,8 +119,8 @@ def _shard_killer(job: str, how: str, seen: dict[str, Any]) -> Callable[[GraphLe
             st = ray.get(h.stats.remote(), timeout=10)
             if st["backup_clocks"][0] == 0:
                 return False  # no backup yet
-            assert learner._ps is not None
-            seen["backup_dir"] = learner._ps.options.shard.backup_dir
+            assert learner.actors.ps is not None
+            seen["backup_dir"] = learner.actors.ps.options.shard.backup_dir
             seen["mode"] = stat.S_IMODE(os.stat(seen["backup_dir"]).st_mode)
             seen["killed_at"] = st["clocks"]["pushed"][0]
             shard.update(handle=h, pid=st["pid"])
@@ -177,7 +177,7 @@ def _worker_pid(actor: Any) -> int:
 def _worker_killer(d: Path, how: str, when: str = "checkpoint") -> Callable[[GraphLearner], Killer]:
     def make(learner: GraphLearner) -> Killer:
         def ready() -> bool:
-            if learner._workers is None or len(learner._workers.actors) < 2:
+            if learner.actors.workers is None or len(learner.actors.workers.actors) < 2:
                 return False
             if when == "checkpoint":
                 return (d / "model" / "manifest.json").exists()
@@ -186,8 +186,8 @@ def _worker_killer(d: Path, how: str, when: str = "checkpoint") -> Callable[[Gra
             return log.exists() and '"kind": "step"' in log.read_text()
 
         def kill() -> None:
-            assert learner._workers is not None
-            victim = learner._workers.actors[1]
+            assert learner.actors.workers is not None
+            victim = learner.actors.workers.actors[1]
             if how == "sigkill":
                 os.kill(_worker_pid(victim), signal.SIGKILL)
             else:

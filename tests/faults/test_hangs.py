@@ -271,7 +271,7 @@ def test_a_job_larger_than_the_cluster_fails_before_any_actor_starts(ray_local: 
         "angel.workergroup.number, angel.ps.number or what each asks for, or join a larger "
         "cluster with --address (docs/cluster.md)"
     )
-    assert learner._workers is None and learner._ps is None  # nothing was launched
+    assert learner.actors.workers is None and learner.actors.ps is None  # nothing was launched
 
 
 X = TableSpec("x", rows=8, cols=1, init="zeros", optimizer=OptimizerSpec("sgd"))

@@ -289,7 +289,7 @@ def test_save_path_equal_to_the_log_dir_fails_before_any_actor(tmp_path):
     try:
         with pytest.raises(ConfigError, match=r"is the log directory \(angel\.log\.path="):
             learner.train()
-        assert learner._workers is None and learner._ps is None
+        assert learner.actors.workers is None and learner.actors.ps is None
     finally:
         learner.shutdown()
     assert (log / "metrics.jsonl").read_text() == "{}\n"
@@ -313,7 +313,7 @@ def test_two_workers_keep_identical_dense_replicas(tmp_path):
     )
     try:
         result = learner.train()
-        digests = [_dense_arrays(blob) for blob in learner._workers.execute("dense_state")]
+        digests = [_dense_arrays(blob) for blob in learner.actors.workers.execute("dense_state")]
     finally:
         learner.shutdown()
     assert result.summary["workers"] == 2
@@ -389,7 +389,7 @@ def test_dense_layers_on_the_ps(tmp_path):
     )
     try:
         result = learner.train()
-        names = sorted(t.name for t in learner._tables)
+        names = sorted(t.name for t in learner.actors.tables)
     finally:
         learner.shutdown()
     assert "dense.mlp.0.weight" in names and "dense.mlp.0.bias" in names

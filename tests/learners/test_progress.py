@@ -11,6 +11,7 @@ import pytest
 from tqdm import tqdm
 
 from learners.job.learner import GraphLearner
+from learners.job.train_loop import TrainingLoop
 from learners.runs.progress import Chunker, JobBar, PlainProgress, merge_chunks
 from learners.runs.run_log import step_record
 from learners.worker.chunk_stats import StepStats
@@ -35,7 +36,7 @@ def test_chunks_take_about_a_quarter_second_and_never_cross_a_metrics_line():
 def _out(updates: int, loss_sum: float, lr: float) -> StepStats:
     return StepStats(updates=updates, samples=10 * updates, loss_sum=loss_sum, pull_s=0.1,
                      compute_s=0.2, push_s=0.1, elapsed_s=0.5, last_lr=lr,
-                     last_rates={"momentum": lr}, sched_state={"count": updates})  # fmt: skip
+                     last_rates={"momentum": lr})  # fmt: skip
 
 
 def test_chunks_of_one_metrics_line_are_summed_per_worker():
@@ -46,7 +47,7 @@ def test_chunks_of_one_metrics_line_are_summed_per_worker():
     assert [m.loss_sum for m in merged] == [2.5, 3.5]
     assert merged[0].samples == 50 and merged[0].elapsed_s == 1.0
     assert merged[0].pull_s == pytest.approx(0.2)
-    assert merged[0].last_lr == 0.05 and merged[0].sched_state == {"count": 2}
+    assert merged[0].last_lr == 0.05 and merged[0].last_rates == {"momentum": 0.05}
     assert first[0].updates == 3  # the workers' answers are not changed
     # A chunk that made no update (all skipped) keeps the step size of the one before.
     merged = merge_chunks(merged, [_out(0, 0.0, 0.0), _out(0, 0.0, 0.0)])
@@ -182,7 +183,7 @@ def test_the_bar_is_closed_when_training_stops(tmp_path, monkeypatch, capsys, er
     def fail(self):
         raise error
 
-    monkeypatch.setattr(GraphLearner, "validate", fail)  # after the first epoch's updates
+    monkeypatch.setattr(TrainingLoop, "validate", fail)  # after the first epoch's updates
     learner = _learner(tmp_path)
     try:
         with pytest.raises(type(error)):

@@ -81,13 +81,17 @@ def test_the_sequence_is_the_one_training_uses(tmp_path, capsys, on_batch) -> No
     data = tmp_path / "c.dummy"
     data.write_text("\n".join(lines) + "\n")
     job = tmp_path / "job.properties"
-    job.write_text(
-        (ROOT / "conf/fm_census.properties").read_text()
-        + f"angel.train.data.path={data}\nml.epoch.num=3\nangel.workergroup.number=2\n"
+    sets = (
+        f"angel.train.data.path={data}\nml.epoch.num=3\nangel.workergroup.number=2\n"
         f"ml.minibatch.size=100\nangel.log.every.steps=1\nangel.log.path={tmp_path / 'log'}\n"
         f"ml.opt.decay.on.batch={str(on_batch).lower()}\nangel.job.name=sched_{on_batch}\n"
         "ml.opt.decay.class.name=CosineAnnealingLR\n"
     )
+    ours = {line.split("=")[0] for line in sets.splitlines()}
+    base = (ROOT / "conf/fm_census.properties").read_text().splitlines()
+    # (a key given twice in one file is an error: the example's own lines for these go)
+    kept = [line for line in base if line.split("=")[0].strip() not in ours]
+    job.write_text("\n".join(kept) + "\n" + sets)
     with pytest.warns(UserWarning):
         assert main(["schedule", "--conf", str(job)]) == 0
     header, preview, _ = _csv(capsys)
