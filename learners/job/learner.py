@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, load_config
+from angelconf.printable import printable
 from angelps import PSClient, PSOptions, TableSpec
 from decay import StepSizeScheduler
 from learners.angel_keys import angel_notes
@@ -485,7 +486,7 @@ def _say_notes(conf: Config, quiet: bool) -> None:
     """What each Angel key of a job built in Python does here (learners.angel_keys)."""
     if not quiet:
         for note in angel_notes(conf):
-            print(f"angelps: {note}", file=sys.stderr)
+            print(printable(f"angelps: {note}"), file=sys.stderr)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

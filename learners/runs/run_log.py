@@ -24,7 +24,7 @@ import numpy as np
 from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
-from learners.data.problems import printable
+from angelconf.printable import printable, printable_lines
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan
@@ -119,8 +119,11 @@ class RunLog:
             self.file = open(path / METRICS, "a", buffering=1)
 
     def say(self, text: str) -> None:
+        """Lines on stdout (above the bar, when there is one); the control characters of a
+        path or a value in them escaped."""
         if self.quiet:
             return
+        text = printable_lines(text)
         if self.progress is not None:
             self.progress.write(text)
         else:

@@ -1,0 +1,28 @@
+"""Text from a user (a file name, a key, a value, a data line, an address) made safe to print.
+
+Every message that quotes something a user or an input file supplied goes through
+:func:`printable` (one line: the error and warning lines) or :func:`printable_lines` (a block of
+lines, newlines kept: the banner, the done line): a control character (an escape sequence,
+``\\r``, ``\\n``, NUL) is shown escaped as ``repr`` writes it, so a message stays one line and
+cannot move the cursor, recolour or clear the terminal, or hide the text before it. Standard
+library only, so that every layer (``angelps`` included) uses the same one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["printable", "printable_lines"]
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped as ``repr`` writes it (``\\x1b``,
+    ``\\x00``, ``\\r``, ``\\n``): a message quoting an input stays one line and cannot drive the
+    terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """``text``, a block of lines, with the control characters of each line escaped (its
+    ``\\n`` line ends kept)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
