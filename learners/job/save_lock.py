@@ -12,9 +12,9 @@ message says which file to remove once that job is known to be gone.
 
 On a local disk the lock is created with ``O_CREAT | O_EXCL``, atomic on every POSIX file
 system (NFSv3 and later included). On object storage (``s3://``, ``gs://``) pyarrow offers no
-conditional create (no ``If-None-Match``), so the lock object is written after checking that
-none is there and read back to check that this job's token is the one that stayed: two jobs
-starting within the same round trip can both pass (documented in docs/checkpoints.md).
+conditional create (no ``If-None-Match``): the lock object is created through claims
+(:mod:`angelps.checkpoint.remote_lock`, best effort: of contenders that start together one
+takes it), then read back to check that this job's token is the one that stayed.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class SaveLock:
         """Create the lock file; None when created, else the holder it names."""
         if not self.store.create_new(self.path, data):
             return self._holder()
-        # Object storage has no exclusive create (the last writer wins): read back that the
-        # lock names this job (on a local disk O_EXCL has decided already).
+        # Object storage's create is best effort (claims, no conditional put): read back that
+        # the lock names this job (on a local disk O_EXCL has decided already).
         holder = self._holder()
         return None if holder.get("token") == self.me["token"] else holder
 
