@@ -4,13 +4,20 @@ Every message that quotes something a user or an input file supplied goes throug
 :func:`printable` (one line: the error and warning lines) or :func:`printable_lines` (a block of
 lines, newlines kept: the banner, the done line): a control character (an escape sequence,
 ``\\r``, ``\\n``, NUL) is shown escaped as ``repr`` writes it, so a message stays one line and
-cannot move the cursor, recolour or clear the terminal, or hide the text before it. Standard
+cannot move the cursor, recolour or clear the terminal, or hide the text before it. Text of a
+library that colours its own (Ray's tracebacks) loses its colours first (:func:`uncoloured`):
+nothing writes colour codes into a file. Standard
 library only, so that every layer (``angelps`` included) uses the same one.
 """
 
 from __future__ import annotations
 
-__all__ = ["printable", "printable_lines"]
+import re
+
+__all__ = ["printable", "printable_lines", "uncoloured"]
+
+#: An ANSI colour (SGR) sequence, as Ray's tracebacks and log lines carry them.
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def printable(text: str) -> str:
@@ -26,3 +33,9 @@ def printable_lines(text: str) -> str:
     """``text``, a block of lines, with the control characters of each line escaped (its
     ``\\n`` line ends kept)."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def uncoloured(text: str) -> str:
+    """``text`` without its ANSI colour sequences (``\\x1b[36m`` ... ``\\x1b[39m``), as
+    Ray writes them around the ``ray::Actor.method()`` line of a remote traceback."""
+    return _SGR.sub("", text)

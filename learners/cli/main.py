@@ -7,7 +7,8 @@ Exit codes: 0 success, 2 bad configuration or input, 1 failure while running, 13
 Errors are one line on stderr; set ANGELPS_DEBUG=1 to see the traceback too. The line is
 printable: control characters that came from an input file (escape sequences, NUL, carriage
 returns, newlines) are shown escaped, as ``repr`` writes them, and an error raised inside a Ray
-actor is reported as its last line (the original error), not as the actor's traceback.
+actor is reported as its last line (the original error), not as the actor's traceback. The
+traceback of ANGELPS_DEBUG=1 is written without Ray's colour codes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import traceback
 from collections.abc import Sequence
 
 from angelconf.config import ConfigError
+from angelconf.printable import printable_lines, uncoloured
 from angelps import __version__
 from learners.cli import conf, predict, schedule, submit, train
 from learners.cli import export as export_verb
@@ -91,7 +93,10 @@ def _report(exc: Exception, debug: bool) -> int:
     """One line on stderr for ``exc``; the exit code it stands for."""
     root = _root_cause(exc)
     if debug:
-        traceback.print_exc()
+        # Ray colours the remote traceback's header, and a quoted input may hold control
+        # characters: neither reaches a terminal or a log file raw.
+        text = uncoloured(traceback.format_exc()).rstrip("\n")
+        print(printable_lines(text), file=sys.stderr)
     if isinstance(root, _BAD_INPUT) or isinstance(exc, _BAD_INPUT):
         err = root if isinstance(root, _BAD_INPUT) else exc
         print(f"angelps: error: {_message(err)}", file=sys.stderr)

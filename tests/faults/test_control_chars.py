@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from angelconf.printable import printable, printable_lines
+from angelconf.printable import printable, printable_lines, uncoloured
 from learners.runs.retention import Checkpoints
 from learners.runs.run_log import RunLog
 
@@ -198,3 +198,10 @@ def test_printable() -> None:
     assert printable("a\x1b[31mb\r\n\x00\tc") == "a\\x1b[31mb\\r\\n\\x00\\tc"
     assert printable("plain text, ünïcode") == "plain text, ünïcode"
     assert printable_lines("a\x1b\nb\r") == "a\\x1b\nb\\r"
+
+
+def test_uncoloured() -> None:
+    assert (
+        uncoloured("\x1b[36mray::A.f()\x1b[39m (pid=1)\x1b[1;31m!\x1b[0m") == "ray::A.f() (pid=1)!"
+    )
+    assert uncoloured("\x1b[2J stays for printable") == "\x1b[2J stays for printable"

@@ -360,6 +360,8 @@ def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
     assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [1, 2, 3, 4]
     steps = [r["step"] for r in rows if r["kind"] == "step"]
     assert steps == sorted(set(steps))
+    for f in run.iterdir():  # Ray's reasons for the death: no colour codes into the files
+        assert not f.is_file() or b"\x1b" not in f.read_bytes(), f
 
 
 @pytest.mark.slow
