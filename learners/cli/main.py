@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 from angelconf.config import ConfigError
@@ -107,6 +108,22 @@ def _report(exc: Exception, debug: bool) -> int:
     return EXIT_FAILURE
 
 
+def _plain_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    """A Python warning as :func:`warnings.formatwarning` writes it, without Ray's colour codes
+    and with the control characters of a value it quotes escaped."""
+    text = _formatwarning(message, category, filename, lineno, line)
+    return printable_lines(uncoloured(text.rstrip("\n"))) + "\n"
+
+
+_formatwarning = warnings.formatwarning
+
+
 def _verb_options(parser: argparse.ArgumentParser, verb: str) -> list[str]:
     """The option strings of ``verb``'s sub-command (for the suggestion of a mistyped one)."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -123,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
+    warnings.formatwarning = _plain_warning
     try:
         if extra:  # Angel's submit style: --KEY VALUE for any declared key, after --set
             options = _verb_options(parser, args.verb)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from angelconf.printable import printable, printable_lines, uncoloured
+from learners.cli.main import main
 from learners.runs.retention import Checkpoints
 from learners.runs.run_log import RunLog
 
@@ -205,3 +207,17 @@ def test_uncoloured() -> None:
         uncoloured("\x1b[36mray::A.f()\x1b[39m (pid=1)\x1b[1;31m!\x1b[0m") == "ray::A.f() (pid=1)!"
     )
     assert uncoloured("\x1b[2J stays for printable") == "\x1b[2J stays for printable"
+
+
+def test_a_python_warning_is_written_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning quoting a Ray error (the socket transport's fallback) or a value: the
+    command line writes it (warnings.formatwarning) uncoloured, control characters escaped."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after
+    assert main(["schedule", "--steps", "1"]) == 0
+    text = warnings.formatwarning(
+        f"angelps: no direct connection (\x1b[36mray::S.f()\x1b[39m{VF})", RuntimeWarning, "t.py", 7
+    )
+    assert text == (
+        "t.py:7: RuntimeWarning: angelps: no direct connection "
+        "(ray::S.f()\\x1b[2J\\x00\\x07\\x1b]0;title\\x07)\n"
+    )
