@@ -7,7 +7,8 @@ is refused before anything starts, with one line naming the holder (a ConfigErro
 
 A lock left by a job that died without removing it is stale when it names this host and its
 process is gone (or is another process under the same pid): it is taken over, and the console
-says so. A lock naming another host cannot be checked from here: it is respected, and the
+says so; of two jobs that find the same stale lock only one takes the path (on a local disk;
+on object storage, best effort). A lock naming another host cannot be checked from here: it is respected, and the
 message says which file to remove once that job is known to be gone.
 
 On a local disk the lock is created with ``O_CREAT | O_EXCL``, atomic on every POSIX file
@@ -110,7 +111,7 @@ class SaveLock:
             note = f"removing the stale lock {self.path} of {_describe(holder)}"
             # (a lock file's content may be anything: shown escaped)
             print(f"angelps: note: {printable(note)}, which is no longer running", file=sys.stderr)
-            self._remove()
+            self._remove_stale(holder)
         raise ConfigError(f"{self.shown}: cannot take the lock {self.path}")
 
     def _create(self, data: bytes) -> dict[str, Any] | None:
@@ -122,11 +123,11 @@ class SaveLock:
         holder = self._holder()
         return None if holder.get("token") == self.me["token"] else holder
 
-    def _holder(self) -> dict[str, Any]:
-        """The holder a lock file names; an unreadable one (a crash mid-write) names nobody
-        alive on this host, so it is stale."""
+    def _holder(self, path: str | None = None) -> dict[str, Any]:
+        """The holder a lock file (``path``, default the lock) names; an unreadable one (a
+        crash mid-write) names nobody alive on this host, so it is stale."""
         try:
-            holder = json.loads(fs.read_bytes(self.path).decode("utf-8"))
+            holder = json.loads(fs.read_bytes(path or self.path).decode("utf-8"))
         except FileNotFoundError:
             return {}  # removed meanwhile: try again
         except (OSError, ValueError):
@@ -134,6 +135,29 @@ class SaveLock:
         if not isinstance(holder, dict):
             return {"job": "(unreadable lock)", "host": self.me["host"], "pid": 0}
         return holder
+
+    def _remove_stale(self, stale: dict[str, Any]) -> None:
+        """Remove the lock found stale, never a live job's lock that replaced it meanwhile (two
+        jobs that find the same stale lock: the first removes it and takes the lock, the
+        second must not remove that). On a local disk the lock is renamed aside (atomic) and
+        checked: another job's fresh lock is linked back, unless a third has taken the path
+        since. On object storage it is removed as read (best effort: no conditional delete)."""
+        if self.store.kind != "local":
+            self._remove()
+            return
+        aside = f"{self.path}.stale-{self.me['token']}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # another job removed it first
+        try:
+            if self._holder(aside) != stale:
+                try:
+                    os.link(aside, self.path)  # put back: it is another job's, taken meanwhile
+                except FileExistsError:
+                    pass
+        finally:
+            os.unlink(aside)
 
     def _remove(self) -> None:
         try:

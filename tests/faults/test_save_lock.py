@@ -266,3 +266,44 @@ def test_a_claim_left_by_a_crashed_contender_is_ignored_once_stale(bucket, monke
     with SaveLock(save, "next") as lock:
         assert lock.held
     assert remote_lock.claims(f"{save}.lock") == {}
+
+
+def test_two_jobs_finding_the_same_stale_lock(tmp_path, monkeypatch, capsys):
+    """Both find a stale lock; 'early' removes it and takes the lock while 'late' is between
+    reading the stale lock and removing it. Late must not remove early's lock (it did: both
+    then held it): it is refused."""
+    save, lock = str(tmp_path / "model"), tmp_path / "model.lock"
+    stale = {"job": "old", "host": socket.gethostname(), "pid": os.getpid(), "pid_start": "1"}
+    lock.write_text(json.dumps({**stale, "since": 0}))
+    real_holder, read, early_done = SaveLock._holder, threading.Event(), threading.Event()
+
+    def holder(self: SaveLock, path: str | None = None) -> dict[str, Any]:
+        found = real_holder(self, path) if path else real_holder(self)
+        if self.me["job"] == "late" and not read.is_set():
+            read.set()  # late has read the stale lock ...
+            assert early_done.wait(60)  # ... and removes it once early holds the path
+        return found
+
+    real_acquire = SaveLock.acquire
+
+    def acquire(self: SaveLock) -> None:
+        try:
+            real_acquire(self)
+        finally:
+            if self.me["job"] == "early":
+                early_done.set()
+
+    def race(job: str) -> None:
+        if job == "early":
+            assert read.wait(60)
+
+    monkeypatch.setattr(SaveLock, "_holder", holder)
+    monkeypatch.setattr(SaveLock, "acquire", acquire)
+    out = _contend(save, ["early", "late"], race)
+    assert isinstance(out["early"], SaveLock) and out["early"].held
+    assert isinstance(out["late"], ConfigError), out
+    assert "is in use by job 'early'" in str(out["late"])
+    assert json.loads(lock.read_text())["job"] == "early"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.lock"]  # nothing set aside
+    out["early"].release()
+    assert not lock.exists()
