@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from angelconf.printable import printable
 from angelps import fs
 from angelps.checkpoint import remote as checkpoint_remote
 from angelps.checkpoint.errors import CheckpointError
@@ -74,7 +75,9 @@ def remove_launch(root: str) -> None:
     except (OSError, CheckpointError) as e:
         why = " ".join(str(e).split())[:300]
         print(
-            f"angelps: warning: could not remove the shard backups at {root} ({why}); "
-            "remove that prefix by hand",
+            printable(
+                f"angelps: warning: could not remove the shard backups at {root} ({why}); "
+                "remove that prefix by hand"
+            ),
             file=sys.stderr,
         )

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import IO, Any, Protocol
 
 from angelps import fs
-from angelps.checkpoint import local_dir
+from angelps.checkpoint import local_dir, remote_lock
 from angelps.checkpoint import remote as checkpoint_remote
 from angelps.file_store import is_url
 
@@ -299,12 +299,8 @@ class ObjectStore:
         ]
 
     def create_new(self, path: str, data: bytes) -> bool:
-        # No exclusive create on object storage: checked, written, then read back by the
-        # caller (the last writer wins).
-        if fs.exists(path):
-            return False
-        fs.write_bytes(path, data)
-        return True
+        # No conditional put in pyarrow: claims, then the object (best effort, see there).
+        return remote_lock.create_new(path, data)
 
     def delete_file(self, path: str) -> None:
         fs.delete_file(path)

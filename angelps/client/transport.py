@@ -29,6 +29,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from angelconf.printable import printable, uncoloured
 from angelps.client import wire
 from angelps.options import ClientOptions
 from angelps.server.shard import ShardRestarted
@@ -253,8 +254,10 @@ class Transport:
         except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
             # Unreachable from here (a firewall, a loopback-only shard on another node): the
             # shard still answers Ray actor calls, only slower.
+            # A Ray error's text is the remote traceback (coloured): its last line says why.
+            why = printable(uncoloured((str(e).strip().splitlines() or [""])[-1]))
             warnings.warn(
-                f"angelps: no direct connection to parameter shard {shard} ({e}); using Ray "
+                f"angelps: no direct connection to parameter shard {shard} ({why}); using Ray "
                 f"actor calls for it (angel.ps.transport=socket)",
                 RuntimeWarning,
                 stacklevel=4,

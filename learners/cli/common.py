@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from angelconf.config import Config, ConfigError, KeyIndex, load_config
+from angelconf.printable import printable
 from angelconf.properties import parse_properties
 from learners.angel_keys import angel_notes, resolve
 from learners.keys import all_keys
@@ -76,7 +77,7 @@ def load_job(args: argparse.Namespace, extra_sets: Sequence[str] = ()) -> Config
     ``angel.ml.conf`` the keys of Angel's JSON where the job does not set them."""
     conf = load_config(args.conf, [*(args.set or []), *extra_sets], all_keys())
     for note in angel_notes(conf):
-        print(f"angelps: {note}", file=sys.stderr)
+        print(printable(f"angelps: {note}"), file=sys.stderr)
     return apply_angel_json(resolve(conf))
 
 

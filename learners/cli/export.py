@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from angelconf.config import ConfigError
+from angelconf.printable import printable
 from learners.cli.common import EXIT_OK, Subparsers, add_verb
 
 __all__ = ["register"]
@@ -79,6 +80,6 @@ def _export(args: argparse.Namespace) -> int:
 
     written = export_model(str(model), out, fmt, int(args.max_mb * 2**20))
     for name, shape, dtype in written:
-        print(f"{name:<32} {shape} {dtype}", file=sys.stderr)
-    print(f"wrote {len(written)} tensors to {out} ({fmt})", file=sys.stderr)
+        print(printable(f"{name:<32} {shape} {dtype}"), file=sys.stderr)
+    print(printable(f"wrote {len(written)} tensors to {out} ({fmt})"), file=sys.stderr)
     return EXIT_OK

@@ -7,7 +7,8 @@ Exit codes: 0 success, 2 bad configuration or input, 1 failure while running, 13
 Errors are one line on stderr; set ANGELPS_DEBUG=1 to see the traceback too. The line is
 printable: control characters that came from an input file (escape sequences, NUL, carriage
 returns, newlines) are shown escaped, as ``repr`` writes them, and an error raised inside a Ray
-actor is reported as its last line (the original error), not as the actor's traceback.
+actor is reported as its last line (the original error), not as the actor's traceback. The
+traceback of ANGELPS_DEBUG=1 is written without Ray's colour codes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 from angelconf.config import ConfigError
+from angelconf.printable import printable_lines, uncoloured
 from angelps import __version__
 from learners.cli import conf, predict, schedule, submit, train
 from learners.cli import export as export_verb
@@ -91,7 +94,10 @@ def _report(exc: Exception, debug: bool) -> int:
     """One line on stderr for ``exc``; the exit code it stands for."""
     root = _root_cause(exc)
     if debug:
-        traceback.print_exc()
+        # Ray colours the remote traceback's header, and a quoted input may hold control
+        # characters: neither reaches a terminal or a log file raw.
+        text = uncoloured(traceback.format_exc()).rstrip("\n")
+        print(printable_lines(text), file=sys.stderr)
     if isinstance(root, _BAD_INPUT) or isinstance(exc, _BAD_INPUT):
         err = root if isinstance(root, _BAD_INPUT) else exc
         print(f"angelps: error: {_message(err)}", file=sys.stderr)
@@ -100,6 +106,22 @@ def _report(exc: Exception, debug: bool) -> int:
     if not debug:
         print("angelps: set ANGELPS_DEBUG=1 for the traceback", file=sys.stderr)
     return EXIT_FAILURE
+
+
+def _plain_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    """A Python warning as :func:`warnings.formatwarning` writes it, without Ray's colour codes
+    and with the control characters of a value it quotes escaped."""
+    text = _formatwarning(message, category, filename, lineno, line)
+    return printable_lines(uncoloured(text.rstrip("\n"))) + "\n"
+
+
+_formatwarning = warnings.formatwarning
 
 
 def _verb_options(parser: argparse.ArgumentParser, verb: str) -> list[str]:
@@ -118,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     debug = os.environ.get("ANGELPS_DEBUG", "") not in ("", "0")
+    warnings.formatwarning = _plain_warning
     try:
         if extra:  # Angel's submit style: --KEY VALUE for any declared key, after --set
             options = _verb_options(parser, args.verb)

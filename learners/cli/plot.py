@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from angelconf.printable import printable
 from angelps.file_store import files_for
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
 from learners.runs.folders import RunRef
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         target = args.out or _default_out(refs, args.log_dir)
         out = plot_runs(runs, target, metrics=args.metric, title=args.title, where=where)
     except ValueError as e:
-        print(f"angelps: error: {e}", file=sys.stderr)
+        print(printable(f"angelps: error: {e}"), file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"wrote {out}", file=sys.stderr)
+    print(printable(f"wrote {out}"), file=sys.stderr)
     return EXIT_OK

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
+from angelconf.printable import printable
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
@@ -109,7 +110,7 @@ def job_from_args(args: argparse.Namespace) -> tuple[Config, JobAction]:
     # Relative paths mean the command's directory, also for actors on other nodes.
     conf = load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None])
     for note in relative_notes(conf, args.address):
-        print(note, file=sys.stderr)
+        print(printable(note), file=sys.stderr)
     conf = absolute_paths(conf)
     return conf, JobAction.from_config(conf)
 
@@ -256,7 +257,7 @@ def predict_job(conf: Config, action: JobAction, address: str | None) -> int:
     finally:
         learner.shutdown()
     rows = write_predictions(pred, out)
-    print(f"wrote {rows} predictions to {out}", file=sys.stderr)
+    print(printable(f"wrote {rows} predictions to {out}"), file=sys.stderr)
     return EXIT_OK
 
 

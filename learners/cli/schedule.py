@@ -27,6 +27,7 @@ from typing import Any
 
 import decay
 from angelconf.config import ConfigError
+from angelconf.printable import printable
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
@@ -371,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
     """Print (and optionally plot) the schedule; returns the exit code."""
     if args.catalogue:
         for path in catalogue(args.catalogue):
-            print(path)
+            print(printable(str(path)))
         return EXIT_OK
     if args.steps is not None and args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: expected an integer >= 0")
@@ -382,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
             "(print them without --plot)"
         )
     if p.why:
-        print(f"# {p.why}", file=sys.stderr)
+        print(printable(f"# {p.why}"), file=sys.stderr)
     try:
         if args.format == "csv":
             _write_csv(p)
@@ -395,5 +396,5 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         title = f"{p.sched.describe()}; {p.why}" if p.why else None
         plot(p.sched, p.steps, args.plot, title, p.unit, p.per_epoch, p)
-        print(f"wrote {args.plot}", file=sys.stderr)
+        print(printable(f"wrote {args.plot}"), file=sys.stderr)
     return EXIT_OK

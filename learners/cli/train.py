@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from angelconf.config import Config, ConfigError
+from angelconf.printable import printable
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
 from learners.job.action import JobAction
@@ -79,7 +80,7 @@ def _train(args: argparse.Namespace) -> int:
     conf = load_job(args)  # a bad key or value answers before torch and Ray load
     action = JobAction.from_config(conf)
     for note in relative_notes(conf, args.address):
-        print(note, file=sys.stderr)
+        print(printable(note), file=sys.stderr)
     if action.action in ("predict", "evaluate"):
         raise ConfigError(
             f"action.type={action.action} ({conf.source('action.type')}) does not train: run "
@@ -123,5 +124,5 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
         replace_atomically(path, lambda tmp: _write_text(tmp, text))
     if pred is not None and out is not None:
         rows = write_predictions(pred, out)
-        print(f"wrote {rows} predictions to {out}", file=sys.stderr)
+        print(printable(f"wrote {rows} predictions to {out}"), file=sys.stderr)
     return EXIT_OK

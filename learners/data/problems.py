@@ -3,7 +3,7 @@
 A parser never raises for a bad line or row itself: it returns ``(where, reason)`` messages in
 input order, and :func:`reject` either raises :class:`DataError` for the first one or, under
 ``ml.data.skip.bad.lines=true``, counts them all in :class:`ReadStats`. Text quoted from an input
-goes through :func:`printable` first. A schema problem (a
+goes through :func:`printable` (:mod:`angelconf.printable`) first. A schema problem (a
 Parquet column of the wrong type, an unreadable file) is not a bad row and always raises.
 """
 
@@ -12,16 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from angelconf.printable import printable
+
 __all__ = ["FORMAT_HINT", "DataError", "ReadStats", "printable", "reject"]
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character escaped as ``repr`` writes it (``\\x1b``,
-    ``\\x00``, ``\\r``): a message quoting an input file stays one line and cannot drive the
-    terminal."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class DataError(ValueError):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from angelconf.config import Config, load_config
+from angelconf.printable import printable
 from angelps import PSOptions
 from decay import StepSizeScheduler
 from learners.angel_keys import angel_notes
@@ -191,4 +192,4 @@ def _say_notes(conf: Config, quiet: bool) -> None:
     """What each Angel key of a job built in Python does here (learners.angel_keys)."""
     if not quiet:
         for note in angel_notes(conf):
-            print(f"angelps: {note}", file=sys.stderr)
+            print(printable(f"angelps: {note}"), file=sys.stderr)

@@ -10,6 +10,7 @@ its processes after a SIGTERM to the whole process group (:func:`kill`, :data:`a
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ import tempfile
 
 from ray._private import ray_constants
 from ray._private import worker as ray_worker
+
+from angelconf.printable import uncoloured
 
 __all__ = [
     "abandoned",
@@ -50,12 +53,27 @@ def new_tmp() -> str:
     return tmp_dir
 
 
+class _Uncoloured(logging.Filter):
+    """Ray's log records without colour codes (an "Unhandled error" line quotes a remote
+    traceback, whose header Ray colours)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "\x1b" in text:
+            record.msg, record.args = uncoloured(text), None
+        return True
+
+
 def plain_prefixes() -> None:
-    """No colour codes around Ray's ``(Actor pid=...)`` prefixes when the output is not a
-    terminal (a log file, a pipe) or NO_COLOR is set; a RAY_COLOR_PREFIX of the user wins."""
+    """No colour codes around Ray's ``(Actor pid=...)`` prefixes, nor in the lines Ray's
+    driver-side logger writes, when the output is not a terminal (a log file, a pipe) or
+    NO_COLOR is set; a RAY_COLOR_PREFIX of the user wins."""
     tty = all(getattr(f, "isatty", lambda: False)() for f in (sys.stdout, sys.stderr))
     if not tty or os.environ.get("NO_COLOR"):
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        for handler in logging.getLogger("ray").handlers:
+            if not any(isinstance(f, _Uncoloured) for f in handler.filters):
+                handler.addFilter(_Uncoloured())
 
 
 def loopback_only(on: bool) -> None:

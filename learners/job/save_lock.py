@@ -7,14 +7,15 @@ is refused before anything starts, with one line naming the holder (a ConfigErro
 
 A lock left by a job that died without removing it is stale when it names this host and its
 process is gone (or is another process under the same pid): it is taken over, and the console
-says so. A lock naming another host cannot be checked from here: it is respected, and the
+says so; of two jobs that find the same stale lock only one takes the path (on a local disk;
+on object storage, best effort). A lock naming another host cannot be checked from here: it is respected, and the
 message says which file to remove once that job is known to be gone.
 
 On a local disk the lock is created with ``O_CREAT | O_EXCL``, atomic on every POSIX file
 system (NFSv3 and later included). On object storage (``s3://``, ``gs://``) pyarrow offers no
-conditional create (no ``If-None-Match``), so the lock object is written after checking that
-none is there and read back to check that this job's token is the one that stayed: two jobs
-starting within the same round trip can both pass (documented in docs/checkpoints.md).
+conditional create (no ``If-None-Match``): the lock object is created through claims
+(:mod:`angelps.checkpoint.remote_lock`, best effort: of contenders that start together one
+takes it), then read back to check that this job's token is the one that stayed.
 """
 
 from __future__ import annotations
@@ -110,23 +111,23 @@ class SaveLock:
             note = f"removing the stale lock {self.path} of {_describe(holder)}"
             # (a lock file's content may be anything: shown escaped)
             print(f"angelps: note: {printable(note)}, which is no longer running", file=sys.stderr)
-            self._remove()
+            self._remove_stale(holder)
         raise ConfigError(f"{self.shown}: cannot take the lock {self.path}")
 
     def _create(self, data: bytes) -> dict[str, Any] | None:
         """Create the lock file; None when created, else the holder it names."""
         if not self.store.create_new(self.path, data):
             return self._holder()
-        # Object storage has no exclusive create (the last writer wins): read back that the
-        # lock names this job (on a local disk O_EXCL has decided already).
+        # Object storage's create is best effort (claims, no conditional put): read back that
+        # the lock names this job (on a local disk O_EXCL has decided already).
         holder = self._holder()
         return None if holder.get("token") == self.me["token"] else holder
 
-    def _holder(self) -> dict[str, Any]:
-        """The holder a lock file names; an unreadable one (a crash mid-write) names nobody
-        alive on this host, so it is stale."""
+    def _holder(self, path: str | None = None) -> dict[str, Any]:
+        """The holder a lock file (``path``, default the lock) names; an unreadable one (a
+        crash mid-write) names nobody alive on this host, so it is stale."""
         try:
-            holder = json.loads(fs.read_bytes(self.path).decode("utf-8"))
+            holder = json.loads(fs.read_bytes(path or self.path).decode("utf-8"))
         except FileNotFoundError:
             return {}  # removed meanwhile: try again
         except (OSError, ValueError):
@@ -134,6 +135,29 @@ class SaveLock:
         if not isinstance(holder, dict):
             return {"job": "(unreadable lock)", "host": self.me["host"], "pid": 0}
         return holder
+
+    def _remove_stale(self, stale: dict[str, Any]) -> None:
+        """Remove the lock found stale, never a live job's lock that replaced it meanwhile (two
+        jobs that find the same stale lock: the first removes it and takes the lock, the
+        second must not remove that). On a local disk the lock is renamed aside (atomic) and
+        checked: another job's fresh lock is linked back, unless a third has taken the path
+        since. On object storage it is removed as read (best effort: no conditional delete)."""
+        if self.store.kind != "local":
+            self._remove()
+            return
+        aside = f"{self.path}.stale-{self.me['token']}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # another job removed it first
+        try:
+            if self._holder(aside) != stale:
+                try:
+                    os.link(aside, self.path)  # put back: it is another job's, taken meanwhile
+                except FileExistsError:
+                    pass
+        finally:
+            os.unlink(aside)
 
     def _remove(self) -> None:
         try:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from angelconf.printable import printable
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.errors import CheckpointDamaged, CheckpointError
 from angelps.checkpoint.store import store_for
@@ -98,7 +99,7 @@ class Checkpoints:
         self.keep_last = keep_last
         self.keep_best = keep_best
         self.on_failure = on_failure
-        self.warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.warn = warn or (lambda text: print(printable(text), file=sys.stderr, flush=True))
         self.last_good: Kept | None = None
         #: the epoch (0-based) whose checkpoint is kept at <path>.best
         self.best_kept: int | None = None

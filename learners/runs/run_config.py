@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config, format_value
+from angelconf.printable import printable
 
 __all__ = ["CONFIG_FILE", "hparams", "log_hparams", "write_config"]
 
@@ -34,8 +35,13 @@ _HEADLINE = (
 
 
 def _escape(text: str) -> str:
-    """A value as a .properties line keeps it (a backslash and leading blanks escaped)."""
+    """A value as a .properties line keeps it: a backslash and leading blanks escaped, and a
+    control character (an escape sequence, a line end) as ``\\uXXXX``, which reads back as
+    itself and keeps the file plain text."""
     text = text.replace("\\", "\\\\")
+    text = "".join(
+        c if c.isprintable() or ord(c) > 0xFFFF else f"\\u{ord(c):04x}" for c in text
+    )
     return "\\" + text if text[:1].isspace() else text
 
 
@@ -44,7 +50,7 @@ def write_config(run_dir: Path, conf: Config) -> Path:
     lines = ["# The resolved configuration of this run: every key, its value and its source."]
     for name in sorted(conf):
         value = conf[name]
-        lines.append(f"# {conf.source(name)}")
+        lines.append(printable(f"# {conf.source(name)}"))  # (a file name may hold anything)
         if value is None:
             lines.append(f"# {name} = (unset)")
         else:

@@ -5,7 +5,11 @@ line of ``<run>/metrics.jsonl``, with a ``kind``: ``start`` (the job, its model 
 ``step`` (one per ``angel.log.every.steps`` updates), ``epoch`` (after validation; ``step`` is
 the global update at its end) and ``summary`` (the end of the run, also ``<run>/summary.json``;
 its ``run_dir`` is the run's URL when ``angel.log.path`` is on object storage).
-Non-finite floats are written as ``null`` (JSON has no NaN). TensorBoard, when asked for, gets
+Non-finite floats are written as ``null`` (JSON has no NaN). Each epoch has one ``epoch``
+record and each global update at most one ``step`` record, even when a worker's death restarts
+the job from its last checkpoint and an epoch (or the end of one, and its save) runs again: the
+records of what was logged before the restart are not written again (a restart from a
+checkpoint reproduces them: docs/checkpoints.md). TensorBoard, when asked for, gets
 ``train/*`` and ``valid/*`` scalars on the global update (:func:`tb_scalars`), seconds per
 phase as ``time/*``, and the job's keys once as text.
 """
@@ -24,7 +28,7 @@ import numpy as np
 from angelconf.config import Config, ConfigError
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
-from learners.data.problems import printable
+from angelconf.printable import printable, printable_lines
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan
@@ -103,6 +107,9 @@ class RunLog:
         self.upload_to = run_logs_for(upload_to).upload_to if upload_to else None
         #: something was written since the last copy (each copy sends every file whole)
         self._unsent = False
+        #: the epochs with an epoch record, and the last global update with a step record
+        self._epochs: set[int] = set()
+        self._last_step = -1
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         if tensorboard:
@@ -119,8 +126,11 @@ class RunLog:
             self.file = open(path / METRICS, "a", buffering=1)
 
     def say(self, text: str) -> None:
+        """Lines on stdout (above the bar, when there is one); the control characters of a
+        path or a value in them escaped."""
         if self.quiet:
             return
+        text = printable_lines(text)
         if self.progress is not None:
             self.progress.write(text)
         else:
@@ -165,6 +175,10 @@ class RunLog:
         self.tb.add_text("config", "\n".join(["| key | value | from |", "|---|---|---|", *rows]), 0)
 
     def record(self, obj: Mapping[str, Any]) -> None:
+        """One record into metrics.jsonl (and TensorBoard); an epoch or step record that was
+        written already (the job restarted from a checkpoint and ran it again) is not."""
+        if self._written(obj):
+            return
         self._unsent = True
         if self.file is not None:
             self.file.write(json.dumps(jsonable(_as_written(obj))) + "\n")
@@ -174,6 +188,19 @@ class RunLog:
                 self.tb.add_scalar(tag, value, at)
         if obj.get("kind") == "epoch":
             self.upload()
+
+    def _written(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is an epoch or step record written before (and note it if not)."""
+        kind, epoch, step = obj.get("kind"), obj.get("epoch"), obj.get("step")
+        if kind == "epoch" and isinstance(epoch, (int, np.integer)):
+            if int(epoch) in self._epochs:
+                return True
+            self._epochs.add(int(epoch))
+        elif kind == "step" and isinstance(step, (int, np.integer)):
+            if int(step) <= self._last_step:
+                return True
+            self._last_step = int(step)
+        return False
 
     def upload(self) -> bool:
         """Copy the run to ``upload_to`` (object storage); False when that failed. A failure is

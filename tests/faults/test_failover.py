@@ -17,6 +17,7 @@ by default, the other variants are slow.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -249,48 +250,118 @@ def test_a_dead_worker_beyond_the_allowed_restarts_fails_the_job_with_one_line(
     assert "\n" not in msg
 
 
+def _kill_and_wait(victim: Any) -> None:
+    """Kill worker actor ``victim`` and wait until Ray knows it is dead (ray.kill is
+    asynchronous)."""
+    ray.kill(victim)
+    for _ in range(200):
+        try:
+            ray.get(victim.__ray_ready__.remote(), timeout=1)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+
+
+class _KillAfter:
+    """The worker group, but worker 1 is killed once ``method`` has answered (a proxy:
+    everything else is the group's own)."""
+
+    def __init__(self, workers: Any, method: str) -> None:
+        self._workers, self._method = workers, method
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._workers, name)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def execute(self, method: str, *args: Any) -> Any:
+        out = self._workers.execute(method, *args)
+        if method == self._method:
+            _kill_and_wait(self._workers.actors[1])
+        return out
+
+    def execute_single(self, index: int, method: str, *args: Any) -> Any:
+        out = self._workers.execute_single(index, method, *args)
+        if method == self._method:
+            _kill_and_wait(self._workers.actors[1])
+        return out
+
+
+# Where in the second epoch's save worker 1 is killed, and the epochs done by the checkpoint
+# the job restarts from: up to the RNG states the save needs the dead worker (it fails, and
+# the job runs the second epoch again); after them the checkpoint is written without it, and
+# the death is found as the third epoch starts.
+SAVE_KILLS = [
+    pytest.param("start", 1, id="before the dense layers are taken"),
+    pytest.param("dense_state", 1, id="after the dense layers", marks=pytest.mark.slow),
+    pytest.param("rng_state", 2, id="after the RNG states", marks=pytest.mark.slow),
+    pytest.param("tables", 2, id="after the shards wrote their tables", marks=pytest.mark.slow),
+    pytest.param("committed", 2, id="after the commit", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("point", "resumed"), SAVE_KILLS)
 def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
     tmp_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    point: str,
+    resumed: int,
 ) -> None:
-    """Worker 1 killed inside the second epoch's save (after the dense layers were taken from
-    worker 0, before the RNG states): the save is not blamed on the disk; the job restarts
-    from the first epoch's checkpoint, runs the second epoch and its save again, and ends with
-    the uninterrupted run's metrics."""
+    """Worker 1 killed at one of five points of the second epoch's save: the save is not
+    blamed on the disk; the job restarts from the last checkpoint, says so, and ends with the
+    uninterrupted run's metrics; its metrics.jsonl has each epoch's record once."""
+    from angelps.checkpoint import files
     from learners.job import saved_model
 
     ref = _reference(tmp_path_factory, 2, EPOCHS)
-    real, saves = saved_model.save, []
+    real_save, real_manifest, saves = saved_model.save, files.write_manifest, []
 
     def save(path: str, ps: Any, workers: Any, section: Any, held: Any = ()) -> None:
-        saves.append(path)
-        if len(saves) == 2:
-            victim = workers.actors[1]
-            ray.kill(victim)
-            for _ in range(200):  # until Ray knows it is dead (ray.kill is asynchronous)
-                try:
-                    ray.get(victim.__ray_ready__.remote(), timeout=1)
-                except ray.exceptions.RayActorError:
-                    break
-                except ray.exceptions.GetTimeoutError:
-                    pass
-                time.sleep(0.05)
-        real(path, ps, workers, section, held)
+        saves.append(workers)
+        if len(saves) != 2:
+            return real_save(path, ps, workers, section, held)
+        if point == "start":
+            _kill_and_wait(workers.actors[1])
+        elif point in ("dense_state", "rng_state"):
+            workers = _KillAfter(workers, point)
+        real_save(path, ps, workers, section, held)
+        if point == "committed":
+            _kill_and_wait(workers.actors[1])
+        return None
+
+    def write_manifest(root: str, manifest: Any) -> None:
+        if point == "tables" and len(saves) == 2 and ".tmp-" in os.path.basename(root):
+            _kill_and_wait(saves[-1].actors[1])
+        real_manifest(root, manifest)
 
     monkeypatch.setattr(saved_model, "save", save)
+    monkeypatch.setattr(files, "write_manifest", write_manifest)
     history, _, _ = _run(tmp_path, _sets(tmp_path, "save-death", 2, EPOCHS), None)
     err = capsys.readouterr().err
     assert "CheckpointWriteError" not in err and "could not be written" not in err, err
     assert "angelps: warning: worker 1 died (" in err, err
+    during = ", while the checkpoint of epoch 2 was written" if resumed == 1 else ""
     assert (
-        ", while the checkpoint of epoch 2 was written); restarting the workers and parameter "
-        f"shards from the checkpoint {tmp_path / 'model'} (epoch 1 done), restart 1 of "
+        f"{during}); restarting the workers and parameter shards from the checkpoint "
+        f"{tmp_path / 'model'} (epoch {resumed} done), restart 1 of "
         "angel.worker.max.restarts=3\n"
     ) in err, err
-    assert len(saves) == EPOCHS + 1  # the second epoch's save, again after the restart
+    # The second epoch's save again after the restart, when it failed.
+    assert len(saves) == EPOCHS + (1 if resumed == 1 else 0)
     assert _metrics(history) == ref
+    run = latest_run(tmp_path / "log")
+    assert run is not None
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [1, 2, 3, 4]
+    steps = [r["step"] for r in rows if r["kind"] == "step"]
+    assert steps == sorted(set(steps))
+    for f in run.iterdir():  # Ray's reasons for the death: no colour codes into the files
+        assert not f.is_file() or b"\x1b" not in f.read_bytes(), f
 
 
 @pytest.mark.slow

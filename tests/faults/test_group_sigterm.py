@@ -3,7 +3,8 @@
 A real ``angelps train`` (its own private Ray) is started in a session of its own; once an
 epoch has ended and its checkpoint is written, SIGTERM goes to the whole group at once (the
 driver and every process of its Ray). The driver stops as after a SIGTERM to it alone: within
-2 s, exit 143, one line; no process of the job is left; the last checkpoint verifies.
+2 s, exit 143, one line; no process of the job is left; the last checkpoint verifies. The same
+under GNU ``timeout`` when the job's time is up (slow).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from angelps.checkpoint import files as checkpoint
 from tests.faults.procs import session
@@ -23,10 +27,14 @@ from tests.test_interrupt import _epoch_lines, _metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sigterm_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
+def _stopped(tmp_path: Path, prefix: list[str], stop: Callable[[int], None]) -> tuple[int, str]:
+    """Run ``prefix + angelps train`` in a session of its own until its first epoch's
+    checkpoint is written, ``stop(pid)`` it; (its exit code, stderr) once every process of the
+    job is checked gone within 4 s, the checkpoint verified and the private Ray's folder
+    removed."""
     model, log = tmp_path / "model", tmp_path / "log"
     cmd = [
-        sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
+        *prefix, sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
         "--set", "ml.epoch.num=200", "--set", "ml.minibatch.size=1024",
         "--set", f"angel.save.model.path={model}", "--set", f"angel.log.path={log}",
     ]  # fmt: skip
@@ -48,7 +56,7 @@ def test_sigterm_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no epoch finished within 240 s"
             time.sleep(0.2)
         assert len(session(proc.pid)) > 3  # the driver and its private Ray's processes
-        os.killpg(proc.pid, signal.SIGTERM)
+        stop(proc.pid)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=120)
         took = time.monotonic() - sent
@@ -64,7 +72,6 @@ def test_sigterm_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
             proc.wait()
         for pid in session(proc.pid):
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 143, err
     assert err.splitlines()[-1] == "angelps: terminated (SIGTERM); stopped cleanly", err
     assert "Traceback" not in err
     # (0.7 s measured on 2 busy cores; it was 7-9 s. A loose bound: not a benchmark.)
@@ -73,3 +80,25 @@ def test_sigterm_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
     checkpoint.verify(str(model))
     assert not os.listdir(env["RAY_TMPDIR"])  # the private Ray's folder removed
     os.rmdir(env["RAY_TMPDIR"])
+    return proc.returncode, err
+
+
+def test_sigterm_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
+    code, err = _stopped(tmp_path, [], lambda pid: os.killpg(pid, signal.SIGTERM))
+    assert code == 143, err
+
+
+@pytest.mark.slow
+def test_a_job_run_under_timeout_stops_cleanly_when_its_time_is_up(tmp_path: Path) -> None:
+    """``timeout --preserve-status -s TERM``, as a batch script bounds a job: when the time is
+    up, timeout sends SIGTERM to the job and then to its whole process group (the job's
+    private Ray included), and exits with the job's own status: 143. (Without
+    ``--preserve-status`` it would exit 124, its own code for "timed out".) Its time is made
+    up here with SIGALRM, the alarm timeout itself waits for, once the first epoch's
+    checkpoint is written: the same path as the deadline passing, at a known moment."""
+    code, err = _stopped(
+        tmp_path,
+        ["timeout", "--preserve-status", "-s", "TERM", "3600"],
+        lambda pid: os.kill(pid, signal.SIGALRM),  # pid: timeout's own
+    )
+    assert code == 143, err

@@ -113,3 +113,62 @@ def test_a_private_ray_leaves_no_session_folder_and_no_colour_codes_in_files() -
     line = [ln for ln in run.stderr.splitlines() if "hello from a task" in ln]
     assert len(line) == 1 and line[0].startswith("(say pid="), run.stderr
     assert "\x1b[" not in run.stderr
+
+
+_UNHANDLED = """
+import logging, sys
+from learners.job import private_ray
+private_ray.plain_prefixes()  # stderr here is a file
+logging.getLogger("ray._private.worker").error(
+    "Unhandled error: %s", "\\x1b[36mray::WorkerActor.call()\\x1b[39m (pid=1, ip=127.0.0.1)"
+)
+"""
+
+
+def test_ray_s_own_log_lines_lose_their_colours_in_a_file(tmp_path: Path) -> None:
+    """The "Unhandled error" line Ray's driver-side logger writes quotes a remote traceback,
+    whose header Ray colours."""
+    err = tmp_path / "err.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = str(REPO)
+    with open(err, "wb") as f:
+        run = subprocess.run(
+            [sys.executable, "-c", _UNHANDLED], cwd=REPO, env=env, stderr=f, timeout=120
+        )
+    assert run.returncode == 0, err.read_text()
+    text = err.read_text()
+    assert "Unhandled error: ray::WorkerActor.call() (pid=1, ip=127.0.0.1)" in text, text
+    assert "\x1b" not in text
+
+
+def test_the_debug_traceback_of_a_worker_s_error_has_no_colour_codes(tmp_path: Path) -> None:
+    """ANGELPS_DEBUG=1 with stderr into a file: the remote traceback's header (which Ray
+    colours) and the quoted bad line are written plain, escaped where needed."""
+    data = tmp_path / "bad.libsvm"
+    data.write_bytes(b"1 3:1 11:1\n-1 5:1 7:1\n" * 20 + b"1 3:1 \x1b[31mred\n")
+    sets = {
+        "angel.train.data.path": data,
+        "angel.save.model": "false",
+        "angel.log.path": tmp_path / "log",
+        "ml.epoch.num": 1,
+    }
+    cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO), ANGELPS_DEBUG="1", RAY_TMPDIR=short_tmp())
+    err = tmp_path / "err.log"
+    with open(err, "wb") as f:
+        run = subprocess.run(
+            [*cmd, *(f"--set={k}={v}" for k, v in sets.items())],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            timeout=240,
+        )
+    shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    text = err.read_text()
+    assert run.returncode == 2, text
+    assert "Traceback (most recent call last)" in text
+    assert "ray::WorkerActor.call() (pid=" in text, text  # was \x1b[36mray::...\x1b[39m
+    assert "got '1 3:1 \\x1b[31mred'" in text
+    assert "\x1b" not in text

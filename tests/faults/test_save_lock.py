@@ -5,7 +5,8 @@ inside its first save, holding ``model.lock``; a second job with the same
 ``angel.save.model.path`` is refused before it starts anything, exit 2, one line naming the
 holder (job, pid, host). The first job is then SIGKILLed with its process group: its lock is
 stale (its pid is gone) and the next job takes it over, says so, trains and removes it. A lock
-naming a reused pid is stale too; on object storage (moto's S3) the lock object works the same.
+naming a reused pid is stale too; on object storage (moto's S3) the lock object works the same,
+and of contenders that take it at the same moment one holds it and the others are refused.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from angelconf.config import ConfigError
+from angelps import fs
+from angelps.checkpoint import remote_lock
 from learners.cli.main import main
 from learners.job.save_lock import SaveLock
 from tests.object_store import make_bucket, s3_server
@@ -173,3 +178,132 @@ def test_a_lock_file_s_content_is_shown_escaped(tmp_path, capsys):
     with pytest.raises(ConfigError) as e:
         SaveLock(str(tmp_path / "model"), "new").acquire()
     assert "on far\\rhost" in str(e.value) and "\r" not in str(e.value)
+
+
+def _contend(save: str, jobs: list[str], race: Any = None) -> dict[str, Any]:
+    """Each of ``jobs`` takes the lock of ``save`` in a thread of its own (all at once): job ->
+    its held SaveLock, or the ConfigError that refused it."""
+    out: dict[str, Any] = {}
+    start = threading.Barrier(len(jobs))
+
+    def take(job: str) -> None:
+        start.wait()
+        if race is not None:
+            race(job)
+        lock = SaveLock(save, job)
+        try:
+            lock.acquire()
+            out[job] = lock
+        except ConfigError as e:
+            out[job] = e
+
+    threads = [threading.Thread(target=take, args=(j,), name=j) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_two_jobs_taking_the_object_storage_lock_in_the_same_round_trip(bucket, monkeypatch):
+    """Job 'late' checks that no lock is there, then stalls until job 'early' has taken it:
+    without a conditional put, its plain write would replace early's lock and both would
+    hold it. Its claim then finds early's lock, and it is refused."""
+    save = f"{bucket}/race/model"
+    real_exists, checked, early_done = fs.exists, threading.Event(), threading.Event()
+
+    def exists(path: str) -> bool:
+        found = real_exists(path)
+        if threading.current_thread().name == "late" and not checked.is_set():
+            checked.set()  # late saw no lock ...
+            assert early_done.wait(60)  # ... and goes on once early holds it
+        return found
+
+    def race(job: str) -> None:
+        if job == "early":
+            assert checked.wait(60)
+
+    monkeypatch.setattr(fs, "exists", exists)
+    real_acquire = SaveLock.acquire
+
+    def acquire(self: SaveLock) -> None:
+        try:
+            real_acquire(self)
+        finally:
+            if self.me["job"] == "early":
+                early_done.set()
+
+    monkeypatch.setattr(SaveLock, "acquire", acquire)
+    out = _contend(save, ["early", "late"], race)
+    assert isinstance(out["early"], SaveLock) and out["early"].held
+    assert isinstance(out["late"], ConfigError), out
+    assert f"angel.save.model.path={save} is in use by job 'early'" in str(out["late"])
+    assert json.loads(fs.read_bytes(f"{save}.lock"))["job"] == "early"
+    out["early"].release()
+    assert not fs.exists(f"{save}.lock")
+    assert remote_lock.claims(f"{save}.lock") == {}  # every claim withdrawn
+
+
+def test_many_jobs_taking_the_object_storage_lock_at_once(bucket):
+    save = f"{bucket}/many/model"
+    jobs = [f"job{i}" for i in range(6)]
+    out = _contend(save, jobs)
+    held = [j for j in jobs if isinstance(out[j], SaveLock)]
+    assert len(held) == 1, out
+    for j in jobs:
+        if j not in held:
+            assert f"is in use by job '{held[0]}'" in str(out[j]), out[j]
+    assert json.loads(fs.read_bytes(f"{save}.lock"))["job"] == held[0]
+    assert remote_lock.claims(f"{save}.lock") == {}
+    out[held[0]].release()
+
+
+def test_a_claim_left_by_a_crashed_contender_is_ignored_once_stale(bucket, monkeypatch):
+    save = f"{bucket}/stale/model"
+    fs.write_bytes(f"{save}.lock.claim-leftover", b"")
+    time.sleep(1.1)  # the store's clock counts seconds
+    monkeypatch.setattr(remote_lock, "STALE_S", 0.5)
+    with SaveLock(save, "next") as lock:
+        assert lock.held
+    assert remote_lock.claims(f"{save}.lock") == {}
+
+
+def test_two_jobs_finding_the_same_stale_lock(tmp_path, monkeypatch, capsys):
+    """Both find a stale lock; 'early' removes it and takes the lock while 'late' is between
+    reading the stale lock and removing it. Late must not remove early's lock (it did: both
+    then held it): it is refused."""
+    save, lock = str(tmp_path / "model"), tmp_path / "model.lock"
+    stale = {"job": "old", "host": socket.gethostname(), "pid": os.getpid(), "pid_start": "1"}
+    lock.write_text(json.dumps({**stale, "since": 0}))
+    real_holder, read, early_done = SaveLock._holder, threading.Event(), threading.Event()
+
+    def holder(self: SaveLock, path: str | None = None) -> dict[str, Any]:
+        found = real_holder(self, path) if path else real_holder(self)
+        if self.me["job"] == "late" and not read.is_set():
+            read.set()  # late has read the stale lock ...
+            assert early_done.wait(60)  # ... and removes it once early holds the path
+        return found
+
+    real_acquire = SaveLock.acquire
+
+    def acquire(self: SaveLock) -> None:
+        try:
+            real_acquire(self)
+        finally:
+            if self.me["job"] == "early":
+                early_done.set()
+
+    def race(job: str) -> None:
+        if job == "early":
+            assert read.wait(60)
+
+    monkeypatch.setattr(SaveLock, "_holder", holder)
+    monkeypatch.setattr(SaveLock, "acquire", acquire)
+    out = _contend(save, ["early", "late"], race)
+    assert isinstance(out["early"], SaveLock) and out["early"].held
+    assert isinstance(out["late"], ConfigError), out
+    assert "is in use by job 'early'" in str(out["late"])
+    assert json.loads(lock.read_text())["job"] == "early"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.lock"]  # nothing set aside
+    out["early"].release()
+    assert not lock.exists()

@@ -53,3 +53,21 @@ def test_hparams_reach_tensorboard(tmp_path: Path) -> None:
     acc.Reload()
     assert acc.PluginTagToContent("hparams")  # the HParams plugin's summaries
     assert acc.Scalars("final/valid_auc")[0].value == pytest.approx(0.875)
+
+
+def test_control_characters_are_escaped_and_read_back(tmp_path: Path) -> None:
+    """A value (or the name of the file it came from) holding an escape sequence, a line end
+    or NUL: config.properties stays plain text, one line per key, and reloads the same."""
+    d = tmp_path / "job\x1b[31m\rdir"
+    d.mkdir()
+    job = d / "job.properties"
+    job.write_text("angel.job.name = red\\u001b[31m\\r\\nname\\u0000\\ttab\n")
+    conf = load_config(job, [], all_keys())
+    assert conf["angel.job.name"] == "red\x1b[31m\r\nname\x00\ttab"
+    out = write_config(tmp_path, conf)
+    text = out.read_text()
+    assert text.isascii() and all(ln.isprintable() for ln in text.splitlines()), text
+    assert "angel.job.name = red\\u001b[31m\\u000d\\u000aname\\u0000\\u0009tab\n" in text
+    assert "# " + str(job).replace("\x1b", "\\x1b").replace("\r", "\\r") + ":1\n" in text
+    again = load_config(out, [], all_keys())
+    assert {k: again[k] for k in conf} == {k: conf[k] for k in conf}

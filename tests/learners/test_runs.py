@@ -334,3 +334,26 @@ def test_the_checkpoint_keys_refuse_impossible_values(sets, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, sets, all_keys())
     assert str(e.value) == f"override: {message}"
+
+
+def test_a_restart_does_not_write_an_epoch_or_step_record_twice(tmp_path):
+    """A worker lost during the save of epoch 2 restarts the job from epoch 1's checkpoint: its
+    step and epoch records (written before the save) come again and are written once."""
+    from learners.runs.run_log import RunLog
+
+    log = RunLog(tmp_path, tty=False, quiet=True)
+    log.record({"kind": "start", "run": "r"})
+    for epoch in (0, 1, 1, 2):  # epoch 1 (the second) twice: it ran again after the restart
+        for step in (1, 2):
+            log.record({"kind": "step", "epoch": epoch, "step": 2 * epoch + step, "loss": 0.5})
+        log.record({"kind": "epoch", "epoch": epoch, "step": 2 * epoch + 2, "valid_auc": 0.9})
+    log.write_summary({"epochs": 3})
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r.get("epoch"), r.get("step")) for r in rows] == [
+        ("start", None, None),
+        *[("step", 1, 1), ("step", 1, 2), ("epoch", 1, 2)],
+        *[("step", 2, 3), ("step", 2, 4), ("epoch", 2, 4)],
+        *[("step", 3, 5), ("step", 3, 6), ("epoch", 3, 6)],
+        ("summary", None, None),
+    ]
