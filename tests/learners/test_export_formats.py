@@ -153,9 +153,9 @@ def test_loaded_model_predicts_small_inputs_in_process_as_ray_does(models) -> No
     labels = np.array([float(line.split()[0]) for line in rows])
     local = GraphLearner.load(model)
     try:
-        assert local._workers is None  # no actors for a small input
+        assert local.actors.workers is None  # no actors for a small input
         got = local.predict_rows(x, labels=labels)
-        assert local._workers is None
+        assert local.actors.workers is None
     finally:
         local.shutdown()
     with GraphLearner.load(model, {"angel.predict.local.max.rows": 0}) as remote:
