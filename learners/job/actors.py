@@ -97,10 +97,13 @@ class JobActors:
         decls = workers.execute("build", model, size, dense)[0]
         self._model, self._size = model, size
         self._tables = table_specs(self.conf, decls)
-        self._placed = placed = place_tables(self.plan, self._tables)
+        free = None
+        if self.plan.sparse.placement != "ps" and self.plan.sparse.capacity[0] == "auto":
+            free = min(workers.execute("device_free_bytes"))
+        self._placed = placed = place_tables(self.plan, self._tables, free)
         if placed.held:
-            kind = self.ps_options.partitioner
-            workers.execute("hold_tables", placed.held, kind)
+            kind, sp = self.ps_options.partitioner, self.plan.sparse
+            workers.execute("hold_tables", placed.held, kind, placed.tiers, sp.eviction, sp.admit)
         if self._ps is not None and list(self._ps.specs.values()) != placed.ps:
             self._ps.shutdown()  # launched early with other tables: start them again
             self._ps = None
@@ -111,7 +114,7 @@ class JobActors:
 
     def _held(self) -> list[TableSpec]:
         """The tables the workers hold (angel.sparse.placement)."""
-        return list(self._placed.held) if self._placed is not None else []
+        return self._placed.whole() if self._placed is not None else []
 
     def _reserve(self) -> Layout:
         """The job's placement (learners.job.placement): a placement group reserved when

@@ -35,5 +35,12 @@ class StepStats:
     cache_lookups: int = 0
     cache_hits: int = 0
     bytes_moved: int = 0
+    #: a device tier's rows read, found on the device, fetched and written back
+    #: (learners/worker/device_tier.py)
+    tier_on: bool = False
+    tier_lookups: int = 0
+    tier_hits: int = 0
+    tier_misses: int = 0
+    tier_writebacks: int = 0
     #: the worker's rate plan after the chunk (learners.job.rate_plan.RatePlan.state_dict)
     sched_state: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,360 @@
+"""A device tier over the shards: a worker keeps at most ``capacity`` rows of its share of a
+sparse table on its device, and the rest of that share lives on the shard actors (host
+memory); ``angel.sparse.placement=worker`` with ``angel.worker.table.capacity``.
+
+The owner (the worker the table's partitioner assigns a row to, as for tables held whole,
+learners/worker/held_tables.py) is the only writer of its rows: a row it holds is read and
+updated on the device with the table's optimizer (:func:`angelps.optim.apply`, the shards'
+code); a miss is fetched from the shards with its optimizer state (a shard creates it then, as
+a pull does), and an evicted row is written back with its state
+(:func:`angelps.client.tier_swap.swap_async`: one call per shard writes the step's evictions
+and reads its misses). So training is exactly that of the table held whole, whatever the
+budget (BSP).
+
+Policy. Eviction by recency (``lru``: the rows read longest ago go first) or by frequency
+(``lfu``: the rows whose ids were seen least often, counted in a small hashed sketch that halves
+its counts as it fills); rows of the update in progress are never evicted. Admission
+(``angel.worker.table.admit.count`` = c): a miss seen fewer than c times is fetched and
+updated like any row but goes first at the next eviction, so rare ids do not push out hot
+ones. docs/device-tier.md has the measurement behind the defaults.
+
+The index (id -> slot) is a hash table on the host: a miss must come from the host anyway.
+Evicted ids stay in it (their slot's id tells a stale entry from a live one) until it holds 4x
+the capacity, when it is rebuilt from the live rows, so an eviction never moves rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from angelps import TableSpec
+from angelps.client.tier_swap import SwapFuture
+from angelps.optim import apply, slot_widths
+from angelps.partition import Partitioner
+from angelps.rates import Step, rate_of
+from angelps.storage.index import HashIndex
+from learners.worker.device import to_device
+
+__all__ = ["TierCounts", "TierPolicy", "TierTable"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+class Shards(Protocol):
+    """What a tier needs of the worker's PS client (angelps.client.ps_client.PSClient)."""
+
+    def swap_async(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> SwapFuture: ...
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    """How a tier chooses the rows it keeps: ``eviction`` lru or lfu; ``admit``: the times an
+    id must have been seen before its row is kept in preference to others."""
+
+    eviction: str = "lru"
+    admit: int = 1
+
+
+@dataclass
+class TierCounts:
+    """A tier's traffic since the last :meth:`TierTable.take_counts`."""
+
+    lookups: int = 0  # unique ids read
+    hits: int = 0  # of them already on the device
+    misses: int = 0  # fetched from the shards
+    writebacks: int = 0  # evicted rows written back to the shards
+
+    def add(self, other: TierCounts) -> None:
+        self.lookups += other.lookups
+        self.hits += other.hits
+        self.misses += other.misses
+        self.writebacks += other.writebacks
+
+
+def _torch_dtype(spec: TableSpec) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
+
+
+def _ids(keys: np.ndarray | Tensor) -> np.ndarray:
+    if isinstance(keys, Tensor):
+        return keys.detach().cpu().numpy().astype(np.int64, copy=False)
+    return np.ascontiguousarray(keys, dtype=np.int64)
+
+
+class TierTable:
+    """At most ``capacity`` rows of one worker's share of a table, on ``device``, over the
+    shards that hold the whole table (``shards``: a function giving the worker's PS client,
+    which is attached after the tier is made)."""
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        part: Partitioner,
+        owner: int,
+        device: torch.device,
+        capacity: int,
+        policy: TierPolicy,
+        shards: Any,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(
+                f"table {spec.name!r}: a device tier needs a capacity of 1 row or more"
+            )
+        self.spec = spec
+        self.part = part
+        self.owner = owner
+        self.device = device
+        self.capacity = int(capacity)
+        self.policy = policy
+        self._shards = shards
+        self.cols = spec.cols
+        self.slots: dict[str, tuple[int, int]] = {}
+        c = spec.cols
+        for k, width in slot_widths(spec.optimizer, spec.cols).items():
+            self.slots[k] = (c, c + width)
+            c += width
+        self.width = c
+        self.data = torch.zeros(
+            (self.capacity, self.width), dtype=_torch_dtype(spec), device=device
+        )
+        sketch = 1 << max(16, int(4 * self.capacity - 1).bit_length())
+        self._freq = np.zeros(sketch, dtype=np.uint32)
+        self._shift = np.uint64(64 - (sketch.bit_length() - 1))
+        self._seen = 0
+        self.counts = TierCounts()
+        self._clock = 1  # one per update: rows read in the current one are pinned
+        self._pending: tuple[np.ndarray, SwapFuture] | None = None
+        self._pids: dict[int, int] = {}
+        #: False while validating or predicting (learners/worker/held_tables.py)
+        self.training = True
+        self.reset()
+
+    def reset(self) -> None:
+        """Hold nothing (after a restore: the shards have the rows)."""
+        self._pending = None
+        self.index = HashIndex(self.capacity)
+        self._indexed = 0
+        self.key_at = np.zeros(self.capacity, dtype=np.int64)
+        self.live = np.zeros(self.capacity, dtype=bool)
+        self.used = np.zeros(self.capacity, dtype=np.int64)  # the clock of a row's last read
+        self.rare = np.zeros(self.capacity, dtype=bool)  # not admitted: evicted first
+        self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
+        self.n_free = self.capacity
+
+    def nbytes(self) -> int:
+        return int(self.data.numel() * self.data.element_size())
+
+    def rows_held(self) -> int:
+        return self.capacity - self.n_free
+
+    # --- lookups -----------------------------------------------------------------------------
+
+    def _hash(self, keys: np.ndarray) -> np.ndarray:
+        return ((keys.view(np.uint64) * _GOLDEN) >> self._shift).astype(np.int64)
+
+    def _see(self, keys: np.ndarray) -> np.ndarray:
+        """Count one sighting of each (unique) key in the sketch; their counts."""
+        h = self._hash(keys)
+        self._freq[h] += 1
+        self._seen += len(keys)
+        if self._seen >= 10 * len(self._freq):  # age: old counts fade
+            self._freq >>= 1
+            self._seen = 0
+        return self._freq[h]
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of ``keys`` held now, -1 for the others."""
+        if not len(keys):
+            return np.zeros(0, dtype=np.int64)
+        slots = self.index.lookup(keys)
+        ok = slots >= 0
+        s = np.where(ok, slots, 0)
+        ok &= self.live[s] & (self.key_at[s] == keys)
+        return np.where(ok, slots, -1)
+
+    def prefetch(self, keys: np.ndarray | Tensor) -> None:
+        """Start fetching the rows of ``keys`` (the next batch's unique ids) that are not on
+        the device, while the current step runs; the next :meth:`gather` takes them."""
+        ids = _ids(keys)
+        miss = np.sort(ids[self._lookup(ids) < 0])
+        self._pending = (miss, self._shards().swap_async({}, {self.spec.name: miss}))
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def _evict(self, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """Free ``need`` slots or more (not of the update in progress): the evicted (keys,
+        whole rows) to write back."""
+        live = np.flatnonzero(self.live)
+        if self.policy.eviction == "lfu":
+            score = self._freq[self._hash(self.key_at[live])].astype(np.int64)
+        else:
+            score = self.used[live].copy()
+        score[self.rare[live]] = -1
+        pinned = self.used[live] == self._clock
+        score[pinned] = np.iinfo(np.int64).max
+        if need > len(live) - int(pinned.sum()):
+            raise ValueError(
+                f"table {self.spec.name!r}: angel.worker.table.capacity={self.capacity} rows is "
+                f"below the {int(pinned.sum()) + need} rows one update reads on this worker; "
+                "raise it (or lower the batch size)"
+            )
+        # Evict a little more than needed, so that steps do not each pay a selection.
+        k = min(len(live) - int(pinned.sum()), max(need, self.capacity // 64))
+        victims = live[np.argpartition(score, k - 1)[:k]] if k < len(live) else live
+        block = self.data.index_select(0, to_device(victims, self.device)).cpu().numpy()
+        keys = self.key_at[victims]
+        self.live[victims] = False
+        self.rare[victims] = False
+        self.free[self.n_free : self.n_free + len(victims)] = victims
+        self.n_free += len(victims)
+        return keys, block
+
+    def _fetch(self, miss: np.ndarray) -> np.ndarray:
+        """Place the rows of ``miss`` (ids not on the device) in free slots, fetched from the
+        shards (those prefetched taken as they are), evicting first when the tier is full;
+        their slots."""
+        writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if len(miss) > self.n_free:
+            keys, block = self._evict(len(miss) - self.n_free)
+            writes[self.spec.name] = (keys, block)
+            self.counts.writebacks += len(keys)
+        got = np.zeros((len(miss), self.width), dtype=np.dtype(self.spec.dtype))
+        todo = np.ones(len(miss), dtype=bool)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            # Rows prefetched for ids still missing are current: only their owner (this tier)
+            # writes them, and it has not held them since the prefetch started.
+            pkeys, fut = pending
+            rows = fut.result()[self.spec.name]
+            self._check_restarts(fut)
+            pos = np.searchsorted(pkeys, miss) if len(pkeys) else np.zeros(len(miss), np.int64)
+            pos = np.minimum(pos, max(len(pkeys) - 1, 0))
+            hit = (pkeys[pos] == miss) if len(pkeys) else np.zeros(len(miss), bool)
+            got[hit] = rows[pos[hit]]
+            todo &= ~hit
+        if todo.any() or writes:
+            fut = self._shards().swap_async(writes, {self.spec.name: miss[todo]})
+            got[todo] = fut.result()[self.spec.name]
+            self._check_restarts(fut)
+        slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
+        self.n_free -= len(miss)
+        self.data.index_copy_(0, to_device(slots, self.device), to_device(got, self.device))
+        self.key_at[slots] = miss
+        self.live[slots] = True
+        self._index(miss, slots)
+        return slots
+
+    def _index(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        if self._indexed + len(keys) > 4 * self.capacity:
+            live = np.flatnonzero(self.live)
+            self.index = HashIndex(2 * self.capacity)
+            self.index.insert(self.key_at[live], live)
+            self._indexed = len(live)
+            return
+        # (an id evicted before has a stale entry: this overwrites it)
+        self.index.insert(keys, slots)
+        self._indexed += len(keys)
+
+    def _check_restarts(self, fut: SwapFuture) -> None:
+        """A shard that answers from a new process was restarted from a backup, which may
+        predate rows this tier wrote back to it: training cannot go on exactly."""
+        for shard, pid in fut.pids.items():
+            before = self._pids.setdefault(shard, pid)
+            if before != pid:
+                raise RuntimeError(
+                    f"table {self.spec.name!r}: shard {shard} restarted and may have lost rows "
+                    "this worker's device tier wrote back to it; the job restarts from its last "
+                    "checkpoint"
+                )
+
+    def _slots_of(self, keys: Tensor) -> Tensor:
+        """Slots of the unique ``keys`` (fetched when missing), pinned for this update."""
+        ids = _ids(keys)
+        slots = self._lookup(ids)
+        miss = slots < 0
+        n_miss = int(miss.sum())
+        self.counts.lookups += len(ids)
+        self.counts.hits += len(ids) - n_miss
+        self.counts.misses += n_miss
+        if self.policy.admit > 1 or self.policy.eviction == "lfu":
+            seen = self._see(ids)
+        if n_miss:
+            # pin the hits first: the eviction must not take a row this read also needs
+            self.used[slots[~miss]] = self._clock
+            new = self._fetch(ids[miss])
+            slots[miss] = new
+            if self.policy.admit > 1:
+                self.rare[new] = seen[miss] < self.policy.admit
+        self.used[slots] = self._clock
+        return to_device(slots, self.device)
+
+    def gather(self, keys: Tensor) -> Tensor:
+        """The weights of owned unique ``keys`` (a new ``[k, cols]`` tensor). Outside training
+        (:attr:`training` False: validation, prediction) nothing stays pinned between reads,
+        and a read of more ids than the tier holds reads its misses through, unplaced."""
+        if not self.training:
+            self._clock += 1
+            ids = _ids(keys)
+            slots = self._lookup(ids)
+            miss = slots < 0
+            if int(miss.sum()) > self.capacity - int((~miss).sum()):
+                fut = self._shards().swap_async({}, {self.spec.name: ids[miss]})
+                out = torch.empty((len(ids), self.cols), dtype=self.data.dtype)
+                out[torch.from_numpy(miss)] = torch.from_numpy(
+                    np.ascontiguousarray(fut.result()[self.spec.name][:, : self.cols])
+                )
+                self._check_restarts(fut)
+                hit = np.flatnonzero(~miss)
+                out[torch.from_numpy(hit)] = self.data.index_select(
+                    0, to_device(slots[hit], self.device)
+                )[:, : self.cols].cpu()
+                return out.to(self.device)
+        return self.data.index_select(0, self._slots_of(keys))[:, : self.cols].contiguous()
+
+    def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
+        """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""
+        lr, momentum = rate_of(step, self.spec.name)
+        ids = _ids(keys)
+        slots = self._lookup(ids)
+        if (slots < 0).any():  # (only rows read in this update are updated)
+            raise RuntimeError(f"table {self.spec.name!r}: a device tier lost a row it updates")
+        idx = to_device(slots, self.device)
+        block = self.data.index_select(0, idx)
+        state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
+        apply(
+            self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
+        )
+        self.data.index_copy_(0, idx, block)
+        self._clock += 1
+
+    def take_counts(self) -> TierCounts:
+        out, self.counts = self.counts, TierCounts()
+        return out
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write every row held back to the shards (they stay held): before a save, so that
+        the shards' files hold the whole table. The rows written."""
+        live = np.flatnonzero(self.live)
+        if not len(live):
+            return 0
+        block = self.data.index_select(0, to_device(live, self.device)).cpu().numpy()
+        fut = self._shards().swap_async({self.spec.name: (self.key_at[live], block)}, {})
+        fut.result()
+        self._check_restarts(fut)
+        return len(live)
+
+    def held_ids(self) -> np.ndarray:
+        """The ids on the device now, ascending."""
+        return np.sort(self.key_at[self.live])
