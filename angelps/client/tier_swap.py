@@ -16,7 +16,13 @@ from angelps.options import ClientOptions
 from angelps.partition import Partitioner
 from angelps.table import TableSpec
 
-__all__ = ["SwapFuture", "row_width", "swap_async"]
+__all__ = ["SwapFuture", "TierLost", "row_width", "swap_async"]
+
+
+class TierLost(RuntimeError):
+    """A shard restarted from a backup that may predate rows a device tier wrote back to it:
+    the job cannot go on exactly, and restarts from its last checkpoint (as for a lost
+    worker)."""
 
 
 def row_width(spec: TableSpec) -> int:

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from angelconf.config import ConfigError
 from angelps import TableSpec
-from angelps.client.tier_swap import SwapFuture
+from angelps.client.tier_swap import SwapFuture, TierLost
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
@@ -203,9 +204,11 @@ class TierTable:
         pinned = self.used[live] == self._clock
         score[pinned] = np.iinfo(np.int64).max
         if need > len(live) - int(pinned.sum()):
-            raise ValueError(
+            # (the rows this update reads: those held (pinned) and those to place)
+            reads = int(pinned.sum()) + need + self.n_free
+            raise ConfigError(
                 f"table {self.spec.name!r}: angel.worker.table.capacity={self.capacity} rows is "
-                f"below the {int(pinned.sum()) + need} rows one update reads on this worker; "
+                f"below the {reads} rows one update reads on this worker; "
                 "raise it (or lower the batch size)"
             )
         # Evict a little more than needed, so that steps do not each pay a selection.
@@ -271,10 +274,9 @@ class TierTable:
         for shard, pid in fut.pids.items():
             before = self._pids.setdefault(shard, pid)
             if before != pid:
-                raise RuntimeError(
-                    f"table {self.spec.name!r}: shard {shard} restarted and may have lost rows "
-                    "this worker's device tier wrote back to it; the job restarts from its last "
-                    "checkpoint"
+                raise TierLost(
+                    f"shard {shard} restarted and may have lost rows of table "
+                    f"{self.spec.name!r} that this worker's device tier wrote back to it"
                 )
 
     def _slots_of(self, keys: Tensor) -> Tensor:
