@@ -223,8 +223,7 @@ def tier_account(folder: Path, rows: int) -> dict[str, Any] | None:
         "rows_per_table": rows,
         "hit_rate": sum(r["tier_hit_rate"] * r["updates"] for r in steps) / n,
         "misses_per_step": sum(r["tier_misses_per_step"] * r["updates"] for r in steps) / n,
-        "writebacks_per_step": sum(r["tier_writebacks_per_step"] * r["updates"] for r in steps)
-        / n,
+        "writebacks_per_step": sum(r["tier_writebacks_per_step"] * r["updates"] for r in steps) / n,
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
 
 from angelps.optim import slot_widths
 from angelps.options import ClientOptions
@@ -62,7 +63,15 @@ class SwapFuture:
 
     def result(self) -> dict[str, np.ndarray]:
         shards = list(self._refs)
-        answers = self._client._get([self._refs[s] for s in shards])
+        try:
+            answers = self._client._get([self._refs[s] for s in shards])
+        except RayActorError as e:
+            # The rows written back in this call, or since the shard's last backup, may be
+            # gone with it.
+            raise TierLost(
+                f"a shard died during a device tier's exchange with shards {shards} "
+                f"({type(e).__name__})"
+            ) from e
         self.pids = {s: a[0] for s, a in zip(shards, answers, strict=True)}
         got = {s: a[1] for s, a in zip(shards, answers, strict=True)}
         out: dict[str, np.ndarray] = {}

@@ -322,7 +322,7 @@ class TierTable:
             keys, block = self._evict(len(miss) - self.n_free)
             writes[self.spec.name] = (keys, block)
             self.counts.writebacks += len(keys)
-        got = np.zeros((len(miss), self.width), dtype=np.dtype(self.spec.dtype))
+        got = np.empty((len(miss), self.width), dtype=np.dtype(self.spec.dtype))
         todo = np.ones(len(miss), dtype=bool)
         pending, self._pending = self._pending, None
         if pending is not None:

@@ -99,7 +99,8 @@ def _tier_lost(e: RayTaskError, worker: int) -> None:
     handled as a lost worker: the job restarts from its last checkpoint."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, TierLost):
-        raise WorkerDied(worker, str(cause)) from e
+        # (its first argument: Ray's str() of a remote error is the whole remote traceback)
+        raise WorkerDied(worker, str(cause.args[0]) if cause.args else "TierLost") from e
 
 
 class WorkerGroup:
