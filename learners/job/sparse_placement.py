@@ -57,6 +57,10 @@ def held_bytes(spec: TableSpec, num_workers: int) -> int:
     return int(rows * width * np.dtype(spec.dtype).itemsize)
 
 
+#: The device tier of a table of unknown range when the device's free memory is not known.
+DEFAULT_TIER_ROWS = 1 << 20
+
+
 def row_bytes(spec: TableSpec) -> int:
     """Bytes of one row of ``spec`` with its optimizer state."""
     width = spec.cols + sum(slot_widths(spec.optimizer, spec.cols).values())
@@ -73,6 +77,8 @@ def tier_rows(plan: TrainPlan, held: Sequence[TableSpec], free: int | None) -> d
     share = {t.name: -(-t.rows // w) if t.rows > 0 else -1 for t in held}
     if kind == "rows":
         return {t.name: n for t in held if share[t.name] < 0 or share[t.name] > n}
+    if kind == "auto" and free is None:  # (the device's memory unknown: hold what can be)
+        return {t.name: DEFAULT_TIER_ROWS for t in held if share[t.name] < 0}
     budget = n if kind == "bytes" else int(plan.sparse.fraction * (free or 0))
     known = [t for t in held if share[t.name] > 0]
     if len(known) == len(held) and sum(held_bytes(t, w) for t in held) <= budget:
