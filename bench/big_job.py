@@ -273,7 +273,11 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 out["samples_per_s"] = float(row["train_samples_per_s"])
                 out["valid_auc_after_train"] = row.get("valid_auc")
                 out["shards_after_train"] = acc = shard_account(learner)
-                out["rows_held"] = acc["rows_total"]
+                # (and the tables the worker holds whole: the biases, with a device tier)
+                placed = getattr(learner, "_placed", None)
+                whole = {t.name: t.rows for t in placed.whole()} if placed is not None else {}
+                out["rows_on_workers"] = whole
+                out["rows_held"] = acc["rows_total"] + sum(whole.values())
                 out["bytes_per_row_shards"] = acc["bytes_total"] / max(acc["rows_total"], 1)
                 # (the end-of-epoch save wrote the tier's rows back: the shards hold them all)
                 out["device_tier"] = tier_account(folder, args.tier_rows)

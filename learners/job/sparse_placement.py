@@ -101,13 +101,23 @@ def place_tables(plan: TrainPlan, tables: Sequence[TableSpec], free: int | None 
     ``angel.worker.table.capacity=auto``."""
     mode = plan.sparse.placement
     sparse = [t for t in tables if t.sparse]
-    why = {t.name: "dense tables stay on the shards" for t in tables if not t.sparse}
+    # The model's small dense tables (biases) go with the sparse ones: a step then makes no
+    # call to a shard at all (on a GPU: no round trip through the host). Dense layers placed
+    # on the shards (angel.dense.placement=ps) stay there.
+    dense = [t for t in tables if not t.sparse]
+    with_dense = plan.dense_placement == "worker"
+    why = {t.name: "dense tables stay on the shards" for t in dense}
     held: list[TableSpec] = []
     if mode == "ps":
         why |= {t.name: "angel.sparse.placement=ps" for t in sparse}
     elif mode == "worker":
-        held = list(sparse)
+        held = list(sparse) + (dense if with_dense else [])
         why |= {t.name: "angel.sparse.placement=worker" for t in sparse}
+        if with_dense:
+            why |= {
+                t.name: "angel.sparse.placement=worker (a dense table, with the sparse ones)"
+                for t in dense
+            }
     elif plan.sparse.conflict:
         why |= {t.name: f"auto: {plan.sparse.conflict}" for t in sparse}
     elif any(t.rows <= 0 for t in sparse) and plan.sparse.capacity[0] == "auto":
@@ -117,11 +127,13 @@ def place_tables(plan: TrainPlan, tables: Sequence[TableSpec], free: int | None 
         mib = f"{need / 2**20:.1f} MiB a worker"
         budget = f"angel.sparse.worker.memory.mb={plan.sparse.budget / 2**20:g}"
         if need <= plan.sparse.budget:
-            held = list(sparse)
+            held = list(sparse) + (dense if with_dense else [])
             why |= {t.name: f"auto: BSP, {mib} within {budget}" for t in sparse}
+            if with_dense:
+                why |= {t.name: "auto: a dense table, with the sparse ones" for t in dense}
         else:
             why |= {t.name: f"auto: {mib} is above {budget}" for t in sparse}
-    tiers = tier_rows(plan, held, free) if held else {}
+    tiers = tier_rows(plan, [t for t in held if t.sparse], free) if held else {}
     names = {t.name for t in held if t.name not in tiers}
     ps = [t for t in tables if t.name not in names]
     return Placed(ps, held, {t.name: why[t.name] for t in tables}, tiers)

@@ -54,7 +54,8 @@ def test_a_device_tier_trains_as_the_shards(tmp_path, census, conf):
     tier, tier_w = _train(conf, tmp_path / "tier", census, **sets, **TIER)
     _assert_same(ps_w, tier_w)  # (the shards wrote the tiers' tables: flushed first)
     manifest = checkpoint.read_manifest(str(tmp_path / "tier" / "model"))
-    assert "table_shards" not in manifest
+    # the worker holds the bias whole (its own file), the shards the tiers' tables
+    assert manifest["table_shards"] == {"wide_bias": 1}
     assert tier["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
     np.testing.assert_allclose(tier["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
     assert tier["eval"]["valid_auc"] == pytest.approx(ps["eval"]["valid_auc"], abs=1e-6)
