@@ -10,8 +10,10 @@ the shards' hash index). The training file walks every id once (``ids / fields``
 chunk at a time), then ``--zipf-rows`` power-law rows; validation is ``--valid-rows`` power-law
 rows. The job: ``--model`` (FM of rank ``--rank``: a weight table of 1 column and an embedding
 table of ``rank`` columns, Momentum) with 1 worker and ``--shards`` shard actors, every row on
-the shards (``angel.sparse.placement=ps``: there is no device tier yet, ``"device_tier":
-null``). Phases, each timed and marked ok or not:
+a device tier of ``--tier-rows`` rows a table on the worker (``angel.sparse.placement=worker``
+with ``angel.worker.table.capacity``; the shards hold every row, the worker the rows it reads
+most recently; ``--tier-rows 0``: every row on the shards only, ``"device_tier": null``).
+Phases, each timed and marked ok or not:
 
 * train: one epoch (its end-of-epoch checkpoint included); then the shards' own account of
   their rows and bytes (``rows_held``, ``bytes_per_row_shards``);
@@ -169,7 +171,14 @@ def job_keys(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "ml.data.use.shuffle": "false",
         "angel.workergroup.number": 1,
         "angel.ps.number": args.shards,
-        "angel.sparse.placement": "ps",
+        **(
+            {
+                "angel.sparse.placement": "worker",
+                "angel.worker.table.capacity": str(args.tier_rows),
+            }
+            if args.tier_rows
+            else {"angel.sparse.placement": "ps"}
+        ),
         "angel.log.path": str(folder / "logs"),
         "angel.save.model.path": str(folder / "model"),
         "angel.job.name": f"bigjob{os.getpid()}",
@@ -194,6 +203,27 @@ def shard_account(learner: Any) -> dict[str, Any]:
         "rows_total": total_rows,
         "bytes_total": total_bytes,
         "index": sorted({k for s in stats for k in s["index"].values()}),
+    }
+
+
+def tier_account(folder: Path, rows: int) -> dict[str, Any] | None:
+    """The device tier's figures from the training job's step records (None without one)."""
+    if not rows:
+        return None
+    steps = []
+    for metrics in (folder / "logs").glob("*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "step" and rec.get("tier_hit_rate") is not None:
+                steps.append(rec)
+    if not steps:
+        return {"rows_per_table": rows}
+    n = sum(r["updates"] for r in steps)
+    return {
+        "rows_per_table": rows,
+        "hit_rate": sum(r["tier_hit_rate"] * r["updates"] for r in steps) / n,
+        "misses_per_step": sum(r["tier_misses_per_step"] * r["updates"] for r in steps) / n,
+        "writebacks_per_step": sum(r["tier_writebacks_per_step"] * r["updates"] for r in steps) / n,
     }
 
 
@@ -224,7 +254,11 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
     sampler = Sampler(args.sample_s)
     sampler.start()
-    out: dict[str, Any] = {"device_tier": None, "placement": "ps", "shards": args.shards}
+    out: dict[str, Any] = {
+        "device_tier": None,
+        "placement": "worker" if args.tier_rows else "ps",
+        "shards": args.shards,
+    }
     phases: dict[str, Any] = {}
     try:
         out["data"] = data = write_data(args, folder)
@@ -239,8 +273,14 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 out["samples_per_s"] = float(row["train_samples_per_s"])
                 out["valid_auc_after_train"] = row.get("valid_auc")
                 out["shards_after_train"] = acc = shard_account(learner)
-                out["rows_held"] = acc["rows_total"]
+                # (and the tables the worker holds whole: the biases, with a device tier)
+                placed = learner.actors.placed
+                whole = {t.name: t.rows for t in placed.whole()} if placed is not None else {}
+                out["rows_on_workers"] = whole
+                out["rows_held"] = acc["rows_total"] + sum(whole.values())
                 out["bytes_per_row_shards"] = acc["bytes_total"] / max(acc["rows_total"], 1)
+                # (the end-of-epoch save wrote the tier's rows back: the shards hold them all)
+                out["device_tier"] = tier_account(folder, args.tier_rows)
             saved = folder / "saved"
             phase(phases, "save", lambda: learner.save(saved), sampler)
             if phases["save"]["ok"]:
@@ -311,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--batch", type=int, default=8192)
     p.add_argument("--shards", type=int, default=2)
+    p.add_argument(
+        "--tier-rows",
+        type=int,
+        default=1_000_000,
+        help="rows of each table on the worker's device (0: every row on the shards only)",
+    )
     p.add_argument("--chunk-rows", type=int, default=1 << 18, help="rows generated at a time")
     p.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
     p.add_argument("--dir", help="working folder (default: a temporary one, removed after)")

@@ -74,6 +74,19 @@ VARIANTS: dict[str, list[str]] = {
     # the same with the batch's ids deduplicated by torch.unique (on a CUDA worker ``held``
     # does so already: angel.worker.dedup=auto); on the CPU it measures that choice
     "helddev": ["angel.sparse.placement=worker", "angel.worker.dedup=device"],
+    # a device tier holding 10% of the feed suite's 10^6 ids a table (the rest on the shard),
+    # evicting by recency or by frequency, and admitting ids seen twice
+    "tier10": ["angel.sparse.placement=worker", "angel.worker.table.capacity=100000"],
+    "tier10lfu": [
+        "angel.sparse.placement=worker",
+        "angel.worker.table.capacity=100000",
+        "angel.worker.table.eviction=lfu",
+    ],
+    "tier10admit": [
+        "angel.sparse.placement=worker",
+        "angel.worker.table.capacity=100000",
+        "angel.worker.table.admit.count=2",
+    ],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -253,6 +266,13 @@ def _feed_metrics(path: Path) -> dict[str, Any]:
         rates = [x["cache_hit_rate"] for x in later if x.get("cache_hit_rate") is not None]
         if rates:
             out["cache_hit_rate"] = statistics.mean(rates)
+        tier = [x["tier_hit_rate"] for x in later if x.get("tier_hit_rate") is not None]
+        if tier:
+            out["tier_hit_rate"] = statistics.mean(tier)
+            out["tier_misses_per_step"] = statistics.mean(x["tier_misses_per_step"] for x in later)
+            out["tier_writebacks_per_step"] = statistics.mean(
+                x["tier_writebacks_per_step"] for x in later
+            )
         updates = sum(x["updates"] for x in later)
         out["phase_ms"] = {
             k: 1000 * sum(x[k] for x in later) / max(updates, 1)
@@ -442,7 +462,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
         for b in batches:
             held = [
                 f"{a}-{v}"
-                for v in ("held", "helddev")
+                for v in ("held", "helddev", "tier10", "tier10lfu", "tier10admit")
                 for a in ANGELPS
                 if a.startswith("angelps-bsp")
             ]
@@ -707,6 +727,8 @@ def _feed_markdown(results: list[dict[str, Any]]) -> list[str]:
         ratio = f"{r['median_samples_per_s'] / base['median_samples_per_s']:.2f}" if base else "-"
         mb = f"{r['bytes_per_step'] / 1e6:.2f}" if "bytes_per_step" in r else "-"
         hit = f"{r['cache_hit_rate']:.2f}" if "cache_hit_rate" in r else "-"
+        if "tier_hit_rate" in r:  # (a device tier's, where the worker cache is off)
+            hit = f"tier {r['tier_hit_rate']:.2f}"
         ph = r.get("phase_ms")
         phases = (
             " / ".join(f"{ph[k]:.1f}" for k in ("pull_s", "compute_s", "push_s", "wait_s"))

@@ -81,6 +81,7 @@ class LocalBackups:
         version = f"b-{time.time_ns()}"
         tmp = os.path.join(backup_dir, f"tmp-{uuid.uuid4().hex[:12]}")
         try:
+            os.makedirs(tmp)  # (a shard of no tables writes no table file into it)
             info = shard.save(tmp)
             write_manifest(tmp, {**meta, "version": VERSION, "files": info.get("files", {})})
             os.rename(tmp, os.path.join(backup_dir, version))

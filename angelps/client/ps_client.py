@@ -33,6 +33,7 @@ from angelps.checkpoint.backups import remove_launch
 from angelps.checkpoint.store import store_for, write_durably
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
+from angelps.client.tier_swap import SwapFuture, swap_async
 from angelps.client.transport import Reply, Transport, call_bytes, get_refs, remote_error
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
@@ -296,6 +297,15 @@ class PSClient:
             return {t: out[t] for t in requests}
 
         return PSFuture(self, calls, finish)
+
+    def swap_async(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> SwapFuture:
+        """A device tier's exchange with the shards: write back whole rows, then read whole
+        rows (:func:`angelps.client.tier_swap.swap_async`)."""
+        return swap_async(self, writes, reads)
 
     def pull_many(self, requests: Requests) -> dict[str, np.ndarray]:
         """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``.

@@ -240,6 +240,34 @@ class ParameterShard:
         t.check_owned(k)
         t.assign(k, w, state)
 
+    def swap(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """A worker's device tier (learners/worker/device_tier.py): write back whole rows
+        (``writes``: table -> (unique keys, rows with their optimizer slots)), then return the
+        whole rows of ``reads`` (table -> unique keys; rows missing are created). Everything
+        is checked before any row is written."""
+        for name, (keys, block) in writes.items():
+            t = self._table(name)
+            k = check_keys(t.spec, keys)
+            t.check_owned(k)
+            if block.shape != (len(k), t.width) or block.dtype != t.dtype:
+                raise ValueError(
+                    f"table {name!r}: a write-back of {len(k)} rows needs a "
+                    f"[{len(k)}, {t.width}] {t.dtype} block, got {block.shape} {block.dtype}"
+                )
+        checked = {}
+        for name, keys in reads.items():
+            t = self._table(name)
+            checked[name] = check_keys(t.spec, keys)
+            t.check_owned(checked[name])
+        for name, (keys, block) in writes.items():
+            if len(keys):
+                self._table(name).put_rows(keys, block)
+        return {name: self._table(name).take_rows(k) for name, k in checked.items()}
+
     def evict(self) -> dict[str, int]:
         """Remove the rows that expiry (``angel.ps.eviction.ttl.updates``) says are stale, and
         forget admitted keys' counts; returns the rows removed per table. Run at every save."""

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import ray
 
 from angelps.checkpoint.backups import (
@@ -239,6 +240,19 @@ class ShardServer:
     async def clock_of(self, worker: int) -> int:
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
         return self.shard.clocks.pushed[worker]
+
+    async def swap(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+        secret: Any = "",
+    ) -> tuple[int, dict[str, np.ndarray]]:
+        """A worker's device tier: write back its evicted rows, read its misses (whole rows,
+        optimizer state included; :meth:`ParameterShard.swap`). Returns this process's id
+        with the rows: a tier that sees it change knows the shard restarted from a backup
+        that may predate its write-backs."""
+        self._check_secret(secret, "swap")
+        return os.getpid(), self.shard.swap(writes, reads)
 
     async def run_backup(self, secret: Any = "") -> list[int]:
         self._check_secret(secret, "run_backup")

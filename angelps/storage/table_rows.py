@@ -314,6 +314,15 @@ class Table:
             {k: np.concatenate([p[2][k] for p in parts]) for k in self.slots},
         )
 
+    def take_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Whole rows (weights, then the optimizer slots) of unique ``keys``, a new array; rows
+        missing are created (initialised) as a pull creates them. A worker's device tier
+        fetches its misses with their optimizer state this way."""
+        self._last = None
+        if not self.spec.sparse:
+            return self.rows.gather(keys - self.lo)
+        return self.rows.gather(self.locate(keys, create=True))
+
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Overwrite rows (and state) of unique ``keys`` (checkpoint restore); rows missing are
         created with these values directly (no initialisation to overwrite)."""
@@ -321,6 +330,12 @@ class Table:
         block[:, : self.cols] = w
         for k, (a, b) in self.slots.items():
             block[:, a:b] = state[k]
+        self.put_rows(keys, block)
+
+    def put_rows(self, keys: np.ndarray, block: np.ndarray) -> None:
+        """Overwrite whole rows (weights and slots, as :meth:`take_rows` returns them) of
+        unique ``keys``; rows missing are created with these values."""
+        block = np.ascontiguousarray(block, dtype=self.dtype)
         self._last = None
         if not self.spec.sparse:
             self.rows.scatter(keys - self.lo, block)

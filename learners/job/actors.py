@@ -101,10 +101,13 @@ class JobActors:
         decls = workers.execute("build", model, size, dense)[0]
         self.model, self.size = model, size
         self.tables = table_specs(self.conf, decls)
-        self.placed = placed = place_tables(self.plan, self.tables)
+        free = None
+        if self.plan.sparse.placement != "ps" and self.plan.sparse.capacity[0] == "auto":
+            free = min(workers.execute("device_free_bytes"))
+        self.placed = placed = place_tables(self.plan, self.tables, free)
         if placed.held:
-            kind = self.ps_options.partitioner
-            workers.execute("hold_tables", placed.held, kind)
+            kind, sp = self.ps_options.partitioner, self.plan.sparse
+            workers.execute("hold_tables", placed.held, kind, placed.tiers, sp.eviction, sp.admit)
         if self.ps is not None and list(self.ps.specs.values()) != placed.ps:
             self.ps.shutdown()  # launched early with other tables: start them again
             self.ps = None
@@ -115,7 +118,7 @@ class JobActors:
 
     def held(self) -> list[TableSpec]:
         """The tables the workers hold (angel.sparse.placement)."""
-        return list(self.placed.held) if self.placed is not None else []
+        return self.placed.whole() if self.placed is not None else []
 
     def reserve(self) -> Layout:
         """The job's placement (learners.job.placement): a placement group reserved when

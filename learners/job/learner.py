@@ -33,6 +33,7 @@ from learners.angel_keys import angel_notes
 from learners.angel_keys import resolve as resolve_angel_keys
 from learners.job.actors import JobActors
 from learners.job.inference import Inference
+from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.predict_inputs import InMemory
 from learners.job.rate_plan import RatePlan
@@ -82,6 +83,11 @@ class GraphLearner:
     def conf(self) -> Config:
         """The job's configuration (a loaded model's: with its saved ``ml.*`` settings)."""
         return self.actors.conf
+
+    @property
+    def options(self) -> JobOptions:
+        """The job's options by section (learners/job/job_options.py; a loaded model's)."""
+        return self.actors.options
 
     @property
     def plan(self) -> TrainPlan:

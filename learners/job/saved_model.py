@@ -89,6 +89,8 @@ def save(
     of the manifest (JSON-safe); ``held``: the tables the workers hold (their files go into
     the same checkpoint, in the shards' format)."""
     info = dict(section)
+    # A device tier's rows go back to the shards first: the shards' files hold whole tables.
+    workers.execute("flush_tiers")
     # The worker-side layers go to dense.safetensors beside the tables, inside the PS
     # checkpoint's atomic commit; its SHA-256 is in the manifest, which checks itself.
     blob = workers.execute_single(0, "dense_state")
@@ -112,6 +114,7 @@ def restore(
     files the shards or workers wrote, any number of them)."""
     read_extra(path)  # a clear error before the shards are touched
     info: dict[str, Any] = ps.load(path, held)["learner"]
+    workers.execute("reset_tiers")  # (the device tiers refill from the restored shards)
     if held:
         manifest = checkpoint.read_manifest(path)
         workers.execute("load_held", manifest["root"], manifest)

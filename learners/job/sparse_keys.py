@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import ConfigError, Key, positive
+from angelconf.config import ConfigError, Key, interval, positive
 from angelconf.options import key_field, read_keys
 
 __all__ = ["KEYS", "SparseOptions"]
@@ -37,7 +37,76 @@ SPARSE_WORKER_MEMORY = Key(
     check=positive,
 )
 
-KEYS = [SPARSE_PLACEMENT, SPARSE_WORKER_MEMORY]
+TABLE_CAPACITY = Key(
+    "angel.worker.table.capacity",
+    "str",
+    "auto",
+    "angel.sparse.placement=worker: how much of its share of each sparse table a worker keeps "
+    "on its device; the rest lives on the shard actors (host memory) and is fetched when a "
+    "batch reads it (a device tier, learners/worker/device_tier.py; training is exact "
+    "whatever the size). A number of rows per table (e.g. 1000000), a size for all the tables "
+    "together (e.g. 512MB, 2GB), or auto: the tables are held whole when their share fits "
+    "angel.worker.table.memory.fraction of the device's free memory, else tiered in it. "
+    "Tables of unknown id range are always tiered.",
+    check=lambda v: None if _capacity(str(v)) is not None else _CAPACITY_FORMS,
+)
+TABLE_MEMORY_FRACTION = Key(
+    "angel.worker.table.memory.fraction",
+    "float",
+    0.5,
+    "angel.worker.table.capacity=auto: the share of a worker's free device memory (free host "
+    "memory split between the workers, on CPU workers) that the tables it holds may take.",
+    check=interval(0.0, 1.0, low_open=True),
+)
+TABLE_EVICTION = Key(
+    "angel.worker.table.eviction",
+    "str",
+    "lru",
+    "A device tier that is full evicts the rows read longest ago (lru) or the rows whose ids "
+    "were seen least often (lfu); rows of the update in progress are never evicted.",
+    choices=("lru", "lfu"),
+)
+TABLE_ADMIT = Key(
+    "angel.worker.table.admit.count",
+    "int",
+    1,
+    "A device tier keeps a missed row in preference to others only once its id was seen this "
+    "many times (a hashed count); rows below it are still read and updated on the device, "
+    "and are the first evicted. 1: every row is kept alike.",
+    check=positive,
+)
+
+KEYS = [
+    SPARSE_PLACEMENT,
+    SPARSE_WORKER_MEMORY,
+    TABLE_CAPACITY,
+    TABLE_MEMORY_FRACTION,
+    TABLE_EVICTION,
+    TABLE_ADMIT,
+]
+
+_CAPACITY_FORMS = "auto, a number of rows (e.g. 1000000) or a size (e.g. 512MB, 2GB)"
+_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def _capacity(text: str) -> tuple[str, int] | None:
+    """``angel.worker.table.capacity`` as ("auto", 0), ("rows", n) or ("bytes", n); None when
+    it is none of them."""
+    t = text.strip().lower().replace(" ", "").replace("ib", "b")
+    if t == "auto":
+        return ("auto", 0)
+    if t.isdigit():
+        return ("rows", int(t)) if int(t) > 0 else None
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            num = t[: -len(unit)]
+            try:
+                n = float(num)
+            except ValueError:
+                return None
+            return ("bytes", int(n * _UNITS[unit])) if n > 0 else None
+    return None
+
 
 #: Keys that other key modules declare, refused with angel.sparse.placement=worker.
 _WORKER_REFUSES = (
@@ -78,6 +147,13 @@ class SparseOptions:
     budget: float = key_field(SPARSE_WORKER_MEMORY, convert=_mib_to_bytes)
     #: why the workers cannot hold sparse tables in this job ("" when they can): auto says it
     conflict: str = ""
+    #: angel.worker.table.capacity: ("auto", 0), ("rows", n) or ("bytes", n)
+    capacity: tuple[str, int] = key_field(TABLE_CAPACITY, convert=lambda v: _capacity(str(v)))
+    #: auto: the share of the device's free memory the held tables may take
+    fraction: float = key_field(TABLE_MEMORY_FRACTION)
+    #: a full device tier's eviction (lru, lfu) and its admission count
+    eviction: str = key_field(TABLE_EVICTION)
+    admit: int = key_field(TABLE_ADMIT)
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> SparseOptions:

@@ -43,7 +43,7 @@ from learners.models.config import job_model_info
 from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
 from learners.runs.log_store import run_logs_for
 from learners.runs.metrics import validation_metrics
-from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks
+from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks, tier_note
 from learners.runs.progress import TrainProgress as _Progress
 from learners.runs.retention import Checkpoints, CheckpointWriteError, kept_summary
 from learners.runs.run_config import log_hparams, write_config
@@ -299,7 +299,9 @@ class TrainingLoop:
                 log.record(step_record(epoch, epoch * updates + done, n_line, line))
                 line = None
             if log.progress is not None:
-                log.progress.update(n, chunk_samples, seconds, loss_sum / max(samples, 1), last_lr)
+                log.progress.update(
+                    n, chunk_samples, seconds, loss_sum / max(samples, 1), last_lr, tier_note(outs)
+                )
         train_s = time.perf_counter() - t_epoch
         progress.samples += samples
         progress.train_s += train_s

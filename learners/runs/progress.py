@@ -55,7 +55,32 @@ KEYS = [PROGRESS_EVERY]
 CHUNK_TARGET_S = 0.25
 #: seconds between redraws of the bar's clock while a chunk runs
 TICK_S = 0.5
-_SUMMED = ("updates", "skipped", "samples", "loss_sum", "pull_s", "compute_s", "push_s", "wait_s")
+_SUMMED = (
+    "updates",
+    "skipped",
+    "samples",
+    "loss_sum",
+    "pull_s",
+    "compute_s",
+    "push_s",
+    "wait_s",
+    "cache_lookups",
+    "cache_hits",
+    "bytes_moved",
+    "tier_lookups",
+    "tier_hits",
+    "tier_misses",
+    "tier_writebacks",
+)
+
+
+def tier_note(outs: Sequence[StepStats]) -> str:
+    """The device tiers' hit rate over the workers' chunks ("" without a tier), for the
+    progress line."""
+    lookups = sum(o.tier_lookups for o in outs)
+    if not any(o.tier_on for o in outs) or not lookups:
+        return ""
+    return f"tier hits {100.0 * sum(o.tier_hits for o in outs) / lookups:.0f}%"
 
 
 @dataclass
@@ -197,13 +222,17 @@ class JobBar:
         epoch = min(done // max(self.updates_per_epoch, 1) + 1, self.epochs)
         return f"epoch {epoch}/{self.epochs}"
 
-    def update(self, n: int, samples: int, seconds: float, loss: float, lr: float) -> None:
+    def update(
+        self, n: int, samples: int, seconds: float, loss: float, lr: float, note: str = ""
+    ) -> None:
         """``n`` more updates of ``samples`` rows in ``seconds``; the epoch's mean loss so far
-        and the step size now."""
+        and the step size now; ``note``: more to show (a device tier's hit rate)."""
         rate = samples / max(seconds, 1e-9)
         with self._lock:
             self.bar.set_postfix_str(
-                f"{_si(rate)} samples/s, loss {loss:.4f}, lr {lr:.3g}", refresh=False
+                f"{_si(rate)} samples/s, loss {loss:.4f}, lr {lr:.3g}"
+                + (f", {note}" if note else ""),
+                refresh=False,
             )
             self.bar.set_description_str(self._desc(self.bar.n + n), refresh=False)
             self.bar.update(n)
@@ -263,7 +292,9 @@ class PlainProgress:
         self._now = clock or time.monotonic
         self._t0 = self._last = self._now()
 
-    def update(self, n: int, samples: int, seconds: float, loss: float, lr: float) -> None:
+    def update(
+        self, n: int, samples: int, seconds: float, loss: float, lr: float, note: str = ""
+    ) -> None:
         """As :meth:`JobBar.update`; prints a line when ``every_s`` has passed since the last."""
         self.n += n
         now = self._now()
@@ -278,7 +309,7 @@ class PlainProgress:
         print(
             f"progress: epoch {epoch}/{self.epochs}  {pct:3.0f}% {self.n}/{self.total} updates "
             f"[{_clock(elapsed)}<{_clock(left)}]  {_si(samples / max(seconds, 1e-9))} samples/s"
-            f"  loss {loss:.4f}  lr {lr:.3g}",
+            f"  loss {loss:.4f}  lr {lr:.3g}" + (f"  {note}" if note else ""),
             file=self.file or sys.stdout,
             flush=True,
         )

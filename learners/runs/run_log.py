@@ -312,6 +312,11 @@ def feed_record(updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
         lookups = sum(o.cache_lookups for o in outs)
         hits = sum(o.cache_hits for o in outs)
         rec["cache_hit_rate"] = hits / lookups if lookups else None
+    if any(o.tier_on for o in outs):
+        lookups = sum(o.tier_lookups for o in outs)
+        rec["tier_hit_rate"] = sum(o.tier_hits for o in outs) / lookups if lookups else None
+        rec["tier_misses_per_step"] = sum(o.tier_misses for o in outs) / max(updates, 1)
+        rec["tier_writebacks_per_step"] = sum(o.tier_writebacks for o in outs) / max(updates, 1)
     return rec
 
 

@@ -35,3 +35,10 @@ class StepStats:
     cache_lookups: int = 0
     cache_hits: int = 0
     bytes_moved: int = 0
+    #: a device tier's rows read, found on the device, fetched and written back
+    #: (learners/worker/device_tier.py)
+    tier_on: bool = False
+    tier_lookups: int = 0
+    tier_hits: int = 0
+    tier_misses: int = 0
+    tier_writebacks: int = 0

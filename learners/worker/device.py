@@ -8,13 +8,14 @@ synchronisation for all of them (not one per table). On the CPU each is one plai
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["to_device", "to_host"]
+__all__ = ["free_bytes", "to_device", "to_host"]
 
 
 def to_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -55,3 +56,18 @@ def to_host(ts: Sequence[Tensor]) -> list[np.ndarray]:
     torch.cuda.current_stream().synchronize()
     # Each array keeps its tensor, and so its pinned block, alive.
     return [h.numpy() for h in held]
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory of ``device``: a GPU's (``cudaMemGetInfo``), or the host's available
+    memory (``MemAvailable`` in /proc/meminfo; ``os.sysconf`` where there is none)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

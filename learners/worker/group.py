@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from angelconf.config import ConfigError
 from angelps import PSClient
+from angelps.client.tier_swap import TierLost
 from learners.data import DataError, DataOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.placement import Layout
@@ -81,10 +82,25 @@ def gather(refs: Sequence[ray.ObjectRef], workers: Sequence[int] | None = None) 
             ray.get(done)  # ready: returns at once, or raises the call's error
         except RayActorError as e:
             raise WorkerDied(index[done[0]], _reason(e)) from e
+        except RayTaskError as e:
+            _tier_lost(e, index[done[0]])
+            raise
     try:
         return list(ray.get(list(refs)))
     except RayActorError as e:
         raise WorkerDied(index[pending[0]] if pending else who[0], _reason(e)) from e
+    except RayTaskError as e:
+        _tier_lost(e, index[pending[0]] if pending else who[0])
+        raise
+
+
+def _tier_lost(e: RayTaskError, worker: int) -> None:
+    """A device tier that lost its write-backs (a shard restarted from an older backup) is
+    handled as a lost worker: the job restarts from its last checkpoint."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, TierLost):
+        # (its first argument: Ray's str() of a remote error is the whole remote traceback)
+        raise WorkerDied(worker, str(cause.args[0]) if cause.args else "TierLost") from e
 
 
 class WorkerGroup:

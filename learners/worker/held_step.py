@@ -16,7 +16,9 @@ from angelps import TableSpec
 from learners.job.loop_options import TrainPlan
 from learners.models.table_decl import TableDecl
 from learners.worker.batch_rows import BatchInput
+from learners.worker.device import free_bytes
 from learners.worker.device_step import dedup_on_device
+from learners.worker.device_tier import TierPolicy
 from learners.worker.held_tables import HeldTables
 from learners.worker.step_stats import RowMap, StepStats
 
@@ -34,14 +36,32 @@ class HoldsTables:
     num_workers: int
     device: torch.device
     held: HeldTables
+    ps: Any
     inputs: BatchInput
     tables: list[TableDecl]
 
-    def hold_tables(self, specs: Sequence[TableSpec], partitioner: str) -> int:
+    def hold_tables(
+        self,
+        specs: Sequence[TableSpec],
+        partitioner: str,
+        tiers: Mapping[str, int] | None = None,
+        eviction: str = "lru",
+        admit: int = 1,
+    ) -> int:
         """Hold this worker's share of ``specs`` (the partitioner's ``W``-owner split, on
-        this worker's device); the bytes it takes."""
+        this worker's device); ``tiers``: the tables of those held in a device tier over the
+        shards, with the rows it keeps on the device (learners/worker/device_tier.py). The
+        bytes it takes."""
         self.held = HeldTables(
-            specs, self.worker_id, self.num_workers, partitioner, self.device, self.plan.collective
+            specs,
+            self.worker_id,
+            self.num_workers,
+            partitioner,
+            self.device,
+            self.plan.collective,
+            tiers,
+            TierPolicy(eviction, admit),
+            lambda: self.ps,  # (attached after the tables are held, and again at a restore)
         )
         sparse = {t.name for t in self.tables if t.sparse}
         self.inputs.on_device = dedup_on_device(
@@ -83,6 +103,20 @@ class HoldsTables:
             return int(t[0])
 
         return agree, self.held.idle
+
+    def device_free_bytes(self) -> int:
+        """Free memory of this worker's device: the GPU's, or its part of the host's available
+        memory (split between the job's workers, which may share the host)."""
+        free = free_bytes(self.device)
+        return free if self.device.type == "cuda" else free // max(self.num_workers, 1)
+
+    def flush_tiers(self) -> int:
+        """Write the device tiers' rows back to the shards (before a checkpoint); the rows."""
+        return self.held.flush_tiers()
+
+    def reset_tiers(self) -> None:
+        """Empty the device tiers (the shards were restored)."""
+        self.held.reset_tiers()
 
     def save_held(self, root: str) -> dict[str, Any]:
         """Write this worker's share of the held tables under ``root`` (a checkpoint's

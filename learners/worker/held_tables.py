@@ -20,7 +20,7 @@ an update in a thread while it prepares the next batch; its next read waits for 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +42,7 @@ from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.table import init_rows
 from learners.worker.device import to_device
+from learners.worker.device_tier import TierCounts, TierPolicy, TierTable
 from learners.worker.table_exchange import Exchange
 
 __all__ = ["HeldTable", "HeldTables"]
@@ -192,15 +193,26 @@ class HeldTables:
         partitioner: str,
         device: torch.device,
         backend: str = "gloo",
+        tiers: Mapping[str, int] | None = None,
+        policy: TierPolicy | None = None,
+        shards: Callable[[], Any] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.num_workers = num_workers
         self.partitioner = partitioner
         self.device = device
-        self.tables = {
-            s.name: HeldTable(s, Partitioner(s, num_workers, partitioner), worker_id, device)
-            for s in specs
-        }
+        tiers = dict(tiers or {})
+        self.tables: dict[str, HeldTable | TierTable] = {}
+        for s in specs:
+            part = Partitioner(s, num_workers, partitioner)
+            if s.name in tiers:  # (a device tier over the shards: learners/worker/device_tier.py)
+                self.tables[s.name] = TierTable(
+                    s, part, worker_id, device, tiers[s.name], policy or TierPolicy(), shards
+                )
+            else:
+                self.tables[s.name] = HeldTable(s, part, worker_id, device)
+        self.tiers = {n: t for n, t in self.tables.items() if isinstance(t, TierTable)}
+        self.whole = {n: t for n, t in self.tables.items() if isinstance(t, HeldTable)}
         self.names = frozenset(self.tables)
         self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
         self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
@@ -246,6 +258,37 @@ class HeldTables:
             self.bytes_moved += sent
             got |= dict(zip(group, rows, strict=True))
         return got
+
+    def prefetch(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
+        """Start fetching the device tiers' misses of the next batch's unique ids (one worker:
+        several learn their ids in the exchange)."""
+        if self.num_workers == 1:
+            for name, t in self.tiers.items():
+                if name in req:
+                    t.prefetch(req[name])
+
+    def train(self, on: bool) -> None:
+        """Training (True) or reading only (validation, prediction: device tiers pin no rows)."""
+        for t in self.tiers.values():
+            t.training = on
+
+    def tier_counts(self) -> TierCounts:
+        """The device tiers' hits, misses and write-backs since the last call."""
+        total = TierCounts()
+        for t in self.tiers.values():
+            total.add(t.take_counts())
+        return total
+
+    def flush_tiers(self) -> int:
+        """Write the rows of every device tier back to the shards (before a save)."""
+        self.settle()
+        return sum(t.flush() for t in self.tiers.values())
+
+    def reset_tiers(self) -> None:
+        """Empty the device tiers (after a restore: the shards hold the restored rows)."""
+        self.settle()
+        for t in self.tiers.values():
+            t.reset()
 
     def idle(self) -> None:
         """Take part in one :meth:`rows` exchange without asking for rows (a worker whose
@@ -320,7 +363,7 @@ class HeldTables:
         under ``root`` (the shards' format); the files' manifest entries."""
         self.settle()
         files = {}
-        for name, t in self.tables.items():
+        for name, t in self.whole.items():
             entry = write_table_chunks(table_file(root, name, self.worker_id), t.export_chunks())
             files[table_rel(name, self.worker_id)] = entry
         return files
@@ -329,8 +372,10 @@ class HeldTables:
         """Replace every held table's rows with the checkpoint's at ``root`` (written by the
         shards or by workers, any number of them): this worker keeps the rows it owns."""
         self.settle()
+        for tier in self.tiers.values():  # (the shards load a tier's table)
+            tier.reset()
         restored = {}
-        for name, t in self.tables.items():
+        for name, t in self.whole.items():
             t.reset()
             n = 0
             for j in range(table_shards(manifest, name)):

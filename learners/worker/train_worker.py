@@ -278,6 +278,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         t_start = time.perf_counter()
         moved = self.ps.bytes_moved + self.held.bytes_moved
         self.model.train()
+        self.held.train(True)
         # The next updates' first micro-batches, prepared while their rows are in flight: the
         # next one's come with this update's push (one fused push_pull call per shard per
         # step); under SSP up to angel.worker.prefetch.depth batches are in flight.
@@ -300,6 +301,10 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
+        if self.held.tiers:
+            tc = self.held.tier_counts()
+            stats.tier_on, stats.tier_lookups, stats.tier_hits = True, tc.lookups, tc.hits
+            stats.tier_misses, stats.tier_writebacks = tc.misses, tc.writebacks
         if stats.updates:  # momentum, lr/<table>, ... of the last update (rate_plan.py)
             stats.last_rates = self._last_rates.record()
         return stats
@@ -463,6 +468,8 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             # While the call is in flight: the next batch's input minus its rows.
             with self._side.scope():
                 nx, ny = self.inputs.prepare(nb, n_slots)
+            if not queue:  # the device tiers' misses of the next batch come meanwhile
+                self.held.prefetch(n_req)
             queue.append(Prefetched(nb, nx, ny, n_req, rows))
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
@@ -487,6 +494,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
     def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
         """Predict every row of ``data`` in chunks (learners/worker/predict.py)."""
         assert self.model is not None
+        self.held.train(False)
         return predict_rows(self.model, data, chunk, self._input, self.amp, self._rounds())
 
     def predict_file(self, path: str) -> dict[str, Any]:

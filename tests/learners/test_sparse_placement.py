@@ -35,8 +35,17 @@ def test_ps_keeps_every_table_on_the_shards() -> None:
     assert placed.where()["wide"] == "on the shards: angel.sparse.placement=ps"
 
 
-def test_worker_holds_the_sparse_tables_and_leaves_the_dense_ones() -> None:
+def test_worker_holds_the_sparse_tables_and_the_models_dense_ones() -> None:
+    """The bias goes with the sparse tables (a step then calls no shard); dense layers placed
+    on the shards keep the model's dense tables there."""
     placed = place_tables(_plan(**{"angel.sparse.placement": "worker"}), TABLES)
+    assert [t.name for t in placed.held] == ["wide", "embedding", "wide_bias"]
+    assert placed.ps == []
+    assert placed.where()["wide_bias"] == (
+        "on the workers: angel.sparse.placement=worker (a dense table, with the sparse ones)"
+    )
+    on_ps = {"angel.sparse.placement": "worker", "angel.dense.placement": "ps"}
+    placed = place_tables(_plan(**on_ps), TABLES)
     assert [t.name for t in placed.held] == ["wide", "embedding"]
     assert [t.name for t in placed.ps] == ["wide_bias"]
     assert placed.where()["wide_bias"] == "on the shards: dense tables stay on the shards"
@@ -48,7 +57,7 @@ def test_auto_holds_tables_that_fit_the_budget_under_bsp() -> None:
     assert held_bytes(TABLES[2], 2) == 500 * 25 * 4
     need = (1000 * 4 + 1000 * 25) * 4
     fits = place_tables(_plan(**{"angel.sparse.placement": "auto"}), TABLES)
-    assert [t.name for t in fits.held] == ["wide", "embedding"]
+    assert [t.name for t in fits.held] == ["wide", "embedding", "wide_bias"]
     assert fits.where()["embedding"] == (
         f"on the workers: auto: BSP, {need / 2**20:.1f} MiB a worker within "
         "angel.sparse.worker.memory.mb=2048"
@@ -214,4 +223,4 @@ def test_the_start_screen_says_where_each_table_lives_and_why() -> None:
         "on the workers: auto: BSP, 0.1 MiB a worker within angel.sparse.worker.memory.mb=2048"
     )
     j = next(n for n, line in enumerate(lines) if line.strip().startswith("wide_bias "))
-    assert lines[j + 1].strip() == "on the shards: dense tables stay on the shards"
+    assert lines[j + 1].strip() == "on the workers: auto: a dense table, with the sparse ones"

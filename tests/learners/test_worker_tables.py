@@ -141,7 +141,7 @@ def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf,
         conf, tmp_path / "held", census, **sets, **{"angel.sparse.placement": "worker"}
     )
     manifest = checkpoint.read_manifest(str(tmp_path / "held" / "model"))
-    assert manifest["table_shards"] == {"wide": 2, "embedding": 2}
+    assert manifest["table_shards"] == {"wide": 2, "embedding": 2, "wide_bias": 2}
     _assert_same(ps_w, held_w)
     assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
     # predict and evaluate on the live workers: every read is an exchange between them

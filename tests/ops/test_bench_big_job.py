@@ -65,17 +65,21 @@ def test_big_job_runs_every_phase_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "big.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, str(REPO / "bench" / "big_job.py"), "--json", str(out)]
-    cmd += ["--ids", "2600", "--zipf-rows", "400", "--valid-rows", "300", "--batch", "512"]
+    cmd += ["--ids", "2600", "--zipf-rows", "400", "--valid-rows", "300", "--batch", "64"]
+    cmd += ["--tier-rows", "2000"]  # a device tier of 2000 of the 2600 rows a table
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert set(r["phases"]) == {"train", "save", "resume", "predict", "evaluate"}
     assert all(p["ok"] and p["seconds"] >= 0 for p in r["phases"].values()), r["phases"]
     assert all(0 < p["peak_rss_mib"] <= r["peak_rss_mib_total"] for p in r["phases"].values())
-    assert r["device_tier"] is None and r["placement"] == "ps"
+    assert r["placement"] == "worker" and r["device_tier"]["rows_per_table"] == 2000
+    assert 0 < r["device_tier"]["hit_rate"] < 1 and r["device_tier"]["misses_per_step"] > 0
     # FM: every id has a row in the weight table and in the embedding table, plus the bias.
     assert r["data"]["distinct_ids"] == 2600
-    assert r["shards_after_train"]["rows"] == {"wide": 2600, "embedding": 2600, "wide_bias": 1}
+    # (the bias is held by the worker, with the sparse tables)
+    assert r["shards_after_train"]["rows"] == {"wide": 2600, "embedding": 2600}
+    assert r["rows_on_workers"] == {"wide_bias": 1}
     assert r["rows_held"] == 5201
     assert r["shards_after_resume"]["rows"] == r["shards_after_train"]["rows"]
     assert "hash" in r["shards_after_train"]["index"]

@@ -1,0 +1,125 @@
+"""A device tier's exchange with the shard actors (learners/worker/device_tier.py): one Ray call
+per shard writes back evicted rows and reads missed ones, whole (weights and optimizer slots),
+outside the clocks: the tier's owner is the only writer of the rows it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
+
+from angelps.optim import slot_widths
+from angelps.options import ClientOptions
+from angelps.partition import Partitioner
+from angelps.table import TableSpec
+
+__all__ = ["SwapFuture", "TierLost", "row_width", "swap_async"]
+
+
+class TierLost(RuntimeError):
+    """A shard restarted from a backup that may predate rows a device tier wrote back to it:
+    the job cannot go on exactly, and restarts from its last checkpoint (as for a lost
+    worker)."""
+
+
+def row_width(spec: TableSpec) -> int:
+    """Columns of a whole row of ``spec`` on a shard: weights, then optimizer slots."""
+    return spec.cols + sum(slot_widths(spec.optimizer, spec.cols).values())
+
+
+class Client(Protocol):
+    """What a swap needs of :class:`angelps.client.ps_client.PSClient`."""
+
+    specs: dict[str, TableSpec]
+    parts: dict[str, Partitioner]
+    handles: list[ActorHandle]
+    num_shards: int
+    options: ClientOptions
+
+    def _get(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]: ...
+
+
+class SwapFuture:
+    """The rows of a :meth:`PSClient.swap_async` (``.result()``: table -> whole rows in the
+    order of the keys read) and the process id of every shard that answered."""
+
+    def __init__(
+        self,
+        client: Client,
+        refs: Mapping[int, ray.ObjectRef[Any]],
+        routed: Mapping[str, tuple[np.ndarray | None, np.ndarray]],
+        counts: Mapping[str, int],
+    ) -> None:
+        self._client = client
+        self._refs = dict(refs)
+        self._routed = dict(routed)
+        self._counts = dict(counts)
+        #: shard -> the process id that served this swap (set by :meth:`result`)
+        self.pids: dict[int, int] = {}
+
+    def result(self) -> dict[str, np.ndarray]:
+        shards = list(self._refs)
+        try:
+            answers = self._client._get([self._refs[s] for s in shards])
+        except RayActorError as e:
+            # The rows written back in this call, or since the shard's last backup, may be
+            # gone with it.
+            raise TierLost(
+                f"a shard died during a device tier's exchange with shards {shards} "
+                f"({type(e).__name__})"
+            ) from e
+        self.pids = {s: a[0] for s, a in zip(shards, answers, strict=True)}
+        got = {s: a[1] for s, a in zip(shards, answers, strict=True)}
+        out: dict[str, np.ndarray] = {}
+        for name, (order, _offsets) in self._routed.items():
+            parts = [got[s][name] for s in shards if name in got[s]]
+            width = row_width(self._client.specs[name])
+            dtype = np.dtype(self._client.specs[name].dtype)
+            block = np.concatenate(parts) if parts else np.zeros((0, width), dtype)
+            if order is not None:  # back from shard order to the keys' order
+                full = np.empty_like(block)
+                full[order] = block
+                block = full
+            assert len(block) == self._counts[name]
+            out[name] = block
+        return out
+
+
+def swap_async(
+    client: Client,
+    writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    reads: Mapping[str, np.ndarray],
+) -> SwapFuture:
+    """A device tier's exchange with the shards (learners/worker/device_tier.py): write
+    back whole rows (``writes``: table -> (unique keys, ``[k, width]`` rows with their
+    optimizer slots)), then read the whole rows of ``reads`` (table -> unique keys; rows
+    missing are created). One Ray call per shard that has something to do; it runs after
+    this client's earlier swaps on that shard (Ray keeps one caller's order), outside the
+    clocks (the tier's owner is the only writer of those rows)."""
+    per: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
+    for name, (keys, block) in writes.items():
+        part = client.parts[name]
+        order, offsets = part.split(keys)
+        for s in range(client.num_shards):
+            a, b = int(offsets[s]), int(offsets[s + 1])
+            if a < b:
+                idx = slice(a, b) if order is None else order[a:b]
+                per.setdefault(s, ({}, {}))[0][name] = (keys[idx], block[idx])
+    routed: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
+    for name, keys in reads.items():
+        order, offsets = client.parts[name].split(keys)
+        routed[name] = (order, offsets)
+        for s in range(client.num_shards):
+            a, b = int(offsets[s]), int(offsets[s + 1])
+            if a < b:
+                idx = slice(a, b) if order is None else order[a:b]
+                per.setdefault(s, ({}, {}))[1][name] = keys[idx]
+    token = client.options.shard.token
+    refs = {
+        s: client.handles[s].swap.remote(w, r, secret=token) for s, (w, r) in sorted(per.items())
+    }
+    return SwapFuture(client, refs, routed, {n: len(k) for n, k in reads.items()})

@@ -1,0 +1,207 @@
+"""A device tier over the shards (angel.sparse.placement=worker with
+angel.worker.table.capacity, learners/worker/device_tier.py): whatever the capacity and the
+policy, the rows end exactly as when the worker holds the whole table (and as a numpy shard);
+a capacity below one update's rows is refused by name; the keys and the placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from angelconf.config import ConfigError, load_config
+from angelps import OptimizerSpec, TableSpec
+from angelps.client.tier_swap import swap_async
+from angelps.partition import Partitioner
+from angelps.server.shard import ParameterShard
+from learners.job.loop_options import TrainPlan
+from learners.job.sparse_placement import place_tables
+from learners.keys import all_keys
+from learners.worker.device_tier import TierPolicy
+from learners.worker.held_tables import HeldTables
+
+
+class _Handle:
+    """A shard in this process, called as a Ray actor handle is (``h.swap.remote(...)``)."""
+
+    def __init__(self, shard: ParameterShard) -> None:
+        self.shard = shard
+        self.swap = self
+        self.pid = 1000 + shard.shard_id
+
+    def remote(self, writes: Any, reads: Any, secret: str = "") -> tuple[int, Any]:
+        return self.pid, self.shard.swap(writes, reads)
+
+
+class _Shards:
+    """Shards in this process behind the real swap routing (angelps/client/tier_swap.py)."""
+
+    def __init__(self, specs: list[TableSpec], n: int) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.num_shards = n
+        self.handles = [_Handle(ParameterShard(i, n, specs)) for i in range(n)]
+        self.parts = {s.name: Partitioner(s, n, "hash") for s in specs}
+
+        class _Opts:
+            class shard:
+                token = ""
+
+        self.options = _Opts
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        return list(refs)
+
+    def swap_async(self, writes: Any, reads: Any) -> Any:
+        return swap_async(self, writes, reads)  # type: ignore[arg-type]
+
+    def rows(self, name: str, keys: np.ndarray) -> np.ndarray:
+        return swap_async(self, {}, {name: keys}).result()[name]  # type: ignore[arg-type]
+
+
+OPTS = [
+    OptimizerSpec("sgd", l1=0.01, l2=0.1),
+    OptimizerSpec("momentum", l2=0.01),
+    OptimizerSpec("adam", l2=0.01),
+    OptimizerSpec("adagrad", l1=0.001),
+    OptimizerSpec("rmsprop", l1=0.001, l2=0.01),
+    OptimizerSpec("ftrl", l1=0.1, l2=0.1),
+]
+
+
+def _steps(
+    opt: OptimizerSpec, capacity: int | None, policy: TierPolicy | None = None, steps: int = 8
+) -> tuple[np.ndarray, HeldTables]:
+    """``steps`` updates (two micro-batches each, power-law ids) of a table held whole
+    (``capacity`` None) or in a device tier of ``capacity`` rows over 2 shards; every row
+    after them (with its optimizer state: the shards' whole rows after a flush)."""
+    spec = TableSpec("e", 2000, 4, sparse=True, init="normal", init_std=0.1, optimizer=opt)
+    shards = _Shards([spec], 2)
+    tiers = {} if capacity is None else {"e": capacity}
+    held = HeldTables(
+        [spec],
+        0,
+        1,
+        "hash",
+        torch.device("cpu"),
+        "gloo",
+        tiers,
+        policy or TierPolicy(),
+        lambda: shards,
+    )
+    rng = np.random.default_rng(7)
+    for step in range(steps):
+        for _ in range(2):
+            ids = np.unique((rng.pareto(1.2, 90) * 20).astype(np.int64) % 2000)
+            held.rows({"e": ids})
+            g = rng.standard_normal((len(ids), 4)).astype(np.float32)
+            held.add_grad("e", ids, torch.from_numpy(g))
+        held.apply(0.5, 0.05 * (step + 1))
+    held.settle()
+    keys = np.arange(2000)
+    if capacity is None:
+        t = held.tables["e"]
+        return t.data.numpy()[keys].copy(), held  # (local row = key, one owner)
+    held.flush_tiers()
+    return shards.rows("e", keys), held
+
+
+@pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.name)
+def test_a_tier_smaller_than_the_table_trains_as_the_whole_table(opt: OptimizerSpec) -> None:
+    want, _ = _steps(opt, None)
+    got, held = _steps(opt, 200)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    tier = held.tiers["e"]
+    assert tier.rows_held() <= 200
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [TierPolicy("lru", 1), TierPolicy("lfu", 1), TierPolicy("lru", 3), TierPolicy("lfu", 2)],
+)
+def test_every_policy_is_exact(policy: TierPolicy) -> None:
+    want, _ = _steps(OPTS[2], None)
+    got, held = _steps(OPTS[2], 180, policy)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    counts = held.tier_counts()
+    assert counts.lookups == counts.hits + counts.misses
+    assert 0 < counts.hits < counts.lookups
+    assert counts.writebacks > 0
+
+
+def test_a_tier_below_one_updates_rows_is_refused_by_name() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"table 'e': angel.worker.table.capacity=60 rows is below the \d+ rows one update reads",
+    ):
+        _steps(OPTS[0], 60)
+
+
+def test_reads_outside_training_pin_nothing_and_read_through() -> None:
+    """Validation and prediction read more ids than the tier holds: the misses are read
+    through (the shards' rows), and nothing is left pinned."""
+    want, held = _steps(OPTS[1], 150)
+    held.train(False)
+    keys = np.arange(2000)
+    got = held.rows({"e": keys})["e"].numpy()
+    np.testing.assert_allclose(got, want[:, :4], rtol=1e-6)
+    held.train(True)
+    held.rows({"e": np.arange(100)})  # (the tier still has room for an update)
+
+
+def _plan(**sets: object) -> TrainPlan:
+    return TrainPlan.from_config(load_config(None, sets, all_keys()))
+
+
+TABLES = [
+    TableSpec("wide", 1000, 1, sparse=True, optimizer=OptimizerSpec("adam")),
+    TableSpec("wide_bias", 1, 1),
+    TableSpec("embedding", 1000, 8, sparse=True, optimizer=OptimizerSpec("adam")),
+    TableSpec("hashed", -1, 8, sparse=True),
+]
+
+
+def test_capacity_in_rows_tiers_the_tables_above_it() -> None:
+    placed = place_tables(
+        _plan(**{"angel.sparse.placement": "worker", "angel.worker.table.capacity": "600"}),
+        TABLES,
+    )
+    assert placed.tiers == {"wide": 600, "embedding": 600, "hashed": 600}
+    assert [t.name for t in placed.ps] == ["wide", "wide_bias", "embedding", "hashed"]
+    assert placed.whole() == []
+    placed = place_tables(
+        _plan(**{"angel.sparse.placement": "worker", "angel.worker.table.capacity": "1000"}),
+        TABLES,
+    )
+    assert placed.tiers == {"hashed": 1000}
+    assert [t.name for t in placed.whole()] == ["wide", "embedding"]
+    where = placed.where()
+    assert where["hashed"].startswith("on the shards, 1000 rows a worker on its device")
+
+
+def test_capacity_auto_and_in_bytes_split_the_budget() -> None:
+    known = TABLES[:3]
+    plan = _plan(**{"angel.sparse.placement": "worker"})
+    assert place_tables(plan, known, free=1 << 30).tiers == {}  # fits half of 1 GiB
+    # Adam's rows: 1000 x (1 + 3) x 4 B and 1000 x (8 + 17) x 4 B, 116 kB; half of 58 kB
+    # is 29 kB, a quarter of each table
+    tiers = place_tables(plan, known, free=58_000).tiers
+    assert tiers == {"wide": 250, "embedding": 250}
+    plan = _plan(**{"angel.sparse.placement": "worker", "angel.worker.table.capacity": "58000B"})
+    assert place_tables(plan, known).tiers == {"wide": 500, "embedding": 500}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "valid"),
+    [
+        ("angel.worker.table.capacity", "lots", "auto, a number of rows"),
+        ("angel.worker.table.capacity", "0", "auto, a number of rows"),
+        ("angel.worker.table.eviction", "fifo", "lru, lfu"),
+        ("angel.worker.table.memory.fraction", "1.5", "a number in (0, 1]"),
+    ],
+)
+def test_bad_tier_keys_are_refused_by_name(key: str, value: str, valid: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+        _plan(**{key: value})
+    assert valid in str(e.value)

@@ -1,0 +1,80 @@
+"""A device tier on a real local Ray (angel.sparse.placement=worker with a capacity below the
+tables): the job trains, saves, resumes, predicts and evaluates exactly as with every row on
+the shards (same seed, BSP), and its step records and progress say the tier's hit rate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from angelps.checkpoint import files as checkpoint
+from tests.learners.test_worker_tables import _assert_same, _learner, _tables, _train
+
+# a batch of 64 census rows reads at most 90 of the 148 ids: 100 rows a table keep the tier
+# full and evicting
+TIER = {"angel.sparse.placement": "worker", "angel.worker.table.capacity": "100"}
+SMALL = {
+    "ml.minibatch.size": 64,
+    "ml.inputlayer.optimizer": "Adam",
+    "ml.embedding.optimizer": "Adam",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    from tests.learners.test_worker_tables import local_ray as ray_fixture
+
+    yield from ray_fixture.__wrapped__()
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory) -> str:
+    from tests.learners.test_worker_tables import ROOT
+
+    dst = tmp_path_factory.mktemp("data") / "census.dummy"
+    with open(ROOT / "data/census/census_148d_train.dummy") as f, open(dst, "w") as g:
+        for _ in range(1200):
+            g.write(f.readline())
+    return str(dst)
+
+
+def _steps(log: Path) -> list[dict]:
+    (metrics,) = log.glob("*/metrics.jsonl")
+    return [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "step"]
+
+
+@pytest.mark.parametrize("conf", ["fm_census.properties", "deepfm_census.properties"])
+def test_a_device_tier_trains_as_the_shards(tmp_path, census, conf):
+    sets = {**SMALL, "angel.log.every.steps": 5}
+    ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
+    tier, tier_w = _train(conf, tmp_path / "tier", census, **sets, **TIER)
+    _assert_same(ps_w, tier_w)  # (the shards wrote the tiers' tables: flushed first)
+    manifest = checkpoint.read_manifest(str(tmp_path / "tier" / "model"))
+    # the worker holds the bias whole (its own file), the shards the tiers' tables
+    assert manifest["table_shards"] == {"wide_bias": 1}
+    assert tier["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    np.testing.assert_allclose(tier["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
+    assert tier["eval"]["valid_auc"] == pytest.approx(ps["eval"]["valid_auc"], abs=1e-6)
+    steps = _steps(tmp_path / "tier" / "log")
+    assert steps and all(0.0 < r["tier_hit_rate"] < 1.0 for r in steps)
+    assert all(r["tier_misses_per_step"] > 0 for r in steps)
+    assert any(r["tier_writebacks_per_step"] > 0 for r in steps)
+    assert "tier_hit_rate" not in _steps(tmp_path / "ps" / "log")[0]
+
+
+def test_a_device_tier_resumes_exactly(tmp_path, census):
+    conf = "fm_census.properties"
+    _, full = _train(conf, tmp_path / "full", census, **SMALL, **TIER)
+    _train(conf, tmp_path / "half", census, **SMALL, **TIER, **{"ml.epoch.num": 1})
+    shutil.copytree(tmp_path / "half" / "model", tmp_path / "resumed" / "model")
+    learner = _learner(conf, tmp_path / "resumed", census, **SMALL, **TIER)
+    try:
+        result = learner.train(resume=True)
+        assert [h["epoch"] for h in result.history] == [0, 1]
+    finally:
+        learner.shutdown()
+    _assert_same(full, _tables(str(tmp_path / "resumed" / "model")))
