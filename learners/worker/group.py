@@ -90,7 +90,7 @@ def gather(refs: Sequence[ray.ObjectRef], workers: Sequence[int] | None = None) 
     except RayActorError as e:
         raise WorkerDied(index[pending[0]] if pending else who[0], _reason(e)) from e
     except RayTaskError as e:
-        _tier_lost(e, index[pending[0]] if pending else who[0])
+        _tier_lost(e, index[pending[0]] if pending else (who[0] if who else 0))
         raise
 
 
