@@ -206,6 +206,8 @@ class TierTable:
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         self._pids: dict[int, int] = {}
         self._writes: list[SwapFuture] = []
+        #: bytes exchanged with the shards: ids and rows sent, rows received
+        self.bytes_moved = 0
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         self._read: tuple[np.ndarray, np.ndarray] | None = None
         #: False while validating or predicting (learners/worker/held_tables.py)
@@ -271,7 +273,20 @@ class TierTable:
         slots = self._lookup(ids)
         self._read = (ids, slots)
         miss = np.sort(ids[slots < 0])
-        self._pending = (miss, self._shards().swap_async({}, {self.spec.name: miss}))
+        self._pending = (miss, self._swap({}, miss))
+
+    def _swap(
+        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: np.ndarray | None
+    ) -> SwapFuture:
+        """One swap with the shards (write ``writes`` back, read the whole rows of ``reads``),
+        its bytes counted: ids and rows sent, and the rows that will come back."""
+        ask = {} if reads is None else {self.spec.name: reads}
+        for keys, block in writes.values():
+            self.bytes_moved += int(keys.nbytes + block.nbytes)
+        if reads is not None:
+            row = self.width * self.data.element_size()
+            self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
+        return self._shards().swap_async(writes, ask)
 
     def settle_writes(self) -> None:
         """Wait for the write-backs still in flight (their errors, a shard's restart)."""
@@ -337,14 +352,14 @@ class TierTable:
             got[hit] = rows[pos[hit]]
             todo &= ~hit
         if todo.any():
-            fut = self._shards().swap_async(writes, {self.spec.name: miss[todo]})
+            fut = self._swap(writes, miss[todo])
             got[todo] = fut.result()[self.spec.name]
             self._check_restarts(fut)
             self.settle_writes()  # (answered before this one: one caller's calls keep order)
         elif writes:
             # Write-backs alone are not waited for: a later read of these rows comes behind
             # them on the same shards.
-            self._writes.append(self._shards().swap_async(writes, {}))
+            self._writes.append(self._swap(writes, None))
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
         self.data.index_copy_(0, to_device(slots, self.device), to_device(got, self.device))
@@ -396,7 +411,7 @@ class TierTable:
             slots = self._lookup(ids)
             miss = slots < 0
             if int(miss.sum()) > self.capacity - int((~miss).sum()):
-                fut = self._shards().swap_async({}, {self.spec.name: ids[miss]})
+                fut = self._swap({}, ids[miss])
                 out = torch.empty((len(ids), self.cols), dtype=self.data.dtype)
                 out[torch.from_numpy(miss)] = torch.from_numpy(
                     np.ascontiguousarray(fut.result()[self.spec.name][:, : self.cols])
@@ -443,7 +458,7 @@ class TierTable:
         if not len(live):
             return 0
         block = self.data.index_select(0, to_device(live, self.device)).cpu().numpy()
-        fut = self._shards().swap_async({self.spec.name: (self.key_at[live], block)}, {})
+        fut = self._swap({self.spec.name: (self.key_at[live], block)}, None)
         fut.result()
         self._check_restarts(fut)
         return len(live)

@@ -216,14 +216,19 @@ class HeldTables:
         self.names = frozenset(self.tables)
         self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
         self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        #: bytes this worker sent to other workers (ids, rows, gradients)
-        self.bytes_moved = 0
+        self._moved = 0
         # One CPU worker: an update runs in a thread while the worker prepares the next batch
         # (reads wait for it: BSP). Collectives (several workers) and a device's own queue
         # (CUDA) need none.
         solo = num_workers == 1 and device.type == "cpu" and bool(self.tables)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
         self._pending: Future[None] | None = None
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes this worker sent to other workers (ids, rows, gradients) and its device tiers
+        exchanged with the shards (ids, rows written back, rows read)."""
+        return self._moved + sum(t.bytes_moved for t in self.tiers.values())
 
     def settle(self) -> None:
         """Wait for an update still running (its error, if any, is raised here)."""
@@ -255,7 +260,7 @@ class HeldTables:
             ids = req[group[0]]
             tables = [self.tables[n] for n in group]
             rows, sent = self.exchange.fetch(ids, tables)
-            self.bytes_moved += sent
+            self._moved += sent
             got |= dict(zip(group, rows, strict=True))
         return got
 
@@ -343,7 +348,7 @@ class HeldTables:
             local = [grads.get(n) for n in group]
             # one micro-batch an update (the same on every worker): the ids are the read's
             reuse = single and len(groups) == 1
-            self.bytes_moved += self.exchange.push(local, tables, scale, lr, reuse)
+            self._moved += self.exchange.push(local, tables, scale, lr, reuse)
 
     def _update(self, grads: Mapping[str, tuple[Tensor, Tensor]], scale: float, lr: Step) -> None:
         for name, (ids, g) in grads.items():
