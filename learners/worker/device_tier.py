@@ -36,6 +36,7 @@ from torch import Tensor
 from angelconf.config import ConfigError
 from angelps import TableSpec
 from angelps.client.tier_swap import SwapFuture, TierLost
+from angelps.dedup import strictly_increasing
 from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
@@ -401,7 +402,22 @@ class TierTable:
         self._last = (ids, slots)  # (the update of these ids needs no lookup)
         return to_device(slots, self.device)
 
+    def _unique(self, keys: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``keys`` as unique ids, and where each key is among them (None: already unique).
+        An owner serving several workers receives an id once from each that reads it."""
+        ids = _ids(keys)
+        if strictly_increasing(ids):
+            return keys, None
+        uniq, inv = np.unique(ids, return_inverse=True)
+        return torch.from_numpy(uniq), to_device(inv.reshape(-1), self.device)
+
     def gather(self, keys: Tensor) -> Tensor:
+        """The weights of ``keys`` (owned; repeated ids allowed): :meth:`_gather`."""
+        uniq, inv = self._unique(keys)
+        rows = self._gather(uniq)
+        return rows if inv is None else rows.index_select(0, inv)
+
+    def _gather(self, keys: Tensor) -> Tensor:
         """The weights of owned unique ``keys`` (a new ``[k, cols]`` tensor). Outside training
         (:attr:`training` False: validation, prediction) nothing stays pinned between reads,
         and a read of more ids than the tier holds reads its misses through, unplaced."""

@@ -80,3 +80,15 @@ def test_a_device_tier_resumes_exactly(tmp_path, census):
     finally:
         learner.shutdown()
     _assert_same(full, _tables(str(tmp_path / "resumed" / "model")))
+
+
+def test_two_workers_with_device_tiers_train_as_the_shards(tmp_path, census):
+    """Each worker's tier holds part of its own share; the owners fetch their misses while
+    serving the exchange, and the two train as the shards do."""
+    two = {**SMALL, "angel.workergroup.number": 2, "angel.worker.cpus": 0.5}
+    tier = {**TIER, "angel.worker.table.capacity": "70"}  # of about 74 rows a worker's share
+    ps, ps_w = _train("fm_census.properties", tmp_path / "ps", census, **two)
+    got, got_w = _train("fm_census.properties", tmp_path / "tier", census, **two, **tier)
+    _assert_same(ps_w, got_w)
+    assert got["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    np.testing.assert_allclose(got["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
