@@ -47,7 +47,10 @@ def _steps(log: Path) -> list[dict]:
     return [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "step"]
 
 
-@pytest.mark.parametrize("conf", ["fm_census.properties", "deepfm_census.properties"])
+@pytest.mark.parametrize(
+    "conf",
+    ["fm_census.properties", pytest.param("deepfm_census.properties", marks=pytest.mark.slow)],
+)
 def test_a_device_tier_trains_as_the_shards(tmp_path, census, conf):
     sets = {**SMALL, "angel.log.every.steps": 5}
     ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
