@@ -460,6 +460,10 @@ class TierTable:
         self.data.index_copy_(0, idx, block)
         self._clock += 1
 
+    def unpin(self) -> None:
+        """Release the rows read in this update (it was skipped: none of them is updated)."""
+        self._clock += 1
+
     def take_counts(self) -> TierCounts:
         out, self.counts = self.counts, TierCounts()
         return out

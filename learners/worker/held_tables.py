@@ -326,8 +326,11 @@ class HeldTables:
         return out
 
     def clear(self) -> None:
-        """Drop this update's gradients (a skipped update)."""
+        """Drop this update's gradients (a skipped update); the device tiers' rows it read are
+        no longer pinned."""
         self._parts = {}
+        for t in self.tiers.values():
+            t.unpin()
 
     def apply(self, scale: float, lr: Step) -> None:
         """Apply this update: every owner sums its rows' gradients × ``scale`` from all the

@@ -206,3 +206,28 @@ def test_bad_tier_keys_are_refused_by_name(key: str, value: str, valid: str) -> 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
         _plan(**{key: value})
     assert valid in str(e.value)
+
+
+def test_a_skipped_update_leaves_no_row_pinned() -> None:
+    """A skipped update (a non-finite gradient) reads rows and updates none: the next update
+    may evict them; without the release it would count them against the capacity."""
+    spec = TableSpec("e", 2000, 4, sparse=True, init="normal", init_std=0.1)
+    shards = _Shards([spec], 1)
+    held = HeldTables(
+        [spec], 0, 1, "hash", torch.device("cpu"), "gloo", {"e": 120}, TierPolicy(), lambda: shards
+    )
+    held.rows({"e": np.arange(100)})
+    held.clear()  # the update is skipped
+    held.rows({"e": np.arange(100, 200)})  # 100 more rows: 80 of the first ones go
+    g = torch.ones(100, 4)
+    held.add_grad("e", np.arange(100, 200), g)
+    held.apply(1.0, 0.1)
+    held.settle()
+    held.flush_tiers()
+    want = ParameterShard(0, 1, [spec])
+    want.push(0, 0, {"e": (np.arange(100, 200), np.ones((100, 4), np.float32))}, 0.1)
+    np.testing.assert_allclose(
+        shards.rows("e", np.arange(200))[:, :4],
+        want.pull({"e": np.arange(200)})["e"],
+        rtol=1e-6,
+    )
