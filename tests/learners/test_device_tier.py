@@ -71,7 +71,11 @@ OPTS = [
 
 
 def _steps(
-    opt: OptimizerSpec, capacity: int | None, policy: TierPolicy | None = None, steps: int = 8
+    opt: OptimizerSpec,
+    capacity: int | None,
+    policy: TierPolicy | None = None,
+    steps: int = 8,
+    device: str = "cpu",
 ) -> tuple[np.ndarray, HeldTables]:
     """``steps`` updates (two micro-batches each, power-law ids) of a table held whole
     (``capacity`` None) or in a device tier of ``capacity`` rows over 2 shards; every row
@@ -84,7 +88,7 @@ def _steps(
         0,
         1,
         "hash",
-        torch.device("cpu"),
+        torch.device(device),
         "gloo",
         tiers,
         policy or TierPolicy(),
@@ -96,13 +100,13 @@ def _steps(
             ids = np.unique((rng.pareto(1.2, 90) * 20).astype(np.int64) % 2000)
             held.rows({"e": ids})
             g = rng.standard_normal((len(ids), 4)).astype(np.float32)
-            held.add_grad("e", ids, torch.from_numpy(g))
+            held.add_grad("e", ids, torch.from_numpy(g).to(device))
         held.apply(0.5, 0.05 * (step + 1))
     held.settle()
     keys = np.arange(2000)
     if capacity is None:
         t = held.tables["e"]
-        return t.data.numpy()[keys].copy(), held  # (local row = key, one owner)
+        return t.data.cpu().numpy()[keys].copy(), held  # (local row = key, one owner)
     held.flush_tiers()
     return shards.rows("e", keys), held
 
@@ -114,6 +118,15 @@ def test_a_tier_smaller_than_the_table_trains_as_the_whole_table(opt: OptimizerS
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     tier = held.tiers["e"]
     assert tier.rows_held() <= 200
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.name)
+def test_a_tier_on_a_gpu_trains_as_the_whole_table_on_the_cpu(opt: OptimizerSpec) -> None:
+    want, _ = _steps(opt, None)
+    got, _ = _steps(opt, 200, device="cuda")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
