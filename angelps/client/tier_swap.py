@@ -97,9 +97,10 @@ def swap_async(
     """A device tier's exchange with the shards (learners/worker/device_tier.py): write
     back whole rows (``writes``: table -> (unique keys, ``[k, width]`` rows with their
     optimizer slots)), then read the whole rows of ``reads`` (table -> unique keys; rows
-    missing are created). One Ray call per shard that has something to do; it runs after
-    this client's earlier swaps on that shard (Ray keeps one caller's order), outside the
-    clocks (the tier's owner is the only writer of those rows)."""
+    missing are created). One Ray call per shard that has something to do, outside the
+    clocks (the tier's owner is the only writer of those rows). A shard is an async actor,
+    whose calls Ray may run in any order: a caller that reads rows it wrote back in an
+    earlier swap waits for that swap first."""
     per: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     for name, (keys, block) in writes.items():
         part = client.parts[name]

@@ -274,6 +274,9 @@ class TierTable:
         slots = self._lookup(ids)
         self._read = (ids, slots)
         miss = np.sort(ids[slots < 0])
+        # A row evicted by the last read may be read again now: its write-back must land
+        # first (a shard is an async actor: Ray does not keep the order of its calls).
+        self.settle_writes()
         self._pending = (miss, self._swap({}, miss))
 
     def _swap(
@@ -353,13 +356,13 @@ class TierTable:
             got[hit] = rows[pos[hit]]
             todo &= ~hit
         if todo.any():
+            self.settle_writes()  # (rows written back earlier may be among these)
             fut = self._swap(writes, miss[todo])
             got[todo] = fut.result()[self.spec.name]
             self._check_restarts(fut)
-            self.settle_writes()  # (answered before this one: one caller's calls keep order)
         elif writes:
-            # Write-backs alone are not waited for: a later read of these rows comes behind
-            # them on the same shards.
+            # Write-backs alone are not waited for here: the next read from the shards waits
+            # for them first (settle_writes), as it may ask for these rows again.
             self._writes.append(self._swap(writes, None))
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
@@ -427,6 +430,7 @@ class TierTable:
             slots = self._lookup(ids)
             miss = slots < 0
             if int(miss.sum()) > self.capacity - int((~miss).sum()):
+                self.settle_writes()
                 fut = self._swap({}, ids[miss])
                 out = torch.empty((len(ids), self.cols), dtype=self.data.dtype)
                 out[torch.from_numpy(miss)] = torch.from_numpy(
