@@ -99,13 +99,18 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
         # and the client replayed pushes 10..12 (then training went on to 24).
         assert stats[1]["clocks"]["pushed"] == [STEPS]
         backup_dir = c.options.shard.backup_dir
-        # (ray.kill returns before the process is gone: the call that fails is push 13 or 14)
-        assert re.fullmatch(
+        # (ray.kill returns before the process is gone: the call that fails is push 13 or 14,
+        # or, on a loaded machine, one after the next backup at clock 15, with nothing to
+        # replay)
+        err = capsys.readouterr().err
+        m = re.fullmatch(
             r"angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
-            r"backup at clock 10 of worker 0, which replayed [45] push\(es\) since; training "
-            r"goes on\n",
-            capsys.readouterr().err,
+            r"backup at clock (10|15) of worker 0, which replayed (\d) push\(es\) since; "
+            r"training goes on\n",
+            err,
         )
+        assert m is not None, err
+        assert (m[1], m[2]) in {("10", "4"), ("10", "5"), ("15", "0"), ("15", "1")}, err
         assert read_backup(os.path.join(backup_dir, "shard-1")) is not None
     finally:
         c.shutdown()
