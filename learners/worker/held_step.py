@@ -90,6 +90,13 @@ class HoldsTables:
             stats.compute_s += time.perf_counter() - t0
         return out
 
+    def _tier_stats(self, stats: StepStats) -> None:
+        """The device tiers' reads, hits, misses and write-backs of a chunk into ``stats``."""
+        if self.held.tiers:
+            tc = self.held.tier_counts()
+            stats.tier_on, stats.tier_lookups, stats.tier_hits = True, tc.lookups, tc.hits
+            stats.tier_misses, stats.tier_writebacks = tc.misses, tc.writebacks
+
     def _rounds(self) -> Rounds | None:
         """With tables held by several workers, each chunk of a prediction is a collective:
         every worker runs as many as the one with the most chunks (None: no need)."""

@@ -15,7 +15,10 @@ from learners.models.sparse_input import SparseInput
 from learners.models.zoo import BaseModel
 from learners.worker.step_stats import num_rows
 
-__all__ = ["predict_rows"]
+__all__ = ["Predicts", "predict_rows"]
+
+#: Rows per prediction chunk, in mini-batches (prediction keeps no activations for backward).
+_PREDICT_BATCHES = 32
 
 #: A batch's model input and labels (``labels=False``: none): ``TrainWorker._input``.
 InputOf = Callable[..., tuple[SparseInput, "Tensor | None", Any, Any]]
@@ -78,3 +81,35 @@ def predict_rows(
         if getattr(data, "row_index", None) is not None
         else None,
     }
+
+
+class Predicts:
+    """The evaluation part of :class:`learners.worker.train_worker.TrainWorker`: validation
+    and prediction of a batch or a file, through the worker's own input path."""
+
+    model: BaseModel | None
+    part: Any
+    plan: Any
+    amp: bool
+    held: Any
+
+    #: the worker's input of a batch (rows read), and its prediction rounds (held tables)
+    _input: InputOf
+    _rounds: Callable[[], tuple[Callable[[int], int], Callable[[], None]] | None]
+
+    def validate(self, chunk: int = 4096) -> dict[str, Any]:
+        """Predictions, labels and the mean loss on this worker's validation rows."""
+        return self.predict_batch(self.part.valid, chunk)
+
+    def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
+        """Predict every row of ``data`` in chunks (:func:`predict_rows`); device tiers read
+        without pinning (learners/worker/device_tier.py)."""
+        assert self.model is not None
+        self.held.train(False)
+        return predict_rows(self.model, data, chunk, self._input, self.amp, self._rounds())
+
+    def predict_file(self, path: str) -> dict[str, Any]:
+        """Read a file (this worker's part) and predict it."""
+        return self.predict_batch(
+            self.part.load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
+        )

@@ -61,16 +61,13 @@ from learners.worker.dense_checkpoint import DenseCheckpoint
 from learners.worker.device import to_host
 from learners.worker.device_step import LossSum, SideStream, unscaled
 from learners.worker.held_step import HoldsTables
-from learners.worker.predict import predict_rows
+from learners.worker.predict import Predicts
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
 
 __all__ = ["StepStats", "TrainWorker"]
 
-#: Rows per prediction chunk, in mini-batches (prediction keeps no activations for backward).
-_PREDICT_BATCHES = 32
 
-
-class TrainWorker(HoldsTables, DenseCheckpoint):
+class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
@@ -301,10 +298,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
         if self.cache is not None:
             cs = self.cache.take_stats()
             stats.cache_on, stats.cache_lookups, stats.cache_hits = True, cs.lookups, cs.hits
-        if self.held.tiers:
-            tc = self.held.tier_counts()
-            stats.tier_on, stats.tier_lookups, stats.tier_hits = True, tc.lookups, tc.hits
-            stats.tier_misses, stats.tier_writebacks = tc.misses, tc.writebacks
+        self._tier_stats(stats)
         if stats.updates:  # momentum, lr/<table>, ... of the last update (rate_plan.py)
             stats.last_rates = self._last_rates.record()
         return stats
@@ -484,24 +478,6 @@ class TrainWorker(HoldsTables, DenseCheckpoint):
             self._iter = self._minibatches(self._epoch + 100_000, True)
             batch = next(self._iter)
         return batch
-
-    # --- evaluation -------------------------------------------------------------------------
-
-    def validate(self, chunk: int = 4096) -> dict[str, Any]:
-        """Predictions, labels and the mean loss on this worker's validation rows."""
-        return self.predict_batch(self.part.valid, chunk)
-
-    def predict_batch(self, data: Batch, chunk: int = 4096) -> dict[str, Any]:
-        """Predict every row of ``data`` in chunks (learners/worker/predict.py)."""
-        assert self.model is not None
-        self.held.train(False)
-        return predict_rows(self.model, data, chunk, self._input, self.amp, self._rounds())
-
-    def predict_file(self, path: str) -> dict[str, Any]:
-        """Read a file (this worker's part) and predict it."""
-        return self.predict_batch(
-            self.part.load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
-        )
 
     def shutdown(self) -> None:
         if dist.is_initialized():
