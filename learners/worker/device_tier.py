@@ -383,9 +383,8 @@ class TierTable:
                     f"{self.spec.name!r} that this worker's device tier wrote back to it"
                 )
 
-    def _slots_of(self, keys: Tensor) -> Tensor:
-        """Slots of the unique ``keys`` (fetched when missing), pinned for this update."""
-        ids = _ids(keys)
+    def _slots_of(self, ids: np.ndarray) -> Tensor:
+        """Slots of the unique ``ids`` (fetched when missing), pinned for this update."""
         slots = self._known(ids)
         miss = slots < 0
         n_miss = int(miss.sum())
@@ -405,28 +404,22 @@ class TierTable:
         self._last = (ids, slots)  # (the update of these ids needs no lookup)
         return to_device(slots, self.device)
 
-    def _unique(self, keys: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``keys`` as unique ids, and where each key is among them (None: already unique).
-        An owner serving several workers receives an id once from each that reads it."""
+    def gather(self, keys: np.ndarray | Tensor) -> Tensor:
+        """The weights of ``keys`` (owned; repeated ids allowed: an owner serving several
+        workers receives an id once from each that reads it), read once each on the host
+        index (:meth:`_gather`)."""
         ids = _ids(keys)
         if strictly_increasing(ids):
-            return keys, None
+            return self._gather(ids)
         uniq, inv = np.unique(ids, return_inverse=True)
-        return torch.from_numpy(uniq), to_device(inv.reshape(-1), self.device)
+        return self._gather(uniq).index_select(0, to_device(inv.reshape(-1), self.device))
 
-    def gather(self, keys: Tensor) -> Tensor:
-        """The weights of ``keys`` (owned; repeated ids allowed): :meth:`_gather`."""
-        uniq, inv = self._unique(keys)
-        rows = self._gather(uniq)
-        return rows if inv is None else rows.index_select(0, inv)
-
-    def _gather(self, keys: Tensor) -> Tensor:
+    def _gather(self, ids: np.ndarray) -> Tensor:
         """The weights of owned unique ``keys`` (a new ``[k, cols]`` tensor). Outside training
         (:attr:`training` False: validation, prediction) nothing stays pinned between reads,
         and a read of more ids than the tier holds reads its misses through, unplaced."""
         if not self.training:
             self._clock += 1
-            ids = _ids(keys)
             slots = self._lookup(ids)
             miss = slots < 0
             if int(miss.sum()) > self.capacity - int((~miss).sum()):
@@ -442,7 +435,7 @@ class TierTable:
                     0, to_device(slots[hit], self.device)
                 )[:, : self.cols].cpu()
                 return out.to(self.device)
-        return self.data.index_select(0, self._slots_of(keys))[:, : self.cols].contiguous()
+        return self.data.index_select(0, self._slots_of(ids))[:, : self.cols].contiguous()
 
     def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
         """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""

@@ -254,7 +254,7 @@ class HeldTables:
         names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
         self.settle()
         if self.exchange is None:
-            return {n: self.tables[n].gather(_ids_on(req[n], self.device)) for n in names}
+            return {n: self._read(n, req[n]) for n in names}
         got: dict[str, Tensor] = {}
         for group in self._groups(names):
             ids = req[group[0]]
@@ -294,6 +294,14 @@ class HeldTables:
         self.settle()
         for t in self.tiers.values():
             t.reset()
+
+    def _read(self, name: str, ids: np.ndarray | Tensor) -> Tensor:
+        """One worker's read of its own table ``name`` (a device tier looks its ids up on the
+        host index: they are not sent up to the device first)."""
+        t = self.tables[name]
+        if isinstance(t, TierTable):
+            return t.gather(ids)
+        return t.gather(_ids_on(ids, self.device))
 
     def idle(self) -> None:
         """Take part in one :meth:`rows` exchange without asking for rows (a worker whose
