@@ -43,7 +43,7 @@ from angelps.rates import Step, rate_of
 from angelps.storage.index import HashIndex
 from learners.worker.device import to_device
 
-__all__ = ["TierCounts", "TierPolicy", "TierTable"]
+__all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -162,14 +162,16 @@ def _ids(keys: np.ndarray | Tensor) -> np.ndarray:
     return np.ascontiguousarray(keys, dtype=np.int64)
 
 
-class TierTable:
-    """At most ``capacity`` rows of one worker's share of a table, on ``device``, over the
-    shards that hold the whole table (``shards``: a function giving the worker's PS client,
-    which is attached after the tier is made)."""
+class TierBook:
+    """The slots of one worker's device tier over a group of tables keyed alike: at most
+    ``capacity`` ids, each with its row of every table of the group on ``device``; which ids
+    are held (the index), when each was read (recency) and how often its id was seen
+    (frequency); the swaps with the shards (``shards``: a function giving the worker's PS
+    client, attached after the tier is made)."""
 
     def __init__(
         self,
-        spec: TableSpec,
+        specs: list[TableSpec],
         part: Partitioner,
         owner: int,
         device: torch.device,
@@ -177,54 +179,49 @@ class TierTable:
         policy: TierPolicy,
         shards: Any,
     ) -> None:
+        names = ", ".join(repr(s.name) for s in specs)
         if capacity < 1:
-            raise ValueError(
-                f"table {spec.name!r}: a device tier needs a capacity of 1 row or more"
-            )
-        self.spec = spec
+            raise ValueError(f"table {names}: a device tier needs a capacity of 1 row or more")
+        self.label = names
+        self.rows = specs[0].rows
         self.part = part
         self.owner = owner
         self.device = device
         self.capacity = int(capacity)
         self.policy = policy
         self._shards = shards
-        self.cols = spec.cols
-        self.slots: dict[str, tuple[int, int]] = {}
-        c = spec.cols
-        for k, width in slot_widths(spec.optimizer, spec.cols).items():
-            self.slots[k] = (c, c + width)
-            c += width
-        self.width = c
-        self.data = torch.zeros(
-            (self.capacity, self.width), dtype=_torch_dtype(spec), device=device
-        )
+        self.tables = {s.name: TierTable(s, self) for s in specs}
         sketch = 1 << max(16, int(4 * self.capacity - 1).bit_length())
         self._freq = np.zeros(sketch, dtype=np.uint32)
         self._shift = np.uint64(64 - (sketch.bit_length() - 1))
         self._seen = 0
-        self.counts = TierCounts()
-        self._clock = 1  # one per update: rows read in the current one are pinned
+        #: reads pin their rows at ``clock`` (one per update); rows pinned at ``floor`` or
+        #: later are never evicted (``floor`` stays at an update's clock until it is settled)
+        self._clock = 1
+        self._floor = 1
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         self._pids: dict[int, int] = {}
         self._writes: list[SwapFuture] = []
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
-        self._last: tuple[np.ndarray, np.ndarray] | None = None
+        #: the last training read: (ids, slots, hits, clock)
+        self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
         self._read: tuple[np.ndarray, np.ndarray] | None = None
         #: False while validating or predicting (learners/worker/held_tables.py)
         self.training = True
         self.reset()
 
     def reset(self) -> None:
-        """Hold nothing (after a restore: the shards have the rows)."""
-        self.settle_writes()
-        self._pending = None
+        """Hold nothing (around a restore: the shards have the rows); the write-backs still
+        in flight land first."""
+        self.drain()
         self._read = None
+        self._last = None
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
         self.live = np.zeros(self.capacity, dtype=bool)
         self.index: _DirectSlots | _HashSlots
-        if 0 < self.spec.rows <= DIRECT_MAX:
-            self.index = _DirectSlots(self.spec.rows)
+        if 0 < self.rows <= DIRECT_MAX:
+            self.index = _DirectSlots(self.rows)
         else:
             self.index = _HashSlots(self.capacity, self.key_at, self.live)
         self.used = np.zeros(self.capacity, dtype=np.int64)  # the clock of a row's last read
@@ -232,11 +229,24 @@ class TierTable:
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
         self.n_free = self.capacity
 
-    def nbytes(self) -> int:
-        return int(self.data.numel() * self.data.element_size())
-
     def rows_held(self) -> int:
         return self.capacity - self.n_free
+
+    # --- the clocks (learners/worker/held_tables.py) -----------------------------------------
+
+    def end_update(self) -> None:
+        """The update of the rows read so far was handed over (it may still run: its rows
+        stay pinned until :meth:`settled`); later reads belong to the next update."""
+        self._clock += 1
+
+    def settled(self) -> None:
+        """Every update handed over has been applied: only later reads stay pinned."""
+        self._floor = self._clock
+
+    def unpin(self) -> None:
+        """Release the rows read in this update (it was skipped: none of them is updated)."""
+        self._clock += 1
+        self._floor = self._clock
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -253,124 +263,49 @@ class TierTable:
             self._seen = 0
         return self._freq[h]
 
-    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slots of ``keys`` held now, -1 for the others."""
         if not len(keys):
             return np.zeros(0, dtype=np.int64)
         return self.index.lookup(keys)
 
     def _known(self, ids: np.ndarray) -> np.ndarray:
-        """:meth:`_lookup` of ``ids``, or the slots a prefetch looked up for the same ids
-        (nothing is placed or evicted between a prefetch and the read it prepares)."""
+        """:meth:`lookup` of ``ids``, or the slots a prefetch looked up for the same ids (its
+        hits were pinned then, so no eviction since has taken them)."""
         read, self._read = self._read, None
-        if read is not None and len(read[0]) == len(ids) and np.array_equal(read[0], ids):
+        if read is not None and _same(read[0], ids):
             return read[1]
-        return self._lookup(ids)
+        return self.lookup(ids)
 
-    def prefetch(self, keys: np.ndarray | Tensor) -> None:
-        """Start fetching the rows of ``keys`` (the next batch's unique ids) that are not on
-        the device, while the current step runs; the next :meth:`gather` takes them."""
-        ids = _ids(keys)
-        slots = self._lookup(ids)
-        self._read = (ids, slots)
-        miss = np.sort(ids[slots < 0])
-        # A row evicted by the last read may be read again now: its write-back must land
-        # first (a shard is an async actor: Ray does not keep the order of its calls).
-        self.settle_writes()
-        self._pending = (miss, self._swap({}, miss))
+    # --- the shards ----------------------------------------------------------------------------
 
     def _swap(
         self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: np.ndarray | None
     ) -> SwapFuture:
-        """One swap with the shards (write ``writes`` back, read the whole rows of ``reads``),
-        its bytes counted: ids and rows sent, and the rows that will come back."""
-        ask = {} if reads is None else {self.spec.name: reads}
+        """One swap with the shards (write ``writes`` back, read the whole rows of ``reads``
+        of every table of the group), its bytes counted: ids and rows sent, rows to come."""
+        ask = {} if reads is None else dict.fromkeys(self.tables, reads)
         for keys, block in writes.values():
             self.bytes_moved += int(keys.nbytes + block.nbytes)
         if reads is not None:
-            row = self.width * self.data.element_size()
-            self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
+            for t in self.tables.values():
+                row = t.width * t.data.element_size()
+                self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
         return self._shards().swap_async(writes, ask)
 
     def settle_writes(self) -> None:
         """Wait for the write-backs still in flight (their errors, a shard's restart)."""
-        writes, self._writes = getattr(self, "_writes", []), []
+        writes, self._writes = self._writes, []
         for fut in writes:
             fut.result()
             self._check_restarts(fut)
 
-    # --- the step ----------------------------------------------------------------------------
-
-    def _evict(self, need: int) -> tuple[np.ndarray, np.ndarray]:
-        """Free ``need`` slots or more (not of the update in progress): the evicted (keys,
-        whole rows) to write back."""
-        live = np.flatnonzero(self.live)
-        pinned = self.used[live] == self._clock
-        free = live[~pinned]  # (the rows this update reads stay)
-        if need > len(free):
-            # (the rows this update reads: those held (pinned) and those to place)
-            reads = len(live) - len(free) + need + self.n_free
-            raise ConfigError(
-                f"table {self.spec.name!r}: angel.worker.table.capacity={self.capacity} rows is "
-                f"below the {reads} rows one update reads on this worker; "
-                "raise it (or lower the batch size)"
-            )
-        if self.policy.eviction == "lfu":
-            score = self._freq[self._hash(self.key_at[free])].astype(np.int64)
-        else:
-            score = self.used[free]
-        score = np.where(self.rare[free], score.min(initial=0) - 1, score)
-        # Evict a little more than needed, so that steps do not each pay a selection.
-        k = min(len(free), max(need, self.capacity // 64))
-        victims = free[_smallest(score, k)] if k < len(free) else free
-        block = self.data.index_select(0, to_device(victims, self.device)).cpu().numpy()
-        keys = self.key_at[victims]
-        self.index.remove(keys)
-        self.live[victims] = False
-        self.rare[victims] = False
-        self.free[self.n_free : self.n_free + len(victims)] = victims
-        self.n_free += len(victims)
-        return keys, block
-
-    def _fetch(self, miss: np.ndarray) -> np.ndarray:
-        """Place the rows of ``miss`` (ids not on the device) in free slots, fetched from the
-        shards (those prefetched taken as they are), evicting first when the tier is full;
-        their slots."""
-        writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if len(miss) > self.n_free:
-            keys, block = self._evict(len(miss) - self.n_free)
-            writes[self.spec.name] = (keys, block)
-            self.counts.writebacks += len(keys)
-        got = np.empty((len(miss), self.width), dtype=np.dtype(self.spec.dtype))
-        todo = np.ones(len(miss), dtype=bool)
+    def drain(self) -> None:
+        """Wait for every call still in flight (a prefetch's rows are dropped)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            # Rows prefetched for ids still missing are current: only their owner (this tier)
-            # writes them, and it has not held them since the prefetch started.
-            pkeys, fut = pending
-            rows = fut.result()[self.spec.name]
-            self._check_restarts(fut)
-            pos = np.searchsorted(pkeys, miss) if len(pkeys) else np.zeros(len(miss), np.int64)
-            pos = np.minimum(pos, max(len(pkeys) - 1, 0))
-            hit = (pkeys[pos] == miss) if len(pkeys) else np.zeros(len(miss), bool)
-            got[hit] = rows[pos[hit]]
-            todo &= ~hit
-        if todo.any():
-            self.settle_writes()  # (rows written back earlier may be among these)
-            fut = self._swap(writes, miss[todo])
-            got[todo] = fut.result()[self.spec.name]
-            self._check_restarts(fut)
-        elif writes:
-            # Write-backs alone are not waited for here: the next read from the shards waits
-            # for them first (settle_writes), as it may ask for these rows again.
-            self._writes.append(self._swap(writes, None))
-        slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
-        self.n_free -= len(miss)
-        self.data.index_copy_(0, to_device(slots, self.device), to_device(got, self.device))
-        self.key_at[slots] = miss
-        self.live[slots] = True
-        self.index.insert(miss, slots)
-        return slots
+            self._writes.append(pending[1])
+        self.settle_writes()
 
     def _check_restarts(self, fut: SwapFuture) -> None:
         """A shard that answers from a new process was restarted from a backup, which may
@@ -379,18 +314,85 @@ class TierTable:
             before = self._pids.setdefault(shard, pid)
             if before != pid:
                 raise TierLost(
-                    f"shard {shard} restarted and may have lost rows of table "
-                    f"{self.spec.name!r} that this worker's device tier wrote back to it"
+                    f"shard {shard} restarted and may have lost rows of table {self.label} "
+                    "that this worker's device tier wrote back to it"
                 )
 
-    def _slots_of(self, ids: np.ndarray) -> Tensor:
-        """Slots of the unique ``ids`` (fetched when missing), pinned for this update."""
+    # --- eviction ------------------------------------------------------------------------------
+
+    def _evict(self, need: int, some: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Free ``need`` slots or more, never of a row pinned (read by an update not yet
+        settled, or by the next one): the evicted keys and their whole rows of each table, to
+        write back. ``some``: free what can be freed now (a prefetch: the rest is freed at the
+        read, once the update in progress is settled)."""
+        live = np.flatnonzero(self.live)
+        free = live[self.used[live] < self._floor]
+        if need > len(free) and not some:
+            # (the rows this update reads: those held (pinned) and those to place)
+            reads = len(live) - len(free) + need + self.n_free
+            raise ConfigError(
+                f"table {self.label}: angel.worker.table.capacity={self.capacity} rows is "
+                f"below the {reads} rows one update reads on this worker; "
+                "raise it (or lower the batch size)"
+            )
+        if not len(free):
+            return np.zeros(0, np.int64), {}
+        if self.policy.eviction == "lfu":
+            score = self._freq[self._hash(self.key_at[free])].astype(np.int64)
+        else:
+            score = self.used[free]
+        score = np.where(self.rare[free], score.min(initial=0) - 1, score)
+        # Evict a little more than needed, so that steps do not each pay a selection.
+        k = min(len(free), max(need, self.capacity // 64))
+        victims = free[_smallest(score, k)] if k < len(free) else free
+        where = to_device(victims, self.device)
+        blocks = {n: t.data.index_select(0, where).cpu().numpy() for n, t in self.tables.items()}
+        keys = self.key_at[victims]
+        self.index.remove(keys)
+        self.live[victims] = False
+        self.rare[victims] = False
+        self.free[self.n_free : self.n_free + len(victims)] = victims
+        self.n_free += len(victims)
+        for t in self.tables.values():
+            t.counts.writebacks += len(keys)
+        return keys, blocks
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def prefetch(self, keys: np.ndarray | Tensor) -> None:
+        """While the current update runs: look up the next read's ``keys`` (unique), pin the
+        rows held, evict what the misses need (the rows of the update in progress stay) and
+        start one swap per shard that writes the victims back and reads the misses."""
+        ids = _sorted_ids(keys)
+        if self._pending is not None:  # (never read: its write-backs must still land first)
+            self._writes.append(self._pending[1])
+            self._pending = None
+        slots = self.lookup(ids)
+        self._read = (ids, slots)
+        held = slots >= 0
+        self.used[slots[held]] = self._clock  # the next update's
+        miss = ids[~held]
+        writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if len(miss) > self.n_free:
+            vkeys, blocks = self._evict(len(miss) - self.n_free, some=True)
+            if len(vkeys):
+                writes = {n: (vkeys, b) for n, b in blocks.items()}
+        # A row written back earlier may be read again now: that write-back lands first (a
+        # shard is an async actor: Ray does not keep the order of its calls). This call's own
+        # write-backs are done before its reads, by the shard, and are never of its reads.
+        self.settle_writes()
+        self._pending = (miss, self._swap(writes, miss))
+
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
+        many were held already. Another table of the group reading the same ids in the same
+        update reuses the first one's slots."""
+        last = self._last
+        if last is not None and last[3] == self._clock and _same(last[0], ids):
+            return last[1], last[2]
         slots = self._known(ids)
         miss = slots < 0
         n_miss = int(miss.sum())
-        self.counts.lookups += len(ids)
-        self.counts.hits += len(ids) - n_miss
-        self.counts.misses += n_miss
         if self.policy.admit > 1 or self.policy.eviction == "lfu":
             seen = self._see(ids)
         if n_miss:
@@ -401,85 +403,206 @@ class TierTable:
             if self.policy.admit > 1:
                 self.rare[new] = seen[miss] < self.policy.admit
         self.used[slots] = self._clock
-        self._last = (ids, slots)  # (the update of these ids needs no lookup)
-        return to_device(slots, self.device)
+        self._last = (ids, slots, len(ids) - n_miss, self._clock)
+        return slots, len(ids) - n_miss
+
+    def _fetch(self, miss: np.ndarray) -> np.ndarray:
+        """Place the rows of ``miss`` (ids not held) in free slots: those a prefetch brought
+        as they came, the others fetched now, evicting first when the tier is full; their
+        slots."""
+        writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if len(miss) > self.n_free:
+            keys, blocks = self._evict(len(miss) - self.n_free)
+            writes = {n: (keys, b) for n, b in blocks.items()}
+        got: dict[str, np.ndarray] | None = None
+        pending, self._pending = self._pending, None
+        todo = np.ones(len(miss), dtype=bool)
+        if pending is not None:
+            # Rows prefetched for ids still missing are current: only their owner (this tier)
+            # writes them, and it has not held them since the prefetch started.
+            pkeys, fut = pending
+            rows = fut.result()
+            self._check_restarts(fut)
+            if _same(pkeys, miss):
+                got, todo = rows, np.zeros(len(miss), dtype=bool)
+            else:
+                got = {
+                    n: np.empty((len(miss), t.width), t.np_dtype) for n, t in self.tables.items()
+                }
+                if len(pkeys):
+                    pos = np.minimum(np.searchsorted(pkeys, miss), len(pkeys) - 1)
+                    hit = pkeys[pos] == miss
+                    for n in self.tables:
+                        got[n][hit] = rows[n][pos[hit]]
+                    todo &= ~hit
+        if todo.any():
+            self.settle_writes()  # (rows written back earlier may be among these)
+            fut = self._swap(writes, miss[todo])
+            rows = fut.result()
+            self._check_restarts(fut)
+            if got is None:
+                got = rows
+            else:
+                for n in self.tables:
+                    got[n][todo] = rows[n]
+        elif writes:
+            # Write-backs alone are not waited for here: the next read from the shards waits
+            # for them first (settle_writes), as it may ask for these rows again.
+            self._writes.append(self._swap(writes, None))
+        slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
+        self.n_free -= len(miss)
+        where = to_device(slots, self.device)
+        assert got is not None
+        for n, t in self.tables.items():
+            t.data.index_copy_(0, where, to_device(got[n], self.device))
+        self.key_at[slots] = miss
+        self.live[slots] = True
+        self.index.insert(miss, slots)
+        return slots
+
+    def read_through(self, ids: np.ndarray) -> dict[str, Tensor] | None:
+        """Outside training: the weights of ``ids`` when more of them miss than the tier has
+        room for (read from the shards, nothing placed), else None (read as in training)."""
+        self.unpin()
+        slots = self.lookup(ids)
+        miss = slots < 0
+        if int(miss.sum()) <= self.capacity - int((~miss).sum()):
+            return None
+        self.drain()
+        fut = self._swap({}, ids[miss])
+        rows = fut.result()
+        self._check_restarts(fut)
+        hit = np.flatnonzero(~miss)
+        where = to_device(slots[hit], self.device)
+        out = {}
+        for n, t in self.tables.items():
+            o = torch.empty((len(ids), t.cols), dtype=t.data.dtype)
+            o[torch.from_numpy(miss)] = torch.from_numpy(np.ascontiguousarray(rows[n][:, : t.cols]))
+            o[torch.from_numpy(hit)] = t.data.index_select(0, where)[:, : t.cols].cpu()
+            out[n] = o.to(self.device)
+        return out
+
+    def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray:
+        """Slots of owned unique ``keys`` an update writes (all read in this update, so held)."""
+        ids = _ids(keys)
+        last = self._last
+        slots = last[1] if last is not None and _same(last[0], ids) else self.lookup(ids)
+        if (slots < 0).any():  # (only rows read in this update are updated)
+            raise RuntimeError(f"table {self.label}: a device tier lost a row it updates")
+        return slots
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write every row held back to the shards (they stay held): before a save, so that
+        the shards' files hold the whole table. The rows written (of every table)."""
+        self.drain()
+        live = np.flatnonzero(self.live)
+        if not len(live):
+            return 0
+        where = to_device(live, self.device)
+        keys = self.key_at[live]
+        writes = {
+            n: (keys, t.data.index_select(0, where).cpu().numpy()) for n, t in self.tables.items()
+        }
+        fut = self._swap(writes, None)
+        fut.result()
+        self._check_restarts(fut)
+        return len(live) * len(self.tables)
+
+    def held_ids(self) -> np.ndarray:
+        """The ids on the device now, ascending."""
+        return np.sort(self.key_at[self.live])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (len(a) == len(b) and np.array_equal(a, b))
+
+
+def _sorted_ids(keys: np.ndarray | Tensor) -> np.ndarray:
+    ids = _ids(keys)
+    return ids if strictly_increasing(ids) else np.unique(ids)
+
+
+class TierTable:
+    """One table of a :class:`TierBook`: its rows (weights and optimizer slots side by side,
+    as a shard stores them) in the book's slots, on the book's device."""
+
+    def __init__(self, spec: TableSpec, book: TierBook) -> None:
+        self.spec = spec
+        self.book = book
+        self.part = book.part
+        self.cols = spec.cols
+        self.slots: dict[str, tuple[int, int]] = {}
+        c = spec.cols
+        for k, width in slot_widths(spec.optimizer, spec.cols).items():
+            self.slots[k] = (c, c + width)
+            c += width
+        self.width = c
+        self.np_dtype = np.dtype(spec.dtype)
+        self.data = torch.zeros(
+            (book.capacity, self.width), dtype=_torch_dtype(spec), device=book.device
+        )
+        self.counts = TierCounts()
+        self._upd: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.book.capacity
+
+    def nbytes(self) -> int:
+        return int(self.data.numel() * self.data.element_size())
+
+    def rows_held(self) -> int:
+        return self.book.rows_held()
+
+    def take_counts(self) -> TierCounts:
+        out, self.counts = self.counts, TierCounts()
+        return out
 
     def gather(self, keys: np.ndarray | Tensor) -> Tensor:
         """The weights of ``keys`` (owned; repeated ids allowed: an owner serving several
         workers receives an id once from each that reads it), read once each on the host
-        index (:meth:`_gather`)."""
+        index."""
         ids = _ids(keys)
         if strictly_increasing(ids):
             return self._gather(ids)
         uniq, inv = np.unique(ids, return_inverse=True)
-        return self._gather(uniq).index_select(0, to_device(inv.reshape(-1), self.device))
+        return self._gather(uniq).index_select(0, to_device(inv.reshape(-1), self.book.device))
 
     def _gather(self, ids: np.ndarray) -> Tensor:
-        """The weights of owned unique ``keys`` (a new ``[k, cols]`` tensor). Outside training
-        (:attr:`training` False: validation, prediction) nothing stays pinned between reads,
-        and a read of more ids than the tier holds reads its misses through, unplaced."""
-        if not self.training:
-            self._clock += 1
-            slots = self._lookup(ids)
-            miss = slots < 0
-            if int(miss.sum()) > self.capacity - int((~miss).sum()):
-                self.settle_writes()
-                fut = self._swap({}, ids[miss])
-                out = torch.empty((len(ids), self.cols), dtype=self.data.dtype)
-                out[torch.from_numpy(miss)] = torch.from_numpy(
-                    np.ascontiguousarray(fut.result()[self.spec.name][:, : self.cols])
-                )
-                self._check_restarts(fut)
-                hit = np.flatnonzero(~miss)
-                out[torch.from_numpy(hit)] = self.data.index_select(
-                    0, to_device(slots[hit], self.device)
-                )[:, : self.cols].cpu()
-                return out.to(self.device)
-        return self.data.index_select(0, self._slots_of(ids))[:, : self.cols].contiguous()
+        """The weights of owned unique ``ids`` (a new ``[k, cols]`` tensor). Outside training
+        (validation, prediction) nothing stays pinned between reads, and a read of more ids
+        than the tier holds reads its misses through, unplaced."""
+        book = self.book
+        if not book.training:
+            through = book.read_through(ids)
+            if through is not None:
+                return through[self.spec.name]
+        slots, hits = book.read(ids)
+        self.counts.lookups += len(ids)
+        self.counts.hits += hits
+        self.counts.misses += len(ids) - hits
+        where = to_device(slots, book.device)
+        return self.data.index_select(0, where)[:, : self.cols].contiguous()
+
+    def resolve(self, keys: np.ndarray | Tensor) -> None:
+        """Find the slots the next :meth:`update` of ``keys`` writes (before it runs in
+        another thread: the book may change meanwhile)."""
+        self._upd = (_ids(keys), self.book.slots_for_update(keys))
 
     def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
         """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""
         lr, momentum = rate_of(step, self.spec.name)
+        upd, self._upd = self._upd, None
         ids = _ids(keys)
-        last = self._last
-        if last is not None and len(last[0]) == len(ids) and np.array_equal(last[0], ids):
-            slots = last[1]
-        else:
-            slots = self._lookup(ids)
-        if (slots < 0).any():  # (only rows read in this update are updated)
-            raise RuntimeError(f"table {self.spec.name!r}: a device tier lost a row it updates")
-        idx = to_device(slots, self.device)
+        slots = (
+            upd[1] if upd is not None and _same(upd[0], ids) else self.book.slots_for_update(ids)
+        )
+        idx = to_device(slots, self.book.device)
         block = self.data.index_select(0, idx)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         apply(
             self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
         )
         self.data.index_copy_(0, idx, block)
-        self._clock += 1
-
-    def unpin(self) -> None:
-        """Release the rows read in this update (it was skipped: none of them is updated)."""
-        self._clock += 1
-
-    def take_counts(self) -> TierCounts:
-        out, self.counts = self.counts, TierCounts()
-        return out
-
-    # --- checkpoints -------------------------------------------------------------------------
-
-    def flush(self) -> int:
-        """Write every row held back to the shards (they stay held): before a save, so that
-        the shards' files hold the whole table. The rows written."""
-        self.settle_writes()
-        live = np.flatnonzero(self.live)
-        if not len(live):
-            return 0
-        block = self.data.index_select(0, to_device(live, self.device)).cpu().numpy()
-        fut = self._swap({self.spec.name: (self.key_at[live], block)}, None)
-        fut.result()
-        self._check_restarts(fut)
-        return len(live)
-
-    def held_ids(self) -> np.ndarray:
-        """The ids on the device now, ascending."""
-        return np.sort(self.key_at[self.live])

@@ -42,7 +42,7 @@ from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.table import init_rows
 from learners.worker.device import to_device
-from learners.worker.device_tier import TierCounts, TierPolicy, TierTable
+from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.table_exchange import Exchange
 
 __all__ = ["HeldTable", "HeldTables"]
@@ -59,6 +59,10 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
 def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
     """A batch's ids on ``device``: a copy of host ids, or ids deduplicated there already."""
     return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
+
+
+def _host(ids: np.ndarray | Tensor) -> np.ndarray:
+    return ids.cpu().numpy() if isinstance(ids, Tensor) else ids
 
 
 def _torch_dtype(spec: TableSpec) -> torch.dtype:
@@ -203,13 +207,30 @@ class HeldTables:
         self.device = device
         tiers = dict(tiers or {})
         self.tables: dict[str, HeldTable | TierTable] = {}
+        # A device tier over the shards (learners/worker/device_tier.py): tables keyed alike
+        # (the same id range and capacity, read with the same ids) share one book of slots.
+        alike: dict[tuple[int, int], list[TableSpec]] = {}
         for s in specs:
-            part = Partitioner(s, num_workers, partitioner)
-            if s.name in tiers:  # (a device tier over the shards: learners/worker/device_tier.py)
-                self.tables[s.name] = TierTable(
-                    s, part, worker_id, device, tiers[s.name], policy or TierPolicy(), shards
-                )
+            if s.name in tiers:
+                alike.setdefault((s.rows, tiers[s.name]), []).append(s)
+        self.books = [
+            TierBook(
+                group,
+                Partitioner(group[0], num_workers, partitioner),
+                worker_id,
+                device,
+                cap,
+                policy or TierPolicy(),
+                shards,
+            )
+            for (_, cap), group in alike.items()
+        ]
+        booked = {n: t for b in self.books for n, t in b.tables.items()}
+        for s in specs:
+            if s.name in booked:
+                self.tables[s.name] = booked[s.name]
             else:
+                part = Partitioner(s, num_workers, partitioner)
                 self.tables[s.name] = HeldTable(s, part, worker_id, device)
         self.tiers = {n: t for n, t in self.tables.items() if isinstance(t, TierTable)}
         self.whole = {n: t for n, t in self.tables.items() if isinstance(t, HeldTable)}
@@ -228,13 +249,15 @@ class HeldTables:
     def bytes_moved(self) -> int:
         """Bytes this worker sent to other workers (ids, rows, gradients) and its device tiers
         exchanged with the shards (ids, rows written back, rows read)."""
-        return self._moved + sum(t.bytes_moved for t in self.tiers.values())
+        return self._moved + sum(b.bytes_moved for b in self.books)
 
     def settle(self) -> None:
         """Wait for an update still running (its error, if any, is raised here)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
+        for b in self.books:
+            b.settled()
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -268,14 +291,19 @@ class HeldTables:
         """Start fetching the device tiers' misses of the next batch's unique ids (one worker:
         several learn their ids in the exchange)."""
         if self.num_workers == 1:
-            for name, t in self.tiers.items():
-                if name in req:
-                    t.prefetch(req[name])
+            for b in self.books:
+                asked = [req[n] for n in b.tables if n in req]
+                if asked:
+                    ids = asked[0]
+                    for other in asked[1:]:  # (tables keyed alike are read with the same ids)
+                        if other is not ids:
+                            ids = np.union1d(_host(ids), _host(other))
+                    b.prefetch(ids)
 
     def train(self, on: bool) -> None:
         """Training (True) or reading only (validation, prediction: device tiers pin no rows)."""
-        for t in self.tiers.values():
-            t.training = on
+        for b in self.books:
+            b.training = on
 
     def tier_counts(self) -> TierCounts:
         """The device tiers' hits, misses and write-backs since the last call."""
@@ -287,13 +315,13 @@ class HeldTables:
     def flush_tiers(self) -> int:
         """Write the rows of every device tier back to the shards (before a save)."""
         self.settle()
-        return sum(t.flush() for t in self.tiers.values())
+        return sum(b.flush() for b in self.books)
 
     def reset_tiers(self) -> None:
         """Empty the device tiers (after a restore: the shards hold the restored rows)."""
         self.settle()
-        for t in self.tiers.values():
-            t.reset()
+        for b in self.books:
+            b.reset()
 
     def _read(self, name: str, ids: np.ndarray | Tensor) -> Tensor:
         """One worker's read of its own table ``name`` (a device tier looks its ids up on the
@@ -337,8 +365,8 @@ class HeldTables:
         """Drop this update's gradients (a skipped update); the device tiers' rows it read are
         no longer pinned."""
         self._parts = {}
-        for t in self.tiers.values():
-            t.unpin()
+        for b in self.books:
+            b.unpin()
 
     def apply(self, scale: float, lr: Step) -> None:
         """Apply this update: every owner sums its rows' gradients × ``scale`` from all the
@@ -348,10 +376,16 @@ class HeldTables:
         self._parts = {}
         self.settle()
         if self.exchange is None:
+            for name, (ids, _) in grads.items():
+                t = self.tables[name]
+                if isinstance(t, TierTable):  # (its slots, found before the update thread runs)
+                    t.resolve(ids)
             if self._pool is not None:
                 self._pending = self._pool.submit(self._update, grads, scale, lr)
             else:
                 self._update(grads, scale, lr)
+            for b in self.books:  # (pinned until settled: a prefetch may evict meanwhile)
+                b.end_update()
             return
         groups = self._groups(sorted(self.names))
         for group in groups:
@@ -360,6 +394,9 @@ class HeldTables:
             # one micro-batch an update (the same on every worker): the ids are the read's
             reuse = single and len(groups) == 1
             self._moved += self.exchange.push(local, tables, scale, lr, reuse)
+        for b in self.books:
+            b.end_update()
+            b.settled()
 
     def _update(self, grads: Mapping[str, tuple[Tensor, Tensor]], scale: float, lr: Step) -> None:
         for name, (ids, g) in grads.items():
@@ -388,8 +425,8 @@ class HeldTables:
         """Replace every held table's rows with the checkpoint's at ``root`` (written by the
         shards or by workers, any number of them): this worker keeps the rows it owns."""
         self.settle()
-        for tier in self.tiers.values():  # (the shards load a tier's table)
-            tier.reset()
+        for b in self.books:  # (the shards load a tier's table)
+            b.reset()
         restored = {}
         for name, t in self.whole.items():
             t.reset()
