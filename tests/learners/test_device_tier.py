@@ -159,7 +159,7 @@ def _pair(
         return {"w": a, "v": b}
 
     nxt = batch()
-    for step in range(10):
+    for _ in range(10):
         req = nxt
         got = held.rows(req)
         for n, spec in zip(("w", "v"), specs, strict=True):
