@@ -64,3 +64,6 @@ class StepResult:
     rows: dict[str, np.ndarray] | None
     #: this worker's clock held by the shard's latest backup (the client trims its log to it)
     backed_up: int
+    #: the shard's process id (a device tier's swap: a tier that sees it change knows the
+    #: shard restarted from a backup that may predate its write-backs)
+    pid: int | None = None

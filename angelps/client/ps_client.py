@@ -40,7 +40,7 @@ from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step
 from angelps.server.launch import launch_shards
-from angelps.step_call import Pulls, Pushes, StepCall
+from angelps.step_call import Pulls, Pushes, StepCall, StepResult
 from angelps.table import TableSpec, table_named
 
 __all__ = ["HeldWriter", "PSClient", "PSFuture"]
@@ -306,6 +306,31 @@ class PSClient:
         """A device tier's exchange with the shards: write back whole rows, then read whole
         rows (:func:`angelps.client.tier_swap.swap_async`)."""
         return swap_async(self, writes, reads)
+
+    def swap_call(
+        self,
+        shard: int,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> Any:
+        """One shard's part of :meth:`swap_async` (a reply to wait for with
+        :meth:`swap_answers`)."""
+        return self.net.swap(shard, writes, reads)
+
+    def swap_answers(self, refs: Sequence[Any]) -> list[tuple[int, dict[str, np.ndarray]]]:
+        """``(process id, rows)`` of each shard's swap (:meth:`swap_call`)."""
+        try:
+            got = get_refs(refs)
+        except RayTaskError as e:
+            raise remote_error(e) from None
+        out = []
+        for a in got:
+            if isinstance(a, StepResult):  # (over the data plane)
+                assert a.pid is not None and a.rows is not None
+                out.append((a.pid, a.rows))
+            else:
+                out.append(a)
+        return out
 
     def pull_many(self, requests: Requests) -> dict[str, np.ndarray]:
         """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``.

@@ -1,6 +1,7 @@
-"""A device tier's exchange with the shard actors (learners/worker/device_tier.py): one Ray call
-per shard writes back evicted rows and reads missed ones, whole (weights and optimizer slots),
-outside the clocks: the tier's owner is the only writer of the rows it holds."""
+"""A device tier's exchange with the shard actors (learners/worker/device_tier.py): one call
+per shard (over the data plane's connection, else a Ray call) writes back evicted rows and
+reads missed ones, whole (weights and optimizer slots), outside the clocks: the tier's owner is
+the only writer of the rows it holds."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-import ray
-from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
+from angelps.client.transport import ChannelDown
 from angelps.optim import slot_widths
-from angelps.options import ClientOptions
 from angelps.partition import Partitioner
 from angelps.table import TableSpec
 
@@ -36,11 +35,16 @@ class Client(Protocol):
 
     specs: dict[str, TableSpec]
     parts: dict[str, Partitioner]
-    handles: list[ActorHandle]
     num_shards: int
-    options: ClientOptions
 
-    def _get(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]: ...
+    def swap_call(
+        self,
+        shard: int,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> Any: ...
+
+    def swap_answers(self, refs: Sequence[Any]) -> list[tuple[int, dict[str, np.ndarray]]]: ...
 
 
 class SwapFuture:
@@ -50,7 +54,7 @@ class SwapFuture:
     def __init__(
         self,
         client: Client,
-        refs: Mapping[int, ray.ObjectRef[Any]],
+        refs: Mapping[int, Any],
         routed: Mapping[str, tuple[np.ndarray | None, np.ndarray]],
         counts: Mapping[str, int],
     ) -> None:
@@ -58,14 +62,17 @@ class SwapFuture:
         self._refs = dict(refs)
         self._routed = dict(routed)
         self._counts = dict(counts)
+        self._out: dict[str, np.ndarray] | None = None
         #: shard -> the process id that served this swap (set by :meth:`result`)
         self.pids: dict[int, int] = {}
 
     def result(self) -> dict[str, np.ndarray]:
+        if self._out is not None:
+            return self._out
         shards = list(self._refs)
         try:
-            answers = self._client._get([self._refs[s] for s in shards])
-        except RayActorError as e:
+            answers = self._client.swap_answers([self._refs[s] for s in shards])
+        except (RayActorError, ChannelDown) as e:
             # The rows written back in this call, or since the shard's last backup, may be
             # gone with it.
             raise TierLost(
@@ -79,13 +86,17 @@ class SwapFuture:
             parts = [got[s][name] for s in shards if name in got[s]]
             width = row_width(self._client.specs[name])
             dtype = np.dtype(self._client.specs[name].dtype)
-            block = np.concatenate(parts) if parts else np.zeros((0, width), dtype)
+            if len(parts) == 1 and order is None:
+                block = parts[0]
+            else:
+                block = np.concatenate(parts) if parts else np.zeros((0, width), dtype)
             if order is not None:  # back from shard order to the keys' order
                 full = np.empty_like(block)
                 full[order] = block
                 block = full
             assert len(block) == self._counts[name]
             out[name] = block
+        self._out = out
         return out
 
 
@@ -97,10 +108,11 @@ def swap_async(
     """A device tier's exchange with the shards (learners/worker/device_tier.py): write
     back whole rows (``writes``: table -> (unique keys, ``[k, width]`` rows with their
     optimizer slots)), then read the whole rows of ``reads`` (table -> unique keys; rows
-    missing are created). One Ray call per shard that has something to do, outside the
-    clocks (the tier's owner is the only writer of those rows). A shard is an async actor,
-    whose calls Ray may run in any order: a caller that reads rows it wrote back in an
-    earlier swap waits for that swap first."""
+    missing are created). One call per shard that has something to do, outside the clocks
+    (the tier's owner is the only writer of those rows), over the data plane's connection
+    where there is one (served in order with this process's other calls to that shard), else
+    as a Ray actor call: a shard is an async actor, whose Ray calls may run in any order, so
+    a caller that reads rows it wrote back in an earlier swap waits for that swap first."""
     per: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     for name, (keys, block) in writes.items():
         part = client.parts[name]
@@ -119,8 +131,5 @@ def swap_async(
             if a < b:
                 idx = slice(a, b) if order is None else order[a:b]
                 per.setdefault(s, ({}, {}))[1][name] = keys[idx]
-    token = client.options.shard.token
-    refs = {
-        s: client.handles[s].swap.remote(w, r, secret=token) for s, (w, r) in sorted(per.items())
-    }
+    refs = {s: client.swap_call(s, w, r) for s, (w, r) in sorted(per.items())}
     return SwapFuture(client, refs, routed, {n: len(k) for n, k in reads.items()})

@@ -227,6 +227,31 @@ class Transport:
                 _, self.ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
         return ref
 
+    def swap(
+        self,
+        shard: int,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> Ref | ray.ObjectRef[tuple[int, dict[str, np.ndarray]]]:
+        """A device tier's swap with ``shard`` (angelps/client/tier_swap.py) over the connection,
+        in order with this process's ``step`` calls (a :class:`SockRef` of a reply whose
+        ``pid`` is set), or as a Ray call (its ``(pid, rows)``). Not counted in ``moved``: the
+        tier counts its own bytes."""
+        chan = self._channel(shard)
+        if chan is not None:
+            if self.ray_refs[shard]:
+                ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
+                self.ray_refs[shard] = []
+            try:
+                return chan.send(wire.encode_swap(writes, reads))
+            except ChannelDown:
+                pass  # the shard died: the Ray call below fails too (the tier is lost)
+        ch = self.chans[shard]
+        if isinstance(ch, Channel):
+            ch.drain()
+        secret = self.options.shard.token
+        return self.handles[shard].swap.remote(writes, reads, secret=secret)
+
     def reconnect(self, shard: int) -> None:
         """Drop the connection to ``shard`` (it restarted): the next call opens a new one."""
         ch = self.chans[shard]

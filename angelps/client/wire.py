@@ -22,8 +22,12 @@ length 0) carry the rest, each at most :data:`MAX_FRAME_BYTES` (:func:`frames`).
   the pull is served at (default: the clock after the push; a prefetch names a later one); the
   body holds, per push, the ``n`` int64 keys then the ``[n, cols]`` gradients, and per pull
   its ``n`` int64 keys (``n = -1``: all rows of a dense table, no keys);
-* reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` and
-  the rows, or ``{"ok": false, "kind": ..., "msg": ..., "args": [...]}``.
+* a device tier's swap (:func:`encode_swap`): ``{"swap": 1, "wr": [[table, n, width, dtype],
+  ...], "rd": [[table, n], ...]}``; the body holds, per write, the ``n`` int64 keys then the
+  ``[n, width]`` whole rows (weights and optimizer slots), and per read its ``n`` int64 keys;
+* reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` (a
+  swap's also ``"pid"``: the shard's process id) and the rows, or ``{"ok": false, "kind": ...,
+  "msg": ..., "args": [...]}``.
 
 A connection starts with the job's token (sent by the client, checked by the shard in constant
 time), which the shard acknowledges with the byte :data:`ACK`, so only clients the driver handed
@@ -42,12 +46,13 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from angelps.optim import slot_widths
 from angelps.rates import StepRates
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
 
@@ -62,10 +67,13 @@ __all__ = [
     "FrameLimits",
     "decode_reply",
     "decode_request",
+    "decode_swap",
     "encode_error",
     "encode_reply",
     "encode_request",
+    "encode_swap",
     "frames",
+    "is_swap",
     "recv_call",
     "recv_exact",
     "send_buffers",
@@ -114,7 +122,9 @@ class FrameLimits:
             if t.rows < 0:
                 return cls(header, MAX_CALL_BYTES)
             n = t.rows if t.sparse else -(-t.rows // num_shards)
-            body += n * (8 + t.cols * _ROW_BYTES) + n * 8
+            # (a device tier's write-back carries whole rows: weights and optimizer slots)
+            width = t.cols + sum(slot_widths(t.optimizer, t.cols).values())
+            body += n * (8 + width * _ROW_BYTES) + n * 8
         return cls(header, min(body, MAX_CALL_BYTES))
 
 
@@ -259,6 +269,67 @@ def decode_request(header: bytes, body: bytes) -> StepCall:
     )
 
 
+def encode_swap(
+    writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: Mapping[str, np.ndarray]
+) -> list[bytes | memoryview]:
+    """The frames of a device tier's swap (:meth:`angelps.server.shard.ParameterShard.swap`):
+    write back ``writes`` (table -> (keys, whole rows)), then read the whole rows of
+    ``reads`` (table -> keys). Arrays are not copied."""
+    bufs: list[bytes | memoryview] = []
+    wr = []
+    for name, (keys, block) in writes.items():
+        k = np.ascontiguousarray(keys, dtype=np.int64)
+        b = np.ascontiguousarray(block)
+        wr.append([name, int(k.size), int(b.shape[1]), b.dtype.str])
+        bufs += [k.data, b.data]
+    rd = []
+    for name, keys in reads.items():
+        k = np.ascontiguousarray(keys, dtype=np.int64)
+        rd.append([name, int(k.size)])
+        bufs.append(k.data)
+    return frames({"swap": 1, "wr": wr, "rd": rd}, bufs)
+
+
+def is_swap(header: bytes) -> bool:
+    """A swap's header (:func:`encode_swap` writes its ``"swap"`` key first)."""
+    return header.startswith(b'{"swap"')
+
+
+def decode_swap(
+    header: bytes, body: bytes
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
+    """The writes and reads of a swap frame (arrays are views of ``body``); ValueError for
+    anything but a swap of the documented shape whose arrays exactly fill ``body``. The shard
+    checks the keys and the rows' shapes and dtypes against its tables."""
+    try:
+        h = json.loads(header)
+        wr, rd = h["wr"], h["rd"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError("malformed swap header (not an angelps frame)") from None
+    off = 0
+    writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, n, width, dtype in _entries(wr, 4):
+        if not (_is_int(n) and n >= 0 and _is_int(width) and width >= 1 and dtype in DTYPES):
+            raise ValueError(f"malformed write-back of table {name!r}: {[n, width, dtype]}")
+        dt = np.dtype(dtype)
+        need = n * (8 + width * dt.itemsize)
+        _check_fits(off, need, len(body))
+        keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+        rows = np.frombuffer(body, dtype=dt, count=n * width, offset=off + 8 * n)
+        writes[name] = (keys, rows.reshape(n, width))
+        off += need
+    reads: dict[str, np.ndarray] = {}
+    for name, n in _entries(rd, 2):
+        if not (_is_int(n) and n >= 0):
+            raise ValueError(f"malformed read of table {name!r}: {n!r} keys")
+        _check_fits(off, 8 * n, len(body))
+        reads[name] = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+        off += 8 * n
+    if off != len(body):
+        raise ValueError(f"malformed swap: its arrays hold {off} bytes, the body {len(body)}")
+    return writes, reads
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -292,7 +363,10 @@ def encode_reply(result: StepResult) -> list[bytes | memoryview]:
             a = np.ascontiguousarray(r)
             rows_h.append([name, int(a.shape[0]), int(a.shape[1]), a.dtype.str])
             bufs.append(a.data)
-    return frames({"ok": True, "b": result.backed_up, "rows": rows_h}, bufs)
+    head: dict[str, Any] = {"ok": True, "b": result.backed_up, "rows": rows_h}
+    if result.pid is not None:
+        head["pid"] = result.pid
+    return frames(head, bufs)
 
 
 def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
@@ -314,7 +388,8 @@ def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
             dt = np.dtype(dtype)
             rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
             off += dt.itemsize * n * cols
-    return True, StepResult(rows, int(h["b"]))
+    pid = h.get("pid")
+    return True, StepResult(rows, int(h["b"]), None if pid is None else int(pid))
 
 
 def recv_call(

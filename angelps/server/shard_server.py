@@ -401,6 +401,10 @@ class ShardServer:
     async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
+            if wire.is_swap(header):  # a device tier's (checked by ParameterShard.swap)
+                writes, reads = wire.decode_swap(header, body)
+                pid, rows = await self.swap(writes, reads, secret=_AUTHENTICATED)
+                return wire.encode_reply(StepResult(rows, 0, pid))
             # (a decoded call is never marked checked: the shard validates it)
             call = wire.decode_request(header, body)
             return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED))

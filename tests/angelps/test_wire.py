@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+import ray
 
 from angelps.client import transport, wire
 from angelps.client.ps_client import PSClient
@@ -180,8 +181,9 @@ def test_bad_header_fields_are_refused():
 def test_frame_limits_come_from_the_tables():
     small = TableSpec("small", rows=100, cols=4)
     limits = wire.FrameLimits.of([small, LIN], 2)
-    # 50 keys of `small` on one of 2 shards (push: 8 + 4*8 bytes, pull: 8), 10 of `lin`.
-    assert limits.max_body == 50 * (40 + 8) + 10 * (16 + 8)
+    # 50 keys of `small` on one of 2 shards (push: 8 + 4*8 bytes, pull: 8), 10 of `lin`
+    # (a device tier's write-back: 8 + 2*8 bytes, its weight and its momentum).
+    assert limits.max_body == 50 * (40 + 8) + 10 * (24 + 8)
     assert limits.max_header == 1024 + 2 * len('"small"') + 192 + 2 * len('"lin"') + 192
     assert limits.max_frame == limits.max_body
     unbounded = wire.FrameLimits.of([EMB, LIN], 1)
@@ -413,3 +415,57 @@ def test_a_checked_call_is_not_validated_again(monkeypatch):
     np.testing.assert_array_equal(res.rows["lin"], [[-1.0], [-1.0]])
     _step(srv, StepCall(0, 1, {"lin": (keys, grads)}, 1.0, {"lin": keys}))
     assert calls == ["check_lr", "check_push", "check_keys"]
+
+
+def test_swap_round_trip_and_malformed_swaps():
+    keys = np.array([4, 9], dtype=np.int64)
+    rows = np.arange(4, dtype=np.float32).reshape(2, 2)
+    frame = wire.encode_swap({"lin": (keys, rows)}, {"emb": np.array([1, 2, 3])})
+    header, body = _frame(frame)
+    assert wire.is_swap(header) and not wire.is_swap(_frame(wire.encode_request(StepCall(0, 0)))[0])
+    writes, reads = wire.decode_swap(header, body)
+    np.testing.assert_array_equal(writes["lin"][0], keys)
+    np.testing.assert_array_equal(writes["lin"][1], rows)
+    np.testing.assert_array_equal(reads["emb"], [1, 2, 3])
+    with pytest.raises(ValueError, match="malformed swap: its arrays hold 56 bytes, the body 57"):
+        wire.decode_swap(header, body + b"x")
+    bad = json.dumps({"swap": 1, "wr": [["lin", 2, 2, "<i8"]], "rd": []}).encode()
+    with pytest.raises(ValueError, match=r"malformed write-back of table 'lin': \[2, 2, '<i8'\]"):
+        wire.decode_swap(bad, body)
+    with pytest.raises(ValueError, match="malformed swap header"):
+        wire.decode_swap(b'{"swap": 1}', b"")
+    ok, got = wire.decode_reply(*_frame(wire.encode_reply(StepResult({"lin": rows}, 0, 4321))))
+    assert ok and got.pid == 4321
+
+
+def test_a_device_tiers_swap_goes_over_the_socket_and_equals_the_ray_call(ray_local):
+    """A swap (write back whole rows, read whole rows) over the connection gives the rows of
+    the same swap as a Ray actor call, with the shard's process id; a swap the shard refuses
+    (a write-back of the wrong width) comes back as the shard's error."""
+    got = {}
+    for kind in ("socket", "ray"):
+        c = PSClient.launch(
+            [EMB, LIN],
+            PSOptions.from_config(
+                {"angel.job.name": f"swap-{kind}", "angel.ps.number": 2, "angel.ps.transport": kind}
+            ),
+        )
+        try:
+            keys = np.array([-9, 3, 4, 77, 501], dtype=np.int64)
+            first = c.swap_async({}, {"emb": keys}).result()["emb"]
+            written = first + 1.5
+            fut = c.swap_async({"emb": (keys, written)}, {"emb": keys[::-1].copy()})
+            again = fut.result()["emb"]
+            np.testing.assert_array_equal(again, written[::-1])
+            token = c.options.shard.token
+            pids = [p for p, _ in ray.get([h.swap.remote({}, {}, secret=token) for h in c.handles])]
+            assert fut.pids == dict(enumerate(pids))
+            with pytest.raises(ValueError, match=r"a write-back of 1 rows needs a \[1, 4\]"):
+                c.swap_async({"emb": (keys[:1], np.zeros((1, 3), np.float32))}, {}).result()
+            got[kind] = (first, again)
+            used = [type(ch).__name__ for ch in c.net.chans]
+        finally:
+            c.shutdown()
+        assert used == ["Channel" if kind == "socket" else "NoneType"] * 2
+    for x, y in zip(got["socket"], got["ray"], strict=True):
+        np.testing.assert_array_equal(x, y)

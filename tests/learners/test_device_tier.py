@@ -23,34 +23,19 @@ from learners.worker.device_tier import TierPolicy
 from learners.worker.held_tables import HeldTables
 
 
-class _Handle:
-    """A shard in this process, called as a Ray actor handle is (``h.swap.remote(...)``)."""
-
-    def __init__(self, shard: ParameterShard) -> None:
-        self.shard = shard
-        self.swap = self
-        self.pid = 1000 + shard.shard_id
-
-    def remote(self, writes: Any, reads: Any, secret: str = "") -> tuple[int, Any]:
-        return self.pid, self.shard.swap(writes, reads)
-
-
 class _Shards:
     """Shards in this process behind the real swap routing (angelps/client/tier_swap.py)."""
 
     def __init__(self, specs: list[TableSpec], n: int) -> None:
         self.specs = {s.name: s for s in specs}
         self.num_shards = n
-        self.handles = [_Handle(ParameterShard(i, n, specs)) for i in range(n)]
+        self.shards = [ParameterShard(i, n, specs) for i in range(n)]
         self.parts = {s.name: Partitioner(s, n, "hash") for s in specs}
 
-        class _Opts:
-            class shard:
-                token = ""
+    def swap_call(self, shard: int, writes: Any, reads: Any) -> Any:
+        return 1000 + shard, self.shards[shard].swap(writes, reads)
 
-        self.options = _Opts
-
-    def _get(self, refs: list[Any]) -> list[Any]:
+    def swap_answers(self, refs: list[Any]) -> list[Any]:
         return list(refs)
 
     def swap_async(self, writes: Any, reads: Any) -> Any:
