@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["free_bytes", "to_device", "to_host"]
+__all__ = ["RowBlock", "as_rows", "free_bytes", "to_device", "to_host"]
 
 
 def to_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -29,6 +29,45 @@ def to_device(a: np.ndarray, device: torch.device) -> Tensor:
     # torch's caching host allocator records the stream that reads the block, so it is not
     # handed out again while this copy is in flight.
     return h.to(device, non_blocking=True)
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """A contiguous 2-D array as a 1-D array of opaque rows (one element a row)."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
+
+
+class RowBlock:
+    """Whole rows of a ``[n, width]`` tensor on a device, taken and put by slot (host int64
+    arrays). On the CPU as numpy's opaque rows (take/put: 5-10x faster than torch's
+    index_select/index_copy_ there, and no copy of the slots), on a GPU with torch."""
+
+    def __init__(self, data: Tensor) -> None:
+        self.data = data
+        self.device = data.device
+        self._host = as_rows(data.numpy()) if data.device.type == "cpu" else None
+        self._np = np.dtype(str(data.dtype).removeprefix("torch."))
+
+    def take(self, slots: np.ndarray) -> Tensor:
+        """A new ``[len(slots), width]`` tensor of the rows at ``slots`` (on the device)."""
+        if self._host is not None:
+            rows = self._host.take(slots).view(self._np)
+            return torch.from_numpy(rows.reshape(len(slots), -1))
+        return self.data.index_select(0, to_device(slots, self.device))
+
+    def take_host(self, slots: np.ndarray) -> np.ndarray:
+        """The rows at ``slots`` as a new host array."""
+        if self._host is not None:
+            return self._host.take(slots).view(self._np).reshape(len(slots), -1)
+        return self.take(slots).cpu().numpy()
+
+    def put(self, slots: np.ndarray, block: np.ndarray | Tensor) -> None:
+        """Write whole rows ``block`` (host or device) at ``slots``."""
+        if self._host is not None:
+            b = block.numpy() if isinstance(block, Tensor) else block
+            np.put(self._host, slots, as_rows(np.ascontiguousarray(b, dtype=self._np)))
+            return
+        rows = block if isinstance(block, Tensor) else to_device(block, self.device)
+        self.data.index_copy_(0, to_device(slots, self.device), rows.to(self.device))
 
 
 _TORCH_DTYPE = {

@@ -41,7 +41,7 @@ from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.storage.index import HashIndex
-from learners.worker.device import to_device
+from learners.worker.device import RowBlock, to_device
 
 __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
@@ -345,8 +345,7 @@ class TierBook:
         # Evict a little more than needed, so that steps do not each pay a selection.
         k = min(len(free), max(need, self.capacity // 64))
         victims = free[_smallest(score, k)] if k < len(free) else free
-        where = to_device(victims, self.device)
-        blocks = {n: t.data.index_select(0, where).cpu().numpy() for n, t in self.tables.items()}
+        blocks = {n: t.rows.take_host(victims) for n, t in self.tables.items()}
         keys = self.key_at[victims]
         self.index.remove(keys)
         self.live[victims] = False
@@ -451,10 +450,9 @@ class TierBook:
             self._writes.append(self._swap(writes, None))
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
-        where = to_device(slots, self.device)
         assert got is not None
         for n, t in self.tables.items():
-            t.data.index_copy_(0, where, to_device(got[n], self.device))
+            t.rows.put(slots, got[n])
         self.key_at[slots] = miss
         self.live[slots] = True
         self.index.insert(miss, slots)
@@ -500,11 +498,8 @@ class TierBook:
         live = np.flatnonzero(self.live)
         if not len(live):
             return 0
-        where = to_device(live, self.device)
         keys = self.key_at[live]
-        writes = {
-            n: (keys, t.data.index_select(0, where).cpu().numpy()) for n, t in self.tables.items()
-        }
+        writes = {n: (keys, t.rows.take_host(live)) for n, t in self.tables.items()}
         fut = self._swap(writes, None)
         fut.result()
         self._check_restarts(fut)
@@ -543,6 +538,7 @@ class TierTable:
         self.data = torch.zeros(
             (book.capacity, self.width), dtype=_torch_dtype(spec), device=book.device
         )
+        self.rows = RowBlock(self.data)
         self.counts = TierCounts()
         self._upd: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -583,8 +579,7 @@ class TierTable:
         self.counts.lookups += len(ids)
         self.counts.hits += hits
         self.counts.misses += len(ids) - hits
-        where = to_device(slots, book.device)
-        return self.data.index_select(0, where)[:, : self.cols].contiguous()
+        return self.rows.take(slots)[:, : self.cols].contiguous()
 
     def resolve(self, keys: np.ndarray | Tensor) -> None:
         """Find the slots the next :meth:`update` of ``keys`` writes (before it runs in
@@ -599,10 +594,9 @@ class TierTable:
         slots = (
             upd[1] if upd is not None and _same(upd[0], ids) else self.book.slots_for_update(ids)
         )
-        idx = to_device(slots, self.book.device)
-        block = self.data.index_select(0, idx)
+        block = self.rows.take(slots)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         apply(
             self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
         )
-        self.data.index_copy_(0, idx, block)
+        self.rows.put(slots, block)

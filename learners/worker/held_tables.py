@@ -41,7 +41,7 @@ from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.table import init_rows
-from learners.worker.device import to_device
+from learners.worker.device import as_rows, to_device
 from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.table_exchange import Exchange
 
@@ -49,11 +49,6 @@ __all__ = ["HeldTable", "HeldTables"]
 
 #: Rows per chunk of initialisation and of a checkpoint's export.
 _CHUNK = 1 << 18
-
-
-def _as_rows(a: np.ndarray) -> np.ndarray:
-    """A contiguous 2-D array as a 1-D array of opaque rows (one element a row)."""
-    return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
 
 
 def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
@@ -106,7 +101,7 @@ class HeldTable:
         self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
         # On the CPU, whole rows move as numpy's opaque rows (take/put: 5-10x faster than
         # torch's index_select/index_copy_ there); the same memory as ``data``.
-        self._host = _as_rows(self.data.numpy()) if device.type == "cpu" else None
+        self._host = as_rows(self.data.numpy()) if device.type == "cpu" else None
         self.reset()
 
     def reset(self) -> None:
@@ -143,7 +138,7 @@ class HeldTable:
     def _put(self, keys: Tensor, block: Tensor) -> None:
         """Write whole rows of owned ``keys``."""
         if self._host is not None:
-            rows = _as_rows(np.ascontiguousarray(block.numpy()))
+            rows = as_rows(np.ascontiguousarray(block.numpy()))
             np.put(self._host, self._host_slots(keys), rows)
             return
         self.data.index_copy_(0, self._slots(keys), block)
