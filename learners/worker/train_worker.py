@@ -459,11 +459,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             else:
                 fut = self.ps.pull_many_async(pull)
             rows: Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
-            # While the call is in flight: the next batch's input minus its rows.
-            with self._side.scope():
-                nx, ny = self.inputs.prepare(nb, n_slots)
             if not queue:  # the device tiers' misses of the next batch come meanwhile
                 self.held.prefetch(n_req)
+            # While the calls are in flight: the next batch's input minus its rows.
+            with self._side.scope():
+                nx, ny = self.inputs.prepare(nb, n_slots)
             queue.append(Prefetched(nb, nx, ny, n_req, rows))
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
