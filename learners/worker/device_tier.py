@@ -207,6 +207,8 @@ class TierBook:
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
         self._read: tuple[np.ndarray, np.ndarray] | None = None
+        #: rows a prefetch chose to evict that the update in progress still writes
+        self._late: np.ndarray | None = None
         #: False while validating or predicting (learners/worker/held_tables.py)
         self.training = True
         self.reset()
@@ -217,6 +219,7 @@ class TierBook:
         self.drain()
         self._read = None
         self._last = None
+        self._late = None
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
         self.live = np.zeros(self.capacity, dtype=bool)
         self.index: _DirectSlots | _HashSlots
@@ -320,23 +323,14 @@ class TierBook:
 
     # --- eviction ------------------------------------------------------------------------------
 
-    def _evict(self, need: int, some: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Free ``need`` slots or more, never of a row pinned (read by an update not yet
-        settled, or by the next one): the evicted keys and their whole rows of each table, to
-        write back. ``some``: free what can be freed now (a prefetch: the rest is freed at the
-        read, once the update in progress is settled)."""
+    def _choose(self, need: int, below: int) -> np.ndarray:
+        """The slots of ``need`` rows or more to evict (as many as there are, if fewer), among
+        those last read before clock ``below``: the least recently or frequently used, rows
+        not admitted first."""
         live = np.flatnonzero(self.live)
-        free = live[self.used[live] < self._floor]
-        if need > len(free) and not some:
-            # (the rows this update reads: those held (pinned) and those to place)
-            reads = len(live) - len(free) + need + self.n_free
-            raise ConfigError(
-                f"table {self.label}: angel.worker.table.capacity={self.capacity} rows is "
-                f"below the {reads} rows one update reads on this worker; "
-                "raise it (or lower the batch size)"
-            )
+        free = live[self.used[live] < below]
         if not len(free):
-            return np.zeros(0, np.int64), {}
+            return free
         if self.policy.eviction == "lfu":
             score = self._freq[self._hash(self.key_at[free])].astype(np.int64)
         else:
@@ -344,7 +338,11 @@ class TierBook:
         score = np.where(self.rare[free], score.min(initial=0) - 1, score)
         # Evict a little more than needed, so that steps do not each pay a selection.
         k = min(len(free), max(need, self.capacity // 64))
-        victims = free[_smallest(score, k)] if k < len(free) else free
+        return free[_smallest(score, k)] if k < len(free) else free
+
+    def _release(self, victims: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Free the slots ``victims``: their keys and whole rows of each table, to write
+        back (their rows must not be written any more: no update of them is in flight)."""
         blocks = {n: t.rows.take_host(victims) for n, t in self.tables.items()}
         keys = self.key_at[victims]
         self.index.remove(keys)
@@ -355,6 +353,21 @@ class TierBook:
         for t in self.tables.values():
             t.counts.writebacks += len(keys)
         return keys, blocks
+
+    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Free ``need`` slots or more, never of a row pinned (read by the update in
+        progress): the evicted keys and their whole rows of each table, to write back."""
+        victims = self._choose(need, self._floor)
+        if need > len(victims):
+            live = int(self.live.sum())
+            # (the rows this update reads: those held (pinned) and those to place)
+            reads = live - len(victims) + need + self.n_free
+            raise ConfigError(
+                f"table {self.label}: angel.worker.table.capacity={self.capacity} rows is "
+                f"below the {reads} rows one update reads on this worker; "
+                "raise it (or lower the batch size)"
+            )
+        return self._release(victims)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -372,9 +385,17 @@ class TierBook:
         self.used[slots[held]] = self._clock  # the next update's
         miss = ids[~held]
         writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._late = None
         if len(miss) > self.n_free:
-            vkeys, blocks = self._evict(len(miss) - self.n_free, some=True)
-            if len(vkeys):
+            # One choice of victims for this read, among every row it does not read: those
+            # of the update in progress too, which are freed at the read, once it is settled.
+            victims = self._choose(len(miss) - self.n_free, self._clock)
+            late = self.used[victims] >= self._floor
+            if late.any():
+                self._late = victims[late]
+                victims = victims[~late]
+            if len(victims):
+                vkeys, blocks = self._release(victims)
                 writes = {n: (vkeys, b) for n, b in blocks.items()}
         # A row written back earlier may be read again now: that write-back lands first (a
         # shard is an async actor: Ray does not keep the order of its calls). This call's own
@@ -410,7 +431,17 @@ class TierBook:
         as they came, the others fetched now, evicting first when the tier is full; their
         slots."""
         writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if len(miss) > self.n_free:
+        late, self._late = self._late, None
+        if late is not None:  # (chosen by the prefetch; none of them read since)
+            late = late[self.live[late] & (self.used[late] < self._floor)]
+        if late is not None and len(late):
+            keys, blocks = self._release(late)
+            if len(miss) > self.n_free:
+                more_keys, more = self._evict(len(miss) - self.n_free)
+                keys = np.concatenate([keys, more_keys])
+                blocks = {n: np.concatenate([b, more[n]]) for n, b in blocks.items()}
+            writes = {n: (keys, b) for n, b in blocks.items()}
+        elif len(miss) > self.n_free:
             keys, blocks = self._evict(len(miss) - self.n_free)
             writes = {n: (keys, b) for n, b in blocks.items()}
         got: dict[str, np.ndarray] | None = None

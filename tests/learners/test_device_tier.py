@@ -106,7 +106,11 @@ def test_a_tier_smaller_than_the_table_trains_as_the_whole_table(opt: OptimizerS
 
 
 def _pair(
-    capacity: int | None, same_ids: bool, prefetch: bool, policy: TierPolicy | None = None
+    capacity: int | None,
+    same_ids: bool,
+    prefetch: bool,
+    policy: TierPolicy | None = None,
+    astray: bool = False,
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
@@ -154,7 +158,9 @@ def _pair(
         held.apply(1.0, 0.05)
         nxt = batch()
         if prefetch:
-            held.prefetch(nxt)
+            # astray: a prefetch for other ids than the next read's (the read must not lose
+            # a row the prefetch chose to evict)
+            held.prefetch(batch() if astray and rng.random() < 0.5 else nxt)
     held.settle()
     keys = np.arange(3000)
     if capacity is None:
@@ -166,16 +172,20 @@ def _pair(
 
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 @pytest.mark.parametrize("same_ids", [True, False], ids=["same-ids", "own-ids"])
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+@pytest.mark.parametrize(
+    "prefetch,astray",
+    [(True, False), (False, False), (True, True)],
+    ids=["prefetch", "no-prefetch", "prefetch-astray"],
+)
 def test_tables_keyed_alike_share_one_tier_and_stay_exact(
-    same_ids: bool, prefetch: bool, eviction: str
+    same_ids: bool, prefetch: bool, eviction: str, astray: bool
 ) -> None:
     """The capacity is near one update's reads (at most 99 ids, 144 for two tables read with
     their own ids): evicting a row pinned by the update in progress or by the next read would
     show in the rows."""
     cap = 160 if same_ids else 200
-    want, _ = _pair(None, same_ids, prefetch)
-    got, held = _pair(cap, same_ids, prefetch, TierPolicy(eviction))
+    want, _ = _pair(None, same_ids, prefetch, astray=astray)
+    got, held = _pair(cap, same_ids, prefetch, TierPolicy(eviction), astray)
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
     assert len(held.books) == 1 and set(held.books[0].tables) == {"w", "v"}
