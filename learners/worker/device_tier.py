@@ -96,7 +96,7 @@ class _DirectSlots:
         self.where = np.full(rows, -1, dtype=np.int32)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        return self.where[keys].astype(np.int64)
+        return self.where.take(keys).astype(np.int64)
 
     def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
         self.where[keys] = slots
@@ -206,9 +206,9 @@ class TierBook:
         self.bytes_moved = 0
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
-        self._read: tuple[np.ndarray, np.ndarray] | None = None
-        #: rows a prefetch chose to evict that the update in progress still writes
-        self._late: np.ndarray | None = None
+        self._read: tuple[np.ndarray, np.ndarray, int] | None = None
+        #: slots the prefetched misses need (:meth:`make_room`)
+        self._room = 0
         #: False while validating or predicting (learners/worker/held_tables.py)
         self.training = True
         self.reset()
@@ -219,7 +219,7 @@ class TierBook:
         self.drain()
         self._read = None
         self._last = None
-        self._late = None
+        self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
         self.live = np.zeros(self.capacity, dtype=bool)
         self.index: _DirectSlots | _HashSlots
@@ -272,13 +272,14 @@ class TierBook:
             return np.zeros(0, dtype=np.int64)
         return self.index.lookup(keys)
 
-    def _known(self, ids: np.ndarray) -> np.ndarray:
+    def _known(self, ids: np.ndarray) -> tuple[np.ndarray, bool]:
         """:meth:`lookup` of ``ids``, or the slots a prefetch looked up for the same ids (its
-        hits were pinned then, so no eviction since has taken them)."""
+        hits were pinned then, so no eviction since has taken them); whether the hits are
+        pinned at this update's clock already."""
         read, self._read = self._read, None
         if read is not None and _same(read[0], ids):
-            return read[1]
-        return self.lookup(ids)
+            return read[1], read[2] == self._clock
+        return self.lookup(ids), False
 
     # --- the shards ----------------------------------------------------------------------------
 
@@ -373,35 +374,35 @@ class TierBook:
 
     def prefetch(self, keys: np.ndarray | Tensor) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
-        rows held, evict what the misses need (the rows of the update in progress stay) and
-        start one swap per shard that writes the victims back and reads the misses."""
+        rows held and start one read per shard of the misses; :meth:`make_room` frees their
+        slots once the update is applied."""
         ids = _sorted_ids(keys)
-        if self._pending is not None:  # (never read: its write-backs must still land first)
+        if self._pending is not None:  # (never read: drop its rows)
             self._writes.append(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
-        self._read = (ids, slots)
+        self._read = (ids, slots, self._clock)
         held = slots >= 0
         self.used[slots[held]] = self._clock  # the next update's
         miss = ids[~held]
-        writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._late = None
-        if len(miss) > self.n_free:
-            # One choice of victims for this read, among every row it does not read: those
-            # of the update in progress too, which are freed at the read, once it is settled.
-            victims = self._choose(len(miss) - self.n_free, self._clock)
-            late = self.used[victims] >= self._floor
-            if late.any():
-                self._late = victims[late]
-                victims = victims[~late]
-            if len(victims):
-                vkeys, blocks = self._release(victims)
-                writes = {n: (vkeys, b) for n, b in blocks.items()}
+        self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a
-        # shard is an async actor: Ray does not keep the order of its calls). This call's own
-        # write-backs are done before its reads, by the shard, and are never of its reads.
+        # shard is an async actor: Ray does not keep the order of its calls).
         self.settle_writes()
-        self._pending = (miss, self._swap(writes, miss))
+        self._pending = (miss, self._swap({}, miss))
+
+    def make_room(self) -> None:
+        """Free the slots the prefetched misses need, among the rows the next read does not
+        read (the update in progress must be applied: its rows may go), and start writing
+        the victims back. One CPU worker runs this in its update thread, after the update
+        (learners/worker/held_tables.py), while the next batch is prepared."""
+        need, self._room = self._room - self.n_free, 0
+        if need <= 0:
+            return
+        victims = self._choose(need, self._clock)
+        if len(victims):
+            keys, blocks = self._release(victims)
+            self._writes.append(self._swap({n: (keys, b) for n, b in blocks.items()}, None))
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
@@ -410,19 +411,20 @@ class TierBook:
         last = self._last
         if last is not None and last[3] == self._clock and _same(last[0], ids):
             return last[1], last[2]
-        slots = self._known(ids)
+        slots, pinned = self._known(ids)
         miss = slots < 0
         n_miss = int(miss.sum())
         if self.policy.admit > 1 or self.policy.eviction == "lfu":
             seen = self._see(ids)
-        if n_miss:
+        if not pinned:
             # pin the hits first: the eviction must not take a row this read also needs
-            self.used[slots[~miss]] = self._clock
+            self.used[slots[~miss] if n_miss else slots] = self._clock
+        if n_miss:
             new = self._fetch(ids[miss])
             slots[miss] = new
+            self.used[new] = self._clock
             if self.policy.admit > 1:
                 self.rare[new] = seen[miss] < self.policy.admit
-        self.used[slots] = self._clock
         self._last = (ids, slots, len(ids) - n_miss, self._clock)
         return slots, len(ids) - n_miss
 
@@ -431,17 +433,7 @@ class TierBook:
         as they came, the others fetched now, evicting first when the tier is full; their
         slots."""
         writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        late, self._late = self._late, None
-        if late is not None:  # (chosen by the prefetch; none of them read since)
-            late = late[self.live[late] & (self.used[late] < self._floor)]
-        if late is not None and len(late):
-            keys, blocks = self._release(late)
-            if len(miss) > self.n_free:
-                more_keys, more = self._evict(len(miss) - self.n_free)
-                keys = np.concatenate([keys, more_keys])
-                blocks = {n: np.concatenate([b, more[n]]) for n, b in blocks.items()}
-            writes = {n: (keys, b) for n, b in blocks.items()}
-        elif len(miss) > self.n_free:
+        if len(miss) > self.n_free:
             keys, blocks = self._evict(len(miss) - self.n_free)
             writes = {n: (keys, b) for n, b in blocks.items()}
         got: dict[str, np.ndarray] | None = None

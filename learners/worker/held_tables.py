@@ -56,6 +56,11 @@ def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
     return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
 
 
+def _make_room(books: Sequence[TierBook]) -> None:
+    for b in books:
+        b.make_room()
+
+
 def _host(ids: np.ndarray | Tensor) -> np.ndarray:
     return ids.cpu().numpy() if isinstance(ids, Tensor) else ids
 
@@ -239,6 +244,7 @@ class HeldTables:
         solo = num_workers == 1 and device.type == "cpu" and bool(self.tables)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
         self._pending: Future[None] | None = None
+        self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
 
     @property
     def bytes_moved(self) -> int:
@@ -251,6 +257,9 @@ class HeldTables:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
+        rooms, self._rooms = self._rooms, []
+        for room in rooms:
+            room.result()
         for b in self.books:
             b.settled()
 
@@ -286,6 +295,7 @@ class HeldTables:
         """Start fetching the device tiers' misses of the next batch's unique ids (one worker:
         several learn their ids in the exchange)."""
         if self.num_workers == 1:
+            books = []
             for b in self.books:
                 asked = [req[n] for n in b.tables if n in req]
                 if asked:
@@ -294,6 +304,16 @@ class HeldTables:
                         if other is not ids:
                             ids = np.union1d(_host(ids), _host(other))
                     b.prefetch(ids)
+                    books.append(b)
+            if not books:
+                return
+            if self._pool is not None:
+                # The update thread frees the misses' slots after the update in progress (its
+                # rows may go then) while this thread prepares the next batch; the next read
+                # waits for it (settle).
+                self._rooms.append(self._pool.submit(_make_room, books))
+            else:  # (a device's queue orders the victims' reads after the update)
+                _make_room(books)
 
     def train(self, on: bool) -> None:
         """Training (True) or reading only (validation, prediction: device tiers pin no rows)."""
@@ -302,6 +322,7 @@ class HeldTables:
 
     def tier_counts(self) -> TierCounts:
         """The device tiers' hits, misses and write-backs since the last call."""
+        self.settle()  # (the update thread counts write-backs)
         total = TierCounts()
         for t in self.tiers.values():
             total.add(t.take_counts())
