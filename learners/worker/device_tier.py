@@ -235,6 +235,11 @@ class TierBook:
     def rows_held(self) -> int:
         return self.capacity - self.n_free
 
+    @property
+    def clock(self) -> int:
+        """The update reads pin their rows for (one per update)."""
+        return self._clock
+
     # --- the clocks (learners/worker/held_tables.py) -----------------------------------------
 
     def end_update(self) -> None:
@@ -563,7 +568,9 @@ class TierTable:
         )
         self.rows = RowBlock(self.data)
         self.counts = TierCounts()
-        self._upd: tuple[np.ndarray, np.ndarray] | None = None
+        #: the last training read (ids, slots, whole rows, clock) and the update's
+        self._read: tuple[np.ndarray, np.ndarray, Tensor, int] | None = None
+        self._upd: tuple[np.ndarray, np.ndarray, Tensor | None] | None = None
 
     @property
     def capacity(self) -> int:
@@ -602,22 +609,33 @@ class TierTable:
         self.counts.lookups += len(ids)
         self.counts.hits += hits
         self.counts.misses += len(ids) - hits
-        return self.rows.take(slots)[:, : self.cols].contiguous()
+        block = self.rows.take(slots)
+        # The update of these ids (by this update: no other writer) starts from these rows.
+        self._read = (ids, slots, block, book.clock) if book.training else None
+        return block[:, : self.cols].contiguous()
 
     def resolve(self, keys: np.ndarray | Tensor) -> None:
         """Find the slots the next :meth:`update` of ``keys`` writes (before it runs in
         another thread: the book may change meanwhile)."""
-        self._upd = (_ids(keys), self.book.slots_for_update(keys))
+        ids = _ids(keys)
+        read, self._read = self._read, None
+        if read is not None and read[3] == self.book.clock and _same(read[0], ids):
+            self._upd = (ids, read[1], read[2])
+        else:
+            self._upd = (ids, self.book.slots_for_update(ids), None)
 
     def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
         """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""
         lr, momentum = rate_of(step, self.spec.name)
         upd, self._upd = self._upd, None
         ids = _ids(keys)
-        slots = (
-            upd[1] if upd is not None and _same(upd[0], ids) else self.book.slots_for_update(ids)
-        )
-        block = self.rows.take(slots)
+        if upd is None or not _same(upd[0], ids):
+            self.resolve(ids)  # (several workers: called at once, no update thread)
+            upd, self._upd = self._upd, None
+        assert upd is not None
+        slots, block = upd[1], upd[2]
+        if block is None:
+            block = self.rows.take(slots)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         apply(
             self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
