@@ -292,8 +292,22 @@ class HeldTables:
         return got
 
     def prefetch(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
-        """Start fetching the device tiers' misses of the next batch's unique ids (one worker:
-        several learn their ids in the exchange)."""
+        """Start fetching the device tiers' misses of the next batch's unique ids. Several
+        workers route the ids to their owners now (every worker calls this at the same point
+        of a step: it is a collective), and each owner prefetches the ids it will serve."""
+        if self.exchange is not None:
+            names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
+            for group in self._groups(names):
+                tables = [self.tables[n] for n in group]
+                alike = {id(t.book): t.book for t in tables if isinstance(t, TierTable)}
+                if not alike:  # (the same tables on every worker)
+                    continue
+                serve, sent = self.exchange.route_ahead(_host(req[group[0]]), tables)
+                self._moved += sent
+                for b in alike.values():
+                    b.prefetch(serve)
+                _make_room(list(alike.values()))  # (the update was applied: apply waits)
+            return
         if self.num_workers == 1:
             books = []
             for b in self.books:

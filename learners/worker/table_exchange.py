@@ -31,6 +31,7 @@ class HeldTable(Protocol):
 
     cols: int
     part: Any
+    spec: Any
 
     def gather(self, keys: Tensor) -> Tensor: ...
 
@@ -68,6 +69,8 @@ class Exchange:
         # gloo moves host tensors: CUDA tensors (workers sharing a GPU) make the round trip.
         self.via_host = device.type == "cuda" and backend != "nccl"
         self._last: _Route | None = None
+        #: routes of the next reads, made ahead (device tiers' prefetch), by their tables
+        self._ahead: dict[tuple[str, ...], _Route] = {}
 
     def _a2a(self, t: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
         src = (t.cpu() if self.via_host else t).contiguous()
@@ -87,10 +90,24 @@ class Exchange:
         route = _Route(ids, order_t, send.tolist(), recv, recv_ids)
         return route, int(send.nbytes + grouped.nbytes)
 
+    def route_ahead(self, ids: np.ndarray, tables: Sequence[HeldTable]) -> tuple[np.ndarray, int]:
+        """Send the next read's unique ``ids`` of ``tables`` to their owners now (every
+        worker at once, as for a read); the ids this worker will serve (sorted, unique) and
+        the bytes sent. The next :meth:`fetch` of the same ids reuses the route."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        route, sent = self._route(ids, tables[0].part)
+        self._ahead[tuple(t.spec.name for t in tables)] = route
+        return np.unique(route.recv_ids.cpu().numpy()), sent
+
     def fetch(self, ids: np.ndarray, tables: Sequence[HeldTable]) -> tuple[list[Tensor], int]:
         """The rows of unique ``ids`` of ``tables`` (routed alike) from their owners, in the
         order of ``ids``; and the bytes this worker sent."""
-        route, sent = self._route(np.ascontiguousarray(ids, dtype=np.int64), tables[0].part)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ahead = self._ahead.pop(tuple(t.spec.name for t in tables), None)
+        if ahead is not None and len(ahead.ids) == len(ids) and np.array_equal(ahead.ids, ids):
+            route, sent = ahead, 0
+        else:
+            route, sent = self._route(ids, tables[0].part)
         self._last = route
         block = torch.cat([t.gather(route.recv_ids) for t in tables], dim=1)
         got = self._a2a(block, route.send, route.recv)
