@@ -7,9 +7,9 @@ learners/worker/held_tables.py) is the only writer of its rows: a row it holds i
 updated on the device with the table's optimizer (:func:`angelps.optim.apply`, the shards'
 code); a miss is fetched from the shards with its optimizer state (a shard creates it then, as
 a pull does), and an evicted row is written back with its state
-(:func:`angelps.client.tier_swap.swap_async`: one call per shard writes the step's evictions
-and reads its misses). So training is exactly that of the table held whole, whatever the
-budget (BSP).
+(:func:`angelps.client.tier_swap.swap_async`: one call per shard, over the data plane's
+connection where there is one). So training is exactly that of the table held whole, whatever
+the budget (BSP).
 
 Policy. Eviction by recency (``lru``: the rows read longest ago go first) or by frequency
 (``lfu``: the rows whose ids were seen least often, counted in a small hashed sketch that halves
@@ -18,9 +18,9 @@ its counts as it fills); rows of the update in progress are never evicted. Admis
 updated like any row but goes first at the next eviction, so rare ids do not push out hot
 ones. docs/device-tier.md has the measurement behind the defaults.
 
-The index (id -> slot) is a hash table on the host: a miss must come from the host anyway.
-Evicted ids stay in it (their slot's id tells a stale entry from a live one) until it holds 4x
-the capacity, when it is rebuilt from the live rows, so an eviction never moves rows.
+The index (id -> slot) lives on the host (a miss must come from the host anyway): an int32
+array over the id range of a table of known range, else a hash table, in which evicted ids stay (their slot's id tells a stale entry from a live one) until it holds 4x the
+capacity, when it is rebuilt from the live rows, so an eviction never moves rows.
 """
 
 from __future__ import annotations
