@@ -19,8 +19,9 @@ updated like any row but goes first at the next eviction, so rare ids do not pus
 ones. docs/device-tier.md has the measurement behind the defaults.
 
 The index (id -> slot) lives on the host (a miss must come from the host anyway): an int32
-array over the id range of a table of known range, else a hash table, in which evicted ids stay (their slot's id tells a stale entry from a live one) until it holds 4x the
-capacity, when it is rebuilt from the live rows, so an eviction never moves rows.
+array over the id range of a table of known range, else a hash table, in which evicted ids
+stay (their slot's id tells a stale entry from a live one) until it holds 4x the capacity,
+when it is rebuilt from the live rows, so an eviction never moves rows.
 """
 
 from __future__ import annotations
