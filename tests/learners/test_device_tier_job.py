@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from angelps.checkpoint import files as checkpoint
-from tests.learners.test_worker_tables import _assert_same, _learner, _tables, _train
+from tests.learners.test_worker_tables import CASES, _assert_same, _learner, _tables, _train
 
 # a batch of 64 census rows reads at most 90 of the 148 ids: 100 rows a table keep the tier
 # full and evicting
@@ -95,3 +95,42 @@ def test_two_workers_with_device_tiers_train_as_the_shards(tmp_path, census):
     _assert_same(ps_w, got_w)
     assert got["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
     np.testing.assert_allclose(got["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("conf", "opt"),
+    [c if c[0].startswith("fm") else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+)
+def test_every_optimizer_with_a_tier_below_the_table_trains_as_the_shards(
+    tmp_path, census, conf, opt
+):
+    """The exactness cases of the tables held whole (tests/learners/test_worker_tables.py),
+    with a budget of 100 of the 148 rows a table."""
+    sets = {"ml.inputlayer.optimizer": opt, "ml.embedding.optimizer": opt, "ml.minibatch.size": 64}
+    if opt == "FTRL":
+        sets["ml.fclayer.optimizer"] = "Adam"
+    ps, ps_w = _train(conf, tmp_path / "ps", census, **sets)
+    tier, tier_w = _train(conf, tmp_path / "tier", census, **sets, **TIER)
+    _assert_same(ps_w, tier_w)
+    assert tier["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    assert tier["valid_logloss"] == pytest.approx(ps["valid_logloss"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workers", "batch", "capacity"), [(2, 64, 70), (4, 16, 30)])
+def test_several_workers_with_tiers_train_deepfm_as_the_shards(
+    tmp_path, census, workers, batch, capacity
+):
+    """A share of 74 (37) ids a worker, tiers of 70 (30) rows: every owner evicts."""
+    sets = {
+        **SMALL,
+        "ml.minibatch.size": batch,
+        "angel.workergroup.number": workers,
+        "angel.worker.cpus": 1 / workers,
+        "angel.ps.cpus": 0.25,
+    }
+    tier = {**TIER, "angel.worker.table.capacity": str(capacity)}
+    ps, ps_w = _train("deepfm_census.properties", tmp_path / "ps", census, **sets)
+    got, got_w = _train("deepfm_census.properties", tmp_path / "tier", census, **sets, **tier)
+    _assert_same(ps_w, got_w)
+    assert got["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)

@@ -149,6 +149,31 @@ def test_two_workers_exchanging_rows_train_as_the_shards(tmp_path, census, conf,
     assert held["eval"]["valid_auc"] == pytest.approx(ps["eval"]["valid_auc"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_four_workers_exchanging_rows_train_as_the_shards(tmp_path, census):
+    """Four CPU workers (on two cores) own a quarter of every table each."""
+    sets = {
+        "ml.inputlayer.optimizer": "FTRL",
+        "ml.embedding.optimizer": "FTRL",
+        "angel.workergroup.number": 4,
+        "angel.worker.cpus": 0.25,
+        "angel.ps.cpus": 0.25,
+    }
+    ps, ps_w = _train("fm_census.properties", tmp_path / "ps", census, **sets)
+    held, held_w = _train(
+        "fm_census.properties",
+        tmp_path / "held",
+        census,
+        **sets,
+        **{"angel.sparse.placement": "worker"},
+    )
+    manifest = checkpoint.read_manifest(str(tmp_path / "held" / "model"))
+    assert manifest["table_shards"] == {"wide": 4, "embedding": 4, "wide_bias": 4}
+    _assert_same(ps_w, held_w)
+    assert held["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    np.testing.assert_allclose(held["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
+
+
 def test_checkpoints_cross_between_shards_and_workers(tmp_path, census):
     """A shard checkpoint resumes on a worker that holds the tables (and ends where an
     uninterrupted shard run ends); the worker's checkpoint predicts from shards as the
