@@ -27,6 +27,7 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -202,12 +203,15 @@ class TierBook:
         self._floor = 1
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         self._pids: dict[int, int] = {}
-        self._writes: list[SwapFuture] = []
+        self._writes: list[SwapFuture | _Sent] = []
+        self._sender: ThreadPoolExecutor | None = None
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
         self._read: tuple[np.ndarray, np.ndarray, int] | None = None
+        #: a read outside training: its ids and the rows of the tables yet to ask for them
+        self._through: tuple[np.ndarray, dict[str, Tensor], int] | None = None
         #: slots the prefetched misses need (:meth:`make_room`)
         self._room = 0
         #: False while validating or predicting (learners/worker/held_tables.py)
@@ -294,14 +298,29 @@ class TierBook:
     ) -> SwapFuture:
         """One swap with the shards (write ``writes`` back, read the whole rows of ``reads``
         of every table of the group), its bytes counted: ids and rows sent, rows to come."""
+        self._count(writes, reads)
         ask = {} if reads is None else dict.fromkeys(self.tables, reads)
+        return self._shards().swap_async(writes, ask)
+
+    def _count(
+        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: np.ndarray | None
+    ) -> None:
         for keys, block in writes.values():
             self.bytes_moved += int(keys.nbytes + block.nbytes)
         if reads is not None:
             for t in self.tables.values():
                 row = t.width * t.data.element_size()
                 self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
-        return self._shards().swap_async(writes, ask)
+
+    def _write_back(self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Start writing ``writes`` back from a thread of the tier's own (sending megabytes
+        takes a millisecond or more), in the order they were handed over; the tier's next
+        read from the shards waits for them (:meth:`settle_writes`)."""
+        self._count(writes, None)
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
+        shards = self._shards()
+        self._writes.append(_Sent(self._sender.submit(shards.swap_async, writes, {})))
 
     def settle_writes(self) -> None:
         """Wait for the write-backs still in flight (their errors, a shard's restart)."""
@@ -317,7 +336,7 @@ class TierBook:
             self._writes.append(pending[1])
         self.settle_writes()
 
-    def _check_restarts(self, fut: SwapFuture) -> None:
+    def _check_restarts(self, fut: SwapFuture | _Sent) -> None:
         """A shard that answers from a new process was restarted from a backup, which may
         predate rows this tier wrote back to it: training cannot go on exactly."""
         for shard, pid in fut.pids.items():
@@ -408,7 +427,7 @@ class TierBook:
         victims = self._choose(need, self._clock)
         if len(victims):
             keys, blocks = self._release(victims)
-            self._writes.append(self._swap({n: (keys, b) for n, b in blocks.items()}, None))
+            self._write_back({n: (keys, b) for n, b in blocks.items()})
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
@@ -476,7 +495,7 @@ class TierBook:
         elif writes:
             # Write-backs alone are not waited for here: the next read from the shards waits
             # for them first (settle_writes), as it may ask for these rows again.
-            self._writes.append(self._swap(writes, None))
+            self._write_back(writes)
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
         assert got is not None
@@ -487,25 +506,40 @@ class TierBook:
         self.index.insert(miss, slots)
         return slots
 
-    def read_through(self, ids: np.ndarray) -> dict[str, Tensor] | None:
-        """Outside training: the weights of ``ids`` when more of them miss than the tier has
-        room for (read from the shards, nothing placed), else None (read as in training)."""
-        self.unpin()
+    def read_through(self, name: str, ids: np.ndarray) -> Tensor:
+        """Outside training (validation, prediction): the weights of ``ids`` of table
+        ``name``, the rows held read on the device and the others from the shards, placed
+        nowhere: the rows training holds stay, and so does a prefetch of its next batch (a
+        read from the shards needs only the write-backs to have landed). One read serves
+        every table of the group asking for the same ids."""
+        through = self._through
+        if (
+            through is None
+            or through[2] != self._clock  # (an update since: the rows changed)
+            or name not in through[1]
+            or not _same(through[0], ids)
+        ):
+            through = self._through = (ids, self._read_through(ids), self._clock)
+        return through[1].pop(name)
+
+    def _read_through(self, ids: np.ndarray) -> dict[str, Tensor]:
         slots = self.lookup(ids)
         miss = slots < 0
-        if int(miss.sum()) <= self.capacity - int((~miss).sum()):
-            return None
-        self.drain()
+        out = {}
+        if not miss.any():
+            for n, t in self.tables.items():
+                out[n] = t.rows.take(slots)[:, : t.cols].contiguous()
+            return out
+        self.settle_writes()
         fut = self._swap({}, ids[miss])
         rows = fut.result()
         self._check_restarts(fut)
         hit = np.flatnonzero(~miss)
-        where = to_device(slots[hit], self.device)
-        out = {}
         for n, t in self.tables.items():
             o = torch.empty((len(ids), t.cols), dtype=t.data.dtype)
             o[torch.from_numpy(miss)] = torch.from_numpy(np.ascontiguousarray(rows[n][:, : t.cols]))
-            o[torch.from_numpy(hit)] = t.data.index_select(0, where)[:, : t.cols].cpu()
+            if len(hit):
+                o[torch.from_numpy(hit)] = t.rows.take(slots[hit])[:, : t.cols].cpu()
             out[n] = o.to(self.device)
         return out
 
@@ -537,6 +571,20 @@ class TierBook:
     def held_ids(self) -> np.ndarray:
         """The ids on the device now, ascending."""
         return np.sort(self.key_at[self.live])
+
+
+class _Sent:
+    """A write-back being sent from the tier's thread: the swap once it was sent."""
+
+    def __init__(self, sending: Future[SwapFuture]) -> None:
+        self._sending = sending
+
+    def result(self) -> dict[str, np.ndarray]:
+        return self._sending.result().result()
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return self._sending.result().pids
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -599,13 +647,11 @@ class TierTable:
 
     def _gather(self, ids: np.ndarray) -> Tensor:
         """The weights of owned unique ``ids`` (a new ``[k, cols]`` tensor). Outside training
-        (validation, prediction) nothing stays pinned between reads, and a read of more ids
-        than the tier holds reads its misses through, unplaced."""
+        (validation, prediction) the misses are read through from the shards, unplaced
+        (:meth:`TierBook.read_through`)."""
         book = self.book
         if not book.training:
-            through = book.read_through(ids)
-            if through is not None:
-                return through[self.spec.name]
+            return book.read_through(self.spec.name, ids)
         slots, hits = book.read(ids)
         self.counts.lookups += len(ids)
         self.counts.hits += hits

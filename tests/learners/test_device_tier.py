@@ -237,6 +237,36 @@ def test_reads_outside_training_pin_nothing_and_read_through() -> None:
     held.rows({"e": np.arange(100)})  # (the tier still has room for an update)
 
 
+def test_validation_keeps_the_rows_training_holds_and_its_prefetch() -> None:
+    """Reads outside training place nothing: the tier holds the same ids after them, and a
+    prefetch of the next training batch made before them still serves that batch (no
+    further call to the shards)."""
+    _, held = _steps(OPTS[2], 150)
+    shards = held.tiers["e"].book._shards()
+    calls: list[Any] = []
+    real = shards.swap_call
+    shards.swap_call = lambda *a: calls.append(a) or real(*a)
+    book = held.books[0]
+    before = book.held_ids()
+    nxt = np.unique(np.concatenate([before[:40], np.arange(1900, 1950)]))
+    held.prefetch({"e": nxt})
+    held.settle()  # (room for its misses was made)
+    before = book.held_ids()
+    n_prefetch = len(calls)
+    held.train(False)
+    seen = held.rows({"e": np.arange(0, 2000, 3)})["e"]
+    assert len(calls) > n_prefetch  # (its misses came from the shards)
+    np.testing.assert_array_equal(book.held_ids(), before)
+    held.train(True)
+    n_valid = len(calls)
+    got = held.rows({"e": nxt})["e"]
+    assert len(calls) == n_valid  # the prefetch's rows, kept through validation
+    for i, k in enumerate(np.arange(0, 2000, 3)):
+        j = np.searchsorted(nxt, k)
+        if j < len(nxt) and nxt[j] == k:
+            np.testing.assert_array_equal(seen[i].numpy(), got[j].numpy())
+
+
 def _plan(**sets: object) -> TrainPlan:
     return TrainPlan.from_config(load_config(None, sets, all_keys()))
 
