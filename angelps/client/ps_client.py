@@ -33,14 +33,14 @@ from angelps.checkpoint.backups import remove_launch
 from angelps.checkpoint.store import store_for, write_durably
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
-from angelps.client.tier_swap import SwapFuture, swap_async
+from angelps.client.tier_swap import TierSwaps
 from angelps.client.transport import Reply, Transport, call_bytes, get_refs, remote_error
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step
 from angelps.server.launch import launch_shards
-from angelps.step_call import Pulls, Pushes, StepCall, StepResult
+from angelps.step_call import Pulls, Pushes, StepCall
 from angelps.table import TableSpec, table_named
 
 __all__ = ["HeldWriter", "PSClient", "PSFuture"]
@@ -98,7 +98,7 @@ class HeldWriter(Protocol):
         ...
 
 
-class PSClient:
+class PSClient(TierSwaps):
     """Pull rows from and push gradients to the shard actors of one job.
 
     Create the shards with :meth:`launch` (on the driver, after ``ray.init``), hand
@@ -297,40 +297,6 @@ class PSClient:
             return {t: out[t] for t in requests}
 
         return PSFuture(self, calls, finish)
-
-    def swap_async(
-        self,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-    ) -> SwapFuture:
-        """A device tier's exchange with the shards: write back whole rows, then read whole
-        rows (:func:`angelps.client.tier_swap.swap_async`)."""
-        return swap_async(self, writes, reads)
-
-    def swap_call(
-        self,
-        shard: int,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-    ) -> Any:
-        """One shard's part of :meth:`swap_async` (a reply to wait for with
-        :meth:`swap_answers`)."""
-        return self.net.swap(shard, writes, reads)
-
-    def swap_answers(self, refs: Sequence[Any]) -> list[tuple[int, dict[str, np.ndarray]]]:
-        """``(process id, rows)`` of each shard's swap (:meth:`swap_call`)."""
-        try:
-            got = get_refs(refs)
-        except RayTaskError as e:
-            raise remote_error(e) from None
-        out = []
-        for a in got:
-            if isinstance(a, StepResult):  # (over the data plane)
-                assert a.pid is not None and a.rows is not None
-                out.append((a.pid, a.rows))
-            else:
-                out.append(a)
-        return out
 
     def pull_many(self, requests: Requests) -> dict[str, np.ndarray]:
         """Rows of several tables, one round trip per shard: ``{table: [len(keys), cols]}``.

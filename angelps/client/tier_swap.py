@@ -9,14 +9,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
-from angelps.client.transport import ChannelDown
+from angelps.client.transport import ChannelDown, Transport, get_refs, remote_error
 from angelps.optim import slot_widths
 from angelps.partition import Partitioner
+from angelps.step_call import StepResult
 from angelps.table import TableSpec
 
-__all__ = ["SwapFuture", "TierLost", "row_width", "swap_async"]
+__all__ = ["SwapFuture", "TierLost", "TierSwaps", "row_width", "swap_async"]
 
 
 class TierLost(RuntimeError):
@@ -133,3 +134,47 @@ def swap_async(
                 per.setdefault(s, ({}, {}))[1][name] = keys[idx]
     refs = {s: client.swap_call(s, w, r) for s, (w, r) in sorted(per.items())}
     return SwapFuture(client, refs, routed, {n: len(k) for n, k in reads.items()})
+
+
+class TierSwaps:
+    """A device tier's swaps, as :class:`angelps.client.ps_client.PSClient` makes them: over
+    its transport (the data plane's connection to each shard, or Ray calls)."""
+
+    specs: dict[str, TableSpec]
+    parts: dict[str, Partitioner]
+    num_shards: int
+    net: Transport
+
+    def swap_async(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> SwapFuture:
+        """A device tier's exchange with the shards: write back whole rows, then read whole
+        rows (:func:`swap_async`)."""
+        return swap_async(self, writes, reads)
+
+    def swap_call(
+        self,
+        shard: int,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+    ) -> Any:
+        """One shard's part of :meth:`swap_async` (a reply to wait for with
+        :meth:`swap_answers`)."""
+        return self.net.swap(shard, writes, reads)
+
+    def swap_answers(self, refs: Sequence[Any]) -> list[tuple[int, dict[str, np.ndarray]]]:
+        """``(process id, rows)`` of each shard's swap (:meth:`swap_call`)."""
+        try:
+            got = get_refs(refs)
+        except RayTaskError as e:
+            raise remote_error(e) from None
+        out = []
+        for a in got:
+            if isinstance(a, StepResult):  # (over the data plane)
+                assert a.pid is not None and a.rows is not None
+                out.append((a.pid, a.rows))
+            else:
+                out.append(a)
+        return out

@@ -27,8 +27,7 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,12 +37,20 @@ from torch import Tensor
 from angelconf.config import ConfigError
 from angelps import TableSpec
 from angelps.client.tier_swap import SwapFuture, TierLost
-from angelps.dedup import strictly_increasing
-from angelps.optim import apply, slot_widths
 from angelps.partition import Partitioner
-from angelps.rates import Step, rate_of
-from angelps.storage.index import HashIndex
-from learners.worker.device import RowBlock, to_device
+from learners.worker.tier_slots import (
+    DIRECT_MAX,
+    DirectSlots,
+    HashSlots,
+    Sent,
+    TierCounts,
+    TierPolicy,
+    ids_of,
+    same,
+    smallest,
+    sorted_ids,
+)
+from learners.worker.tier_table import TierTable
 
 __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
@@ -58,110 +65,6 @@ class Shards(Protocol):
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
         reads: Mapping[str, np.ndarray],
     ) -> SwapFuture: ...
-
-
-@dataclass(frozen=True)
-class TierPolicy:
-    """How a tier chooses the rows it keeps: ``eviction`` lru or lfu; ``admit``: the times an
-    id must have been seen before its row is kept in preference to others."""
-
-    eviction: str = "lru"
-    admit: int = 1
-
-
-@dataclass
-class TierCounts:
-    """A tier's traffic since the last :meth:`TierTable.take_counts`."""
-
-    lookups: int = 0  # unique ids read
-    hits: int = 0  # of them already on the device
-    misses: int = 0  # fetched from the shards
-    writebacks: int = 0  # evicted rows written back to the shards
-
-    def add(self, other: TierCounts) -> None:
-        self.lookups += other.lookups
-        self.hits += other.hits
-        self.misses += other.misses
-        self.writebacks += other.writebacks
-
-
-#: The largest id range a tier indexes with a plain array (int32 slots: 128 MiB at most);
-#: above it, and for tables of unknown range, a hash table.
-DIRECT_MAX = 1 << 25
-
-
-class _DirectSlots:
-    """id -> slot as an int32 array over the table's id range (-1: not held): a lookup is a
-    gather, 20x faster than the hash table's at a batch of 60k ids."""
-
-    def __init__(self, rows: int) -> None:
-        self.where = np.full(rows, -1, dtype=np.int32)
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        return self.where.take(keys).astype(np.int64)
-
-    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        self.where[keys] = slots
-
-    def remove(self, keys: np.ndarray) -> None:
-        self.where[keys] = -1
-
-
-class _HashSlots:
-    """id -> slot in a hash table (any int64 id). Ids removed stay in it (a slot's id tells a
-    stale entry from a live one; khash has no removal) until it holds 4x the capacity, when it
-    is rebuilt from the live rows."""
-
-    def __init__(self, capacity: int, key_at: np.ndarray, live: np.ndarray) -> None:
-        self.capacity = capacity
-        self.key_at, self.live = key_at, live
-        self.table = HashIndex(capacity)
-        self.entries = 0
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        slots = self.table.lookup(keys)
-        ok = slots >= 0
-        s = np.where(ok, slots, 0)
-        ok &= self.live[s] & (self.key_at[s] == keys)
-        return np.where(ok, slots, -1)
-
-    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        if self.entries + len(keys) > 4 * self.capacity:
-            live = np.flatnonzero(self.live)
-            self.table = HashIndex(2 * self.capacity)
-            self.table.insert(self.key_at[live], live)
-            self.entries = len(live)
-            return
-        self.table.insert(keys, slots)  # (overwrites the stale entry of an id held before)
-        self.entries += len(keys)
-
-    def remove(self, keys: np.ndarray) -> None:
-        """Nothing: ``live`` says the slot is free."""
-
-
-def _smallest(score: np.ndarray, k: int) -> np.ndarray:
-    """Positions of ``k`` smallest of ``score`` (ties by position). The scores are clocks or
-    counts, a small range of integers: a counting selection there (``argpartition`` is slow on
-    so many ties: 10 ms for 100k rows)."""
-    low = int(score.min())
-    shifted = score - low
-    if int(shifted.max()) >= 1 << 22:
-        return np.argpartition(score, k - 1)[:k]
-    cum = np.cumsum(np.bincount(shifted))
-    edge = int(np.searchsorted(cum, k))  # the score at which the k-th smallest lies
-    below = np.flatnonzero(shifted < edge)
-    at = np.flatnonzero(shifted == edge)[: k - len(below)]
-    return np.concatenate([below, at])
-
-
-def _torch_dtype(spec: TableSpec) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
-
-
-def _ids(keys: np.ndarray | Tensor) -> np.ndarray:
-    if isinstance(keys, Tensor):
-        return keys.detach().cpu().numpy().astype(np.int64, copy=False)
-    return np.ascontiguousarray(keys, dtype=np.int64)
 
 
 class TierBook:
@@ -203,7 +106,7 @@ class TierBook:
         self._floor = 1
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         self._pids: dict[int, int] = {}
-        self._writes: list[SwapFuture | _Sent] = []
+        self._writes: list[SwapFuture | Sent] = []
         self._sender: ThreadPoolExecutor | None = None
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
@@ -227,11 +130,11 @@ class TierBook:
         self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
         self.live = np.zeros(self.capacity, dtype=bool)
-        self.index: _DirectSlots | _HashSlots
+        self.index: DirectSlots | HashSlots
         if 0 < self.rows <= DIRECT_MAX:
-            self.index = _DirectSlots(self.rows)
+            self.index = DirectSlots(self.rows)
         else:
-            self.index = _HashSlots(self.capacity, self.key_at, self.live)
+            self.index = HashSlots(self.capacity, self.key_at, self.live)
         self.used = np.zeros(self.capacity, dtype=np.int64)  # the clock of a row's last read
         self.rare = np.zeros(self.capacity, dtype=bool)  # not admitted: evicted first
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
@@ -287,7 +190,7 @@ class TierBook:
         hits were pinned then, so no eviction since has taken them); whether the hits are
         pinned at this update's clock already."""
         read, self._read = self._read, None
-        if read is not None and _same(read[0], ids):
+        if read is not None and same(read[0], ids):
             return read[1], read[2] == self._clock
         return self.lookup(ids), False
 
@@ -320,7 +223,7 @@ class TierBook:
         if self._sender is None:
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
         shards = self._shards()
-        self._writes.append(_Sent(self._sender.submit(shards.swap_async, writes, {})))
+        self._writes.append(Sent(self._sender.submit(shards.swap_async, writes, {})))
 
     def settle_writes(self) -> None:
         """Wait for the write-backs still in flight (their errors, a shard's restart)."""
@@ -336,7 +239,7 @@ class TierBook:
             self._writes.append(pending[1])
         self.settle_writes()
 
-    def _check_restarts(self, fut: SwapFuture | _Sent) -> None:
+    def _check_restarts(self, fut: SwapFuture | Sent) -> None:
         """A shard that answers from a new process was restarted from a backup, which may
         predate rows this tier wrote back to it: training cannot go on exactly."""
         for shard, pid in fut.pids.items():
@@ -364,7 +267,7 @@ class TierBook:
         score = np.where(self.rare[free], score.min(initial=0) - 1, score)
         # Evict a little more than needed, so that steps do not each pay a selection.
         k = min(len(free), max(need, self.capacity // 64))
-        return free[_smallest(score, k)] if k < len(free) else free
+        return free[smallest(score, k)] if k < len(free) else free
 
     def _release(self, victims: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Free the slots ``victims``: their keys and whole rows of each table, to write
@@ -401,7 +304,7 @@ class TierBook:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
         slots once the update is applied."""
-        ids = _sorted_ids(keys)
+        ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self._writes.append(self._pending[1])
             self._pending = None
@@ -434,7 +337,7 @@ class TierBook:
         many were held already. Another table of the group reading the same ids in the same
         update reuses the first one's slots."""
         last = self._last
-        if last is not None and last[3] == self._clock and _same(last[0], ids):
+        if last is not None and last[3] == self._clock and same(last[0], ids):
             return last[1], last[2]
         slots, pinned = self._known(ids)
         miss = slots < 0
@@ -470,7 +373,7 @@ class TierBook:
             pkeys, fut = pending
             rows = fut.result()
             self._check_restarts(fut)
-            if _same(pkeys, miss):
+            if same(pkeys, miss):
                 got, todo = rows, np.zeros(len(miss), dtype=bool)
             else:
                 got = {
@@ -517,7 +420,7 @@ class TierBook:
             through is None
             or through[2] != self._clock  # (an update since: the rows changed)
             or name not in through[1]
-            or not _same(through[0], ids)
+            or not same(through[0], ids)
         ):
             through = self._through = (ids, self._read_through(ids), self._clock)
         return through[1].pop(name)
@@ -545,9 +448,9 @@ class TierBook:
 
     def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray:
         """Slots of owned unique ``keys`` an update writes (all read in this update, so held)."""
-        ids = _ids(keys)
+        ids = ids_of(keys)
         last = self._last
-        slots = last[1] if last is not None and _same(last[0], ids) else self.lookup(ids)
+        slots = last[1] if last is not None and same(last[0], ids) else self.lookup(ids)
         if (slots < 0).any():  # (only rows read in this update are updated)
             raise RuntimeError(f"table {self.label}: a device tier lost a row it updates")
         return slots
@@ -571,120 +474,3 @@ class TierBook:
     def held_ids(self) -> np.ndarray:
         """The ids on the device now, ascending."""
         return np.sort(self.key_at[self.live])
-
-
-class _Sent:
-    """A write-back being sent from the tier's thread: the swap once it was sent."""
-
-    def __init__(self, sending: Future[SwapFuture]) -> None:
-        self._sending = sending
-
-    def result(self) -> dict[str, np.ndarray]:
-        return self._sending.result().result()
-
-    @property
-    def pids(self) -> dict[int, int]:
-        return self._sending.result().pids
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a is b or (len(a) == len(b) and np.array_equal(a, b))
-
-
-def _sorted_ids(keys: np.ndarray | Tensor) -> np.ndarray:
-    ids = _ids(keys)
-    return ids if strictly_increasing(ids) else np.unique(ids)
-
-
-class TierTable:
-    """One table of a :class:`TierBook`: its rows (weights and optimizer slots side by side,
-    as a shard stores them) in the book's slots, on the book's device."""
-
-    def __init__(self, spec: TableSpec, book: TierBook) -> None:
-        self.spec = spec
-        self.book = book
-        self.part = book.part
-        self.cols = spec.cols
-        self.slots: dict[str, tuple[int, int]] = {}
-        c = spec.cols
-        for k, width in slot_widths(spec.optimizer, spec.cols).items():
-            self.slots[k] = (c, c + width)
-            c += width
-        self.width = c
-        self.np_dtype = np.dtype(spec.dtype)
-        self.data = torch.zeros(
-            (book.capacity, self.width), dtype=_torch_dtype(spec), device=book.device
-        )
-        self.rows = RowBlock(self.data)
-        self.counts = TierCounts()
-        #: the last training read (ids, slots, whole rows, clock) and the update's
-        self._read: tuple[np.ndarray, np.ndarray, Tensor, int] | None = None
-        self._upd: tuple[np.ndarray, np.ndarray, Tensor | None] | None = None
-
-    @property
-    def capacity(self) -> int:
-        return self.book.capacity
-
-    def nbytes(self) -> int:
-        return int(self.data.numel() * self.data.element_size())
-
-    def rows_held(self) -> int:
-        return self.book.rows_held()
-
-    def take_counts(self) -> TierCounts:
-        out, self.counts = self.counts, TierCounts()
-        return out
-
-    def gather(self, keys: np.ndarray | Tensor) -> Tensor:
-        """The weights of ``keys`` (owned; repeated ids allowed: an owner serving several
-        workers receives an id once from each that reads it), read once each on the host
-        index."""
-        ids = _ids(keys)
-        if strictly_increasing(ids):
-            return self._gather(ids)
-        uniq, inv = np.unique(ids, return_inverse=True)
-        return self._gather(uniq).index_select(0, to_device(inv.reshape(-1), self.book.device))
-
-    def _gather(self, ids: np.ndarray) -> Tensor:
-        """The weights of owned unique ``ids`` (a new ``[k, cols]`` tensor). Outside training
-        (validation, prediction) the misses are read through from the shards, unplaced
-        (:meth:`TierBook.read_through`)."""
-        book = self.book
-        if not book.training:
-            return book.read_through(self.spec.name, ids)
-        slots, hits = book.read(ids)
-        self.counts.lookups += len(ids)
-        self.counts.hits += hits
-        self.counts.misses += len(ids) - hits
-        block = self.rows.take(slots)
-        # The update of these ids (by this update: no other writer) starts from these rows.
-        self._read = (ids, slots, block, book.clock) if book.training else None
-        return block[:, : self.cols].contiguous()
-
-    def resolve(self, keys: np.ndarray | Tensor) -> None:
-        """Find the slots the next :meth:`update` of ``keys`` writes (before it runs in
-        another thread: the book may change meanwhile)."""
-        ids = _ids(keys)
-        read, self._read = self._read, None
-        if read is not None and read[3] == self.book.clock and _same(read[0], ids):
-            self._upd = (ids, read[1], read[2])
-        else:
-            self._upd = (ids, self.book.slots_for_update(ids), None)
-
-    def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
-        """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""
-        lr, momentum = rate_of(step, self.spec.name)
-        upd, self._upd = self._upd, None
-        ids = _ids(keys)
-        if upd is None or not _same(upd[0], ids):
-            self.resolve(ids)  # (several workers: called at once, no update thread)
-            upd, self._upd = self._upd, None
-        assert upd is not None
-        slots, block = upd[1], upd[2]
-        if block is None:
-            block = self.rows.take(slots)
-        state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
-        apply(
-            self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
-        )
-        self.rows.put(slots, block)

@@ -299,14 +299,14 @@ class HeldTables:
             names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
             for group in self._groups(names):
                 tables = [self.tables[n] for n in group]
-                alike = {id(t.book): t.book for t in tables if isinstance(t, TierTable)}
+                alike = [b for b in self.books if any(n in b.tables for n in group)]
                 if not alike:  # (the same tables on every worker)
                     continue
                 serve, sent = self.exchange.route_ahead(_host(req[group[0]]), tables)
                 self._moved += sent
-                for b in alike.values():
+                for b in alike:
                     b.prefetch(serve)
-                _make_room(list(alike.values()))  # (the update was applied: apply waits)
+                _make_room(alike)  # (the update was applied: apply waits)
             return
         if self.num_workers == 1:
             books = []
