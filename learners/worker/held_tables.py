@@ -245,6 +245,7 @@ class HeldTables:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
+        self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
 
     @property
     def bytes_moved(self) -> int:
@@ -283,10 +284,13 @@ class HeldTables:
         if self.exchange is None:
             return {n: self._read(n, req[n]) for n in names}
         got: dict[str, Tensor] = {}
+        # The read a prefetch routed ahead: the same request object on every worker (never a
+        # comparison of ids, which could differ between workers and split the collectives).
+        ahead, self._ahead_req = req is self._ahead_req, None
         for group in self._groups(names):
             ids = req[group[0]]
             tables = [self.tables[n] for n in group]
-            rows, sent = self.exchange.fetch(ids, tables)
+            rows, sent = self.exchange.fetch(ids, tables, ahead)
             self._moved += sent
             got |= dict(zip(group, rows, strict=True))
         return got
@@ -307,6 +311,7 @@ class HeldTables:
                 for b in alike:
                     b.prefetch(serve)
                 _make_room(alike)  # (the update was applied: apply waits)
+            self._ahead_req = req
             return
         if self.num_workers == 1:
             books = []

@@ -99,13 +99,19 @@ class Exchange:
         self._ahead[tuple(t.spec.name for t in tables)] = route
         return np.unique(route.recv_ids.cpu().numpy()), sent
 
-    def fetch(self, ids: np.ndarray, tables: Sequence[HeldTable]) -> tuple[list[Tensor], int]:
+    def fetch(
+        self, ids: np.ndarray, tables: Sequence[HeldTable], ahead: bool = False
+    ) -> tuple[list[Tensor], int]:
         """The rows of unique ``ids`` of ``tables`` (routed alike) from their owners, in the
-        order of ``ids``; and the bytes this worker sent."""
+        order of ``ids``; and the bytes this worker sent. ``ahead``: these are the ids of
+        the last :meth:`route_ahead` of ``tables`` (every worker says so alike), whose route
+        is used; otherwise that route is dropped."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        ahead = self._ahead.pop(tuple(t.spec.name for t in tables), None)
-        if ahead is not None and len(ahead.ids) == len(ids) and np.array_equal(ahead.ids, ids):
-            route, sent = ahead, 0
+        route = self._ahead.pop(tuple(t.spec.name for t in tables), None)
+        if ahead and route is not None:
+            if len(route.ids) != len(ids) or not np.array_equal(route.ids, ids):
+                raise RuntimeError("a read routed ahead was asked for other ids")
+            sent = 0
         else:
             route, sent = self._route(ids, tables[0].part)
         self._last = route
