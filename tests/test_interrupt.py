@@ -40,7 +40,7 @@ def test_sigint_stops_cleanly_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     model, log = tmp_path / "model", tmp_path / "log"
     cmd = [
         sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
-        "--set", "ml.epoch.num=200", "--set", "ml.minibatch.size=1024",
+        "--set", "ml.epoch.num=100000", "--set", "ml.minibatch.size=1024",
         "--set", f"angel.save.model.path={model}",
         "--set", f"angel.log.path={log}",
     ]  # fmt: skip
