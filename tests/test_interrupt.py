@@ -36,6 +36,12 @@ def _epoch_lines(metrics: Path) -> list[dict]:
     return out
 
 
+def _default_sigint() -> None:
+    # A suite run as a shell's background job starts its children with SIGINT ignored (as a
+    # non-interactive shell does for `cmd &`); the Ctrl-C under test must reach the job.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_stops_cleanly_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     model, log = tmp_path / "model", tmp_path / "log"
     cmd = [
@@ -45,7 +51,12 @@ def test_sigint_stops_cleanly_and_keeps_the_checkpoint(tmp_path: Path) -> None:
         "--set", f"angel.log.path={log}",
     ]  # fmt: skip
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 240
