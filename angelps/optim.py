@@ -54,12 +54,24 @@ from angelps.table import OptimizerSpec
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DenseOptimizer", "apply", "slot_widths"]
+__all__ = ["DenseOptimizer", "apply", "slot_columns", "slot_widths"]
 
 
 def slot_widths(spec: OptimizerSpec, cols: int) -> dict[str, int]:
     """Optimizer state slots of one row: name -> width. Slots start at zero."""
     return {k: (cols if w is None else w) for k, w in optimizer_for(spec).slots.items()}
+
+
+def slot_columns(spec: OptimizerSpec, cols: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """Where a whole row keeps its optimizer slots: name -> (first, end) column, after the
+    ``cols`` weights, and the row's width (the layout of shards, held tables and device
+    tiers alike)."""
+    out: dict[str, tuple[int, int]] = {}
+    c = cols
+    for k, width in slot_widths(spec, cols).items():
+        out[k] = (c, c + width)
+        c += width
+    return out, c
 
 
 def apply(

@@ -12,7 +12,7 @@ import numpy as np
 from ray.exceptions import RayActorError, RayTaskError
 
 from angelps.client.transport import ChannelDown, Transport, get_refs, remote_error
-from angelps.optim import slot_widths
+from angelps.optim import slot_columns
 from angelps.partition import Partitioner
 from angelps.step_call import StepResult
 from angelps.table import TableSpec
@@ -28,7 +28,7 @@ class TierLost(RuntimeError):
 
 def row_width(spec: TableSpec) -> int:
     """Columns of a whole row of ``spec`` on a shard: weights, then optimizer slots."""
-    return spec.cols + sum(slot_widths(spec.optimizer, spec.cols).values())
+    return slot_columns(spec.optimizer, spec.cols)[1]
 
 
 class Client(Protocol):

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from angelps.optim import slot_widths
+from angelps.optim import slot_columns
 from angelps.rates import StepRates
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
 
@@ -123,7 +123,7 @@ class FrameLimits:
                 return cls(header, MAX_CALL_BYTES)
             n = t.rows if t.sparse else -(-t.rows // num_shards)
             # (a device tier's write-back carries whole rows: weights and optimizer slots)
-            width = t.cols + sum(slot_widths(t.optimizer, t.cols).values())
+            width = slot_columns(t.optimizer, t.cols)[1]
             body += n * (8 + width * _ROW_BYTES) + n * 8
         return cls(header, min(body, MAX_CALL_BYTES))
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from angelps.dedup import strictly_increasing
-from angelps.optim import apply, slot_widths
+from angelps.optim import apply, slot_columns, slot_widths
 from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
 from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
@@ -68,12 +68,8 @@ class Table:
         self.dtype = np.dtype(spec.dtype)
         self.widths = slot_widths(spec.optimizer, spec.cols)
         self.cols = spec.cols
-        self.slots: dict[str, tuple[int, int]] = {}  # optimizer slot -> its columns
-        c = spec.cols
-        for k, width in self.widths.items():
-            self.slots[k] = (c, c + width)
-            c += width
-        self.width = c
+        # optimizer slot -> its columns
+        self.slots, self.width = slot_columns(spec.optimizer, spec.cols)
         self.updates = 0  # optimizer updates applied to this table
         self.evicted = 0  # rows removed by expiry
         self.ttl = int(ttl)

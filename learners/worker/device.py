@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["RowBlock", "as_rows", "free_bytes", "to_device", "to_host"]
+__all__ = ["RowBlock", "as_rows", "free_bytes", "to_device", "to_host", "torch_dtype"]
 
 
 def to_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -29,6 +29,11 @@ def to_device(a: np.ndarray, device: torch.device) -> Tensor:
     # torch's caching host allocator records the stream that reads the block, so it is not
     # handed out again while this copy is in flight.
     return h.to(device, non_blocking=True)
+
+
+def torch_dtype(dtype: str | np.dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype (a table's ``spec.dtype``)."""
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
 
 
 def as_rows(a: np.ndarray) -> np.ndarray:

@@ -37,13 +37,14 @@ from angelps.checkpoint.files import (
     table_shards,
     write_table_chunks,
 )
-from angelps.optim import apply, slot_widths
+from angelps.optim import apply, slot_columns
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.table import init_rows
-from learners.worker.device import as_rows, to_device
+from learners.worker.device import as_rows, to_device, torch_dtype
 from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.table_exchange import Exchange
+from learners.worker.tier_slots import ids_of
 
 __all__ = ["HeldTable", "HeldTables"]
 
@@ -61,14 +62,6 @@ def _make_room(books: Sequence[TierBook]) -> None:
         b.make_room()
 
 
-def _host(ids: np.ndarray | Tensor) -> np.ndarray:
-    return ids.cpu().numpy() if isinstance(ids, Tensor) else ids
-
-
-def _torch_dtype(spec: TableSpec) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
-
-
 class HeldTable:
     """One worker's share of a sparse table: the rows it owns and their optimizer state."""
 
@@ -83,12 +76,7 @@ class HeldTable:
         self.owner = owner
         self.device = device
         self.cols = spec.cols
-        self.slots: dict[str, tuple[int, int]] = {}
-        c = spec.cols
-        for k, width in slot_widths(spec.optimizer, spec.cols).items():
-            self.slots[k] = (c, c + width)
-            c += width
-        self.width = c
+        self.slots, self.width = slot_columns(spec.optimizer, spec.cols)
         everything = np.arange(spec.rows, dtype=np.int64)
         if part.num_shards == 1:
             self.keys = everything
@@ -101,7 +89,7 @@ class HeldTable:
             self.local = to_device(local, device)
             self._local_host = local if device.type == "cpu" else None
         self.data = torch.zeros(
-            (len(self.keys), self.width), dtype=_torch_dtype(spec), device=device
+            (len(self.keys), self.width), dtype=torch_dtype(spec.dtype), device=device
         )
         self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
         # On the CPU, whole rows move as numpy's opaque rows (take/put: 5-10x faster than
@@ -306,7 +294,7 @@ class HeldTables:
                 alike = [b for b in self.books if any(n in b.tables for n in group)]
                 if not alike:  # (the same tables on every worker)
                     continue
-                serve, sent = self.exchange.route_ahead(_host(req[group[0]]), tables)
+                serve, sent = self.exchange.route_ahead(ids_of(req[group[0]]), tables)
                 self._moved += sent
                 for b in alike:
                     b.prefetch(serve)
@@ -321,7 +309,7 @@ class HeldTables:
                     ids = asked[0]
                     for other in asked[1:]:  # (tables keyed alike are read with the same ids)
                         if other is not ids:
-                            ids = np.union1d(_host(ids), _host(other))
+                            ids = np.union1d(ids_of(ids), ids_of(other))
                     b.prefetch(ids)
                     books.append(b)
             if not books:

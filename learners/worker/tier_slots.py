@@ -8,10 +8,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from angelps import TableSpec
 from angelps.client.tier_swap import SwapFuture
 from angelps.dedup import strictly_increasing
 from angelps.storage.index import HashIndex
@@ -27,7 +25,6 @@ __all__ = [
     "same",
     "smallest",
     "sorted_ids",
-    "torch_dtype",
 ]
 
 
@@ -123,10 +120,6 @@ def smallest(score: np.ndarray, k: int) -> np.ndarray:
     below = np.flatnonzero(shifted < edge)
     at = np.flatnonzero(shifted == edge)[: k - len(below)]
     return np.concatenate([below, at])
-
-
-def torch_dtype(spec: TableSpec) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=np.dtype(spec.dtype))).dtype
 
 
 def ids_of(keys: np.ndarray | Tensor) -> np.ndarray:

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from angelps import TableSpec
 from angelps.dedup import strictly_increasing
-from angelps.optim import apply, slot_widths
+from angelps.optim import apply, slot_columns
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
-from learners.worker.device import RowBlock, to_device
-from learners.worker.tier_slots import TierCounts, ids_of, same, torch_dtype
+from learners.worker.device import RowBlock, to_device, torch_dtype
+from learners.worker.tier_slots import TierCounts, ids_of, same
 
 __all__ = ["Book", "TierTable"]
 
@@ -49,15 +49,10 @@ class TierTable:
         self.book = book
         self.part = book.part
         self.cols = spec.cols
-        self.slots: dict[str, tuple[int, int]] = {}
-        c = spec.cols
-        for k, width in slot_widths(spec.optimizer, spec.cols).items():
-            self.slots[k] = (c, c + width)
-            c += width
-        self.width = c
+        self.slots, self.width = slot_columns(spec.optimizer, spec.cols)
         self.np_dtype = np.dtype(spec.dtype)
         self.data = torch.zeros(
-            (book.capacity, self.width), dtype=torch_dtype(spec), device=book.device
+            (book.capacity, self.width), dtype=torch_dtype(spec.dtype), device=book.device
         )
         self.rows = RowBlock(self.data)
         self.counts = TierCounts()
