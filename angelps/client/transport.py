@@ -21,7 +21,7 @@ from __future__ import annotations
 import socket
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -190,7 +190,7 @@ class Transport:
         # None: not opened yet; False: this shard is reached through Ray actor calls.
         self.chans: list[Channel | bool | None] = [None] * len(self.handles)
         # Ray calls to each shard not known to be served yet (the fallback after a broken send).
-        self.ray_refs: list[list[ray.ObjectRef[Reply]]] = [[] for _ in self.handles]
+        self.ray_refs: list[list[ray.ObjectRef[Any]]] = [[] for _ in self.handles]
         #: Bytes of the step calls made so far (request and reply, as :func:`call_bytes`).
         self.moved = 0
 
@@ -206,26 +206,12 @@ class Transport:
         directly (waiting first for the calls in flight on the other path, so that the shard
         serves them in order)."""
         self.moved += nbytes
-        chan = self._channel(shard)
-        if chan is not None:
-            if self.ray_refs[shard]:
-                ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
-                self.ray_refs[shard] = []
-            try:
-                return chan.send(wire.encode_request(call))
-            except ChannelDown:
-                pass  # the shard died: the Ray call below fails too and recovery takes over
-        ch = self.chans[shard]
-        if isinstance(ch, Channel):
-            ch.drain()
         secret = self.options.shard.token  # checked by the shard (server._check_secret)
-        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(call, secret=secret)
-        if ch is not False and self.options.transport == "socket":
-            pending = self.ray_refs[shard]
-            pending.append(ref)
-            if len(pending) > 8:  # forget the served ones (and do not keep their replies alive)
-                _, self.ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
-        return ref
+        return self._send(
+            shard,
+            lambda: wire.encode_request(call),
+            lambda: self.handles[shard].step.remote(call, secret=secret),
+        )
 
     def swap(
         self,
@@ -233,24 +219,45 @@ class Transport:
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
         reads: Mapping[str, np.ndarray],
     ) -> Ref | ray.ObjectRef[tuple[int, dict[str, np.ndarray]]]:
-        """A device tier's swap with ``shard`` (angelps/client/tier_swap.py) over the connection,
-        in order with this process's ``step`` calls (a :class:`SockRef` of a reply whose
-        ``pid`` is set), or as a Ray call (its ``(pid, rows)``). Not counted in ``moved``: the
-        tier counts its own bytes."""
+        """A device tier's swap with ``shard`` (angelps/client/tier_swap.py), as :meth:`call`
+        sends a step: over the connection, in order with this process's ``step`` calls (a
+        :class:`SockRef` of a reply whose ``pid`` is set), or as a Ray call (its ``(pid,
+        rows)``). Not counted in ``moved``: the tier counts its own bytes."""
+        secret = self.options.shard.token
+        return self._send(
+            shard,
+            lambda: wire.encode_swap(writes, reads),
+            lambda: self.handles[shard].swap.remote(writes, reads, secret=secret),
+        )
+
+    def _send(
+        self,
+        shard: int,
+        frame: Callable[[], Sequence[bytes | memoryview]],
+        remote: Callable[[], ray.ObjectRef[Any]],
+    ) -> Any:
+        """``frame()`` over the connection to ``shard``, or ``remote()`` (a Ray call) where
+        there is none or it just broke; the calls in flight on the other path are waited for
+        first, so that the shard serves this process's calls in the order sent."""
         chan = self._channel(shard)
         if chan is not None:
             if self.ray_refs[shard]:
                 ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
                 self.ray_refs[shard] = []
             try:
-                return chan.send(wire.encode_swap(writes, reads))
+                return chan.send(frame())
             except ChannelDown:
-                pass  # the shard died: the Ray call below fails too (the tier is lost)
+                pass  # the shard died: the Ray call below fails too and recovery takes over
         ch = self.chans[shard]
         if isinstance(ch, Channel):
             ch.drain()
-        secret = self.options.shard.token
-        return self.handles[shard].swap.remote(writes, reads, secret=secret)
+        ref = remote()
+        if ch is not False and self.options.transport == "socket":
+            pending = self.ray_refs[shard]
+            pending.append(ref)
+            if len(pending) > 8:  # forget the served ones (and do not keep their replies alive)
+                _, self.ray_refs[shard] = ray.wait(pending, num_returns=len(pending), timeout=0)
+        return ref
 
     def reconnect(self, shard: int) -> None:
         """Drop the connection to ``shard`` (it restarted): the next call opens a new one."""

@@ -233,17 +233,7 @@ def decode_request(header: bytes, body: bytes) -> StepCall:
     off = 0
     pushes: Pushes | None = None
     if push_h is not None:
-        pushes = {}
-        for name, n, cols, dtype in _entries(push_h, 4):
-            if not (_is_int(n) and n >= 0 and _is_int(cols) and cols >= 1 and dtype in DTYPES):
-                raise ValueError(f"malformed push of table {name!r}: {[n, cols, dtype]}")
-            dt = np.dtype(dtype)
-            need = n * (8 + cols * dt.itemsize)
-            _check_fits(off, need, len(body))
-            keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
-            grads = np.frombuffer(body, dtype=dt, count=n * cols, offset=off + 8 * n)
-            pushes[name] = (keys, grads.reshape(n, cols))
-            off += need
+        pushes, off = _keyed_blocks(push_h, body, off, "push")
     pulls: Pulls | None = None
     if pull_h is not None:
         pulls = {}
@@ -306,18 +296,7 @@ def decode_swap(
         wr, rd = h["wr"], h["rd"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise ValueError("malformed swap header (not an angelps frame)") from None
-    off = 0
-    writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, n, width, dtype in _entries(wr, 4):
-        if not (_is_int(n) and n >= 0 and _is_int(width) and width >= 1 and dtype in DTYPES):
-            raise ValueError(f"malformed write-back of table {name!r}: {[n, width, dtype]}")
-        dt = np.dtype(dtype)
-        need = n * (8 + width * dt.itemsize)
-        _check_fits(off, need, len(body))
-        keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
-        rows = np.frombuffer(body, dtype=dt, count=n * width, offset=off + 8 * n)
-        writes[name] = (keys, rows.reshape(n, width))
-        off += need
+    writes, off = _keyed_blocks(wr, body, 0, "write-back")
     reads: dict[str, np.ndarray] = {}
     for name, n in _entries(rd, 2):
         if not (_is_int(n) and n >= 0):
@@ -328,6 +307,27 @@ def decode_swap(
     if off != len(body):
         raise ValueError(f"malformed swap: its arrays hold {off} bytes, the body {len(body)}")
     return writes, reads
+
+
+def _keyed_blocks(
+    entries: Any, body: bytes, off: int, what: str
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """A header's ``[table, n, cols, dtype]`` entries read from ``body`` at ``off``: per
+    table its ``n`` int64 keys, then an ``[n, cols]`` block of that dtype (a push's
+    gradients, a write-back's whole rows); and the offset after them. ValueError names
+    ``what`` and the table for an entry of the wrong shape or past the body's end."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, n, cols, dtype in _entries(entries, 4):
+        if not (_is_int(n) and n >= 0 and _is_int(cols) and cols >= 1 and dtype in DTYPES):
+            raise ValueError(f"malformed {what} of table {name!r}: {[n, cols, dtype]}")
+        dt = np.dtype(dtype)
+        need = n * (8 + cols * dt.itemsize)
+        _check_fits(off, need, len(body))
+        keys = np.frombuffer(body, dtype=np.int64, count=n, offset=off)
+        block = np.frombuffer(body, dtype=dt, count=n * cols, offset=off + 8 * n)
+        out[name] = (keys, block.reshape(n, cols))
+        off += need
+    return out, off
 
 
 def _is_int(v: Any) -> bool:
