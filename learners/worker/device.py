@@ -51,18 +51,19 @@ class RowBlock:
         self.device = data.device
         self._host = as_rows(data.numpy()) if data.device.type == "cpu" else None
         self._np = np.dtype(str(data.dtype).removeprefix("torch."))
+        self._width = int(data.shape[1])
 
     def take(self, slots: np.ndarray) -> Tensor:
         """A new ``[len(slots), width]`` tensor of the rows at ``slots`` (on the device)."""
         if self._host is not None:
             rows = self._host.take(slots).view(self._np)
-            return torch.from_numpy(rows.reshape(len(slots), -1))
+            return torch.from_numpy(rows.reshape(len(slots), self._width))
         return self.data.index_select(0, to_device(slots, self.device))
 
     def take_host(self, slots: np.ndarray) -> np.ndarray:
         """The rows at ``slots`` as a new host array."""
         if self._host is not None:
-            return self._host.take(slots).view(self._np).reshape(len(slots), -1)
+            return self._host.take(slots).view(self._np).reshape(len(slots), self._width)
         return self.take(slots).cpu().numpy()
 
     def put(self, slots: np.ndarray, block: np.ndarray | Tensor) -> None:

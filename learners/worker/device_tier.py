@@ -178,15 +178,17 @@ class TierBook:
             return keys
         return ((keys.view(np.uint64) * _GOLDEN) >> self._shift).astype(np.int64)
 
-    def _see(self, keys: np.ndarray) -> np.ndarray:
-        """Count one sighting of each (unique) key in the sketch; their counts."""
-        h = self._hash(keys)
-        self._freq[h] += 1
+    def _see(self, keys: np.ndarray) -> None:
+        """Count one sighting of each (unique) key."""
+        self._freq[self._hash(keys)] += 1
         self._seen += len(keys)
         if self._seen >= 10 * len(self._freq):  # age: old counts fade
             self._freq >>= 1
             self._seen = 0
-        return self._freq[h]
+
+    def _counts_of(self, keys: np.ndarray) -> np.ndarray:
+        """The counts of ``keys``."""
+        return self._freq[self._hash(keys)]
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slots of ``keys`` held now, -1 for the others."""
@@ -270,7 +272,7 @@ class TierBook:
         if not len(free):
             return free
         if self.policy.eviction == "lfu":
-            score = self._freq[self._hash(self.key_at[free])].astype(np.int64)
+            score = self._counts_of(self.key_at[free]).astype(np.int64)
         else:
             score = self.used[free]
         score = np.where(self.rare[free], score.min(initial=0) - 1, score)
@@ -352,7 +354,7 @@ class TierBook:
         miss = slots < 0
         n_miss = int(miss.sum())
         if self.policy.admit > 1 or self.policy.eviction == "lfu":
-            seen = self._see(ids)
+            self._see(ids)
         if not pinned:
             # pin the hits first: the eviction must not take a row this read also needs
             self.used[slots[~miss] if n_miss else slots] = self._clock
@@ -361,7 +363,7 @@ class TierBook:
             slots[miss] = new
             self.used[new] = self._clock
             if self.policy.admit > 1:
-                self.rare[new] = seen[miss] < self.policy.admit
+                self.rare[new] = self._counts_of(ids[miss]) < self.policy.admit
         self._last = (ids, slots, len(ids) - n_miss, self._clock)
         return slots, len(ids) - n_miss
 

@@ -41,7 +41,7 @@ from angelps.optim import apply, slot_columns
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
 from angelps.table import init_rows
-from learners.worker.device import as_rows, to_device, torch_dtype
+from learners.worker.device import RowBlock, to_device, torch_dtype
 from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.table_exchange import Exchange
 from learners.worker.tier_slots import ids_of
@@ -92,9 +92,8 @@ class HeldTable:
             (len(self.keys), self.width), dtype=torch_dtype(spec.dtype), device=device
         )
         self.touched = torch.zeros(len(self.keys), dtype=torch.bool, device=device)
-        # On the CPU, whole rows move as numpy's opaque rows (take/put: 5-10x faster than
-        # torch's index_select/index_copy_ there); the same memory as ``data``.
-        self._host = as_rows(self.data.numpy()) if device.type == "cpu" else None
+        # On the CPU, whole rows move as numpy's opaque rows (RowBlock), by host slots.
+        self._rows = RowBlock(self.data) if device.type == "cpu" else None
         self.reset()
 
     def reset(self) -> None:
@@ -119,20 +118,18 @@ class HeldTable:
 
     def _take(self, keys: Tensor) -> Tensor:
         """Whole rows (weights and slots) of owned ``keys``, a new tensor; they are touched."""
-        if self._host is not None:
+        if self._rows is not None:
             s = self._host_slots(keys)
             self.touched.numpy()[s] = True
-            rows = self._host.take(s).view(self.data.numpy().dtype)
-            return torch.from_numpy(rows.reshape(-1, self.width))
+            return self._rows.take(s)
         idx = self._slots(keys)
         self.touched.index_fill_(0, idx, True)
         return self.data.index_select(0, idx)
 
     def _put(self, keys: Tensor, block: Tensor) -> None:
         """Write whole rows of owned ``keys``."""
-        if self._host is not None:
-            rows = as_rows(np.ascontiguousarray(block.numpy()))
-            np.put(self._host, self._host_slots(keys), rows)
+        if self._rows is not None:
+            self._rows.put(self._host_slots(keys), block)
             return
         self.data.index_copy_(0, self._slots(keys), block)
 

@@ -97,7 +97,7 @@ class TierTable:
         self.counts.misses += len(ids) - hits
         block = self.rows.take(slots)
         # The update of these ids (by this update: no other writer) starts from these rows.
-        self._read = (ids, slots, block, book.clock) if book.training else None
+        self._read = (ids, slots, block, book.clock)
         return block[:, : self.cols].contiguous()
 
     def resolve(self, keys: np.ndarray | Tensor) -> None:

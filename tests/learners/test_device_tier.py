@@ -380,8 +380,10 @@ def test_lfu_counts_ids_exactly_where_the_id_range_is_small_enough() -> None:
     hot, rare = sorted(int(i) for i in order[dup : dup + 2])
     for _ in range(7):
         book._see(np.array([hot]))
-    assert book._see(np.array([rare])).tolist() == [1]
-    assert book._see(np.array([hot, rare])).tolist() == [8, 2]
+    book._see(np.array([rare]))
+    assert book._counts_of(np.array([rare])).tolist() == [1]
+    book._see(np.array([hot, rare]))
+    assert book._counts_of(np.array([hot, rare])).tolist() == [8, 2]
 
 
 def test_lfu_sketch_has_sixteen_counters_a_row_above_the_exact_range() -> None:
