@@ -165,6 +165,16 @@ TRANSPORT = Key(
     "actor calls). Control calls (save, load, recovery) always use Ray.",
     choices=TRANSPORTS,
 )
+SHARED_MIB = Key(
+    "angel.ps.shared.mib",
+    "int",
+    64,
+    "MiB of memory each worker shares with each shard on its own node for a device tier's "
+    "swaps (angel.worker.table.capacity): their rows skip the socket, which then carries only "
+    "the headers. 0: no shared memory (every swap on the socket). A swap that finds no room, "
+    "or a shard on another node, uses the socket. Needs angel.ps.transport=socket and /dev/shm.",
+    check=lambda v: None if 0 <= v <= 1024 else "an integer from 0 to 1024 (0: none)",
+)
 NAN_POLICY = Key(
     "angel.ps.nan.policy",
     "str",
@@ -312,6 +322,7 @@ KEYS = [
     BACKUP_PATH,
     MAX_ATTEMPTS,
     TRANSPORT,
+    SHARED_MIB,
     MAX_CONNECTIONS,
     TOKEN_TIMEOUT_MS,
     NAN_POLICY,
@@ -355,6 +366,7 @@ class PSOptions:
     token_timeout_ms: int = field(metadata=keyed(TOKEN_TIMEOUT_MS))
     admission_min_count: int = key_field(ADMISSION_MIN_COUNT)
     eviction_ttl_updates: int = key_field(EVICTION_TTL_UPDATES)
+    shared_mib: int = key_field(SHARED_MIB)
 
     def __post_init__(self) -> None:
         # Checked here in the words the shards' own options use (a plain mapping is not
@@ -368,6 +380,12 @@ class PSOptions:
             raise ValueError(f"angel.ps.max.connections={self.max_connections} must be >= 1")
         if self.token_timeout_ms < 1:
             raise ValueError(f"angel.ps.token.timeout.ms={self.token_timeout_ms} must be > 0")
+        why = SHARED_MIB.check(self.shared_mib) if SHARED_MIB.check else None
+        if isinstance(self.shared_mib, bool) or not isinstance(self.shared_mib, int) or why:
+            raise ValueError(
+                f"{SHARED_MIB.name}={self.shared_mib!r} is not valid: expected an integer "
+                "from 0 to 1024 (0: no shared memory)"
+            )
         object.__setattr__(
             self, "partitioner", one_of(PARTITIONER.name, self.partitioner, PARTITIONERS)
         )
@@ -474,6 +492,8 @@ class ClientOptions:
     shard: ShardOptions
     transport: str
     data_host: str
+    #: Bytes of the segment shared with each shard on this node (``angel.ps.shared.mib``).
+    shared_bytes: int = SHARED_MIB.default << 20
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", one_of(TRANSPORT.name, self.transport, TRANSPORTS))

@@ -162,7 +162,11 @@ class TierSwaps:
     ) -> Any:
         """One shard's part of :meth:`swap_async` (a reply to wait for with
         :meth:`swap_answers`)."""
-        return self.net.swap(shard, writes, reads)
+        reply = 0
+        for name, keys in reads.items():
+            spec = self.specs[name]
+            reply += len(keys) * row_width(spec) * np.dtype(spec.dtype).itemsize
+        return self.net.swap(shard, writes, reads, reply)
 
     def swap_answers(self, refs: Sequence[Any]) -> list[tuple[int, dict[str, np.ndarray]]]:
         """``(process id, rows)`` of each shard's swap (:meth:`swap_call`)."""

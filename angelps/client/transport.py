@@ -31,6 +31,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelconf.printable import printable, uncoloured
 from angelps.client import wire
+from angelps.client.shared import Arena, Segment
 from angelps.options import ClientOptions
 from angelps.server.shard import ShardRestarted
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
@@ -65,6 +66,12 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        #: The segment shared with the shard where it is on this node (:meth:`share`).
+        self.arena: Arena | None = None
+        # seq -> the regions of a call in flight (its request's, its reply's)
+        self._regions: dict[int, tuple[int | None, int | None]] = {}
+        self._share_lock = threading.Lock()
+        self._share_tried = False
         self.sent = 0
         self.received = 0
         self.replies: dict[int, tuple[bool, Any]] = {}
@@ -75,10 +82,18 @@ class Channel:
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name="angelps-rx")
         self._reader.start()
 
-    def send(self, frame: Sequence[bytes | memoryview]) -> SockRef:
+    def send(
+        self,
+        frame: Sequence[bytes | memoryview],
+        regions: tuple[int | None, int | None] | None = None,
+    ) -> SockRef:
+        """Send one call; ``regions``: its request's and its reply's in :attr:`arena`
+        (freed when the reply arrives, the reply's once nothing reads it any more)."""
         with self._send_lock:
             if self.dead:
                 raise ChannelDown("connection already broken")
+            if regions is not None:
+                self._regions[self.sent] = regions
             try:
                 wire.send_buffers(self.sock, frame)
             except OSError as e:
@@ -87,6 +102,52 @@ class Channel:
             ref = SockRef(self, self.sent)
             self.sent += 1
             return ref
+
+    def share(self, size: int) -> bool:
+        """Offer the shard a shared segment of ``size`` bytes for the bodies of swaps
+        (angelps/client/shared.py), once per connection (the first caller's try counts for
+        all); whether the shard has mapped it (not where it runs on another node). The
+        segment's name is removed either way: only the two mappings remain."""
+        with self._share_lock:
+            if self._share_tried:
+                return self.arena is not None
+            self._share_tried = True
+            try:
+                segment = Segment.create(size)
+            except OSError:
+                return False
+            ok = False
+            try:
+                self.send(wire.encode_map(segment.name, size)).get()
+                ok = True
+            except (ValueError, ChannelDown):  # another node's shard cannot open it
+                pass
+            finally:
+                segment.unlink()
+            if ok:
+                self.arena = Arena(segment)
+            else:
+                segment.close()
+            return ok
+
+    def send_swap(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+        reply_bytes: int,
+    ) -> SockRef:
+        """A device tier's swap: its body in the shared segment where there is one with room
+        for it and its reply (``reply_bytes``), else in the frame."""
+        if self.arena is not None:
+            placed = wire.encode_swap_shared(writes, reads, self.arena, reply_bytes)
+            if placed is not None:
+                frame, regions = placed
+                try:
+                    return self.send(frame, regions)
+                except ChannelDown:
+                    self._free(regions, None)
+                    raise
+        return self.send(wire.encode_swap(writes, reads))
 
     def result(self, seq: int) -> Reply:
         with self._cond:
@@ -115,7 +176,13 @@ class Channel:
         while True:
             try:
                 header, body = wire.recv_call(self.sock, wire.MAX_HEADER)
-                reply = wire.decode_reply(header, body)
+                regions = self._regions.pop(self.received, None)
+                placed = _Placed(self.arena, None if regions is None else regions[1])
+                try:
+                    reply = wire.decode_reply(header, body, placed)
+                finally:
+                    if regions is not None:
+                        self._free(regions, placed.used)
             except (OSError, ValueError) as e:
                 self._die(str(e) or type(e).__name__)
                 return
@@ -123,6 +190,19 @@ class Channel:
                 self.replies[self.received] = reply
                 self.received += 1
                 self._cond.notify_all()
+            # (not kept while waiting for the next reply: rows in the shared segment are
+            # freed when their last reader lets go)
+            del reply, body
+
+    def _free(self, regions: tuple[int | None, int | None], used: int | None) -> None:
+        """Free a call's request region, and its reply region unless the reply was read from
+        it (``used``: then the arrays over it free it)."""
+        assert self.arena is not None
+        req, out = regions
+        if req is not None:
+            self.arena.free(req)
+        if out is not None and used is None:
+            self.arena.free(out)
 
     def _die(self, why: str) -> None:
         with self._cond:
@@ -133,6 +213,8 @@ class Channel:
 
     def close(self) -> None:
         self._die("closed")
+        if self.arena is not None:
+            self.arena.close()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -141,6 +223,23 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+class _Placed:
+    """Where a reply's rows written in the shared segment are read: the region allocated for
+    that call's reply (a reply naming any other is refused)."""
+
+    def __init__(self, arena: Arena | None, region: int | None) -> None:
+        self.arena = arena
+        self.region = region
+        self.used: int | None = None
+
+    def __call__(self, off: int, n: int) -> memoryview:
+        if self.arena is None or self.region is None or off != self.region:
+            raise ValueError(f"a reply in a shared region ({off}) not allocated for it")
+        view = self.arena.take(off, n)
+        self.used = off
+        return view
 
 
 class SockRef:
@@ -209,7 +308,7 @@ class Transport:
         secret = self.options.shard.token  # checked by the shard (server._check_secret)
         return self._send(
             shard,
-            lambda: wire.encode_request(call),
+            lambda ch: ch.send(wire.encode_request(call)),
             lambda: self.handles[shard].step.remote(call, secret=secret),
         )
 
@@ -218,25 +317,31 @@ class Transport:
         shard: int,
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
         reads: Mapping[str, np.ndarray],
+        reply_bytes: int,
     ) -> Ref | ray.ObjectRef[tuple[int, dict[str, np.ndarray]]]:
         """A device tier's swap with ``shard`` (angelps/client/tier_swap.py), as :meth:`call`
         sends a step: over the connection, in order with this process's ``step`` calls (a
-        :class:`SockRef` of a reply whose ``pid`` is set), or as a Ray call (its ``(pid,
+        :class:`SockRef` of a reply whose ``pid`` is set; its body in memory shared with a
+        shard on this node, ``reply_bytes`` the rows it reads), or as a Ray call (its ``(pid,
         rows)``). Not counted in ``moved``: the tier counts its own bytes."""
         secret = self.options.shard.token
+
+        def send(ch: Channel) -> SockRef:
+            if self.options.shared_bytes:
+                ch.share(self.options.shared_bytes)
+            return ch.send_swap(writes, reads, reply_bytes)
+
         return self._send(
-            shard,
-            lambda: wire.encode_swap(writes, reads),
-            lambda: self.handles[shard].swap.remote(writes, reads, secret=secret),
+            shard, send, lambda: self.handles[shard].swap.remote(writes, reads, secret=secret)
         )
 
     def _send(
         self,
         shard: int,
-        frame: Callable[[], Sequence[bytes | memoryview]],
+        send: Callable[[Channel], SockRef],
         remote: Callable[[], ray.ObjectRef[Any]],
     ) -> Any:
-        """``frame()`` over the connection to ``shard``, or ``remote()`` (a Ray call) where
+        """``send(channel)`` over the connection to ``shard``, or ``remote()`` (a Ray call) where
         there is none or it just broke; the calls in flight on the other path are waited for
         first, so that the shard serves this process's calls in the order sent."""
         chan = self._channel(shard)
@@ -245,7 +350,7 @@ class Transport:
                 ray.wait(self.ray_refs[shard], num_returns=len(self.ray_refs[shard]))
                 self.ray_refs[shard] = []
             try:
-                return chan.send(frame())
+                return send(chan)
             except ChannelDown:
                 pass  # the shard died: the Ray call below fails too and recovery takes over
         ch = self.chans[shard]

@@ -46,15 +46,18 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from angelps.optim import slot_columns
 from angelps.rates import StepRates
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
+
+if TYPE_CHECKING:
+    from angelps.client.shared import Arena
 
 __all__ = [
     "ACK",
@@ -64,21 +67,30 @@ __all__ = [
     "MAX_HEADER",
     "PREFIX",
     "TOKEN_BYTES",
+    "Body",
     "FrameLimits",
+    "decode_map",
     "decode_reply",
     "decode_request",
     "decode_swap",
     "encode_error",
+    "encode_map",
     "encode_reply",
     "encode_request",
     "encode_swap",
+    "encode_swap_shared",
     "frames",
+    "is_map",
     "is_swap",
     "recv_call",
     "recv_exact",
     "send_buffers",
+    "shared_regions",
     "stream_length",
 ]
+
+#: A frame's body: what arrived on the socket, or a region of a shared segment.
+Body: TypeAlias = "bytes | bytearray | memoryview | np.ndarray"
 
 PREFIX = struct.Struct("<IQ")
 TOKEN_BYTES = 32
@@ -265,6 +277,44 @@ def encode_swap(
     """The frames of a device tier's swap (:meth:`angelps.server.shard.ParameterShard.swap`):
     write back ``writes`` (table -> (keys, whole rows)), then read the whole rows of
     ``reads`` (table -> keys). Arrays are not copied."""
+    return frames(*_swap_parts(writes, reads))
+
+
+def encode_swap_shared(
+    writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    reads: Mapping[str, np.ndarray],
+    arena: Arena,
+    reply_bytes: int,
+) -> tuple[list[bytes | memoryview], tuple[int | None, int | None]] | None:
+    """A swap whose body travels in ``arena``'s shared segment (angelps/client/shared.py):
+    the body is copied into a new region (``"in": [offset, bytes]``) and a region of
+    ``reply_bytes`` is allocated for the reply's rows (``"out": [offset, bytes]``); the frame
+    (a header alone) and the two regions' offsets, which the caller frees (the request's when
+    the reply arrives). None where the arena has no room (the swap then takes the socket)."""
+    head, bufs = _swap_parts(writes, reads)
+    views = [_byte_view(b) for b in bufs]
+    total = sum(v.nbytes for v in views)
+    req = arena.alloc(total) if total else None
+    if total and req is None:
+        return None
+    out = arena.alloc(reply_bytes) if reply_bytes else None
+    if reply_bytes and out is None:
+        if req is not None:
+            arena.free(req)
+        return None
+    if req is not None:
+        arena.write(req, views)
+        head["in"] = [req, total]
+    if out is not None:
+        head["out"] = [out, reply_bytes]
+    header = json.dumps(head).encode()
+    return [PREFIX.pack(len(header), 0), header], (req, out)
+
+
+def _swap_parts(
+    writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: Mapping[str, np.ndarray]
+) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+    """A swap's header and its body's buffers (views of the arrays)."""
     bufs: list[bytes | memoryview] = []
     wr = []
     for name, (keys, block) in writes.items():
@@ -277,7 +327,48 @@ def encode_swap(
         k = np.ascontiguousarray(keys, dtype=np.int64)
         rd.append([name, int(k.size)])
         bufs.append(k.data)
-    return frames({"swap": 1, "wr": wr, "rd": rd}, bufs)
+    return {"swap": 1, "wr": wr, "rd": rd}, bufs
+
+
+def encode_map(name: str, size: int) -> list[bytes | memoryview]:
+    """The frame asking a shard to map the client's shared segment ``name`` of ``size``
+    bytes (angelps/client/shared.py); answered by an empty reply, or an error where the
+    shard cannot open it (another node)."""
+    return frames({"map": name, "size": size}, [])
+
+
+def is_map(header: bytes) -> bool:
+    """A map request's header (:func:`encode_map` writes its ``"map"`` key first)."""
+    return header.startswith(b'{"map"')
+
+
+def decode_map(header: bytes) -> tuple[str, int]:
+    """The segment name and size of a map request (ValueError for anything else)."""
+    try:
+        h = json.loads(header)
+        name, size = h["map"], h["size"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError("malformed map header (not an angelps frame)") from None
+    if not isinstance(name, str) or not _is_int(size):
+        raise ValueError("malformed map header: a segment name and a size")
+    return name, size
+
+
+def shared_regions(header: bytes) -> tuple[list[int] | None, list[int] | None]:
+    """A swap's ``"in"`` (its body in the shared segment) and ``"out"`` (where its reply's
+    rows go) regions, each ``[offset, bytes]`` or None (ValueError for a malformed one; the
+    segment checks that they lie inside it)."""
+    try:
+        h = json.loads(header)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("malformed swap header (not an angelps frame)") from None
+    out: list[list[int] | None] = []
+    for key in ("in", "out"):
+        r = h.get(key) if isinstance(h, dict) else None
+        if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(_is_int, r))):
+            raise ValueError(f"malformed swap header: {key!r} must be [offset, bytes]")
+        out.append(r)
+    return out[0], out[1]
 
 
 def is_swap(header: bytes) -> bool:
@@ -286,7 +377,7 @@ def is_swap(header: bytes) -> bool:
 
 
 def decode_swap(
-    header: bytes, body: bytes
+    header: bytes, body: Body
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
     """The writes and reads of a swap frame (arrays are views of ``body``); ValueError for
     anything but a swap of the documented shape whose arrays exactly fill ``body``. The shard
@@ -310,7 +401,7 @@ def decode_swap(
 
 
 def _keyed_blocks(
-    entries: Any, body: bytes, off: int, what: str
+    entries: Any, body: Body, off: int, what: str
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
     """A header's ``[table, n, cols, dtype]`` entries read from ``body`` at ``off``: per
     table its ``n`` int64 keys, then an ``[n, cols]`` block of that dtype (a push's
@@ -353,8 +444,12 @@ def _check_fits(off: int, need: int, size: int) -> None:
         raise ValueError(f"malformed request: its arrays need more than the body's {size} bytes")
 
 
-def encode_reply(result: StepResult) -> list[bytes | memoryview]:
-    """The frames of a successful ``step``: its rows (or none) and the backup clock."""
+def encode_reply(
+    result: StepResult, region: tuple[Any, int, int] | None = None
+) -> list[bytes | memoryview]:
+    """The frames of a successful ``step``: its rows (or none) and the backup clock. With
+    ``region`` (a shared segment, an offset and a size: a swap's ``"out"``) rows that fit are
+    copied there and the header says where (``"at": [offset, bytes]``)."""
     bufs: list[bytes | memoryview] = []
     rows_h = None
     if result.rows is not None:
@@ -366,6 +461,18 @@ def encode_reply(result: StepResult) -> list[bytes | memoryview]:
     head: dict[str, Any] = {"ok": True, "b": result.backed_up, "rows": rows_h}
     if result.pid is not None:
         head["pid"] = result.pid
+    if region is not None:
+        segment, off, size = region
+        views = [_byte_view(b) for b in bufs]
+        total = sum(v.nbytes for v in views)
+        if total <= size:
+            dest = segment.view(off, total)
+            pos = 0
+            for v in views:
+                dest[pos : pos + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
+                pos += v.nbytes
+            head["at"] = [off, total]
+            bufs = []
     return frames(head, bufs)
 
 
@@ -375,11 +482,22 @@ def encode_error(kind: str, msg: str, args: list[Any]) -> list[bytes]:
     return [PREFIX.pack(len(header), 0), header]
 
 
-def decode_reply(header: bytes, body: bytearray) -> tuple[bool, Any]:
-    """``(True, StepResult)`` or ``(False, (kind, msg, args))``."""
+def decode_reply(
+    header: bytes,
+    body: bytearray | memoryview,
+    placed: Callable[[int, int], memoryview] | None = None,
+) -> tuple[bool, Any]:
+    """``(True, StepResult)`` or ``(False, (kind, msg, args))``. A reply whose rows the shard
+    wrote to the shared segment (``"at": [offset, bytes]``) is read from ``placed(offset,
+    bytes)`` (ValueError without it)."""
     h = json.loads(header)
     if not h["ok"]:
         return False, (h["kind"], h["msg"], h["args"])
+    at = h.get("at")
+    if at is not None:
+        if placed is None:
+            raise ValueError("a reply in a shared segment this connection does not have")
+        body = placed(int(at[0]), int(at[1]))
     rows = None
     if h["rows"] is not None:
         rows = {}

@@ -137,6 +137,7 @@ def start_shards(
         # One node: listen on loopback only (nothing exposed beyond the machine); a
         # cluster: on the shard's node address, for workers on other nodes.
         data_host="127.0.0.1" if _single_node() else "",
+        shared_bytes=ps.shared_mib << 20,
     )
     actor_opts = _actor_options(ps)
     pending = PendingShards([], options, [], ps)

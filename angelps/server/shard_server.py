@@ -38,6 +38,7 @@ from angelps.checkpoint.backups import (
     write_backup,
 )
 from angelps.client import wire
+from angelps.client.shared import Segment
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.step_call import StepCall, StepResult
@@ -358,6 +359,15 @@ class ShardServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Calls until the peer goes away or announces a frame over the limits."""
+        shared = _Shared()
+        try:
+            await self._serve_loop(reader, writer, shared)
+        finally:
+            shared.close()
+
+    async def _serve_loop(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: _Shared
+    ) -> None:
         while True:
             try:
                 call = await self._read_call(reader)
@@ -370,7 +380,7 @@ class ShardServer:
             # No drain() per reply: the client may be sending its next call while this reply
             # waits to be read; blocking here would stop reading and deadlock both. Only a
             # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
-            writer.writelines(await self._answer(header, body))
+            writer.writelines(await self._answer(header, body, shared))
             if writer.transport.get_write_buffer_size() > MAX_UNREAD:
                 await writer.drain()
 
@@ -398,13 +408,29 @@ class ShardServer:
             got += blen
         return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _answer(self, header: bytes, body: bytes) -> Sequence[bytes | memoryview]:
+    async def _answer(
+        self, header: bytes, body: bytes, shared: _Shared
+    ) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
             if wire.is_swap(header):  # a device tier's (checked by ParameterShard.swap)
-                writes, reads = wire.decode_swap(header, body)
+                into, out = wire.shared_regions(header)
+                data: wire.Body = body
+                if into is not None:
+                    if body:
+                        raise ValueError("a swap with a body both in the frame and shared")
+                    data = shared.segment().view(into[0], into[1])
+                writes, reads = wire.decode_swap(header, data)
                 pid, rows = await self.swap(writes, reads, secret=_AUTHENTICATED)
-                return wire.encode_reply(StepResult(rows, 0, pid))
+                region = None
+                if out is not None:
+                    seg = shared.segment()
+                    seg.view(out[0], out[1])  # (ValueError outside the segment)
+                    region = (seg, out[0], out[1])
+                return wire.encode_reply(StepResult(rows, 0, pid), region)
+            if wire.is_map(header):
+                shared.attach(*wire.decode_map(header))
+                return wire.encode_reply(StepResult(None, 0))
             # (a decoded call is never marked checked: the shard validates it)
             call = wire.decode_request(header, body)
             return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED))
@@ -414,6 +440,32 @@ class ShardServer:
             return wire.encode_error(type(e).__name__, str(e), [])
         except Exception as e:  # reported to the caller, not lost in the actor's log
             return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+
+
+class _Shared:
+    """A connection's shared segment (angelps/client/shared.py), once its client has sent
+    one: the bodies of its swaps travel there."""
+
+    def __init__(self) -> None:
+        self._segment: Segment | None = None
+
+    def attach(self, name: str, size: int) -> None:
+        if self._segment is not None:
+            raise ValueError("this connection has a shared segment already")
+        try:
+            self._segment = Segment.attach(name, size)
+        except OSError as e:  # (the client is on another node: it keeps to the socket)
+            raise ValueError(f"cannot map shared segment {name}: {e.strerror or e}") from None
+
+    def segment(self) -> Segment:
+        if self._segment is None:
+            raise ValueError("a swap in a shared segment on a connection that has none")
+        return self._segment
+
+    def close(self) -> None:
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
 
 
 def _can_prefetch(clocks: Any, pull_clock: int) -> bool:

@@ -1,0 +1,220 @@
+"""Memory shared between a client and a shard on one node (angelps/client/shared.py): the
+allocator, the segment's checks, swaps whose bodies travel there (wire and shard), and a real
+job's client using it, with the socket as the fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+
+import numpy as np
+import pytest
+
+from angelps.client import wire
+from angelps.client.ps_client import PSClient
+from angelps.client.shared import ALIGN, SHM_DIR, Arena, Segment, shared_dir
+from angelps.options import PSOptions, ShardOptions
+from angelps.server.shard_server import ShardServer, _Shared
+from angelps.table import OptimizerSpec, TableSpec
+
+pytestmark = pytest.mark.skipif(shared_dir() is None, reason=f"needs {SHM_DIR}")
+
+EMB = TableSpec(
+    "emb", rows=-1, cols=4, sparse=True, init="normal", init_std=0.1, seed=5,
+    optimizer=OptimizerSpec("adam"),
+)  # fmt: skip
+WIDTH = 13  # weights, then adam's slots (its two moments and its step)
+
+
+def _segment_files() -> set[str]:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("angelps-")}
+
+
+def test_the_arena_allocates_first_fit_aligned_and_merges_what_is_freed():
+    seg = Segment.create(1024)
+    try:
+        seg.unlink()
+        arena = Arena(seg)
+        a = arena.alloc(1)
+        b = arena.alloc(100)  # rounded up to two lines
+        c = arena.alloc(ALIGN)
+        assert (a, b, c) == (0, ALIGN, 3 * ALIGN)
+        assert arena.in_use == 4 * ALIGN
+        assert arena.alloc(1024) is None  # no room: the caller uses the socket
+        arena.free(b)
+        assert arena.alloc(2 * ALIGN) == ALIGN  # the first hole that fits
+        arena.free(a)
+        arena.free(ALIGN)
+        arena.free(c)
+        assert arena.in_use == 0
+        assert arena.alloc(1024) == 0  # every hole merged back into one
+    finally:
+        seg.close()
+
+
+def test_a_region_taken_is_freed_when_its_last_array_is_gone():
+    seg = Segment.create(1 << 16)
+    try:
+        seg.unlink()
+        arena = Arena(seg)
+        off = arena.alloc(800)
+        assert off is not None
+        view = arena.take(off, 800)
+        rows = np.frombuffer(view, dtype=np.float32).reshape(20, 10)
+        part = rows[3:5]
+        del view, rows
+        gc.collect()
+        assert arena.in_use == 13 * ALIGN  # a slice still reads it
+        del part
+        gc.collect()
+        assert arena.in_use == 0
+    finally:
+        seg.close()
+
+
+def test_a_shard_maps_only_a_segment_of_this_users_by_its_name(tmp_path):
+    seg = Segment.create(4096)
+    try:
+        assert oct(os.stat(os.path.join(SHM_DIR, seg.name)).st_mode & 0o777) == "0o600"
+        seg.buf[:4] = [1, 2, 3, 4]
+        other = Segment.attach(seg.name, 4096)
+        assert list(other.buf[:4]) == [1, 2, 3, 4]  # the same memory
+        other.close()
+        with pytest.raises(ValueError, match="not a 8192-byte file"):
+            Segment.attach(seg.name, 8192)
+        for bad in ("../etc/passwd", "angelps-xyz", "angelps-" + "0" * 31):
+            with pytest.raises(ValueError, match="not a segment name"):
+                Segment.attach(bad, 4096)
+        with pytest.raises(ValueError, match="a segment of 0 bytes"):
+            Segment.attach(seg.name, 0)
+        with pytest.raises(FileNotFoundError):  # (a client on another node)
+            Segment.attach("angelps-" + "0" * 32, 4096)
+        link = "angelps-" + "1" * 32
+        os.symlink(os.path.join(SHM_DIR, seg.name), os.path.join(SHM_DIR, link))
+        try:
+            with pytest.raises(OSError):  # not through a link
+                Segment.attach(link, 4096)
+        finally:
+            os.unlink(os.path.join(SHM_DIR, link))
+        with pytest.raises(ValueError, match=r"a region \[4000, \+200\) outside a 4096-byte"):
+            seg.view(4000, 200)
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def _answer(srv: ShardServer, frame: list, shared: _Shared) -> tuple[bytes, bytes]:
+    raw = b"".join(bytes(b) for b in frame)
+    hlen, blen = wire.PREFIX.unpack(raw[: wire.PREFIX.size])
+    header = raw[wire.PREFIX.size : wire.PREFIX.size + hlen]
+    body = raw[wire.PREFIX.size + hlen :]
+    assert len(body) == blen
+    reply = b"".join(bytes(b) for b in asyncio.run(srv._answer(header, body, shared)))
+    hlen, _ = wire.PREFIX.unpack(reply[: wire.PREFIX.size])
+    return reply[wire.PREFIX.size : wire.PREFIX.size + hlen], reply[wire.PREFIX.size + hlen :]
+
+
+def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
+    """The body written to the segment, the reply's rows read from the region the client
+    allocated for them: the same rows as the swap in the frame; a reply that does not fit its
+    region comes in the frame; a peer's region outside the segment, or a swap in shared
+    memory on a connection without one, is refused with the shard's error."""
+    servers = [ShardServer(0, 1, [EMB], ShardOptions.from_config({})) for _ in range(2)]
+    seg = Segment.create(1 << 20)
+    shared = _Shared()
+    try:
+        ok, _ = wire.decode_reply(*_answer(servers[0], wire.encode_map(seg.name, 1 << 20), shared))
+        assert ok
+        seg.unlink()
+        arena = Arena(seg)
+        keys = np.array([-9, 3, 4, 77, 501], dtype=np.int64)
+        rows = np.arange(5 * WIDTH, dtype=np.float32).reshape(5, WIDTH)
+        reads = {"emb": keys[::-1].copy()}
+        frame, (req, out) = wire.encode_swap_shared(
+            {"emb": (keys, rows)}, reads, arena, 5 * WIDTH * 4
+        )
+        header, body = _answer(servers[0], frame, shared)
+        assert body == b"" and json.loads(header)["at"] == [out, 5 * WIDTH * 4]
+        arena.free(req)
+        ok, got = wire.decode_reply(header, body, lambda o, n: arena.take(o, n))
+        plain = _answer(servers[1], wire.encode_swap({"emb": (keys, rows)}, reads), _Shared())
+        ok2, want = wire.decode_reply(*plain)
+        assert ok and ok2
+        np.testing.assert_array_equal(got.rows["emb"], rows[::-1])
+        np.testing.assert_array_equal(got.rows["emb"], want.rows["emb"])
+        del got
+        gc.collect()
+        assert arena.in_use == 0
+
+        # a reply region too small: the rows come in the frame
+        frame, (req, out) = wire.encode_swap_shared({}, reads, arena, 16)
+        header, body = _answer(servers[0], frame, shared)
+        assert "at" not in json.loads(header) and len(body) == 5 * WIDTH * 4
+        with pytest.raises(ValueError, match="a reply in a shared segment this connection"):
+            wire.decode_reply(b'{"ok": true, "b": 0, "rows": [], "at": [0, 8]}', b"")
+
+        hostile = json.dumps({"swap": 1, "wr": [], "rd": [["emb", 1]], "in": [1 << 20, 8]})
+        header, _ = _answer(servers[0], wire.frames(json.loads(hostile), []), shared)
+        assert json.loads(header)["msg"] == (
+            f"a region [{1 << 20}, +8) outside a {1 << 20}-byte segment"
+        )
+        header, _ = _answer(servers[1], wire.frames(json.loads(hostile), []), _Shared())
+        assert json.loads(header)["msg"] == (
+            "a swap in a shared segment on a connection that has none"
+        )
+        header, _ = _answer(servers[1], wire.encode_map("angelps-" + "0" * 32, 4096), _Shared())
+        assert json.loads(header)["msg"].startswith(
+            f"cannot map shared segment angelps-{'0' * 32}: "
+        )
+    finally:
+        shared.close()
+        seg.unlink()
+        seg.close()
+
+
+def _client(name: str, shared_mib: int | None = None) -> PSClient:
+    conf = {"angel.job.name": name, "angel.ps.number": 2}
+    if shared_mib is not None:
+        conf["angel.ps.shared.mib"] = shared_mib
+    return PSClient.launch([EMB], PSOptions.from_config(conf))
+
+
+def test_a_clients_swaps_use_shared_memory_with_a_shard_on_its_node(ray_local):
+    """Swaps of a real job's client: through a segment per shard (its name removed once
+    mapped), each region freed once its rows are read; the same rows as with the key at 0
+    (every swap on the socket); a swap larger than the segment takes the socket."""
+    before = _segment_files()
+    got = {}
+    for mib in (1, 0):
+        c = _client(f"shm-{mib}", mib)
+        try:
+            keys = np.arange(-50_000, 50_000, 7, dtype=np.int64)  # 14,286 rows, 743 KB
+            first = c.swap_async({}, {"emb": keys}).result()["emb"].copy()
+            written = first + 1.5
+            again = c.swap_async({"emb": (keys, written)}, {"emb": keys[::-1].copy()})
+            rows = again.result()["emb"]
+            np.testing.assert_array_equal(rows, written[::-1])
+            arenas = [ch.arena for ch in c.net.chans]
+            assert all((a is not None) == (mib > 0) for a in arenas)
+            if mib:
+                assert all(a.in_use > 0 for a in arenas)  # (rows still read)
+                del rows, again
+                gc.collect()
+                assert [a.in_use for a in arenas] == [0, 0]
+                # 5.2 MB a shard: more than a 1 MiB segment holds, so on the socket
+                big = np.arange(-100_000, 100_000, dtype=np.int64)
+                out = c.swap_async({}, {"emb": big}).result()["emb"]
+                assert out.shape == (len(big), WIDTH)
+                assert [a.in_use for a in arenas] == [0, 0]
+            assert _segment_files() == before  # names removed once the shards mapped them
+            got[mib] = first
+        finally:
+            c.shutdown()
+    np.testing.assert_array_equal(got[1], got[0])
+
+
+def test_the_shared_memory_key_is_checked():
+    with pytest.raises(ValueError, match=r"angel.ps.shared.mib.*from 0 to 1024"):
+        PSOptions.from_config({"angel.ps.shared.mib": 2048})
