@@ -34,7 +34,14 @@ from angelps.checkpoint.store import store_for, write_durably
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
 from angelps.client.tier_swap import TierSwaps
-from angelps.client.transport import Reply, Transport, call_bytes, get_refs, remote_error
+from angelps.client.transport import (
+    Reply,
+    Transport,
+    call_bytes,
+    get_refs,
+    remote_error,
+    reply_bytes,
+)
 from angelps.options import ClientOptions, PSOptions, ShardOptions
 from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
@@ -256,8 +263,10 @@ class PSClient(TierSwaps):
             if pushes is not None:
                 self._log.record(s, call)
             nbytes = call_bytes(self.specs, self.num_shards, pushes, pulls)
+            reply = reply_bytes(self.specs, self.num_shards, pulls)
             # (recovery redoes a lost pull at pull_clock: rows as fresh as a prefetch's, or more)
-            calls.append(Call(s, self.net.call(s, call, nbytes), pull_clock, pulls or None))
+            ref = self.net.call(s, call, nbytes, reply)
+            calls.append(Call(s, ref, pull_clock, pulls or None))
         if push is not None:
             self._clock += 1
         return calls

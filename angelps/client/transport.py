@@ -49,6 +49,7 @@ __all__ = [
     "call_bytes",
     "get_refs",
     "remote_error",
+    "reply_bytes",
 ]
 
 #: What a shard's ``step`` returns.
@@ -130,16 +131,14 @@ class Channel:
                 segment.close()
             return ok
 
-    def send_swap(
-        self,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-        reply_bytes: int,
+    def send_shared(
+        self, head: dict[str, Any], bufs: Sequence[bytes | memoryview], reply_bytes: int
     ) -> SockRef:
-        """A device tier's swap: its body in the shared segment where there is one with room
-        for it and its reply (``reply_bytes``), else in the frame."""
+        """A call (``head`` and its body ``bufs``: ``wire.request_parts``,
+        ``wire.swap_parts``) with its body in the shared segment where there is one with room
+        for it and its reply (``reply_bytes``: at most the reply's rows), else in the frame."""
         if self.arena is not None:
-            placed = wire.encode_swap_shared(writes, reads, self.arena, reply_bytes)
+            placed = wire.encode_shared(head, bufs, self.arena, reply_bytes)
             if placed is not None:
                 frame, regions = placed
                 try:
@@ -147,7 +146,7 @@ class Channel:
                 except ChannelDown:
                     self._free(regions, None)
                     raise
-        return self.send(wire.encode_swap(writes, reads))
+        return self.send(wire.frames(head, bufs))
 
     def result(self, seq: int) -> Reply:
         with self._cond:
@@ -299,16 +298,17 @@ class Transport:
         state["ray_refs"] = [[] for _ in self.handles]
         return state
 
-    def call(self, shard: int, call: StepCall, nbytes: int) -> Ref:
+    def call(self, shard: int, call: StepCall, nbytes: int, reply_bytes: int = 0) -> Ref:
         """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over
-        the connection, whatever its size, or via Ray where the shard cannot be reached
-        directly (waiting first for the calls in flight on the other path, so that the shard
-        serves them in order)."""
+        the connection, whatever its size (its body in memory shared with a shard on this
+        node, ``reply_bytes`` at most the rows it pulls), or via Ray where the shard cannot be
+        reached directly (waiting first for the calls in flight on the other path, so that
+        the shard serves them in order)."""
         self.moved += nbytes
         secret = self.options.shard.token  # checked by the shard (server._check_secret)
         return self._send(
             shard,
-            lambda ch: ch.send(wire.encode_request(call)),
+            lambda ch: self._shared(ch).send_shared(*wire.request_parts(call), reply_bytes),
             lambda: self.handles[shard].step.remote(call, secret=secret),
         )
 
@@ -326,14 +326,17 @@ class Transport:
         rows)``). Not counted in ``moved``: the tier counts its own bytes."""
         secret = self.options.shard.token
 
-        def send(ch: Channel) -> SockRef:
-            if self.options.shared_bytes:
-                ch.share(self.options.shared_bytes)
-            return ch.send_swap(writes, reads, reply_bytes)
-
         return self._send(
-            shard, send, lambda: self.handles[shard].swap.remote(writes, reads, secret=secret)
+            shard,
+            lambda ch: self._shared(ch).send_shared(*wire.swap_parts(writes, reads), reply_bytes),
+            lambda: self.handles[shard].swap.remote(writes, reads, secret=secret),
         )
+
+    def _shared(self, ch: Channel) -> Channel:
+        """``ch``, its shared segment offered to its shard at its first call."""
+        if self.options.shared_bytes:
+            ch.share(self.options.shared_bytes)
+        return ch
 
     def _send(
         self,
@@ -425,6 +428,17 @@ class Transport:
             ) from None
         sock.settimeout(None)
         return sock
+
+
+def reply_bytes(specs: Mapping[str, TableSpec], num_shards: int, pulls: Pulls | None) -> int:
+    """At least the bytes of the rows a ``step`` call's ``pulls`` bring back (a dense
+    table's block counted as the shard's share of its rows, plus one)."""
+    n = 0
+    for name, wanted in (pulls or {}).items():
+        spec = specs[name]
+        rows = spec.rows // num_shards + 1 if wanted is None else len(wanted)
+        n += rows * spec.cols * np.dtype(spec.dtype).itemsize
+    return n
 
 
 def call_bytes(

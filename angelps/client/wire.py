@@ -77,16 +77,18 @@ __all__ = [
     "encode_map",
     "encode_reply",
     "encode_request",
+    "encode_shared",
     "encode_swap",
-    "encode_swap_shared",
     "frames",
     "is_map",
     "is_swap",
     "recv_call",
     "recv_exact",
+    "request_parts",
     "send_buffers",
     "shared_regions",
     "stream_length",
+    "swap_parts",
 ]
 
 #: A frame's body: what arrived on the socket, or a region of a shared segment.
@@ -143,6 +145,11 @@ class FrameLimits:
 def encode_request(call: StepCall) -> list[bytes | memoryview]:
     """The frames of one ``step`` call, as buffers for ``sendmsg`` (arrays are not copied).
     ``call.checked`` is not sent: the shard checks every call it decodes."""
+    return frames(*request_parts(call))
+
+
+def request_parts(call: StepCall) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+    """A ``step`` call's header and its body's buffers (views of the arrays)."""
     bufs: list[bytes | memoryview] = []
     push_h = None
     if call.pushes is not None:
@@ -173,7 +180,7 @@ def encode_request(call: StepCall) -> list[bytes | memoryview]:
     }
     if call.pull_clock is not None:
         head["pc"] = call.pull_clock
-    return frames(head, bufs)
+    return head, bufs
 
 
 def frames(head: dict[str, Any], bufs: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
@@ -215,7 +222,7 @@ def stream_length(header: bytes, first: int) -> int:
     return int(n)
 
 
-def decode_request(header: bytes, body: bytes) -> StepCall:
+def decode_request(header: bytes, body: Body) -> StepCall:
     """The call of a request frame (arrays are views of body), not marked checked: the shard
     validates its pushes and pulls against its tables (:mod:`angelps.push_checks`).
 
@@ -277,21 +284,18 @@ def encode_swap(
     """The frames of a device tier's swap (:meth:`angelps.server.shard.ParameterShard.swap`):
     write back ``writes`` (table -> (keys, whole rows)), then read the whole rows of
     ``reads`` (table -> keys). Arrays are not copied."""
-    return frames(*_swap_parts(writes, reads))
+    return frames(*swap_parts(writes, reads))
 
 
-def encode_swap_shared(
-    writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    reads: Mapping[str, np.ndarray],
-    arena: Arena,
-    reply_bytes: int,
+def encode_shared(
+    head: dict[str, Any], bufs: Sequence[bytes | memoryview], arena: Arena, reply_bytes: int
 ) -> tuple[list[bytes | memoryview], tuple[int | None, int | None]] | None:
-    """A swap whose body travels in ``arena``'s shared segment (angelps/client/shared.py):
-    the body is copied into a new region (``"in": [offset, bytes]``) and a region of
-    ``reply_bytes`` is allocated for the reply's rows (``"out": [offset, bytes]``); the frame
-    (a header alone) and the two regions' offsets, which the caller frees (the request's when
-    the reply arrives). None where the arena has no room (the swap then takes the socket)."""
-    head, bufs = _swap_parts(writes, reads)
+    """A call (``head`` and its body ``bufs``: :func:`request_parts`, :func:`swap_parts`)
+    whose body travels in ``arena``'s shared segment (angelps/client/shared.py): the body is
+    copied into a new region (``"in": [offset, bytes]``) and a region of ``reply_bytes`` is
+    allocated for the reply's rows (``"out": [offset, bytes]``); the frame (a header alone)
+    and the two regions' offsets, which the caller frees (the request's when the reply
+    arrives). None where the arena has no room (the call then takes the socket)."""
     views = [_byte_view(b) for b in bufs]
     total = sum(v.nbytes for v in views)
     req = arena.alloc(total) if total else None
@@ -302,6 +306,7 @@ def encode_swap_shared(
         if req is not None:
             arena.free(req)
         return None
+    head = dict(head)
     if req is not None:
         arena.write(req, views)
         head["in"] = [req, total]
@@ -311,7 +316,7 @@ def encode_swap_shared(
     return [PREFIX.pack(len(header), 0), header], (req, out)
 
 
-def _swap_parts(
+def swap_parts(
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: Mapping[str, np.ndarray]
 ) -> tuple[dict[str, Any], list[bytes | memoryview]]:
     """A swap's header and its body's buffers (views of the arrays)."""
@@ -355,9 +360,11 @@ def decode_map(header: bytes) -> tuple[str, int]:
 
 
 def shared_regions(header: bytes) -> tuple[list[int] | None, list[int] | None]:
-    """A swap's ``"in"`` (its body in the shared segment) and ``"out"`` (where its reply's
+    """A call's ``"in"`` (its body in the shared segment) and ``"out"`` (where its reply's
     rows go) regions, each ``[offset, bytes]`` or None (ValueError for a malformed one; the
     segment checks that they lie inside it)."""
+    if b'"in"' not in header and b'"out"' not in header:  # (most calls: parsed once, later)
+        return None, None
     try:
         h = json.loads(header)
     except (ValueError, UnicodeDecodeError):

@@ -151,6 +151,12 @@ class ParameterShard:
 
     # --- operations ----------------------------------------------------------------------------
 
+    @property
+    def keeps_pushes(self) -> bool:
+        """Whether a push may be kept after :meth:`push` returns (BSP with several workers:
+        until the last worker's push of its clock arrives)."""
+        return bool(self.clocks.bsp and self.clocks.num_workers > 1)
+
     def push(
         self,
         worker: int,

@@ -20,6 +20,7 @@ this user can read (0700), restored only from a ``LATEST`` naming a version insi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import os
 import time
@@ -413,27 +414,32 @@ class ShardServer:
     ) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
+            into, out = wire.shared_regions(header)
+            data: wire.Body = body
+            if into is not None:
+                if body:
+                    raise ValueError("a call with a body both in the frame and shared")
+                data = shared.segment().view(into[0], into[1])
+            region = None
+            if out is not None:
+                seg = shared.segment()
+                seg.view(out[0], out[1])  # (ValueError outside the segment)
+                region = (seg, out[0], out[1])
             if wire.is_swap(header):  # a device tier's (checked by ParameterShard.swap)
-                into, out = wire.shared_regions(header)
-                data: wire.Body = body
-                if into is not None:
-                    if body:
-                        raise ValueError("a swap with a body both in the frame and shared")
-                    data = shared.segment().view(into[0], into[1])
                 writes, reads = wire.decode_swap(header, data)
                 pid, rows = await self.swap(writes, reads, secret=_AUTHENTICATED)
-                region = None
-                if out is not None:
-                    seg = shared.segment()
-                    seg.view(out[0], out[1])  # (ValueError outside the segment)
-                    region = (seg, out[0], out[1])
                 return wire.encode_reply(StepResult(rows, 0, pid), region)
             if wire.is_map(header):
                 shared.attach(*wire.decode_map(header))
                 return wire.encode_reply(StepResult(None, 0))
             # (a decoded call is never marked checked: the shard validates it)
-            call = wire.decode_request(header, body)
-            return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED))
+            call = wire.decode_request(header, data)
+            if into is not None and call.pushes and self.shard.keeps_pushes:
+                # Its region is the client's again once this is answered: a push kept until
+                # the other workers' pushes of its clock arrive is copied first.
+                pushes = {n: (k.copy(), g.copy()) for n, (k, g) in call.pushes.items()}
+                call = dataclasses.replace(call, pushes=pushes)
+            return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED), region)
         except ShardRestarted as e:
             return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
         except (ValueError, TimeoutError, KeyError) as e:

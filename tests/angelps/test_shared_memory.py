@@ -17,6 +17,7 @@ from angelps.client.ps_client import PSClient
 from angelps.client.shared import ALIGN, SHM_DIR, Arena, Segment, shared_dir
 from angelps.options import PSOptions, ShardOptions
 from angelps.server.shard_server import ShardServer, _Shared
+from angelps.step_call import StepCall
 from angelps.table import OptimizerSpec, TableSpec
 
 pytestmark = pytest.mark.skipif(shared_dir() is None, reason=f"needs {SHM_DIR}")
@@ -132,9 +133,8 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         keys = np.array([-9, 3, 4, 77, 501], dtype=np.int64)
         rows = np.arange(5 * WIDTH, dtype=np.float32).reshape(5, WIDTH)
         reads = {"emb": keys[::-1].copy()}
-        frame, (req, out) = wire.encode_swap_shared(
-            {"emb": (keys, rows)}, reads, arena, 5 * WIDTH * 4
-        )
+        parts = wire.swap_parts({"emb": (keys, rows)}, reads)
+        frame, (req, out) = wire.encode_shared(*parts, arena, 5 * WIDTH * 4)
         header, body = _answer(servers[0], frame, shared)
         assert body == b"" and json.loads(header)["at"] == [out, 5 * WIDTH * 4]
         arena.free(req)
@@ -149,7 +149,7 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         assert arena.in_use == 0
 
         # a reply region too small: the rows come in the frame
-        frame, (req, out) = wire.encode_swap_shared({}, reads, arena, 16)
+        frame, (req, out) = wire.encode_shared(*wire.swap_parts({}, reads), arena, 16)
         header, body = _answer(servers[0], frame, shared)
         assert "at" not in json.loads(header) and len(body) == 5 * WIDTH * 4
         with pytest.raises(ValueError, match="a reply in a shared segment this connection"):
@@ -218,3 +218,75 @@ def test_a_clients_swaps_use_shared_memory_with_a_shard_on_its_node(ray_local):
 def test_the_shared_memory_key_is_checked():
     with pytest.raises(ValueError, match=r"angel.ps.shared.mib.*from 0 to 1024"):
         PSOptions.from_config({"angel.ps.shared.mib": 2048})
+
+
+def _shared_call(srv: ShardServer, shared: _Shared, arena: Arena, call, reply: int):
+    frame, regions = wire.encode_shared(*wire.request_parts(call), arena, reply)
+    header, body = _answer(srv, frame, shared)
+    return regions, header, body
+
+
+def test_a_step_in_shared_memory_and_a_push_kept_past_its_reply():
+    """A step's body in the segment and its pulled rows in its reply region; under BSP with
+    two workers the first worker's push waits, answered, for the second's: its region is
+    the client's again (here overwritten, as the client's next call would), and the update
+    applied must still be the pushes sent."""
+    lin = TableSpec("lin", rows=40, cols=2, init="zeros", optimizer=OptimizerSpec("momentum"))
+    srv = ShardServer(0, 1, [lin], ShardOptions.from_config({}, num_workers=2))
+    ref = ShardServer(0, 1, [lin], ShardOptions.from_config({}, num_workers=2))
+    seg = Segment.create(1 << 16)
+    shared = _Shared()
+    try:
+        _answer(srv, wire.encode_map(seg.name, 1 << 16), shared)
+        seg.unlink()
+        arena = Arena(seg)
+        keys = np.array([1, 5, 39], dtype=np.int64)
+        g0 = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
+        g1 = -0.5 * g0
+        first = StepCall(0, 0, {"lin": (keys, g0)}, 0.1, None)
+        (req, out), header, _ = _shared_call(srv, shared, arena, first, 0)
+        assert json.loads(header)["ok"] and out is None
+        arena.free(req)
+        seg.buf[:] = 0xFF  # the client's next calls reuse the region: NaNs if it were read now
+        asyncio.run(ref.step(first))
+        for s in (srv, ref):
+            asyncio.run(s.step(StepCall(1, 0, {"lin": (keys, g1)}, 0.1, None)))
+        pull = StepCall(0, 1, None, 0.1, {"lin": keys})
+        (req, out), header, body = _shared_call(srv, shared, arena, pull, 3 * 2 * 4)
+        assert body == b"" and json.loads(header)["at"] == [out, 24]
+        arena.free(req)
+        ok, got = wire.decode_reply(header, body, lambda o, n: arena.take(o, n))
+        assert ok
+        want = asyncio.run(ref.step(pull)).rows["lin"]
+        np.testing.assert_allclose(got.rows["lin"], want)
+        np.testing.assert_allclose(want, -0.1 * (g0 + g1))  # the summed pushes, applied once
+    finally:
+        shared.close()
+        seg.close()
+
+
+def test_a_jobs_steps_use_shared_memory_and_train_as_on_the_socket(ray_local):
+    """A real client's pushes and pulls over memory shared with its shards: the same rows as
+    with every body on the socket, every region freed once the rows are dropped."""
+    got = {}
+    for mib in (4, 0):
+        c = _client(f"shm-steps-{mib}", mib)
+        rng = np.random.default_rng(11)
+        try:
+            for _ in range(5):
+                keys = np.unique(rng.integers(-3000, 3000, 2000))
+                grads = rng.standard_normal((len(keys), 4)).astype(np.float32)
+                c.push("emb", keys, grads, 0.05)
+            everything = np.arange(-3000, 3000)
+            got[mib] = c.pull("emb", everything)
+            arenas = [ch.arena for ch in c.net.chans]
+            assert all((a is not None) == (mib > 0) for a in arenas)
+            if mib:
+                rows = got[mib].copy()
+                del got[mib]
+                gc.collect()
+                assert [a.in_use for a in arenas] == [0, 0]
+                got[mib] = rows
+        finally:
+            c.shutdown()
+    np.testing.assert_array_equal(got[4], got[0])

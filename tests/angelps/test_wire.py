@@ -254,7 +254,11 @@ def test_large_calls_stream_over_the_socket_in_frames(ray_local, monkeypatch):
     alike, interleaved with small ones, and give exactly the rows of a reference shard."""
     monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 512)  # this process's (the client's) frames
     c = PSClient.launch(
-        [EMB, LIN], PSOptions.from_config({"angel.job.name": "wire-stream", "angel.ps.number": 1})
+        [EMB, LIN],
+        # (on the socket: with a shard on this node the bodies would skip it, shared.mib > 0)
+        PSOptions.from_config(
+            {"angel.job.name": "wire-stream", "angel.ps.number": 1, "angel.ps.shared.mib": 0}
+        ),
     )
     ref = ParameterShard(0, 1, [EMB, LIN])
     rng = np.random.default_rng(3)
@@ -332,7 +336,10 @@ def test_a_call_over_one_frame_streams_both_ways(ray_local):
     """A 7 MB push and a 5 MB reply (more than one 4 MiB frame each, at the real frame size)
     take the connection and give the rows of a reference shard."""
     c = PSClient.launch(
-        [EMB], PSOptions.from_config({"angel.job.name": "wire-big", "angel.ps.number": 1})
+        [EMB],
+        PSOptions.from_config(  # (on the socket, as above)
+            {"angel.job.name": "wire-big", "angel.ps.number": 1, "angel.ps.shared.mib": 0}
+        ),
     )
     ref = ParameterShard(0, 1, [EMB])
     try:
