@@ -169,10 +169,12 @@ SHARED_MIB = Key(
     "angel.ps.shared.mib",
     "int",
     64,
-    "MiB of memory each worker shares with each shard on its own node for a device tier's "
-    "swaps (angel.worker.table.capacity): their rows skip the socket, which then carries only "
-    "the headers. 0: no shared memory (every swap on the socket). A swap that finds no room, "
-    "or a shard on another node, uses the socket. Needs angel.ps.transport=socket and /dev/shm.",
+    "Most MiB of memory each client process shares with each shard on its own node for the "
+    "data plane: the bodies of its step calls and device-tier swaps, and the rows of their "
+    "replies, skip the socket, which then carries only the headers. A connection starts with "
+    "4 MiB and grows (by doubling) when a call does not fit, up to this. 0: none (everything "
+    "on the socket). A call that does not fit, a shard on another node, or a /dev/shm without "
+    "room uses the socket. Needs angel.ps.transport=socket.",
     check=lambda v: None if 0 <= v <= 1024 else "an integer from 0 to 1024 (0: none)",
 )
 NAN_POLICY = Key(

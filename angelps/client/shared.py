@@ -70,7 +70,10 @@ class Segment:
         path = os.path.join(folder, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)
+            # Reserved now, not as pages are first written: a /dev/shm too small for it (a
+            # container's default is 64 MB) fails here (the socket is used), where a sparse
+            # file would kill the process that writes past the room left (SIGBUS).
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
         except OSError:
             os.unlink(path)
@@ -112,7 +115,8 @@ class Segment:
         return self.buf[off : off + n]
 
     def close(self) -> None:
-        """Unmap (left to the garbage collector while arrays over the segment remain)."""
+        """Unmap now (the shard's side, between calls), else when the last array over the
+        segment is gone."""
         self.buf = np.empty(0, np.uint8)
         try:
             self.mm.close()
@@ -129,12 +133,16 @@ class Arena:
         self._lock = threading.Lock()
         self._free: list[list[int]] = [[0, segment.size]]  # [offset, size], by offset
         self._used: dict[int, int] = {}
+        self._in_use = 0
+        #: The most bytes allocated at once, and the calls that found no room (sent on the
+        #: socket instead): a segment too small for a job shows here.
+        self.peak = 0
+        self.full = 0
 
     @property
     def in_use(self) -> int:
         """Bytes allocated now."""
-        with self._lock:
-            return sum(self._used.values())
+        return self._in_use
 
     def alloc(self, n: int) -> int | None:
         """The offset of a new region of ``n`` bytes, or None where there is no room."""
@@ -147,13 +155,17 @@ class Arena:
                     else:
                         self._free[i] = [off + size, room - size]
                     self._used[off] = size
+                    self._in_use += size
+                    self.peak = max(self.peak, self._in_use)
                     return off
+            self.full += 1
         return None
 
     def free(self, off: int) -> None:
         """Return the region at ``off`` (merged with its free neighbours)."""
         with self._lock:
             size = self._used.pop(off)
+            self._in_use -= size
             free = self._free
             i = 0
             while i < len(free) and free[i][0] < off:
@@ -180,9 +192,6 @@ class Arena:
         region = self.segment.view(off, n).view()
         weakref.finalize(region, self.free, off)
         return memoryview(region)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.segment.close()
 
 
 def _is_int(v: Any) -> bool:

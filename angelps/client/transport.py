@@ -31,7 +31,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelconf.printable import printable, uncoloured
 from angelps.client import wire
-from angelps.client.shared import Arena, Segment
+from angelps.client.shared import ALIGN, Arena, Segment
 from angelps.options import ClientOptions
 from angelps.server.shard import ShardRestarted
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
@@ -56,6 +56,11 @@ __all__ = [
 Reply: TypeAlias = StepResult
 
 
+#: The first segment a connection shares with a shard on its node (angel.ps.shared.mib
+#: bounds how far it doubles): a call of a few rows should not reserve tens of MB.
+FIRST_SEGMENT = 4 << 20
+
+
 class ChannelDown(Exception):
     """The TCP connection to a shard broke (the shard died): recovered like RayActorError."""
 
@@ -67,28 +72,28 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        #: The segment shared with the shard where it is on this node (:meth:`share`).
+        #: The segment shared with the shard where it is on this node (:meth:`send_shared`).
         self.arena: Arena | None = None
-        # seq -> the regions of a call in flight (its request's, its reply's)
-        self._regions: dict[int, tuple[int | None, int | None]] = {}
-        self._share_lock = threading.Lock()
-        self._share_tried = False
+        # seq -> the regions of a call in flight (their arena, its request's, its reply's)
+        self._regions: dict[int, _Regions] = {}
+        self._no_share = False  # the shard cannot map a segment, or /dev/shm has no room
         self.sent = 0
         self.received = 0
         self.replies: dict[int, tuple[bool, Any]] = {}
         self.dead = False
         self._why = ""
         self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
+        # (reentrant: a call that grows the shared segment sends the map call under it)
+        self._send_lock = threading.RLock()
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name="angelps-rx")
         self._reader.start()
 
     def send(
         self,
         frame: Sequence[bytes | memoryview],
-        regions: tuple[int | None, int | None] | None = None,
+        regions: _Regions | None = None,
     ) -> SockRef:
-        """Send one call; ``regions``: its request's and its reply's in :attr:`arena`
+        """Send one call; ``regions``: its request's and its reply's in a shared segment
         (freed when the reply arrives, the reply's once nothing reads it any more)."""
         with self._send_lock:
             if self.dead:
@@ -104,49 +109,75 @@ class Channel:
             self.sent += 1
             return ref
 
-    def share(self, size: int) -> bool:
-        """Offer the shard a shared segment of ``size`` bytes for the bodies of swaps
-        (angelps/client/shared.py), once per connection (the first caller's try counts for
-        all); whether the shard has mapped it (not where it runs on another node). The
-        segment's name is removed either way: only the two mappings remain."""
-        with self._share_lock:
-            if self._share_tried:
-                return self.arena is not None
-            self._share_tried = True
-            try:
-                segment = Segment.create(size)
-            except OSError:
-                return False
-            ok = False
-            try:
-                self.send(wire.encode_map(segment.name, size)).get()
-                ok = True
-            except (ValueError, ChannelDown):  # another node's shard cannot open it
-                pass
-            finally:
-                segment.unlink()
-            if ok:
-                self.arena = Arena(segment)
-            else:
-                segment.close()
-            return ok
-
     def send_shared(
-        self, head: dict[str, Any], bufs: Sequence[bytes | memoryview], reply_bytes: int
+        self,
+        head: dict[str, Any],
+        bufs: Sequence[bytes | memoryview],
+        reply_bytes: int,
+        limit: int,
     ) -> SockRef:
         """A call (``head`` and its body ``bufs``: ``wire.request_parts``,
-        ``wire.swap_parts``) with its body in the shared segment where there is one with room
-        for it and its reply (``reply_bytes``: at most the reply's rows), else in the frame."""
-        if self.arena is not None:
-            placed = wire.encode_shared(head, bufs, self.arena, reply_bytes)
-            if placed is not None:
-                frame, regions = placed
-                try:
-                    return self.send(frame, regions)
-                except ChannelDown:
-                    self._free(regions, None)
-                    raise
-        return self.send(wire.frames(head, bufs))
+        ``wire.swap_parts``) with its body in the segment shared with the shard, where it is
+        on this node and there is room for the body and the reply (``reply_bytes``: at least
+        the reply's rows), else in the frame. The first call offers the shard a segment of
+        :data:`FIRST_SEGMENT` bytes; a call that does not fit doubles it (a new segment:
+        regions in the old one stay valid until freed), up to ``limit`` bytes (0: never)."""
+        # All under the send lock: a call must reach the shard before any segment that
+        # replaces the one it was written to (a copy here costs what a send of the same bytes
+        # on the socket did under this lock).
+        with self._send_lock:
+            arena = self.arena
+            if arena is None:
+                if not limit or self._no_share:
+                    return self.send(wire.frames(head, bufs))
+                arena = self._grow(None, limit)
+            placed = None
+            if arena is not None:
+                placed = wire.encode_shared(head, bufs, arena, reply_bytes)
+                if placed is None and arena.segment.size < limit:
+                    need = sum(memoryview(b).nbytes for b in bufs) + reply_bytes + 2 * ALIGN
+                    grown = self._grow(arena, limit, need)
+                    if grown is not arena and grown is not None:
+                        arena = grown
+                        placed = wire.encode_shared(head, bufs, arena, reply_bytes)
+            if placed is None or arena is None:
+                return self.send(wire.frames(head, bufs))
+            frame, (req, out) = placed
+            regions = _Regions(arena, req, out)
+            try:
+                return self.send(frame, regions)
+            except ChannelDown:
+                regions.free(None)
+                raise
+
+    def _grow(self, seen: Arena | None, limit: int, need: int = 0) -> Arena | None:
+        """(Under the send lock.) The arena after ``seen``: a first segment of
+        :data:`FIRST_SEGMENT` bytes or one twice as large as ``seen``'s, or the power of two
+        that holds ``need`` bytes where that is larger (at most ``limit`` bytes), mapped by the shard in place of the previous one (whose calls are all served by then:
+        one connection's calls are served in order). ``seen`` where the shard cannot map one
+        (another node) or /dev/shm has no room for it, and no segment is offered again. The
+        segment's name is removed either way: only the mappings remain."""
+        if self._no_share:
+            return seen
+        size = FIRST_SEGMENT if seen is None else 2 * seen.segment.size
+        size = min(limit, max(size, 1 << max(0, need - 1).bit_length()))
+        try:
+            segment = Segment.create(size)
+        except OSError:  # no /dev/shm, or no room left in it
+            self._no_share = True
+            return seen
+        try:
+            self.send(wire.encode_map(segment.name, size)).get()
+        except (ValueError, ChannelDown):  # another node's shard cannot open it
+            self._no_share = True
+            segment.close()
+            return seen
+        finally:
+            segment.unlink()
+        # (the previous arena is unmapped when the last region in it is freed: calls in
+        # flight still read their replies there)
+        self.arena = Arena(segment)
+        return self.arena
 
     def result(self, seq: int) -> Reply:
         with self._cond:
@@ -176,12 +207,12 @@ class Channel:
             try:
                 header, body = wire.recv_call(self.sock, wire.MAX_HEADER)
                 regions = self._regions.pop(self.received, None)
-                placed = _Placed(self.arena, None if regions is None else regions[1])
+                placed = _Placed(regions)
                 try:
                     reply = wire.decode_reply(header, body, placed)
                 finally:
                     if regions is not None:
-                        self._free(regions, placed.used)
+                        regions.free(placed.used)
             except (OSError, ValueError) as e:
                 self._die(str(e) or type(e).__name__)
                 return
@@ -193,16 +224,6 @@ class Channel:
             # freed when their last reader lets go)
             del reply, body
 
-    def _free(self, regions: tuple[int | None, int | None], used: int | None) -> None:
-        """Free a call's request region, and its reply region unless the reply was read from
-        it (``used``: then the arrays over it free it)."""
-        assert self.arena is not None
-        req, out = regions
-        if req is not None:
-            self.arena.free(req)
-        if out is not None and used is None:
-            self.arena.free(out)
-
     def _die(self, why: str) -> None:
         with self._cond:
             if not self.dead:
@@ -212,8 +233,7 @@ class Channel:
 
     def close(self) -> None:
         self._die("closed")
-        if self.arena is not None:
-            self.arena.close()
+        self.arena = None  # (unmapped when the last region in it is freed)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -224,19 +244,39 @@ class Channel:
             pass
 
 
+class _Regions:
+    """A call's regions in a shared segment: its request's and its reply's (offsets in
+    ``arena``, None where it has none)."""
+
+    __slots__ = ("arena", "out", "req")
+
+    def __init__(self, arena: Arena, req: int | None, out: int | None) -> None:
+        self.arena = arena
+        self.req = req
+        self.out = out
+
+    def free(self, used: int | None) -> None:
+        """Free the request's region, and the reply's unless the reply was read from it
+        (``used``: then the arrays over it free it)."""
+        if self.req is not None:
+            self.arena.free(self.req)
+        if self.out is not None and used is None:
+            self.arena.free(self.out)
+
+
 class _Placed:
     """Where a reply's rows written in the shared segment are read: the region allocated for
     that call's reply (a reply naming any other is refused)."""
 
-    def __init__(self, arena: Arena | None, region: int | None) -> None:
-        self.arena = arena
-        self.region = region
+    def __init__(self, regions: _Regions | None) -> None:
+        self.regions = regions
         self.used: int | None = None
 
     def __call__(self, off: int, n: int) -> memoryview:
-        if self.arena is None or self.region is None or off != self.region:
+        r = self.regions
+        if r is None or r.out is None or off != r.out:
             raise ValueError(f"a reply in a shared region ({off}) not allocated for it")
-        view = self.arena.take(off, n)
+        view = r.arena.take(off, n)
         self.used = off
         return view
 
@@ -308,7 +348,7 @@ class Transport:
         secret = self.options.shard.token  # checked by the shard (server._check_secret)
         return self._send(
             shard,
-            lambda ch: self._shared(ch).send_shared(*wire.request_parts(call), reply_bytes),
+            lambda ch: ch.send_shared(*wire.request_parts(call), reply_bytes, self._limit),
             lambda: self.handles[shard].step.remote(call, secret=secret),
         )
 
@@ -328,15 +368,14 @@ class Transport:
 
         return self._send(
             shard,
-            lambda ch: self._shared(ch).send_shared(*wire.swap_parts(writes, reads), reply_bytes),
+            lambda ch: ch.send_shared(*wire.swap_parts(writes, reads), reply_bytes, self._limit),
             lambda: self.handles[shard].swap.remote(writes, reads, secret=secret),
         )
 
-    def _shared(self, ch: Channel) -> Channel:
-        """``ch``, its shared segment offered to its shard at its first call."""
-        if self.options.shared_bytes:
-            ch.share(self.options.shared_bytes)
-        return ch
+    @property
+    def _limit(self) -> int:
+        """The most bytes a connection shares with its shard (``angel.ps.shared.mib``)."""
+        return self.options.shared_bytes
 
     def _send(
         self,

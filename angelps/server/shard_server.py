@@ -456,12 +456,15 @@ class _Shared:
         self._segment: Segment | None = None
 
     def attach(self, name: str, size: int) -> None:
-        if self._segment is not None:
-            raise ValueError("this connection has a shared segment already")
+        """Map the client's segment ``name`` in place of the previous one (a client grows
+        its segment by sending a larger one: the calls that used the previous one are all
+        served, in order, before this)."""
         try:
-            self._segment = Segment.attach(name, size)
+            segment = Segment.attach(name, size)
         except OSError as e:  # (the client is on another node: it keeps to the socket)
             raise ValueError(f"cannot map shared segment {name}: {e.strerror or e}") from None
+        self.close()
+        self._segment = segment
 
     def segment(self) -> Segment:
         if self._segment is None:

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from angelps.client import wire
+from angelps.client import transport, wire
 from angelps.client.ps_client import PSClient
 from angelps.client.shared import ALIGN, SHM_DIR, Arena, Segment, shared_dir
 from angelps.options import PSOptions, ShardOptions
@@ -290,3 +290,29 @@ def test_a_jobs_steps_use_shared_memory_and_train_as_on_the_socket(ray_local):
         finally:
             c.shutdown()
     np.testing.assert_array_equal(got[4], got[0])
+
+
+def test_a_segment_grows_for_a_larger_call_and_calls_in_flight_keep_the_old_one(ray_local):
+    """A connection starts with a 4 MiB segment; a call that does not fit grows it to the
+    power of two that holds it (the shard maps the new one in order, after serving the calls
+    written to the old one), so a swap still in flight reads its rows from the old segment;
+    every region of both is freed."""
+    c = _client("shm-grow", 64)
+    try:
+        keys = np.arange(-5000, 5000, dtype=np.int64)
+        want = c.swap_async({}, {"emb": keys}).result()["emb"].copy()
+        old = [ch.arena for ch in c.net.chans]
+        assert [a.segment.size for a in old] == [transport.FIRST_SEGMENT] * 2
+        small = c.swap_async({}, {"emb": keys})  # in flight, in the old segments
+        big = np.arange(-200_000, 200_000, dtype=np.int64)  # 10.4 MB of rows a shard
+        rows = c.swap_async({}, {"emb": big}).result()["emb"]
+        new = [ch.arena for ch in c.net.chans]
+        assert [a.segment.size for a in new] == [4 * transport.FIRST_SEGMENT] * 2
+        assert all(n is not o for n, o in zip(new, old, strict=True))
+        np.testing.assert_array_equal(small.result()["emb"], want)
+        np.testing.assert_array_equal(rows[195_000:205_000], want)
+        del small, rows
+        gc.collect()
+        assert [a.in_use for a in old + new] == [0] * 4
+    finally:
+        c.shutdown()
