@@ -40,6 +40,7 @@ from angelps.checkpoint.backups import (
 )
 from angelps.client import wire
 from angelps.client.shared import Segment
+from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.step_call import StepCall, StepResult
@@ -83,6 +84,7 @@ class ShardServer:
         tables: Sequence[TableSpec],
         options: ShardOptions,
     ) -> None:
+        keep_freed_memory()  # (a shard's calls free megabytes each: angelps/malloc.py)
         self.shard = ParameterShard(
             shard_id,
             num_shards,

@@ -13,6 +13,8 @@ from typing import Any
 
 import ray
 
+from angelps.malloc import keep_freed_memory
+
 __all__ = ["WorkerActor", "remote_worker_class"]
 
 
@@ -22,6 +24,7 @@ class WorkerActor:
     def __init__(self, *args: Any) -> None:
         from learners.worker.train_worker import TrainWorker  # torch: in the actor's process only
 
+        keep_freed_memory()  # (its steps free megabytes each: angelps/malloc.py)
         self._worker = TrainWorker(*args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
