@@ -3,21 +3,23 @@ socket (angelps/client/wire.py).
 
 On one node, a socket moves every byte twice through the kernel (the sender's copy in, the
 receiver's copy out), and the shard's asyncio stream copies it twice more before the numpy
-work starts: for a device tier's swaps (megabytes of whole rows a step, both ways) those copies
-compete with the worker's own computation for the memory system (docs/benchmarks-train.md,
-"Closing the gap on the CPU"). So a client whose shard turns out to be on its own node hands
-it a memory segment once per connection (:class:`Arena`, a file in ``/dev/shm`` the shard maps
-and the client then removes), and a swap's body travels there: the client writes its request
-body into a region of the segment and allocates the region its reply will fill; the socket
-carries only the headers, which name the regions.
+work starts: for a step's pushes and pulls and a device tier's swaps (megabytes a step, both
+ways) those copies compete with the worker's own computation for the memory system
+(docs/benchmarks-train.md, "Closing the gap on the CPU"). So a client whose shard turns out to
+be on its own node hands it a memory segment (:class:`Arena`, a file in ``/dev/shm`` the shard
+maps and the client then removes; angelps/client/transport.py offers a larger one when a call
+does not fit), and a call's body travels there: the client writes its request body into a
+region of the segment and allocates the region its reply will fill; the socket carries only
+the headers, which name the regions.
 
 Invariants: only the client allocates (:class:`Arena`, thread-safe: a tier's write-back
 thread and its main thread send concurrently); a request's region is freed when its reply
 arrives (the shard has read it: the shard keeps no view of a request's body after answering
-it), a reply's region when the last array over it is gone (:meth:`Arena.take`); a call that
-finds no room travels on the socket as before. The segment is owner-only (0600), named with
-128 random bits, and opened by the shard only under that name's pattern, as a regular file of
-this user's, not through a link.
+it, and copies a push it keeps), a reply's region when the last array over it is gone
+(:meth:`Arena.take`); a call that finds no room travels on the socket as before. The segment
+is owner-only (0600), its memory reserved when it is made, named with 128 random bits, and
+opened by the shard only under that name's pattern, as a regular file of this user's, not
+through a link.
 """
 
 from __future__ import annotations

@@ -120,8 +120,9 @@ class Channel:
         ``wire.swap_parts``) with its body in the segment shared with the shard, where it is
         on this node and there is room for the body and the reply (``reply_bytes``: at least
         the reply's rows), else in the frame. The first call offers the shard a segment of
-        :data:`FIRST_SEGMENT` bytes; a call that does not fit doubles it (a new segment:
-        regions in the old one stay valid until freed), up to ``limit`` bytes (0: never)."""
+        :data:`FIRST_SEGMENT` bytes; a call that does not fit grows it (:meth:`_grow`: a new
+        segment, regions in the old one stay valid until freed), up to ``limit`` bytes (0:
+        never)."""
         # All under the send lock: a call must reach the shard before any segment that
         # replaces the one it was written to (a copy here costs what a send of the same bytes
         # on the socket did under this lock).
@@ -153,8 +154,9 @@ class Channel:
     def _grow(self, seen: Arena | None, limit: int, need: int = 0) -> Arena | None:
         """(Under the send lock.) The arena after ``seen``: a first segment of
         :data:`FIRST_SEGMENT` bytes or one twice as large as ``seen``'s, or the power of two
-        that holds ``need`` bytes where that is larger (at most ``limit`` bytes), mapped by the shard in place of the previous one (whose calls are all served by then:
-        one connection's calls are served in order). ``seen`` where the shard cannot map one
+        that holds ``need`` bytes where that is larger (at most ``limit`` bytes), mapped by
+        the shard in place of the previous one (whose calls are all served by then: one
+        connection's calls are served in order). ``seen`` where the shard cannot map one
         (another node) or /dev/shm has no room for it, and no segment is offered again. The
         segment's name is removed either way: only the mappings remain."""
         if self._no_share:

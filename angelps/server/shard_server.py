@@ -452,7 +452,7 @@ class ShardServer:
 
 class _Shared:
     """A connection's shared segment (angelps/client/shared.py), once its client has sent
-    one: the bodies of its swaps travel there."""
+    one: the bodies of its calls travel there."""
 
     def __init__(self) -> None:
         self._segment: Segment | None = None
@@ -470,7 +470,7 @@ class _Shared:
 
     def segment(self) -> Segment:
         if self._segment is None:
-            raise ValueError("a swap in a shared segment on a connection that has none")
+            raise ValueError("a call in a shared segment on a connection that has none")
         return self._segment
 
     def close(self) -> None:

@@ -162,7 +162,7 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         )
         header, _ = _answer(servers[1], wire.frames(json.loads(hostile), []), _Shared())
         assert json.loads(header)["msg"] == (
-            "a swap in a shared segment on a connection that has none"
+            "a call in a shared segment on a connection that has none"
         )
         header, _ = _answer(servers[1], wire.encode_map("angelps-" + "0" * 32, 4096), _Shared())
         assert json.loads(header)["msg"].startswith(
