@@ -10,7 +10,9 @@ be on its own node hands it a memory segment (:class:`Arena`, a file in ``/dev/s
 maps and the client then removes; angelps/client/transport.py offers a larger one when a call
 does not fit), and a call's body travels there: the client writes its request body into a
 region of the segment and allocates the region its reply will fill; the socket carries only
-the headers, which name the regions.
+the headers, which name the regions. Here are the segment and its allocator, a call's regions
+(:class:`Regions`, :class:`Placed`), the shard's side of a connection (:class:`ShardSegment`)
+and the frames that name them (:func:`encode_shared`, :func:`encode_map`, :func:`shared_regions`).
 
 Invariants: only the client allocates (:class:`Arena`, thread-safe: a tier's write-back
 thread and its main thread send concurrently); a request's region is freed when its reply
@@ -24,6 +26,7 @@ through a link.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -31,9 +34,12 @@ import secrets
 import stat
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from angelps.client import wire
 
 __all__ = ["ALIGN", "SHM_DIR", "Arena", "Segment", "shared_dir"]
 
@@ -116,6 +122,15 @@ class Segment:
             raise ValueError(f"a region [{off}, +{n}) outside a {self.size}-byte segment")
         return self.buf[off : off + n]
 
+    def write(self, off: int, bufs: Sequence[memoryview]) -> int:
+        """Copy ``bufs`` one after another to the segment from ``off``; the bytes written."""
+        pos = off
+        for b in bufs:
+            n = b.nbytes
+            self.buf[pos : pos + n] = np.frombuffer(b, dtype=np.uint8)
+            pos += n
+        return pos - off
+
     def close(self) -> None:
         """Unmap now (the shard's side, between calls), else when the last array over the
         segment is gone."""
@@ -178,15 +193,6 @@ class Arena:
             if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:
                 free[i - 1][1] += free.pop(i)[1]
 
-    def write(self, off: int, bufs: list[memoryview]) -> int:
-        """Copy ``bufs`` one after another into the region at ``off``; the bytes written."""
-        pos = off
-        for b in bufs:
-            n = b.nbytes
-            self.segment.buf[pos : pos + n] = np.frombuffer(b, dtype=np.uint8)
-            pos += n
-        return pos - off
-
     def take(self, off: int, n: int) -> memoryview:
         """Bytes ``[off, off + n)`` of the region at ``off``, as a buffer that frees the region
         once it, and every array read from it (``np.frombuffer``), is gone."""
@@ -194,6 +200,146 @@ class Arena:
         region = self.segment.view(off, n).view()
         weakref.finalize(region, self.free, off)
         return memoryview(region)  # type: ignore[arg-type]
+
+
+class Regions:
+    """A call's regions in a shared segment: its request's and its reply's (offsets in
+    ``arena``, None where it has none)."""
+
+    __slots__ = ("arena", "out", "req")
+
+    def __init__(self, arena: Arena, req: int | None, out: int | None) -> None:
+        self.arena = arena
+        self.req = req
+        self.out = out
+
+    def free(self, used: int | None) -> None:
+        """Free the request's region, and the reply's unless the reply was read from it
+        (``used``: then the arrays over it free it)."""
+        if self.req is not None:
+            self.arena.free(self.req)
+        if self.out is not None and used is None:
+            self.arena.free(self.out)
+
+
+class Placed:
+    """Where a reply's rows written in the shared segment are read: the region allocated for
+    that call's reply (a reply naming any other is refused)."""
+
+    def __init__(self, regions: Regions | None) -> None:
+        self.regions = regions
+        self.used: int | None = None
+
+    def __call__(self, off: int, n: int) -> memoryview:
+        r = self.regions
+        if r is None or r.out is None or off != r.out:
+            raise ValueError(f"a reply in a shared region ({off}) not allocated for it")
+        view = r.arena.take(off, n)
+        self.used = off
+        return view
+
+
+class ShardSegment:
+    """The shard's side: a connection's shared segment, once its client has sent one (the
+    bodies of its calls travel there)."""
+
+    def __init__(self) -> None:
+        self._segment: Segment | None = None
+
+    def attach(self, name: str, size: int) -> None:
+        """Map the client's segment ``name`` in place of the previous one (a client grows
+        its segment by sending a larger one: the calls that used the previous one are all
+        served, in order, before this)."""
+        try:
+            segment = Segment.attach(name, size)
+        except OSError as e:  # (the client is on another node: it keeps to the socket)
+            raise ValueError(f"cannot map shared segment {name}: {e.strerror or e}") from None
+        self.close()
+        self._segment = segment
+
+    def segment(self) -> Segment:
+        if self._segment is None:
+            raise ValueError("a call in a shared segment on a connection that has none")
+        return self._segment
+
+    def close(self) -> None:
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+
+
+# --- frames ---------------------------------------------------------------------------------
+
+
+def encode_shared(
+    head: dict[str, Any], bufs: Sequence[bytes | memoryview], arena: Arena, reply_bytes: int
+) -> tuple[list[bytes | memoryview], tuple[int | None, int | None]] | None:
+    """A call (``head`` and its body ``bufs``: ``wire.request_parts``, ``wire.swap_parts``)
+    whose body travels in ``arena``'s shared segment: the body is copied into a new region (``"in": [offset, bytes]``) and a region of ``reply_bytes`` is
+    allocated for the reply's rows (``"out": [offset, bytes]``); the frame (a header alone)
+    and the two regions' offsets, which the caller frees (the request's when the reply
+    arrives). None where the arena has no room (the call then takes the socket)."""
+    views = [wire.byte_view(b) for b in bufs]
+    total = sum(v.nbytes for v in views)
+    req = arena.alloc(total) if total else None
+    if total and req is None:
+        return None
+    out = arena.alloc(reply_bytes) if reply_bytes else None
+    if reply_bytes and out is None:
+        if req is not None:
+            arena.free(req)
+        return None
+    head = dict(head)
+    if req is not None:
+        arena.segment.write(req, views)
+        head["in"] = [req, total]
+    if out is not None:
+        head["out"] = [out, reply_bytes]
+    header = json.dumps(head).encode()
+    return [wire.PREFIX.pack(len(header), 0), header], (req, out)
+
+
+def encode_map(name: str, size: int) -> list[bytes | memoryview]:
+    """The frame asking a shard to map the client's shared segment ``name`` of ``size``
+    bytes (angelps/client/shared.py); answered by an empty reply, or an error where the
+    shard cannot open it (another node)."""
+    return wire.frames({"map": name, "size": size}, [])
+
+
+def is_map(header: bytes) -> bool:
+    """A map request's header (:func:`encode_map` writes its ``"map"`` key first)."""
+    return header.startswith(b'{"map"')
+
+
+def decode_map(header: bytes) -> tuple[str, int]:
+    """The segment name and size of a map request (ValueError for anything else)."""
+    try:
+        h = json.loads(header)
+        name, size = h["map"], h["size"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError("malformed map header (not an angelps frame)") from None
+    if not isinstance(name, str) or not _is_int(size):
+        raise ValueError("malformed map header: a segment name and a size")
+    return name, size
+
+
+def shared_regions(header: bytes) -> tuple[list[int] | None, list[int] | None]:
+    """A call's ``"in"`` (its body in the shared segment) and ``"out"`` (where its reply's
+    rows go) regions, each ``[offset, bytes]`` or None (ValueError for a malformed one; the
+    segment checks that they lie inside it)."""
+    if b'"in"' not in header and b'"out"' not in header:  # (most calls: parsed once, later)
+        return None, None
+    try:
+        h = json.loads(header)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("malformed header (not an angelps frame)") from None
+    out: list[list[int] | None] = []
+    for key in ("in", "out"):
+        r = h.get(key) if isinstance(h, dict) else None
+        if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(_is_int, r))):
+            raise ValueError(f"malformed header: {key!r} must be [offset, bytes]")
+        out.append(r)
+    return out[0], out[1]
 
 
 def _is_int(v: Any) -> bool:

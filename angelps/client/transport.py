@@ -31,7 +31,15 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from angelconf.printable import printable, uncoloured
 from angelps.client import wire
-from angelps.client.shared import ALIGN, Arena, Segment
+from angelps.client.shared import (
+    ALIGN,
+    Arena,
+    Placed,
+    Regions,
+    Segment,
+    encode_map,
+    encode_shared,
+)
 from angelps.options import ClientOptions
 from angelps.server.shard import ShardRestarted
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
@@ -75,7 +83,7 @@ class Channel:
         #: The segment shared with the shard where it is on this node (:meth:`send_shared`).
         self.arena: Arena | None = None
         # seq -> the regions of a call in flight (their arena, its request's, its reply's)
-        self._regions: dict[int, _Regions] = {}
+        self._regions: dict[int, Regions] = {}
         self._no_share = False  # the shard cannot map a segment, or /dev/shm has no room
         self.sent = 0
         self.received = 0
@@ -91,7 +99,7 @@ class Channel:
     def send(
         self,
         frame: Sequence[bytes | memoryview],
-        regions: _Regions | None = None,
+        regions: Regions | None = None,
     ) -> SockRef:
         """Send one call; ``regions``: its request's and its reply's in a shared segment
         (freed when the reply arrives, the reply's once nothing reads it any more)."""
@@ -134,17 +142,17 @@ class Channel:
                 arena = self._grow(None, limit)
             placed = None
             if arena is not None:
-                placed = wire.encode_shared(head, bufs, arena, reply_bytes)
+                placed = encode_shared(head, bufs, arena, reply_bytes)
                 if placed is None and arena.segment.size < limit:
                     need = sum(memoryview(b).nbytes for b in bufs) + reply_bytes + 2 * ALIGN
                     grown = self._grow(arena, limit, need)
                     if grown is not arena and grown is not None:
                         arena = grown
-                        placed = wire.encode_shared(head, bufs, arena, reply_bytes)
+                        placed = encode_shared(head, bufs, arena, reply_bytes)
             if placed is None or arena is None:
                 return self.send(wire.frames(head, bufs))
             frame, (req, out) = placed
-            regions = _Regions(arena, req, out)
+            regions = Regions(arena, req, out)
             try:
                 return self.send(frame, regions)
             except ChannelDown:
@@ -169,7 +177,7 @@ class Channel:
             self._no_share = True
             return seen
         try:
-            self.send(wire.encode_map(segment.name, size)).get()
+            self.send(encode_map(segment.name, size)).get()
         except (ValueError, ChannelDown):  # another node's shard cannot open it
             self._no_share = True
             segment.close()
@@ -209,7 +217,7 @@ class Channel:
             try:
                 header, body = wire.recv_call(self.sock, wire.MAX_HEADER)
                 regions = self._regions.pop(self.received, None)
-                placed = _Placed(regions)
+                placed = Placed(regions)
                 try:
                     reply = wire.decode_reply(header, body, placed)
                 finally:
@@ -244,43 +252,6 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
-
-
-class _Regions:
-    """A call's regions in a shared segment: its request's and its reply's (offsets in
-    ``arena``, None where it has none)."""
-
-    __slots__ = ("arena", "out", "req")
-
-    def __init__(self, arena: Arena, req: int | None, out: int | None) -> None:
-        self.arena = arena
-        self.req = req
-        self.out = out
-
-    def free(self, used: int | None) -> None:
-        """Free the request's region, and the reply's unless the reply was read from it
-        (``used``: then the arrays over it free it)."""
-        if self.req is not None:
-            self.arena.free(self.req)
-        if self.out is not None and used is None:
-            self.arena.free(self.out)
-
-
-class _Placed:
-    """Where a reply's rows written in the shared segment are read: the region allocated for
-    that call's reply (a reply naming any other is refused)."""
-
-    def __init__(self, regions: _Regions | None) -> None:
-        self.regions = regions
-        self.used: int | None = None
-
-    def __call__(self, off: int, n: int) -> memoryview:
-        r = self.regions
-        if r is None or r.out is None or off != r.out:
-            raise ValueError(f"a reply in a shared region ({off}) not allocated for it")
-        view = r.arena.take(off, n)
-        self.used = off
-        return view
 
 
 class SockRef:

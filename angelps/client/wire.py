@@ -48,16 +48,13 @@ import socket
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from angelps.optim import slot_columns
 from angelps.rates import StepRates
 from angelps.step_call import Pulls, Pushes, StepCall, StepResult
-
-if TYPE_CHECKING:
-    from angelps.client.shared import Arena
 
 __all__ = [
     "ACK",
@@ -69,24 +66,20 @@ __all__ = [
     "TOKEN_BYTES",
     "Body",
     "FrameLimits",
-    "decode_map",
+    "byte_view",
     "decode_reply",
     "decode_request",
     "decode_swap",
     "encode_error",
-    "encode_map",
     "encode_reply",
     "encode_request",
-    "encode_shared",
     "encode_swap",
     "frames",
-    "is_map",
     "is_swap",
     "recv_call",
     "recv_exact",
     "request_parts",
     "send_buffers",
-    "shared_regions",
     "stream_length",
     "swap_parts",
 ]
@@ -187,7 +180,7 @@ def frames(head: dict[str, Any], bufs: Sequence[bytes | memoryview]) -> list[byt
     """``head`` (JSON) and the body ``bufs`` as frames: one when the body fits in
     :data:`MAX_FRAME_BYTES`, else the first frame's header gets ``"n"`` (the whole body's
     length) and continuation frames (header length 0) follow. Buffers are sliced, not copied."""
-    views = [_byte_view(b) for b in bufs]
+    views = [byte_view(b) for b in bufs]
     total = sum(v.nbytes for v in views)
     if total > MAX_FRAME_BYTES:
         head = dict(head, n=total)
@@ -287,35 +280,6 @@ def encode_swap(
     return frames(*swap_parts(writes, reads))
 
 
-def encode_shared(
-    head: dict[str, Any], bufs: Sequence[bytes | memoryview], arena: Arena, reply_bytes: int
-) -> tuple[list[bytes | memoryview], tuple[int | None, int | None]] | None:
-    """A call (``head`` and its body ``bufs``: :func:`request_parts`, :func:`swap_parts`)
-    whose body travels in ``arena``'s shared segment (angelps/client/shared.py): the body is
-    copied into a new region (``"in": [offset, bytes]``) and a region of ``reply_bytes`` is
-    allocated for the reply's rows (``"out": [offset, bytes]``); the frame (a header alone)
-    and the two regions' offsets, which the caller frees (the request's when the reply
-    arrives). None where the arena has no room (the call then takes the socket)."""
-    views = [_byte_view(b) for b in bufs]
-    total = sum(v.nbytes for v in views)
-    req = arena.alloc(total) if total else None
-    if total and req is None:
-        return None
-    out = arena.alloc(reply_bytes) if reply_bytes else None
-    if reply_bytes and out is None:
-        if req is not None:
-            arena.free(req)
-        return None
-    head = dict(head)
-    if req is not None:
-        arena.write(req, views)
-        head["in"] = [req, total]
-    if out is not None:
-        head["out"] = [out, reply_bytes]
-    header = json.dumps(head).encode()
-    return [PREFIX.pack(len(header), 0), header], (req, out)
-
-
 def swap_parts(
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: Mapping[str, np.ndarray]
 ) -> tuple[dict[str, Any], list[bytes | memoryview]]:
@@ -333,49 +297,6 @@ def swap_parts(
         rd.append([name, int(k.size)])
         bufs.append(k.data)
     return {"swap": 1, "wr": wr, "rd": rd}, bufs
-
-
-def encode_map(name: str, size: int) -> list[bytes | memoryview]:
-    """The frame asking a shard to map the client's shared segment ``name`` of ``size``
-    bytes (angelps/client/shared.py); answered by an empty reply, or an error where the
-    shard cannot open it (another node)."""
-    return frames({"map": name, "size": size}, [])
-
-
-def is_map(header: bytes) -> bool:
-    """A map request's header (:func:`encode_map` writes its ``"map"`` key first)."""
-    return header.startswith(b'{"map"')
-
-
-def decode_map(header: bytes) -> tuple[str, int]:
-    """The segment name and size of a map request (ValueError for anything else)."""
-    try:
-        h = json.loads(header)
-        name, size = h["map"], h["size"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError("malformed map header (not an angelps frame)") from None
-    if not isinstance(name, str) or not _is_int(size):
-        raise ValueError("malformed map header: a segment name and a size")
-    return name, size
-
-
-def shared_regions(header: bytes) -> tuple[list[int] | None, list[int] | None]:
-    """A call's ``"in"`` (its body in the shared segment) and ``"out"`` (where its reply's
-    rows go) regions, each ``[offset, bytes]`` or None (ValueError for a malformed one; the
-    segment checks that they lie inside it)."""
-    if b'"in"' not in header and b'"out"' not in header:  # (most calls: parsed once, later)
-        return None, None
-    try:
-        h = json.loads(header)
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("malformed swap header (not an angelps frame)") from None
-    out: list[list[int] | None] = []
-    for key in ("in", "out"):
-        r = h.get(key) if isinstance(h, dict) else None
-        if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(_is_int, r))):
-            raise ValueError(f"malformed swap header: {key!r} must be [offset, bytes]")
-        out.append(r)
-    return out[0], out[1]
 
 
 def is_swap(header: bytes) -> bool:
@@ -470,14 +391,10 @@ def encode_reply(
         head["pid"] = result.pid
     if region is not None:
         segment, off, size = region
-        views = [_byte_view(b) for b in bufs]
+        views = [byte_view(b) for b in bufs]
         total = sum(v.nbytes for v in views)
         if total <= size:
-            dest = segment.view(off, total)
-            pos = 0
-            for v in views:
-                dest[pos : pos + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
-                pos += v.nbytes
+            segment.write(off, views)
             head["at"] = [off, total]
             bufs = []
     return frames(head, bufs)
@@ -546,7 +463,7 @@ def recv_call(
 
 def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> None:
     """Send every buffer in order with ``sendmsg`` (no join: large arrays are not copied)."""
-    views = [_byte_view(b) for b in bufs]
+    views = [byte_view(b) for b in bufs]
     i = 0
     while i < len(views):
         sent = sock.sendmsg(views[i : i + 256])
@@ -562,7 +479,7 @@ def send_buffers(sock: socket.socket, bufs: Sequence[bytes | memoryview]) -> Non
             i += 1
 
 
-def _byte_view(b: bytes | memoryview) -> memoryview:
+def byte_view(b: bytes | memoryview) -> memoryview:
     """``b`` as a flat view of bytes (an empty array's view cannot be cast)."""
     v = memoryview(b)
     return v.cast("B") if v.nbytes else memoryview(b"")

@@ -39,7 +39,7 @@ from angelps.checkpoint.backups import (
     write_backup,
 )
 from angelps.client import wire
-from angelps.client.shared import Segment
+from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
@@ -362,14 +362,14 @@ class ShardServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Calls until the peer goes away or announces a frame over the limits."""
-        shared = _Shared()
+        shared = ShardSegment()
         try:
             await self._serve_loop(reader, writer, shared)
         finally:
             shared.close()
 
     async def _serve_loop(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: _Shared
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: ShardSegment
     ) -> None:
         while True:
             try:
@@ -412,11 +412,11 @@ class ShardServer:
         return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _answer(
-        self, header: bytes, body: bytes, shared: _Shared
+        self, header: bytes, body: bytes, shared: ShardSegment
     ) -> Sequence[bytes | memoryview]:
         """The reply frame of one request frame: its rows, or its error."""
         try:
-            into, out = wire.shared_regions(header)
+            into, out = shared_regions(header)
             data: wire.Body = body
             if into is not None:
                 if body:
@@ -431,8 +431,8 @@ class ShardServer:
                 writes, reads = wire.decode_swap(header, data)
                 pid, rows = await self.swap(writes, reads, secret=_AUTHENTICATED)
                 return wire.encode_reply(StepResult(rows, 0, pid), region)
-            if wire.is_map(header):
-                shared.attach(*wire.decode_map(header))
+            if is_map(header):
+                shared.attach(*decode_map(header))
                 return wire.encode_reply(StepResult(None, 0))
             # (a decoded call is never marked checked: the shard validates it)
             call = wire.decode_request(header, data)
@@ -448,35 +448,6 @@ class ShardServer:
             return wire.encode_error(type(e).__name__, str(e), [])
         except Exception as e:  # reported to the caller, not lost in the actor's log
             return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
-
-
-class _Shared:
-    """A connection's shared segment (angelps/client/shared.py), once its client has sent
-    one: the bodies of its calls travel there."""
-
-    def __init__(self) -> None:
-        self._segment: Segment | None = None
-
-    def attach(self, name: str, size: int) -> None:
-        """Map the client's segment ``name`` in place of the previous one (a client grows
-        its segment by sending a larger one: the calls that used the previous one are all
-        served, in order, before this)."""
-        try:
-            segment = Segment.attach(name, size)
-        except OSError as e:  # (the client is on another node: it keeps to the socket)
-            raise ValueError(f"cannot map shared segment {name}: {e.strerror or e}") from None
-        self.close()
-        self._segment = segment
-
-    def segment(self) -> Segment:
-        if self._segment is None:
-            raise ValueError("a call in a shared segment on a connection that has none")
-        return self._segment
-
-    def close(self) -> None:
-        if self._segment is not None:
-            self._segment.close()
-            self._segment = None
 
 
 def _can_prefetch(clocks: Any, pull_clock: int) -> bool:

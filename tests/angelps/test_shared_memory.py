@@ -12,11 +12,12 @@ import os
 import numpy as np
 import pytest
 
+from angelps.client import shared as shared_mod
 from angelps.client import transport, wire
 from angelps.client.ps_client import PSClient
-from angelps.client.shared import ALIGN, SHM_DIR, Arena, Segment, shared_dir
+from angelps.client.shared import ALIGN, SHM_DIR, Arena, Segment, ShardSegment, shared_dir
 from angelps.options import PSOptions, ShardOptions
-from angelps.server.shard_server import ShardServer, _Shared
+from angelps.server.shard_server import ShardServer
 from angelps.step_call import StepCall
 from angelps.table import OptimizerSpec, TableSpec
 
@@ -106,7 +107,7 @@ def test_a_shard_maps_only_a_segment_of_this_users_by_its_name(tmp_path):
         seg.close()
 
 
-def _answer(srv: ShardServer, frame: list, shared: _Shared) -> tuple[bytes, bytes]:
+def _answer(srv: ShardServer, frame: list, shared: ShardSegment) -> tuple[bytes, bytes]:
     raw = b"".join(bytes(b) for b in frame)
     hlen, blen = wire.PREFIX.unpack(raw[: wire.PREFIX.size])
     header = raw[wire.PREFIX.size : wire.PREFIX.size + hlen]
@@ -124,9 +125,11 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
     memory on a connection without one, is refused with the shard's error."""
     servers = [ShardServer(0, 1, [EMB], ShardOptions.from_config({})) for _ in range(2)]
     seg = Segment.create(1 << 20)
-    shared = _Shared()
+    shared = ShardSegment()
     try:
-        ok, _ = wire.decode_reply(*_answer(servers[0], wire.encode_map(seg.name, 1 << 20), shared))
+        ok, _ = wire.decode_reply(
+            *_answer(servers[0], shared_mod.encode_map(seg.name, 1 << 20), shared)
+        )
         assert ok
         seg.unlink()
         arena = Arena(seg)
@@ -134,12 +137,12 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         rows = np.arange(5 * WIDTH, dtype=np.float32).reshape(5, WIDTH)
         reads = {"emb": keys[::-1].copy()}
         parts = wire.swap_parts({"emb": (keys, rows)}, reads)
-        frame, (req, out) = wire.encode_shared(*parts, arena, 5 * WIDTH * 4)
+        frame, (req, out) = shared_mod.encode_shared(*parts, arena, 5 * WIDTH * 4)
         header, body = _answer(servers[0], frame, shared)
         assert body == b"" and json.loads(header)["at"] == [out, 5 * WIDTH * 4]
         arena.free(req)
         ok, got = wire.decode_reply(header, body, lambda o, n: arena.take(o, n))
-        plain = _answer(servers[1], wire.encode_swap({"emb": (keys, rows)}, reads), _Shared())
+        plain = _answer(servers[1], wire.encode_swap({"emb": (keys, rows)}, reads), ShardSegment())
         ok2, want = wire.decode_reply(*plain)
         assert ok and ok2
         np.testing.assert_array_equal(got.rows["emb"], rows[::-1])
@@ -149,7 +152,7 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         assert arena.in_use == 0
 
         # a reply region too small: the rows come in the frame
-        frame, (req, out) = wire.encode_shared(*wire.swap_parts({}, reads), arena, 16)
+        frame, (req, out) = shared_mod.encode_shared(*wire.swap_parts({}, reads), arena, 16)
         header, body = _answer(servers[0], frame, shared)
         assert "at" not in json.loads(header) and len(body) == 5 * WIDTH * 4
         with pytest.raises(ValueError, match="a reply in a shared segment this connection"):
@@ -160,11 +163,13 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
         assert json.loads(header)["msg"] == (
             f"a region [{1 << 20}, +8) outside a {1 << 20}-byte segment"
         )
-        header, _ = _answer(servers[1], wire.frames(json.loads(hostile), []), _Shared())
+        header, _ = _answer(servers[1], wire.frames(json.loads(hostile), []), ShardSegment())
         assert json.loads(header)["msg"] == (
             "a call in a shared segment on a connection that has none"
         )
-        header, _ = _answer(servers[1], wire.encode_map("angelps-" + "0" * 32, 4096), _Shared())
+        header, _ = _answer(
+            servers[1], shared_mod.encode_map("angelps-" + "0" * 32, 4096), ShardSegment()
+        )
         assert json.loads(header)["msg"].startswith(
             f"cannot map shared segment angelps-{'0' * 32}: "
         )
@@ -220,8 +225,8 @@ def test_the_shared_memory_key_is_checked():
         PSOptions.from_config({"angel.ps.shared.mib": 2048})
 
 
-def _shared_call(srv: ShardServer, shared: _Shared, arena: Arena, call, reply: int):
-    frame, regions = wire.encode_shared(*wire.request_parts(call), arena, reply)
+def _shared_call(srv: ShardServer, shared: ShardSegment, arena: Arena, call, reply: int):
+    frame, regions = shared_mod.encode_shared(*wire.request_parts(call), arena, reply)
     header, body = _answer(srv, frame, shared)
     return regions, header, body
 
@@ -235,9 +240,9 @@ def test_a_step_in_shared_memory_and_a_push_kept_past_its_reply():
     srv = ShardServer(0, 1, [lin], ShardOptions.from_config({}, num_workers=2))
     ref = ShardServer(0, 1, [lin], ShardOptions.from_config({}, num_workers=2))
     seg = Segment.create(1 << 16)
-    shared = _Shared()
+    shared = ShardSegment()
     try:
-        _answer(srv, wire.encode_map(seg.name, 1 << 16), shared)
+        _answer(srv, shared_mod.encode_map(seg.name, 1 << 16), shared)
         seg.unlink()
         arena = Arena(seg)
         keys = np.array([1, 5, 39], dtype=np.int64)
