@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["RowBlock", "as_rows", "free_bytes", "to_device", "to_host", "torch_dtype"]
+__all__ = [
+    "NUMPY_ROWS_ON_CPU",
+    "RowBlock",
+    "as_rows",
+    "free_bytes",
+    "to_device",
+    "to_host",
+    "torch_dtype",
+]
 
 
 def to_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -41,24 +50,37 @@ def as_rows(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
 
 
+#: Whole rows of a CPU tensor move as numpy's opaque rows (:class:`RowBlock`). Tests set this
+#: False to run a GPU's code path (torch's index_select/index_copy_, the asynchronous copies'
+#: bookkeeping) on the CPU.
+NUMPY_ROWS_ON_CPU = True
+
+
 class RowBlock:
     """Whole rows of a ``[n, width]`` tensor on a device, taken and put by slot (host int64
-    arrays). On the CPU as numpy's opaque rows (take/put: 5-10x faster than torch's
-    index_select/index_copy_ there, and no copy of the slots), on a GPU with torch."""
+    arrays, or the same slots already on the device: ``on``). On the CPU as numpy's opaque
+    rows (take/put: 5-10x faster than torch's index_select/index_copy_ there, and no copy of
+    the slots), on a GPU with torch."""
 
     def __init__(self, data: Tensor) -> None:
         self.data = data
         self.device = data.device
-        self._host = as_rows(data.numpy()) if data.device.type == "cpu" else None
+        host = data.device.type == "cpu" and NUMPY_ROWS_ON_CPU
+        self._host = as_rows(data.numpy()) if host else None
         self._np = np.dtype(str(data.dtype).removeprefix("torch."))
         self._width = int(data.shape[1])
 
-    def take(self, slots: np.ndarray) -> Tensor:
+    def slots(self, slots: np.ndarray) -> Tensor | None:
+        """``slots`` on the device, for several takes and puts of the same slots (None where
+        rows move by host slots)."""
+        return None if self._host is not None else to_device(slots, self.device)
+
+    def take(self, slots: np.ndarray, on: Tensor | None = None) -> Tensor:
         """A new ``[len(slots), width]`` tensor of the rows at ``slots`` (on the device)."""
         if self._host is not None:
             rows = self._host.take(slots).view(self._np)
             return torch.from_numpy(rows.reshape(len(slots), self._width))
-        return self.data.index_select(0, to_device(slots, self.device))
+        return self.data.index_select(0, on if on is not None else to_device(slots, self.device))
 
     def take_host(self, slots: np.ndarray) -> np.ndarray:
         """The rows at ``slots`` as a new host array."""
@@ -66,14 +88,29 @@ class RowBlock:
             return self._host.take(slots).view(self._np).reshape(len(slots), self._width)
         return self.take(slots).cpu().numpy()
 
-    def put(self, slots: np.ndarray, block: np.ndarray | Tensor) -> None:
+    def take_host_async(self, slots: np.ndarray) -> tuple[np.ndarray, Any]:
+        """:meth:`take_host` without waiting for a GPU: the host array (pinned; its rows land
+        later) and the CUDA event to wait for before reading it (None: ready now). The copy is
+        queued after every update queued before it, so it takes the rows as updated."""
+        if self.device.type != "cuda":
+            return self.take_host(slots), None
+        rows = self.take(slots)
+        h = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        h.copy_(rows, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        # The array keeps its tensor, and so its pinned block, alive.
+        return h.numpy(), done
+
+    def put(self, slots: np.ndarray, block: np.ndarray | Tensor, on: Tensor | None = None) -> None:
         """Write whole rows ``block`` (host or device) at ``slots``."""
         if self._host is not None:
             b = block.numpy() if isinstance(block, Tensor) else block
             np.put(self._host, slots, as_rows(np.ascontiguousarray(b, dtype=self._np)))
             return
         rows = block if isinstance(block, Tensor) else to_device(block, self.device)
-        self.data.index_copy_(0, to_device(slots, self.device), rows.to(self.device))
+        idx = on if on is not None else to_device(slots, self.device)
+        self.data.index_copy_(0, idx, rows.to(self.device, self.data.dtype))
 
 
 _TORCH_DTYPE = {

@@ -43,15 +43,22 @@ def unique_slots(ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dedup_on_device(
-    mode: str, device: torch.device, num_workers: int, sparse: set[str], held: frozenset[str]
+    mode: str,
+    device: torch.device,
+    num_workers: int,
+    sparse: set[str],
+    held: frozenset[str],
+    tiered: bool = False,
 ) -> bool:
     """Whether a batch's ids are deduplicated on the worker's ``device`` (``angel.worker.dedup``
     = ``mode``): only when this one worker holds every ``sparse`` table (the ids then never
     leave the device; shards and the exchanges between several workers route host ids), and
-    under ``auto`` only on CUDA (numpy's dedup is faster on the CPU)."""
+    under ``auto`` only on CUDA (numpy's dedup is faster on the CPU) and without device tiers
+    (``tiered``: a tier looks the ids up in its host index, so ids deduplicated on the GPU
+    would come back down, waiting for the GPU, at every read, update and prefetch)."""
     if mode == "host" or num_workers != 1 or not sparse or not sparse <= held:
         return False
-    return mode == "device" or device.type == "cuda"
+    return mode == "device" or (device.type == "cuda" and not tiered)
 
 
 class SideStream:

@@ -58,6 +58,16 @@ __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+def _send(
+    shards: Shards, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Any
+) -> SwapFuture:
+    """Write ``writes`` back (in the tier's write-back thread) once their rows are on the host
+    (``ready``: the CUDA event of their copy down; None: they are)."""
+    if ready is not None:
+        ready.synchronize()
+    return shards.swap_async(writes, {})
+
+
 class Shards(Protocol):
     """What a tier needs of the worker's PS client (angelps.client.ps_client.PSClient)."""
 
@@ -116,9 +126,15 @@ class TierBook:
         self._sender: ThreadPoolExecutor | None = None
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
+        #: training reads whose misses :meth:`place_ahead` had placed
+        self.reads_placed_ahead = 0
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
-        self._read: tuple[np.ndarray, np.ndarray, int] | None = None
+        #: the next read as a prefetch looked it up: (ids, slots, clock, misses placed ahead
+        #: by :meth:`place_ahead`, -1 where none were)
+        self._read: tuple[np.ndarray, np.ndarray, int, int] | None = None
+        #: slots uploaded to the device once for every table of the book: (host, device)
+        self._on: tuple[np.ndarray, Tensor | None] | None = None
         #: a read outside training: its ids and the rows of the tables yet to ask for them
         self._through: tuple[np.ndarray, dict[str, Tensor], int] | None = None
         #: slots the prefetched misses need (:meth:`make_room`)
@@ -133,6 +149,7 @@ class TierBook:
         self.drain()
         self._read = None
         self._last = None
+        self._on = None
         self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
         self.live = np.zeros(self.capacity, dtype=bool)
@@ -196,14 +213,26 @@ class TierBook:
             return np.zeros(0, dtype=np.int64)
         return self.index.lookup(keys)
 
-    def _known(self, ids: np.ndarray) -> tuple[np.ndarray, bool]:
+    def _known(self, ids: np.ndarray) -> tuple[np.ndarray, bool, int]:
         """:meth:`lookup` of ``ids``, or the slots a prefetch looked up for the same ids (its
         hits were pinned then, so no eviction since has taken them); whether the hits are
-        pinned at this update's clock already."""
+        pinned at this update's clock already; how many misses :meth:`place_ahead` placed
+        (-1: none was)."""
         read, self._read = self._read, None
         if read is not None and same(read[0], ids):
-            return read[1], read[2] == self._clock
-        return self.lookup(ids), False
+            if read[2] == self._clock:
+                return read[1], True, read[3]
+            return read[1], False, -1
+        return self.lookup(ids), False, -1
+
+    def slots_on(self, slots: np.ndarray) -> Tensor | None:
+        """``slots`` on the device, uploaded once for every table of the book (the tables
+        of a book read and write the same slots); None where rows move by host slots."""
+        on = self._on
+        if on is None or on[0] is not slots:
+            first = next(iter(self.tables.values()))
+            on = self._on = (slots, first.rows.slots(slots))
+        return on[1]
 
     # --- the shards ----------------------------------------------------------------------------
 
@@ -226,15 +255,17 @@ class TierBook:
                 row = t.width * t.data.element_size()
                 self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
 
-    def _write_back(self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    def _write_back(
+        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Any = None
+    ) -> None:
         """Start writing ``writes`` back from a thread of the tier's own (sending megabytes
-        takes a millisecond or more), in the order they were handed over; the tier's next
-        read from the shards waits for them (:meth:`settle_writes`)."""
+        takes a millisecond or more), in the order they were handed over, once their rows
+        are on the host (``ready``: the CUDA event of their copy down, waited for in that
+        thread); the tier's next read from the shards waits for them (:meth:`settle_writes`)."""
         self._count(writes, None)
         if self._sender is None:
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
-        shards = self._shards()
-        self._writes.append(Sent(self._sender.submit(shards.swap_async, writes, {})))
+        self._writes.append(Sent(self._sender.submit(_send, self._shards(), writes, ready)))
 
     def settle_writes(self) -> None:
         """Wait for the write-backs still in flight (their errors, a shard's restart)."""
@@ -280,10 +311,19 @@ class TierBook:
         k = min(len(free), max(need, self.capacity // 64))
         return free[smallest(score, k)] if k < len(free) else free
 
-    def _release(self, victims: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _release(
+        self, victims: np.ndarray, wait: bool = True
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         """Free the slots ``victims``: their keys and whole rows of each table, to write
-        back (their rows must not be written any more: no update of them is in flight)."""
-        blocks = {n: t.rows.take_host(victims) for n, t in self.tables.items()}
+        back, and the CUDA event to wait for before reading the rows (None: ready; always so
+        with ``wait``). Their copy down is queued after every update queued so far, so no
+        later write of their slots (a placement) can reach it."""
+        blocks, ready = {}, None
+        for n, t in self.tables.items():
+            blocks[n], ready = t.rows.take_host_async(victims)
+        if wait and ready is not None:
+            ready.synchronize()
+            ready = None
         keys = self.key_at[victims]
         self.index.remove(keys)
         self.live[victims] = False
@@ -292,9 +332,9 @@ class TierBook:
         self.n_free += len(victims)
         for t in self.tables.values():
             t.counts.writebacks += len(keys)
-        return keys, blocks
+        return keys, blocks, ready
 
-    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
         """Free ``need`` slots or more, never of a row pinned (read by the update in
         progress): the evicted keys and their whole rows of each table, to write back."""
         victims = self._choose(need, self._floor)
@@ -307,7 +347,7 @@ class TierBook:
                 f"below the {reads} rows one update reads on this worker; "
                 "raise it (or lower the batch size)"
             )
-        return self._release(victims)
+        return self._release(victims)  # (waited for: these rows may be sent at once)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -320,7 +360,7 @@ class TierBook:
             self._writes.append(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
-        self._read = (ids, slots, self._clock)
+        self._read = (ids, slots, self._clock, -1)
         held = slots >= 0
         self.used[slots[held]] = self._clock  # the next update's
         miss = ids[~held]
@@ -340,8 +380,34 @@ class TierBook:
             return
         victims = self._choose(need, self._clock)
         if len(victims):
-            keys, blocks = self._release(victims)
-            self._write_back({n: (keys, b) for n, b in blocks.items()})
+            keys, blocks, ready = self._release(victims, wait=False)
+            self._write_back({n: (keys, b) for n, b in blocks.items()}, ready)
+
+    def place_ahead(self) -> None:
+        """Place the prefetched misses in the slots :meth:`make_room` freed, once their rows
+        came, so that the next read finds every row held (one worker's update thread runs
+        this after make_room, beside the next batch's preparation); nothing where the tier
+        has too few free slots (the read evicts then) or the prefetch was read already."""
+        read, pending = self._read, self._pending
+        if read is None or pending is None or read[2] != self._clock or read[3] >= 0:
+            return
+        ids, slots, clock, _ = read
+        miss_ids, fut = pending
+        if len(miss_ids) > self.n_free:
+            return
+        self._pending = None
+        rows = fut.result()
+        self._check_restarts(fut)
+        if self.policy.admit > 1 or self.policy.eviction == "lfu":
+            self._see(ids)  # (the read's sighting, counted here for it)
+        if len(miss_ids):
+            new = self._place(miss_ids, rows)
+            slots = slots.copy()
+            slots[slots < 0] = new
+            self.used[new] = clock
+            if self.policy.admit > 1:
+                self.rare[new] = self._counts_of(miss_ids) < self.policy.admit
+        self._read = (ids, slots, clock, len(miss_ids))
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
@@ -350,7 +416,11 @@ class TierBook:
         last = self._last
         if last is not None and last[3] == self._clock and same(last[0], ids):
             return last[1], last[2]
-        slots, pinned = self._known(ids)
+        slots, pinned, placed = self._known(ids)
+        if placed >= 0:  # (the misses came and were placed ahead: every row is held)
+            self.reads_placed_ahead += 1
+            self._last = (ids, slots, len(ids) - placed, self._clock)
+            return slots, len(ids) - placed
         miss = slots < 0
         n_miss = int(miss.sum())
         if self.policy.admit > 1 or self.policy.eviction == "lfu":
@@ -373,7 +443,7 @@ class TierBook:
         slots."""
         writes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if len(miss) > self.n_free:
-            keys, blocks = self._evict(len(miss) - self.n_free)
+            keys, blocks, _ = self._evict(len(miss) - self.n_free)
             writes = {n: (keys, b) for n, b in blocks.items()}
         got: dict[str, np.ndarray] | None = None
         pending, self._pending = self._pending, None
@@ -410,11 +480,16 @@ class TierBook:
             # Write-backs alone are not waited for here: the next read from the shards waits
             # for them first (settle_writes), as it may ask for these rows again.
             self._write_back(writes)
+        assert got is not None
+        return self._place(miss, got)
+
+    def _place(self, miss: np.ndarray, got: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Put the rows ``got`` (of every table) of ids ``miss`` in free slots; the slots."""
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
-        assert got is not None
+        on = self.slots_on(slots)
         for n, t in self.tables.items():
-            t.rows.put(slots, got[n])
+            t.rows.put(slots, got[n], on)
         self.key_at[slots] = miss
         self.live[slots] = True
         self.index.insert(miss, slots)

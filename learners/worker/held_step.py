@@ -65,7 +65,12 @@ class HoldsTables:
         )
         sparse = {t.name for t in self.tables if t.sparse}
         self.inputs.on_device = dedup_on_device(
-            self.plan.feed.dedup, self.device, self.num_workers, sparse, self.held.names
+            self.plan.feed.dedup,
+            self.device,
+            self.num_workers,
+            sparse,
+            self.held.names,
+            bool(self.held.tiers),
         )
         return self.held.nbytes()
 

@@ -50,6 +50,8 @@ __all__ = ["HeldTable", "HeldTables"]
 
 #: Rows per chunk of initialisation and of a checkpoint's export.
 _CHUNK = 1 << 18
+#: One worker's update thread places the device tiers' prefetched misses (tests compare).
+PLACE_AHEAD = True
 
 
 def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
@@ -57,9 +59,15 @@ def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
     return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
 
 
-def _make_room(books: Sequence[TierBook]) -> None:
+def _make_room(books: Sequence[TierBook], place: bool = False) -> None:
+    """Free the slots of the device tiers' prefetched misses (the update in progress was
+    applied); with ``place``, place the misses there as they come (one worker's update
+    thread: the next read then finds its rows held)."""
     for b in books:
         b.make_room()
+    if place:
+        for b in books:
+            b.place_ahead()
 
 
 class HeldTable:
@@ -223,10 +231,14 @@ class HeldTables:
         self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
         self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self._moved = 0
-        # One CPU worker: an update runs in a thread while the worker prepares the next batch
-        # (reads wait for it: BSP). Collectives (several workers) and a device's own queue
-        # (CUDA) need none.
-        solo = num_workers == 1 and device.type == "cpu" and bool(self.tables)
+        # One worker: an update runs in a thread while the worker prepares the next batch
+        # (reads wait for it: BSP). Collectives (several workers) need none, nor a CUDA
+        # worker without device tiers (its own queue runs the update); with tiers the thread
+        # also frees their slots and places the next batch's misses, host work that would
+        # otherwise hold up the next batch (learners/worker/device_tier.py).
+        solo = (
+            num_workers == 1 and bool(self.tables) and (device.type != "cuda" or bool(self.books))
+        )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
@@ -311,13 +323,12 @@ class HeldTables:
                     books.append(b)
             if not books:
                 return
-            if self._pool is not None:
-                # The update thread frees the misses' slots after the update in progress (its
-                # rows may go then) while this thread prepares the next batch; the next read
-                # waits for it (settle).
-                self._rooms.append(self._pool.submit(_make_room, books))
-            else:  # (a device's queue orders the victims' reads after the update)
-                _make_room(books)
+            # The update thread frees the misses' slots after the update in progress (its rows
+            # may go then) and places the misses as they come, while this thread prepares the
+            # next batch; the next read waits for it (settle). On a GPU the victims' copy down
+            # and the placements are queued after the update, in the order of the stream.
+            assert self._pool is not None  # (one worker holding device tiers has one)
+            self._rooms.append(self._pool.submit(_make_room, books, PLACE_AHEAD))
 
     def train(self, on: bool) -> None:
         """Training (True) or reading only (validation, prediction: device tiers pin no rows)."""

@@ -39,6 +39,8 @@ class Book(Protocol):
 
     def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray: ...
 
+    def slots_on(self, slots: np.ndarray) -> Tensor | None: ...
+
 
 class TierTable:
     """One table of a :class:`TierBook`: its rows (weights and optimizer slots side by side,
@@ -95,7 +97,7 @@ class TierTable:
         self.counts.lookups += len(ids)
         self.counts.hits += hits
         self.counts.misses += len(ids) - hits
-        block = self.rows.take(slots)
+        block = self.rows.take(slots, book.slots_on(slots))
         # The update of these ids (by this update: no other writer) starts from these rows.
         self._read = (ids, slots, block, book.clock)
         return block[:, : self.cols].contiguous()
@@ -120,10 +122,11 @@ class TierTable:
             upd, self._upd = self._upd, None
         assert upd is not None
         slots, block = upd[1], upd[2]
+        on = self.book.slots_on(slots)
         if block is None:
-            block = self.rows.take(slots)
+            block = self.rows.take(slots, on)
         state = {k: block[:, a:b] for k, (a, b) in self.slots.items()}
         apply(
             self.spec.optimizer, block[:, : self.cols], state, grads.to(block.dtype), lr, momentum
         )
-        self.rows.put(slots, block)
+        self.rows.put(slots, block, on)

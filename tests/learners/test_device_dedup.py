@@ -80,6 +80,9 @@ def test_when_ids_are_deduplicated_on_the_device() -> None:
     assert not dedup_on_device("device", cuda, 2, sparse, both)
     assert not dedup_on_device("device", cuda, 1, sparse, frozenset({"wide"}))
     assert not dedup_on_device("device", cuda, 1, sparse, frozenset())
+    # a device tier looks ids up on the host: auto keeps them there (asked for: the device)
+    assert not dedup_on_device("auto", cuda, 1, sparse, both, tiered=True)
+    assert dedup_on_device("device", cuda, 1, sparse, both, tiered=True)
 
 
 def test_the_dedup_key_is_checked() -> None:

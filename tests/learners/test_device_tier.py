@@ -111,6 +111,7 @@ def _pair(
     prefetch: bool,
     policy: TierPolicy | None = None,
     astray: bool = False,
+    device: str = "cpu",
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
@@ -134,7 +135,7 @@ def _pair(
         0,
         1,
         "hash",
-        torch.device("cpu"),
+        torch.device(device),
         "gloo",
         tiers,
         policy or TierPolicy(),
@@ -154,7 +155,7 @@ def _pair(
         for n, spec in zip(("w", "v"), specs, strict=True):
             assert got[n].shape == (len(req[n]), spec.cols)
             g = rng.standard_normal((len(req[n]), spec.cols)).astype(np.float32)
-            held.add_grad(n, req[n], torch.from_numpy(g))
+            held.add_grad(n, req[n], torch.from_numpy(g).to(device))
         held.apply(1.0, 0.05)
         nxt = batch()
         if prefetch:
@@ -164,7 +165,7 @@ def _pair(
     held.settle()
     keys = np.arange(3000)
     if capacity is None:
-        out = {n: held.tables[n].data.numpy()[keys].copy() for n in ("w", "v")}
+        out = {n: held.tables[n].data.cpu().numpy()[keys].copy() for n in ("w", "v")}
         return out, held
     held.flush_tiers()
     return {n: shards.rows(n, keys) for n in ("w", "v")}, held
@@ -201,6 +202,46 @@ def test_a_tier_on_a_gpu_trains_as_the_whole_table_on_the_cpu(opt: OptimizerSpec
     want, _ = _steps(opt, None)
     got, _ = _steps(opt, 200, device="cuda")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_a_gpu_tier_evicting_and_placing_in_its_update_thread_is_exact(eviction: str) -> None:
+    """On CUDA the update thread queues the update, the victims' copy down (written back once
+    its event fired) and the prefetched misses' placement on the stream the next batch reads."""
+    want, _ = _pair(None, True, True)
+    got, held = _pair(160, True, True, TierPolicy(eviction), device="cuda")
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-6)
+    assert held.books[0].reads_placed_ahead > 0
+
+
+@pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
+def test_the_gpu_code_path_run_on_the_cpu_is_exact(
+    monkeypatch: pytest.MonkeyPatch, policy: TierPolicy
+) -> None:
+    """The rows moved as a GPU moves them (torch's index_select/index_copy_, slots uploaded
+    once a read, the victims taken down by take_host_async), the misses placed by the update
+    thread ahead of the read or at the read: the same rows as the whole table, and the same
+    hits, misses and write-backs either way."""
+    from learners.worker import device, held_tables
+
+    monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", False)
+    want, _ = _pair(None, True, True)
+    runs = {}
+    for place in (True, False):
+        monkeypatch.setattr(held_tables, "PLACE_AHEAD", place)
+        got, held = _pair(160, True, True, policy)
+        assert held.books[0].tables["w"].rows._host is None  # (torch's path)
+        for n in ("w", "v"):
+            np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+        c = held.tier_counts()
+        runs[place] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
+        assert (held.books[0].reads_placed_ahead > 0) == place
+    for n in ("w", "v"):
+        np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
+    assert runs[True][1] == runs[False][1]
 
 
 @pytest.mark.parametrize(
