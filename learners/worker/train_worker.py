@@ -333,7 +333,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         if self.cache is not None:
             self.cache.note_push(update, rates.push, self.ps.step_count)
         # The tables the workers hold (updated by their owners) first: the device, or the
-        # update thread of one CPU worker, applies it while the next batch is built below.
+        # update thread of one worker, applies it while the next batch is built below.
         self.held.apply(scale, rates.push)
         if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
