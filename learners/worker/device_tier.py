@@ -298,15 +298,17 @@ class TierBook:
         """The slots of ``need`` rows or more to evict (as many as there are, if fewer), among
         those last read before clock ``below``: the least recently or frequently used, rows
         not admitted first."""
-        live = np.flatnonzero(self.live)
-        free = live[self.used[live] < below]
+        old = self.used < below
+        # (a full tier, the usual case at an eviction: every slot is live)
+        free = np.flatnonzero(old if self.n_free == 0 else old & self.live)
         if not len(free):
             return free
         if self.policy.eviction == "lfu":
             score = self._counts_of(self.key_at[free]).astype(np.int64)
         else:
             score = self.used[free]
-        score = np.where(self.rare[free], score.min(initial=0) - 1, score)
+        if self.policy.admit > 1:  # (no row is marked rare otherwise)
+            score = np.where(self.rare[free], score.min(initial=0) - 1, score)
         # Evict a little more than needed, so that steps do not each pay a selection.
         k = min(len(free), max(need, self.capacity // 64))
         return free[smallest(score, k)] if k < len(free) else free
