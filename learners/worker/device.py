@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +87,7 @@ class RowBlock:
             return self._host.take(slots).view(self._np).reshape(len(slots), self._width)
         return self.take(slots).cpu().numpy()
 
-    def take_host_async(self, slots: np.ndarray) -> tuple[np.ndarray, Any]:
+    def take_host_async(self, slots: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
         """:meth:`take_host` without waiting for a GPU: the host array (pinned; its rows land
         later) and the CUDA event to wait for before reading it (None: ready now). The copy is
         queued after every update queued before it, so it takes the rows as updated."""

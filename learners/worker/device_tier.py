@@ -19,6 +19,10 @@ update in progress are never evicted. Admission
 updated like any row but goes first at the next eviction, so rare ids do not push out hot
 ones. docs/device-tier.md has the measurement behind the defaults.
 
+On a GPU one worker's update thread (learners/worker/held_tables.py) also places a
+prefetch's misses ahead of the read (:meth:`TierBook.place_ahead`), and the victims' rows
+come down without waiting for the GPU (the write-back thread waits for their copy's event).
+
 The index (id -> slot) lives on the host (a miss must come from the host anyway): an int32
 array over the id range of a table of known range, else a hash table, in which evicted ids
 stay (their slot's id tells a stale entry from a live one) until it holds 4x the capacity,
@@ -56,10 +60,12 @@ from learners.worker.tier_table import TierTable
 __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+#: The CUDA event after which rows copied down to the host can be read (None: they can now).
+Ready = torch.cuda.Event | None
 
 
 def _send(
-    shards: Shards, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Any
+    shards: Shards, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Ready
 ) -> SwapFuture:
     """Write ``writes`` back (in the tier's write-back thread) once their rows are on the host
     (``ready``: the CUDA event of their copy down; None: they are)."""
@@ -256,7 +262,7 @@ class TierBook:
                 self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
 
     def _write_back(
-        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Any = None
+        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Ready = None
     ) -> None:
         """Start writing ``writes`` back from a thread of the tier's own (sending megabytes
         takes a millisecond or more), in the order they were handed over, once their rows
@@ -315,12 +321,13 @@ class TierBook:
 
     def _release(
         self, victims: np.ndarray, wait: bool = True
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Ready]:
         """Free the slots ``victims``: their keys and whole rows of each table, to write
         back, and the CUDA event to wait for before reading the rows (None: ready; always so
         with ``wait``). Their copy down is queued after every update queued so far, so no
         later write of their slots (a placement) can reach it."""
-        blocks, ready = {}, None
+        blocks: dict[str, np.ndarray] = {}
+        ready: Ready = None
         for n, t in self.tables.items():
             blocks[n], ready = t.rows.take_host_async(victims)
         if wait and ready is not None:
@@ -336,7 +343,7 @@ class TierBook:
             t.counts.writebacks += len(keys)
         return keys, blocks, ready
 
-    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray], Ready]:
         """Free ``need`` slots or more, never of a row pinned (read by the update in
         progress): the evicted keys and their whole rows of each table, to write back."""
         victims = self._choose(need, self._floor)
