@@ -26,7 +26,7 @@ from learners.models.sparse_input import SparseInput
 from learners.models.table_decl import TableDecl
 from learners.models.zoo import BaseModel
 from learners.worker.device import to_device
-from learners.worker.device_step import unique_slots
+from learners.worker.device_step import host_copy, unique_slots
 
 __all__ = ["BatchInput"]
 
@@ -57,17 +57,27 @@ class BatchInput:
         self.dedup = dedup
         #: deduplicate on the device (set once the worker holds its tables)
         self.on_device = False
+        #: sparse tables whose unique ids a dedup on the device also copies to the host (device
+        #: tiers: their index is on the host)
+        self.host_ids: frozenset[str] = frozenset()
 
     def request(self, batch: Batch) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Dedup the batch ids: (slot of each id, the rows to pull from every table). With
         ``on_device`` (every sparse table held by this one worker: learners/worker/device_step.py)
         the ids go up once and are deduplicated there: the slots and the sparse tables' ids are
-        then tensors on the device (the same values), which only the held tables read."""
+        then tensors on the device (the same values), which only the held tables read; a device
+        tier's (``host_ids``) come down once, a host array."""
         ids = np.asarray(batch.ids, dtype=np.int64)
         if self.on_device:
             uniq_t, slots_t = unique_slots(to_device(ids, self.device))
+            sparse = [t.name for t in self.tables if t.sparse]
+            uniq_h = host_copy(uniq_t) if self.host_ids.intersection(sparse) else None
             ids_of: dict[str, Any] = {
-                t.name: (uniq_t if t.sparse else np.arange(t.rows, dtype=np.int64))
+                t.name: (
+                    (uniq_h if t.name in self.host_ids else uniq_t)
+                    if t.sparse
+                    else np.arange(t.rows, dtype=np.int64)
+                )
                 for t in self.tables
             }
             return slots_t, ids_of  # type: ignore[return-value]

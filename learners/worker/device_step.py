@@ -10,10 +10,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import is_dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["LossSum", "SideStream", "dedup_on_device", "unique_slots", "unscaled"]
+__all__ = ["LossSum", "SideStream", "dedup_on_device", "host_copy", "unique_slots", "unscaled"]
 
 
 class LossSum:
@@ -43,22 +44,29 @@ def unique_slots(ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dedup_on_device(
-    mode: str,
-    device: torch.device,
-    num_workers: int,
-    sparse: set[str],
-    held: frozenset[str],
-    tiered: bool = False,
+    mode: str, device: torch.device, num_workers: int, sparse: set[str], held: frozenset[str]
 ) -> bool:
     """Whether a batch's ids are deduplicated on the worker's ``device`` (``angel.worker.dedup``
     = ``mode``): only when this one worker holds every ``sparse`` table (the ids then never
-    leave the device; shards and the exchanges between several workers route host ids), and
-    under ``auto`` only on CUDA (numpy's dedup is faster on the CPU) and without device tiers
-    (``tiered``: a tier looks the ids up in its host index, so ids deduplicated on the GPU
-    would come back down, waiting for the GPU, at every read, update and prefetch)."""
+    leave the device, but for a device tier's: :func:`host_copy`; shards and the exchanges
+    between several workers route host ids), and under ``auto`` only on CUDA (numpy's dedup is
+    faster on the CPU)."""
     if mode == "host" or num_workers != 1 or not sparse or not sparse <= held:
         return False
-    return mode == "device" or (device.type == "cuda" and not tiered)
+    return mode == "device" or device.type == "cuda"
+
+
+def host_copy(t: Tensor) -> np.ndarray:
+    """A host copy of ``t`` (a batch's unique ids, for a device tier, whose index is on the
+    host), made on the stream that built it: on a GPU through pinned memory, waiting for that
+    stream alone (the side stream of :class:`SideStream`: the batch's upload and dedup), not
+    for the step computing beside it."""
+    if not t.is_cuda:
+        return t.numpy()
+    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    h.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return h.numpy()
 
 
 class SideStream:

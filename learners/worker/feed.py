@@ -55,8 +55,7 @@ DEDUP = Key(
     "Where a batch's ids are deduplicated when the workers hold every sparse table "
     "(angel.sparse.placement=worker, 1 worker): host (numpy), device (torch.unique where the "
     "rows are, so ids never come back to the host) or auto (device on a CUDA worker, host on "
-    "the CPU, where numpy is faster, and with a device tier, whose index is on the host). "
-    "Both give the same rows and slots.",
+    "the CPU, where numpy is faster). Both give the same rows and slots.",
     choices=("auto", "host", "device"),
 )
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}

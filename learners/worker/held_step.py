@@ -65,13 +65,10 @@ class HoldsTables:
         )
         sparse = {t.name for t in self.tables if t.sparse}
         self.inputs.on_device = dedup_on_device(
-            self.plan.feed.dedup,
-            self.device,
-            self.num_workers,
-            sparse,
-            self.held.names,
-            bool(self.held.tiers),
+            self.plan.feed.dedup, self.device, self.num_workers, sparse, self.held.names
         )
+        # (a device tier's index is on the host: its ids come down once a batch)
+        self.inputs.host_ids = frozenset(self.held.tiers)
         return self.held.nbytes()
 
     def _from_ps(self, req: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

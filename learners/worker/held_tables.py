@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -232,7 +232,7 @@ class HeldTables:
         self.whole = {n: t for n, t in self.tables.items() if isinstance(t, HeldTable)}
         self.names = frozenset(self.tables)
         self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
-        self._parts: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self._parts: dict[str, list[tuple[np.ndarray | Tensor, Tensor]]] = {}
         self._moved = 0
         # One worker: an update runs in a thread while the worker prepares the next batch
         # (reads wait for it: BSP). Collectives (several workers) need none, nor a CUDA
@@ -374,17 +374,20 @@ class HeldTables:
         self.rows(dict.fromkeys(names, empty))
 
     def add_grad(self, name: str, ids: np.ndarray | Tensor, grad: Tensor) -> None:
-        """One micro-batch's row gradients of a held table (ids unique)."""
-        self._parts.setdefault(name, []).append((_ids_on(ids, self.device), grad))
+        """One micro-batch's row gradients of a held table (ids unique). One worker's device
+        tier keeps host ids on the host (its update looks them up there: ids on a GPU would
+        have to come back down, waiting for it)."""
+        keep = self.exchange is None and name in self.tiers and not isinstance(ids, Tensor)
+        self._parts.setdefault(name, []).append((ids if keep else _ids_on(ids, self.device), grad))
 
-    def merged(self) -> dict[str, tuple[Tensor, Tensor]]:
+    def merged(self) -> dict[str, tuple[np.ndarray | Tensor, Tensor]]:
         """This update's gradients by table: ids unique, a repeated id's gradients summed."""
-        out: dict[str, tuple[Tensor, Tensor]] = {}
+        out: dict[str, tuple[np.ndarray | Tensor, Tensor]] = {}
         for name, parts in self._parts.items():
             if len(parts) == 1:
                 out[name] = parts[0]
                 continue
-            ids = torch.cat([p[0] for p in parts])
+            ids = torch.cat([_ids_on(p[0], self.device) for p in parts])
             g = torch.cat([p[1] for p in parts])
             uniq, inv = torch.unique(ids, sorted=True, return_inverse=True)
             out[name] = (
@@ -425,7 +428,8 @@ class HeldTables:
         groups = self._groups(sorted(self.names))
         for group in groups:
             tables = [self.tables[n] for n in group]
-            local = [grads.get(n) for n in group]
+            # (several workers keep no host ids: add_grad)
+            local = cast("list[tuple[Tensor, Tensor] | None]", [grads.get(n) for n in group])
             # one micro-batch an update (the same on every worker): the ids are the read's
             reuse = single and len(groups) == 1
             self._moved += self.exchange.push(local, tables, scale, lr, reuse)
@@ -433,9 +437,16 @@ class HeldTables:
             b.end_update()
             b.settled()
 
-    def _update(self, grads: Mapping[str, tuple[Tensor, Tensor]], scale: float, lr: Step) -> None:
+    def _update(
+        self, grads: Mapping[str, tuple[np.ndarray | Tensor, Tensor]], scale: float, lr: Step
+    ) -> None:
         for name, (ids, g) in grads.items():
-            self.tables[name].update(ids, g * scale if scale != 1.0 else g, lr)
+            t = self.tables[name]
+            g = g * scale if scale != 1.0 else g
+            if isinstance(t, TierTable):
+                t.update(ids, g, lr)
+            else:
+                t.update(_ids_on(ids, self.device), g, lr)
 
     def _groups(self, names: Sequence[str]) -> list[list[str]]:
         """Tables routed alike (the same row range) exchange together."""

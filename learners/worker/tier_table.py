@@ -112,7 +112,7 @@ class TierTable:
         else:
             self._upd = (ids, self.book.slots_for_update(ids), None)
 
-    def update(self, keys: Tensor, grads: Tensor, step: Step) -> None:
+    def update(self, keys: np.ndarray | Tensor, grads: Tensor, step: Step) -> None:
         """One optimizer update of owned unique ``keys`` (all read in this update, so held)."""
         lr, momentum = rate_of(step, self.spec.name)
         upd, self._upd = self._upd, None

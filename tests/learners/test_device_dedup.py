@@ -20,7 +20,13 @@ from angelconf.config import ConfigError, validate
 from angelps.dedup import Dedup
 from learners.keys import all_keys
 from learners.models.sparse_input import SparseInput
-from learners.worker.device_step import LossSum, SideStream, dedup_on_device, unique_slots
+from learners.worker.device_step import (
+    LossSum,
+    SideStream,
+    dedup_on_device,
+    host_copy,
+    unique_slots,
+)
 from learners.worker.feed import DEDUP, FeedOptions
 from tests.learners.test_worker_tables import _train
 from tests.short_tmp import short_tmp
@@ -80,9 +86,6 @@ def test_when_ids_are_deduplicated_on_the_device() -> None:
     assert not dedup_on_device("device", cuda, 2, sparse, both)
     assert not dedup_on_device("device", cuda, 1, sparse, frozenset({"wide"}))
     assert not dedup_on_device("device", cuda, 1, sparse, frozenset())
-    # a device tier looks ids up on the host: auto keeps them there (asked for: the device)
-    assert not dedup_on_device("auto", cuda, 1, sparse, both, tiered=True)
-    assert dedup_on_device("device", cuda, 1, sparse, both, tiered=True)
 
 
 def test_the_dedup_key_is_checked() -> None:
@@ -113,6 +116,47 @@ def test_a_batch_built_beside_the_compute_is_the_same_batch() -> None:
     assert side.stream is None  # the CPU has no side stream: the same code, nothing to wait on
     side.hand_over(x, None, req)
     assert x.slot.tolist() == [1, 0, 1, 2, 0, 0] and req["wide"].tolist() == [3, 7, 9]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]
+        ),
+    ],
+)
+def test_a_device_tiers_ids_come_down_once_from_the_side_stream(device: str) -> None:
+    side, _, req = _side_batch(torch.device(device))
+    with side.scope():
+        host = host_copy(req["wide"])
+    assert isinstance(host, np.ndarray) and host.tolist() == [3, 7, 9]
+
+
+def test_a_request_deduplicated_on_the_device_gives_a_tiers_tables_host_ids() -> None:
+    """The tables in a device tier get the unique ids as a host array (their index is on the
+    host); the other held tables keep them on the device."""
+    from learners.data.batch import Batch
+    from learners.models.table_decl import TableDecl
+    from learners.worker.batch_rows import BatchInput
+
+    tables = [
+        TableDecl("wide", 10, 1, True, "inputlayer"),
+        TableDecl("embedding", 10, 4, True, "embedding"),
+        TableDecl("bias", 1, 1, False, "inputlayer"),
+    ]
+    inputs = BatchInput(None, tables, set(), torch.device("cpu"), None, [], Dedup())  # type: ignore[arg-type]
+    inputs.on_device = True
+    inputs.host_ids = frozenset({"embedding"})
+    ids = np.array([7, 3, 7, 9, 3, 3], dtype=np.int64)
+    batch = Batch(
+        np.zeros(2, np.float32), np.array([0, 3, 6]), ids, np.ones(6, np.float32), np.arange(2)
+    )
+    slots, req = inputs.request(batch)
+    assert isinstance(req["embedding"], np.ndarray) and req["embedding"].tolist() == [3, 7, 9]
+    assert isinstance(req["wide"], torch.Tensor) and req["wide"].tolist() == [3, 7, 9]
+    assert slots.tolist() == [1, 0, 1, 2, 0, 0] and req["bias"].tolist() == [0]
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from angelps.checkpoint import files as checkpoint
 from tests.learners.test_worker_tables import CASES, _assert_same, _learner, _tables, _train
@@ -114,6 +115,38 @@ def test_every_optimizer_with_a_tier_below_the_table_trains_as_the_shards(
     _assert_same(ps_w, tier_w)
     assert tier["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
     assert tier["valid_logloss"] == pytest.approx(ps["valid_logloss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_a_tier_fed_ids_deduplicated_on_the_device_trains_as_the_shards(tmp_path, census, device):
+    """angel.worker.dedup=device (a CUDA worker's default): the batch's unique ids come down
+    once for the tier's host index, its gradients keep them there; on CUDA the update thread
+    also evicts and places the misses. The same run as every row on the shards."""
+    sets = {**SMALL, "angel.worker.device": device}
+    ps, ps_w = _train("fm_census.properties", tmp_path / "ps", census, **SMALL)
+    tier, tier_w = _train(
+        "fm_census.properties",
+        tmp_path / "tier",
+        census,
+        **sets,
+        **TIER,
+        **{"angel.worker.dedup": "device"},
+    )
+    _assert_same(ps_w, tier_w)
+    assert tier["valid_auc"] == pytest.approx(ps["valid_auc"], abs=1e-6)
+    np.testing.assert_allclose(tier["pred"], ps["pred"], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
