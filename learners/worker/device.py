@@ -87,13 +87,15 @@ class RowBlock:
             return self._host.take(slots).view(self._np).reshape(len(slots), self._width)
         return self.take(slots).cpu().numpy()
 
-    def take_host_async(self, slots: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
+    def take_host_async(
+        self, slots: np.ndarray, on: Tensor | None = None
+    ) -> tuple[np.ndarray, torch.cuda.Event | None]:
         """:meth:`take_host` without waiting for a GPU: the host array (pinned; its rows land
         later) and the CUDA event to wait for before reading it (None: ready now). The copy is
         queued after every update queued before it, so it takes the rows as updated."""
         if self.device.type != "cuda":
             return self.take_host(slots), None
-        rows = self.take(slots)
+        rows = self.take(slots, on)
         h = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
         h.copy_(rows, non_blocking=True)
         done = torch.cuda.Event()

@@ -328,8 +328,9 @@ class TierBook:
         later write of their slots (a placement) can reach it."""
         blocks: dict[str, np.ndarray] = {}
         ready: Ready = None
+        on = self.slots_on(victims)
         for n, t in self.tables.items():
-            blocks[n], ready = t.rows.take_host_async(victims)
+            blocks[n], ready = t.rows.take_host_async(victims, on)
         if wait and ready is not None:
             ready.synchronize()
             ready = None
