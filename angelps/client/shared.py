@@ -19,9 +19,11 @@ thread and its main thread send concurrently); a request's region is freed when 
 arrives (the shard has read it: the shard keeps no view of a request's body after answering
 it, and copies a push it keeps), a reply's region when the last array over it is gone
 (:meth:`Arena.take`); a call that finds no room travels on the socket as before. The segment
-is owner-only (0600), its memory reserved when it is made, named with 128 random bits, and
-opened by the shard only under that name's pattern, as a regular file of this user's, not
-through a link.
+is owner-only (0600), its memory reserved when it is made, named with its maker's process id
+and 128 random bits, and opened by the shard only under that name's pattern, as a regular file
+of this user's, not through a link. A segment whose maker died in the one round trip before
+the shard mapped it (its name is removed then) is removed by the next process of this user's
+that makes one (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import re
 import secrets
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -41,15 +44,20 @@ import numpy as np
 
 from angelps.client import wire
 
-__all__ = ["ALIGN", "SHM_DIR", "Arena", "Segment", "shared_dir"]
+__all__ = ["ALIGN", "SHM_DIR", "Arena", "Segment", "shared_dir", "sweep_stale"]
 
 #: Where segments live (a RAM-backed file system; none on other systems: sockets only).
 SHM_DIR = "/dev/shm"
 #: Regions start at multiples of this (a cache line: rows copied in and out are aligned).
 ALIGN = 64
-_NAME = re.compile(r"angelps-[0-9a-f]{32}")
+_NAME = re.compile(r"angelps-([0-9]{1,10})-[0-9a-f]{32}")
 #: The largest segment a shard maps (a client never asks for more).
 MAX_SEGMENT = 1 << 30
+#: A segment of a process that is gone is removed once it is this old (seconds): its maker
+#: removes its name within one round trip, and a process of another pid namespace sharing
+#: /dev/shm (whose ids this one cannot see) is not raced.
+STALE_S = 60.0
+_swept = False
 
 
 def shared_dir() -> str | None:
@@ -57,6 +65,47 @@ def shared_dir() -> str | None:
     if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK):
         return SHM_DIR
     return None
+
+
+def sweep_stale(folder: str = SHM_DIR, now: float | None = None) -> list[str]:
+    """Remove this user's segments in ``folder`` whose maker is gone (it died between making
+    one and the shard mapping it) and that are :data:`STALE_S` old; the names removed."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = _NAME.fullmatch(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+            if (
+                stat.S_ISREG(st.st_mode)
+                and st.st_uid == os.getuid()
+                and now - st.st_mtime >= STALE_S
+            ):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue  # (removed meanwhile)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (or cannot be told: then it is left alone)."""
+    if pid <= 1:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # (another user's process, an id out of range)
+    return True
 
 
 class Segment:
@@ -74,7 +123,11 @@ class Segment:
         folder = shared_dir()
         if folder is None:
             raise OSError(f"no shared-memory directory ({SHM_DIR})")
-        name = f"angelps-{secrets.token_hex(16)}"
+        global _swept
+        if not _swept:  # (once a process)
+            _swept = True
+            sweep_stale(folder)
+        name = f"angelps-{os.getpid()}-{secrets.token_hex(16)}"
         path = os.path.join(folder, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:

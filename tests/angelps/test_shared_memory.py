@@ -8,6 +8,8 @@ import asyncio
 import gc
 import json
 import os
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -86,14 +88,14 @@ def test_a_shard_maps_only_a_segment_of_this_users_by_its_name(tmp_path):
         other.close()
         with pytest.raises(ValueError, match="not a 8192-byte file"):
             Segment.attach(seg.name, 8192)
-        for bad in ("../etc/passwd", "angelps-xyz", "angelps-" + "0" * 31):
+        for bad in ("../etc/passwd", "angelps-xyz", "angelps-1-" + "0" * 31, "angelps-" + "0" * 32):
             with pytest.raises(ValueError, match="not a segment name"):
                 Segment.attach(bad, 4096)
         with pytest.raises(ValueError, match="a segment of 0 bytes"):
             Segment.attach(seg.name, 0)
         with pytest.raises(FileNotFoundError):  # (a client on another node)
-            Segment.attach("angelps-" + "0" * 32, 4096)
-        link = "angelps-" + "1" * 32
+            Segment.attach("angelps-1-" + "0" * 32, 4096)
+        link = "angelps-1-" + "1" * 32
         os.symlink(os.path.join(SHM_DIR, seg.name), os.path.join(SHM_DIR, link))
         try:
             with pytest.raises(OSError):  # not through a link
@@ -102,6 +104,44 @@ def test_a_shard_maps_only_a_segment_of_this_users_by_its_name(tmp_path):
             os.unlink(os.path.join(SHM_DIR, link))
         with pytest.raises(ValueError, match=r"a region \[4000, \+200\) outside a 4096-byte"):
             seg.view(4000, 200)
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_a_segment_left_by_a_maker_that_died_is_removed_by_the_next_maker(tmp_path):
+    """A maker that died before the shard mapped its segment left its name behind: the next
+    process to make one removes it once it is STALE_S old; a live maker's, a young one, another
+    name and a file that is not a segment stay."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    tail = "-" + "a" * 32
+    files = {
+        "stale": f"angelps-{gone.pid}{tail}",
+        "live": f"angelps-{os.getpid()}{tail}",
+        "young": f"angelps-{gone.pid}-{'b' * 32}",
+        "other": f"angelps-{gone.pid}-xyz",
+    }
+    old = time.time() - shared_mod.STALE_S - 5
+    for key, name in files.items():
+        (tmp_path / name).write_bytes(b"x")
+        if key != "young":
+            os.utime(tmp_path / name, (old, old))
+    os.mkdir(tmp_path / f"angelps-{gone.pid}-{'c' * 32}")  # (not a file)
+    os.utime(tmp_path / f"angelps-{gone.pid}-{'c' * 32}", (old, old))
+    assert shared_mod.sweep_stale(str(tmp_path)) == [files["stale"]]
+    left = set(os.listdir(tmp_path))
+    assert left == {files["live"], files["young"], files["other"], f"angelps-{gone.pid}-{'c' * 32}"}
+    # a segment carries its maker's id, and the first one a process makes sweeps SHM_DIR
+    stale = os.path.join(SHM_DIR, files["stale"])
+    with open(stale, "wb") as f:
+        f.write(b"x")
+    os.utime(stale, (old, old))
+    shared_mod._swept = False
+    seg = Segment.create(4096)
+    try:
+        assert seg.name.startswith(f"angelps-{os.getpid()}-")
+        assert not os.path.exists(stale)
     finally:
         seg.unlink()
         seg.close()
@@ -168,10 +208,10 @@ def test_a_swap_in_shared_memory_equals_the_same_swap_on_the_socket():
             "a call in a shared segment on a connection that has none"
         )
         header, _ = _answer(
-            servers[1], shared_mod.encode_map("angelps-" + "0" * 32, 4096), ShardSegment()
+            servers[1], shared_mod.encode_map("angelps-1-" + "0" * 32, 4096), ShardSegment()
         )
         assert json.loads(header)["msg"].startswith(
-            f"cannot map shared segment angelps-{'0' * 32}: "
+            f"cannot map shared segment angelps-1-{'0' * 32}: "
         )
     finally:
         shared.close()
