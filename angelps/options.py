@@ -171,8 +171,9 @@ SHARED_MIB = Key(
     64,
     "Most MiB of memory each client process shares with each shard on its own node for the "
     "data plane: the bodies of its step calls and device-tier swaps, and the rows of their "
-    "replies, skip the socket, which then carries only the headers. A connection starts with "
-    "4 MiB and grows (by doubling) when a call does not fit, up to this. 0: none (everything "
+    "replies, skip the socket, which then carries only the headers. A connection starts "
+    "sharing at its first call of 64 KiB or more, with 4 MiB, and grows (by doubling) when a "
+    "call does not fit, up to this. 0: none (everything "
     "on the socket). A call that does not fit, a shard on another node, or a /dev/shm without "
     "room uses the socket. Needs angel.ps.transport=socket.",
     check=lambda v: None if 0 <= v <= 1024 else "an integer from 0 to 1024 (0: none)",

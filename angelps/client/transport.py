@@ -67,6 +67,16 @@ Reply: TypeAlias = StepResult
 #: The first segment a connection shares with a shard on its node (angel.ps.shared.mib
 #: bounds how far it doubles): a call of a few rows should not reserve tens of MB.
 FIRST_SEGMENT = 4 << 20
+#: The smallest call (body and reply) that makes a connection share a segment: below it the
+#: socket costs about the same (docs/ps.md), and a connection that only carries small calls
+#: (a few rows a step) reserves no memory (16 workers and 16 shards on a node would otherwise
+#: hold 1 GiB of /dev/shm).
+SHARE_FROM = 64 << 10
+
+
+def _need(bufs: Sequence[bytes | memoryview], reply_bytes: int) -> int:
+    """The bytes a call takes in a segment: its body and its reply, each region aligned."""
+    return sum(memoryview(b).nbytes for b in bufs) + reply_bytes + 2 * ALIGN
 
 
 class ChannelDown(Exception):
@@ -127,10 +137,10 @@ class Channel:
         """A call (``head`` and its body ``bufs``: ``wire.request_parts``,
         ``wire.swap_parts``) with its body in the segment shared with the shard, where it is
         on this node and there is room for the body and the reply (``reply_bytes``: at least
-        the reply's rows), else in the frame. The first call offers the shard a segment of
-        :data:`FIRST_SEGMENT` bytes; a call that does not fit grows it (:meth:`_grow`: a new
-        segment, regions in the old one stay valid until freed), up to ``limit`` bytes (0:
-        never)."""
+        the reply's rows), else in the frame. The first call of :data:`SHARE_FROM` bytes or
+        more offers the shard a segment of :data:`FIRST_SEGMENT` bytes (or the power of two
+        that holds it); a call that does not fit grows it (:meth:`_grow`: a new segment,
+        regions in the old one stay valid until freed), up to ``limit`` bytes (0: never)."""
         # All under the send lock: a call must reach the shard before any segment that
         # replaces the one it was written to (a copy here costs what a send of the same bytes
         # on the socket did under this lock).
@@ -139,13 +149,15 @@ class Channel:
             if arena is None:
                 if not limit or self._no_share:
                     return self.send(wire.frames(head, bufs))
-                arena = self._grow(None, limit)
+                need = _need(bufs, reply_bytes)
+                if need < SHARE_FROM:
+                    return self.send(wire.frames(head, bufs))
+                arena = self._grow(None, limit, need)
             placed = None
             if arena is not None:
                 placed = encode_shared(head, bufs, arena, reply_bytes)
                 if placed is None and arena.segment.size < limit:
-                    need = sum(memoryview(b).nbytes for b in bufs) + reply_bytes + 2 * ALIGN
-                    grown = self._grow(arena, limit, need)
+                    grown = self._grow(arena, limit, _need(bufs, reply_bytes))
                     if grown is not arena and grown is not None:
                         arena = grown
                         placed = encode_shared(head, bufs, arena, reply_bytes)

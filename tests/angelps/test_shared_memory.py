@@ -319,10 +319,13 @@ def test_a_jobs_steps_use_shared_memory_and_train_as_on_the_socket(ray_local):
         rng = np.random.default_rng(11)
         try:
             for _ in range(5):
-                keys = np.unique(rng.integers(-3000, 3000, 2000))
+                # (about 9,000 keys a shard: above the size that makes a connection share)
+                keys = np.unique(rng.integers(-30_000, 30_000, 20_000))
                 grads = rng.standard_normal((len(keys), 4)).astype(np.float32)
                 c.push("emb", keys, grads, 0.05)
-            everything = np.arange(-3000, 3000)
+                arenas = [ch.arena for ch in c.net.chans]
+                assert all((a is not None) == (mib > 0) for a in arenas)
+            everything = np.arange(-30_000, 30_000)
             got[mib] = c.pull("emb", everything)
             arenas = [ch.arena for ch in c.net.chans]
             assert all((a is not None) == (mib > 0) for a in arenas)
@@ -335,6 +338,25 @@ def test_a_jobs_steps_use_shared_memory_and_train_as_on_the_socket(ray_local):
         finally:
             c.shutdown()
     np.testing.assert_array_equal(got[4], got[0])
+
+
+def test_a_connection_of_small_calls_shares_no_memory(ray_local):
+    """Calls below SHARE_FROM go on the socket without a segment (no memory reserved); the
+    first one above it makes the segment."""
+    before = _segment_files()
+    c = _client("shm-small", 64)
+    try:
+        keys = np.arange(-300, 300, dtype=np.int64)  # 300 rows a shard: 19 KB each way
+        for _ in range(3):
+            c.push("emb", keys, np.ones((len(keys), 4), np.float32), 0.05)
+            c.pull("emb", keys)
+        assert [ch.arena for ch in c.net.chans] == [None, None]
+        big = np.arange(-5000, 5000, dtype=np.int64)
+        c.pull("emb", big)
+        assert [ch.arena.segment.size for ch in c.net.chans] == [transport.FIRST_SEGMENT] * 2
+        assert _segment_files() == before
+    finally:
+        c.shutdown()
 
 
 def test_a_segment_grows_for_a_larger_call_and_calls_in_flight_keep_the_old_one(ray_local):
