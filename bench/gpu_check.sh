@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of angelps, on a machine with one CUDA GPU, from the repo root (Ray, torch with
-# CUDA and pytest installed; about 6 minutes on an H100 with 16 cores):
+# CUDA and pytest installed; a few minutes):
 #
 #   bash bench/gpu_check.sh [OUT_DIR]          # default runs/gpu-check
 #
@@ -54,14 +54,16 @@ if [[ $skip != *,feed,* ]]; then
   echo "feed: rc=$? at $(since)"
   grep -E '^\[|\|' "$out/feed_cuda.txt" | tail -12
   if command -v py-spy > /dev/null; then
-    # A longer run of the tier alone, its worker and shard profiled 6 s into training.
+    # A longer run of the tier alone, its worker and shard profiled 6 s into training (the
+    # actors of this run, not those of the last one still shutting down).
+    old=" $(pgrep -d ' ' -f 'ray::(WorkerActor|ShardServer)') "
     python3 bench/train_throughput.py --suite feed --models FM --device cuda --threads 4 \
       --timeout 120 --epochs 30 --systems angelps-bsp-w1s1-tier10 \
       --out "$out/feed_cuda_profiled.json" > "$out/feed_cuda_profiled.txt" 2>&1 &
-    run=$!
+    newest() { for p in $(pgrep -f "$1"); do [[ $old == *" $p "* ]] || { echo "$p"; return; }; done; }
     w= s=
     for _ in $(seq 120); do
-      w=$(pgrep -f 'ray::WorkerActor' | head -1) s=$(pgrep -f 'ray::ShardServer' | head -1)
+      w=$(newest 'ray::WorkerActor') s=$(newest 'ray::ShardServer')
       [[ -n $w && -n $s ]] && break
       sleep 0.5
     done
