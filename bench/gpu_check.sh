@@ -9,8 +9,8 @@
 #    test files whose code paths change on a CUDA machine;
 # 3. the feed suite's FM on the GPU (bench/train_throughput.py --device cuda): plain PyTorch
 #    with its table on the GPU, every row on a shard, the tables on the GPU, a device tier at
-#    10%; where py-spy is on the PATH, a profile of the tier's worker and shard (every thread,
-#    idle included) while it trains.
+#    10%; where py-spy is on the PATH, profiles of the worker and shard (every thread, idle
+#    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS).
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
 # Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts.
@@ -54,25 +54,29 @@ if [[ $skip != *,feed,* ]]; then
   echo "feed: rc=$? at $(since)"
   grep -E '^\[|\|' "$out/feed_cuda.txt" | tail -12
   if command -v py-spy > /dev/null; then
-    # A longer run of the tier alone, its worker and shard profiled 6 s into training (the
-    # actors of this run, not those of the last one still shutting down).
-    old=" $(pgrep -d ' ' -f 'ray::(WorkerActor|ShardServer)') "
-    python3 bench/train_throughput.py --suite feed --models FM --device cuda --threads 4 \
-      --timeout 120 --epochs 30 --systems angelps-bsp-w1s1-tier10 \
-      --out "$out/feed_cuda_profiled.json" > "$out/feed_cuda_profiled.txt" 2>&1 &
-    newest() { for p in $(pgrep -f "$1"); do [[ $old == *" $p "* ]] || { echo "$p"; return; }; done; }
-    w= s=
-    for _ in $(seq 120); do
-      w=$(newest 'ray::WorkerActor') s=$(newest 'ray::ShardServer')
-      [[ -n $w && -n $s ]] && break
-      sleep 0.5
+    # Longer runs of one system each (SYSTEM:EPOCHS), its worker and shard profiled 6 s into
+    # training (the actors of this run, not those of the last one still shutting down).
+    for run in ${PROFILE_SYSTEMS:-angelps-bsp-w1s1-tier10:30 angelps-bsp-w1s1-held:60}; do
+      system=${run%%:*} tag=${run%%:*}
+      tag=${tag##*-}
+      old=" $(pgrep -d ' ' -f 'ray::(WorkerActor|ShardServer)') "
+      python3 bench/train_throughput.py --suite feed --models FM --device cuda --threads 4 \
+        --timeout 120 --epochs "${run##*:}" --systems "$system" \
+        --out "$out/profiled_$tag.json" > "$out/profiled_$tag.txt" 2>&1 &
+      newest() { for p in $(pgrep -f "$1"); do [[ $old == *" $p "* ]] || { echo "$p"; return; }; done; }
+      w= s=
+      for _ in $(seq 120); do
+        w=$(newest 'ray::WorkerActor') s=$(newest 'ray::ShardServer')
+        [[ -n $w && -n $s ]] && break
+        sleep 0.5
+      done
+      sleep 14 # (the job's start: its first steps come about 13 s after the actors)
+      for p in "worker:$w" "shard:$s"; do
+        py-spy record -p "${p#*:}" -d 6 -r 250 -f raw --threads --idle \
+          -o "$out/profile_${tag}_${p%%:*}.txt" > /dev/null 2>&1 &
+      done
+      wait
+      echo "profile $system: at $(since)"
     done
-    sleep 14 # (the job's start: its first steps come about 13 s after the actors)
-    for p in "worker:$w" "shard:$s"; do
-      py-spy record -p "${p#*:}" -d 6 -r 250 -f raw --threads --idle \
-        -o "$out/profile_${p%%:*}.txt" > /dev/null 2>&1 &
-    done
-    wait
-    echo "profile: at $(since)"
   fi
 fi
