@@ -170,12 +170,11 @@ SHARED_MIB = Key(
     "int",
     64,
     "Most MiB of memory each client process shares with each shard on its own node for the "
-    "data plane: the bodies of its step calls and device-tier swaps, and the rows of their "
-    "replies, skip the socket, which then carries only the headers. A connection starts "
-    "sharing at its first call of 64 KiB or more, with 4 MiB, and grows (by doubling) when a "
-    "call does not fit, up to this. 0: none (everything "
-    "on the socket). A call that does not fit, a shard on another node, or a /dev/shm without "
-    "room uses the socket. Needs angel.ps.transport=socket.",
+    "data plane: the bodies of its step calls and device-tier swaps, and their replies' rows, "
+    "skip the socket, which carries only the headers. Sharing starts at a connection's first "
+    "call of 64 KiB or more, with 4 MiB, doubling when a call does not fit, up to this. 0: "
+    "none. A call that does not fit, a shard on another node, or a full /dev/shm uses the "
+    "socket. Needs angel.ps.transport=socket.",
     check=lambda v: None if 0 <= v <= 1024 else "an integer from 0 to 1024 (0: none)",
 )
 NAN_POLICY = Key(

@@ -32,8 +32,7 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,13 +40,13 @@ from torch import Tensor
 
 from angelconf.config import ConfigError
 from angelps import TableSpec
-from angelps.client.tier_swap import SwapFuture, TierLost
+from angelps.client.tier_swap import SwapFuture
 from angelps.partition import Partitioner
+from learners.worker.tier_link import Ready, TierLink
 from learners.worker.tier_slots import (
     DIRECT_MAX,
     DirectSlots,
     HashSlots,
-    Sent,
     TierCounts,
     TierPolicy,
     ids_of,
@@ -60,28 +59,6 @@ from learners.worker.tier_table import TierTable
 __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-#: The CUDA event after which rows copied down to the host can be read (None: they can now).
-Ready = torch.cuda.Event | None
-
-
-def _send(
-    shards: Shards, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Ready
-) -> SwapFuture:
-    """Write ``writes`` back (in the tier's write-back thread) once their rows are on the host
-    (``ready``: the CUDA event of their copy down; None: they are)."""
-    if ready is not None:
-        ready.synchronize()
-    return shards.swap_async(writes, {})
-
-
-class Shards(Protocol):
-    """What a tier needs of the worker's PS client (angelps.client.ps_client.PSClient)."""
-
-    def swap_async(
-        self,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-    ) -> SwapFuture: ...
 
 
 class TierBook:
@@ -111,8 +88,9 @@ class TierBook:
         self.device = device
         self.capacity = int(capacity)
         self.policy = policy
-        self._shards = shards
         self.tables = {s.name: TierTable(s, self) for s in specs}
+        row_bytes = {n: t.width * t.data.element_size() for n, t in self.tables.items()}
+        self.link = TierLink(names, row_bytes, shards)
         # Counts by id where the id range is no larger than the sketch would be, else hashed
         # into 16 counters a row held: at 4 the collisions of rare ids with hot ones cost the
         # power-law feed suite most of what frequency gains over recency (hit rate 45.3%
@@ -127,11 +105,6 @@ class TierBook:
         self._clock = 1
         self._floor = 1
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
-        self._pids: dict[int, int] = {}
-        self._writes: list[SwapFuture | Sent] = []
-        self._sender: ThreadPoolExecutor | None = None
-        #: bytes exchanged with the shards: ids and rows sent, rows received
-        self.bytes_moved = 0
         #: training reads whose misses :meth:`place_ahead` had placed
         self.reads_placed_ahead = 0
         #: the last training read: (ids, slots, hits, clock)
@@ -242,61 +215,17 @@ class TierBook:
 
     # --- the shards ----------------------------------------------------------------------------
 
-    def _swap(
-        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: np.ndarray | None
-    ) -> SwapFuture:
-        """One swap with the shards (write ``writes`` back, read the whole rows of ``reads``
-        of every table of the group), its bytes counted: ids and rows sent, rows to come."""
-        self._count(writes, reads)
-        ask = {} if reads is None else dict.fromkeys(self.tables, reads)
-        return self._shards().swap_async(writes, ask)
-
-    def _count(
-        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], reads: np.ndarray | None
-    ) -> None:
-        for keys, block in writes.values():
-            self.bytes_moved += int(keys.nbytes + block.nbytes)
-        if reads is not None:
-            for t in self.tables.values():
-                row = t.width * t.data.element_size()
-                self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
-
-    def _write_back(
-        self, writes: Mapping[str, tuple[np.ndarray, np.ndarray]], ready: Ready = None
-    ) -> None:
-        """Start writing ``writes`` back from a thread of the tier's own (sending megabytes
-        takes a millisecond or more), in the order they were handed over, once their rows
-        are on the host (``ready``: the CUDA event of their copy down, waited for in that
-        thread); the tier's next read from the shards waits for them (:meth:`settle_writes`)."""
-        self._count(writes, None)
-        if self._sender is None:
-            self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
-        self._writes.append(Sent(self._sender.submit(_send, self._shards(), writes, ready)))
-
-    def settle_writes(self) -> None:
-        """Wait for the write-backs still in flight (their errors, a shard's restart)."""
-        writes, self._writes = self._writes, []
-        for fut in writes:
-            fut.result()
-            self._check_restarts(fut)
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes exchanged with the shards: ids and rows sent, rows received."""
+        return self.link.bytes_moved
 
     def drain(self) -> None:
         """Wait for every call still in flight (a prefetch's rows are dropped)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._writes.append(pending[1])
-        self.settle_writes()
-
-    def _check_restarts(self, fut: SwapFuture | Sent) -> None:
-        """A shard that answers from a new process was restarted from a backup, which may
-        predate rows this tier wrote back to it: training cannot go on exactly."""
-        for shard, pid in fut.pids.items():
-            before = self._pids.setdefault(shard, pid)
-            if before != pid:
-                raise TierLost(
-                    f"shard {shard} restarted and may have lost rows of table {self.label} "
-                    "that this worker's device tier wrote back to it"
-                )
+            self.link.drop(pending[1])
+        self.link.settle()
 
     # --- eviction ------------------------------------------------------------------------------
 
@@ -367,7 +296,7 @@ class TierBook:
         slots once the update is applied."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
-            self._writes.append(self._pending[1])
+            self.link.drop(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
         self._read = (ids, slots, self._clock, -1)
@@ -377,8 +306,8 @@ class TierBook:
         self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a
         # shard is an async actor: Ray does not keep the order of its calls).
-        self.settle_writes()
-        self._pending = (miss, self._swap({}, miss))
+        self.link.settle()
+        self._pending = (miss, self.link.swap({}, miss))
 
     def make_room(self) -> None:
         """Free the slots the prefetched misses need, among the rows the next read does not
@@ -391,7 +320,7 @@ class TierBook:
         victims = self._choose(need, self._clock)
         if len(victims):
             keys, blocks, ready = self._release(victims, wait=False)
-            self._write_back({n: (keys, b) for n, b in blocks.items()}, ready)
+            self.link.write_back({n: (keys, b) for n, b in blocks.items()}, ready)
 
     def place_ahead(self) -> None:
         """Place the prefetched misses in the slots :meth:`make_room` freed, once their rows
@@ -406,18 +335,26 @@ class TierBook:
         if len(miss_ids) > self.n_free:
             return
         self._pending = None
-        rows = fut.result()
-        self._check_restarts(fut)
-        if self.policy.admit > 1 or self.policy.eviction == "lfu":
-            self._see(ids)  # (the read's sighting, counted here for it)
+        rows = self.link.rows(fut)
+        self._sighted(ids)  # (the read's sighting, counted here for it)
         if len(miss_ids):
             new = self._place(miss_ids, rows)
             slots = slots.copy()
             slots[slots < 0] = new
-            self.used[new] = clock
-            if self.policy.admit > 1:
-                self.rare[new] = self._counts_of(miss_ids) < self.policy.admit
+            self._admitted(new, miss_ids, clock)
         self._read = (ids, slots, clock, len(miss_ids))
+
+    def _sighted(self, ids: np.ndarray) -> None:
+        """Count a read's ids where the policy needs their counts."""
+        if self.policy.admit > 1 or self.policy.eviction == "lfu":
+            self._see(ids)
+
+    def _admitted(self, new: np.ndarray, ids: np.ndarray, clock: int) -> None:
+        """The rows of ``ids`` just placed in slots ``new`` are pinned at ``clock``; those not
+        admitted (seen fewer than admit.count times) go first at the next eviction."""
+        self.used[new] = clock
+        if self.policy.admit > 1:
+            self.rare[new] = self._counts_of(ids) < self.policy.admit
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
@@ -433,17 +370,14 @@ class TierBook:
             return slots, len(ids) - placed
         miss = slots < 0
         n_miss = int(miss.sum())
-        if self.policy.admit > 1 or self.policy.eviction == "lfu":
-            self._see(ids)
+        self._sighted(ids)
         if not pinned:
             # pin the hits first: the eviction must not take a row this read also needs
             self.used[slots[~miss] if n_miss else slots] = self._clock
         if n_miss:
             new = self._fetch(ids[miss])
             slots[miss] = new
-            self.used[new] = self._clock
-            if self.policy.admit > 1:
-                self.rare[new] = self._counts_of(ids[miss]) < self.policy.admit
+            self._admitted(new, ids[miss], self._clock)
         self._last = (ids, slots, len(ids) - n_miss, self._clock)
         return slots, len(ids) - n_miss
 
@@ -462,8 +396,7 @@ class TierBook:
             # Rows prefetched for ids still missing are current: only their owner (this tier)
             # writes them, and it has not held them since the prefetch started.
             pkeys, fut = pending
-            rows = fut.result()
-            self._check_restarts(fut)
+            rows = self.link.rows(fut)
             if same(pkeys, miss):
                 got, todo = rows, np.zeros(len(miss), dtype=bool)
             else:
@@ -477,10 +410,8 @@ class TierBook:
                         got[n][hit] = rows[n][pos[hit]]
                     todo &= ~hit
         if todo.any():
-            self.settle_writes()  # (rows written back earlier may be among these)
-            fut = self._swap(writes, miss[todo])
-            rows = fut.result()
-            self._check_restarts(fut)
+            self.link.settle()  # (rows written back earlier may be among these)
+            rows = self.link.rows(self.link.swap(writes, miss[todo]))
             if got is None:
                 got = rows
             else:
@@ -488,8 +419,8 @@ class TierBook:
                     got[n][todo] = rows[n]
         elif writes:
             # Write-backs alone are not waited for here: the next read from the shards waits
-            # for them first (settle_writes), as it may ask for these rows again.
-            self._write_back(writes)
+            # for them first (TierLink.settle), as it may ask for these rows again.
+            self.link.write_back(writes)
         assert got is not None
         return self._place(miss, got)
 
@@ -529,10 +460,8 @@ class TierBook:
             for n, t in self.tables.items():
                 out[n] = t.rows.take(slots)[:, : t.cols].contiguous()
             return out
-        self.settle_writes()
-        fut = self._swap({}, ids[miss])
-        rows = fut.result()
-        self._check_restarts(fut)
+        self.link.settle()
+        rows = self.link.rows(self.link.swap({}, ids[miss]))
         hit = np.flatnonzero(~miss)
         for n, t in self.tables.items():
             o = torch.empty((len(ids), t.cols), dtype=t.data.dtype)
@@ -562,9 +491,7 @@ class TierBook:
             return 0
         keys = self.key_at[live]
         writes = {n: (keys, t.rows.take_host(live)) for n, t in self.tables.items()}
-        fut = self._swap(writes, None)
-        fut.result()
-        self._check_restarts(fut)
+        self.link.rows(self.link.swap(writes, None))
         return len(live) * len(self.tables)
 
     def held_ids(self) -> np.ndarray:

@@ -283,7 +283,7 @@ def test_validation_keeps_the_rows_training_holds_and_its_prefetch() -> None:
     prefetch of the next training batch made before them still serves that batch (no
     further call to the shards)."""
     _, held = _steps(OPTS[2], 150)
-    shards = held.tiers["e"].book._shards()
+    shards = held.books[0].link.shards()
     calls: list[Any] = []
     real = shards.swap_call
     shards.swap_call = lambda *a: calls.append(a) or real(*a)

@@ -1,0 +1,108 @@
+"""A device tier's calls to the shards (learners/worker/device_tier.py): the swaps that read
+missed rows and write evicted ones back (one call per shard,
+:func:`angelps.client.tier_swap.swap_async`), the write-backs sent from a thread of the tier's
+own, the bytes they move, and the check that no shard restarted under the tier (a shard
+restored from a backup may have lost rows the tier wrote back)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from angelps.client.tier_swap import SwapFuture, TierLost
+from learners.worker.tier_slots import Sent
+
+__all__ = ["Ready", "Shards", "TierLink"]
+
+#: The CUDA event after which rows copied down to the host can be read (None: they can now).
+Ready = torch.cuda.Event | None
+Writes = Mapping[str, tuple[np.ndarray, np.ndarray]]
+
+
+class Shards(Protocol):
+    """What a tier needs of the worker's PS client (angelps.client.ps_client.PSClient)."""
+
+    def swap_async(self, writes: Writes, reads: Mapping[str, np.ndarray]) -> SwapFuture: ...
+
+
+def _send(shards: Shards, writes: Writes, ready: Ready) -> SwapFuture:
+    """Write ``writes`` back (in the tier's write-back thread) once their rows are on the host
+    (``ready``: the CUDA event of their copy down; None: they are)."""
+    if ready is not None:
+        ready.synchronize()
+    return shards.swap_async(writes, {})
+
+
+class TierLink:
+    """The calls of one tier (``label``: its tables, for errors; ``row_bytes``: the bytes of
+    a whole row of each of its tables) to the shards (``shards``: a function giving the
+    worker's PS client, attached after the tier is made)."""
+
+    def __init__(
+        self, label: str, row_bytes: Mapping[str, int], shards: Callable[[], Shards]
+    ) -> None:
+        self.label = label
+        self.row_bytes = dict(row_bytes)
+        self.shards = shards
+        #: bytes exchanged with the shards: ids and rows sent, rows received
+        self.bytes_moved = 0
+        self._pids: dict[int, int] = {}
+        self._writes: list[SwapFuture | Sent] = []
+        self._sender: ThreadPoolExecutor | None = None
+
+    def swap(self, writes: Writes, reads: np.ndarray | None) -> SwapFuture:
+        """Write ``writes`` back and read the whole rows of ``reads`` of every table."""
+        self._count(writes, reads)
+        ask = {} if reads is None else dict.fromkeys(self.row_bytes, reads)
+        return self.shards().swap_async(writes, ask)
+
+    def rows(self, fut: SwapFuture) -> dict[str, np.ndarray]:
+        """The rows a swap read, once no shard restarted under it."""
+        rows = fut.result()
+        self._check_restarts(fut)
+        return rows
+
+    def write_back(self, writes: Writes, ready: Ready = None) -> None:
+        """Start writing ``writes`` back from the tier's own thread (sending megabytes takes a
+        millisecond or more), in the order they were handed over, once their rows are on the
+        host (``ready``: the CUDA event of their copy down, waited for in that thread); the
+        next read from the shards waits for them (:meth:`settle`)."""
+        self._count(writes, None)
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
+        self._writes.append(Sent(self._sender.submit(_send, self.shards(), writes, ready)))
+
+    def drop(self, fut: SwapFuture) -> None:
+        """A swap whose rows will not be read: waited for with the write-backs."""
+        self._writes.append(fut)
+
+    def settle(self) -> None:
+        """Wait for the write-backs (and dropped swaps) still in flight: their errors, a
+        shard's restart. A shard is an async actor: over a Ray call it may run calls out of
+        order, so a read of rows written back earlier waits for them first."""
+        writes, self._writes = self._writes, []
+        for fut in writes:
+            fut.result()
+            self._check_restarts(fut)
+
+    def _count(self, writes: Writes, reads: np.ndarray | None) -> None:
+        for keys, block in writes.values():
+            self.bytes_moved += int(keys.nbytes + block.nbytes)
+        if reads is not None:
+            for row in self.row_bytes.values():
+                self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
+
+    def _check_restarts(self, fut: SwapFuture | Sent) -> None:
+        """A shard that answers from a new process was restarted from a backup, which may
+        predate rows this tier wrote back to it: training cannot go on exactly."""
+        for shard, pid in fut.pids.items():
+            before = self._pids.setdefault(shard, pid)
+            if before != pid:
+                raise TierLost(
+                    f"shard {shard} restarted and may have lost rows of table {self.label} "
+                    "that this worker's device tier wrote back to it"
+                )
