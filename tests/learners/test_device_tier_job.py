@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 
 from angelps.checkpoint import files as checkpoint
 from tests.learners.test_worker_tables import CASES, _assert_same, _learner, _tables, _train
+from tests.short_tmp import short_tmp
 
 # a batch of 64 census rows reads at most 90 of the 148 ids: 100 rows a table keep the tier
 # full and evicting
@@ -27,9 +29,13 @@ SMALL = {
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    from tests.learners.test_worker_tables import local_ray as ray_fixture
-
-    yield from ray_fixture.__wrapped__()
+    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
+    # the CUDA case asks its worker for a GPU: the cluster has one where the machine does
+    gpus = 1 if torch.cuda.is_available() else 0
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
