@@ -290,18 +290,20 @@ class TierBook:
 
     # --- the step ------------------------------------------------------------------------------
 
-    def prefetch(self, keys: np.ndarray | Tensor) -> None:
+    def prefetch(self, keys: np.ndarray | Tensor, ahead: int = 0) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
-        slots once the update is applied."""
+        slots once the update is applied. ``ahead=1``: asked before the current update was
+        handed over (its reads done), for the update after it."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self.link.drop(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
-        self._read = (ids, slots, self._clock, -1)
+        clock = self._clock + ahead
+        self._read = (ids, slots, clock, -1)
         held = slots >= 0
-        self.used[slots[held]] = self._clock  # the next update's
+        self.used[slots[held]] = clock  # the next update's
         miss = ids[~held]
         self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a

@@ -246,6 +246,8 @@ class HeldTables:
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
+        self._asked: tuple[Mapping[str, Any], list[TierBook]] | None = None  # (ask_ahead)
+        self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
 
     @property
     def bytes_moved(self) -> int:
@@ -314,16 +316,12 @@ class HeldTables:
             self._ahead_req = req
             return
         if self.num_workers == 1:
-            books = []
-            for b in self.books:
-                asked = [req[n] for n in b.tables if n in req]
-                if asked:
-                    ids = asked[0]
-                    for other in asked[1:]:  # (tables keyed alike are read with the same ids)
-                        if other is not ids:
-                            ids = np.union1d(ids_of(ids), ids_of(other))
-                    b.prefetch(ids)
-                    books.append(b)
+            early, self._asked = self._asked, None
+            if early is not None and early[0] is req:
+                books = early[1]  # (looked up and asked for already: ask_ahead)
+                self.asked_ahead += 1
+            else:
+                books = self._ask(req)
             if not books:
                 return
             # The update thread frees the misses' slots after the update in progress (its rows
@@ -333,6 +331,30 @@ class HeldTables:
             assert self._pool is not None  # (one worker holding device tiers has one)
             place = self.device.type == "cuda" if PLACE_AHEAD is None else PLACE_AHEAD
             self._rooms.append(self._pool.submit(_make_room, books, place))
+
+    def ask_ahead(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
+        """One worker, as soon as this update's reads are done: look up the device tiers' ids
+        of the update after it (``req``) and ask the shards for its misses now, while this
+        update computes, rather than once it is handed over; :meth:`prefetch` of the same
+        ``req`` then only frees their slots (and places them, on a GPU). Exact: the misses are
+        rows this update does not hold, so it does not change them; its own rows, read and
+        pinned, stay."""
+        if self.num_workers == 1 and self.books:
+            self._asked = (req, self._ask(req, ahead=1))
+
+    def _ask(self, req: Mapping[str, np.ndarray | Tensor], ahead: int = 0) -> list[TierBook]:
+        """Start each device tier's prefetch of ``req``; the books asked."""
+        books = []
+        for b in self.books:
+            asked = [req[n] for n in b.tables if n in req]
+            if asked:
+                ids = asked[0]
+                for other in asked[1:]:  # (tables keyed alike are read with the same ids)
+                    if other is not ids:
+                        ids = np.union1d(ids_of(ids), ids_of(other))
+                b.prefetch(ids, ahead)
+                books.append(b)
+        return books
 
     def train(self, on: bool) -> None:
         """Training (True) or reading only (validation, prediction: device tiers pin no rows)."""
@@ -355,6 +377,7 @@ class HeldTables:
     def reset_tiers(self) -> None:
         """Empty the device tiers (after a restore: the shards hold the restored rows)."""
         self.settle()
+        self._asked = None
         for b in self.books:
             b.reset()
 

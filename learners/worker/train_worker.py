@@ -66,6 +66,11 @@ from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepS
 
 __all__ = ["StepStats", "TrainWorker"]
 
+#: Whether one worker's device tiers ask the shards for the misses of the batch after the next
+#: as soon as an update's reads are done (the update's forward and backward then hide the
+#: round trip), rather than once the update is handed over (tests switch it off to compare).
+ASK_AHEAD = True
+
 
 class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
     """A worker's whole state: data part, model, dense optimizer, scheduler copy, PS handle.
@@ -102,6 +107,10 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
+        # One worker with device tiers: the batch after the next one (of this chunk) and its
+        # ids, so that its misses are asked for while the next update computes (ask_ahead);
+        # whether they were.
+        self._peeked: tuple[Batch, Any, Any, bool] | None = None
         self._last_rates = UpdateRates.fixed(0.0)
         self._losses = LossSum()  # (read once per run_steps: no host sync per step)
 
@@ -244,6 +253,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             # (a batch prefetched for another epoch is dropped: its iterator is not this one)
             self._ready = collections.deque()
             self._iter = self._minibatches(epoch, self.part.opts.use_shuffle)
+            self._peeked = None
         self._epoch = epoch
         self.sched.start_epoch(epoch)
         if self.opt is not None:
@@ -287,7 +297,12 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             # batches to have in flight after this update: those of this chunk, and the next
             # chunk's first one after the last update (prefetch)
             want = 1 if last and prefetch else min(depth, n_updates - u - 1)
-            self._update(rates, queue, stats, want if self.plan.fused else 0, last, next_epoch)
+            # (the batch two updates ahead is peeked at only within this chunk: the driver may
+            # validate, save or start another epoch between chunks)
+            peek = u + 2 < n_updates
+            self._update(
+                rates, queue, stats, want if self.plan.fused else 0, last, next_epoch, peek
+            )
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
@@ -311,10 +326,12 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         want: int,
         last: bool,
         next_epoch: int | None,
+        peek: bool = False,
     ) -> None:
         """One optimizer update at ``rates`` on the first batch of ``queue`` (or a batch
         pulled now); its push also pulls the rows of the next batch while fewer than ``want``
-        are in flight (appended to ``queue``, prepared, their rows in flight)."""
+        are in flight (appended to ``queue``, prepared, their rows in flight); ``peek``: the
+        batch after that one is of this chunk too."""
         assert self.ps is not None and self.sched is not None
         plan, parts = self.plan, self._accumulate(queue, stats)
         t0 = time.perf_counter()
@@ -338,7 +355,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         if len(queue) < want:
             # Ray runs one caller's calls to an actor in order, so the rows returned are
             # those after this push (and, under BSP, after every worker's push).
-            self._push_and_fetch(update, rates.push, last, next_epoch, queue, want)
+            self._push_and_fetch(update, rates.push, last, next_epoch, queue, want, peek)
         else:
             self.ps.push_many(update, lr=rates.push)
         stats.push_s += time.perf_counter() - t0
@@ -372,6 +389,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
                 pulled = self._held_rows(pulled, req, stats)
+                peeked = self._peeked
+                if peeked is not None and not peeked[3]:
+                    # (this update's reads are done: the next one's misses come meanwhile)
+                    self.held.ask_ahead(peeked[2])
+                    self._peeked = (*peeked[:3], True)
                 x = self.inputs.attach(x, pulled)
             else:
                 batch = self._next_batch()
@@ -427,9 +449,12 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         next_epoch: int | None,
         queue: collections.deque[Prefetched],
         want: int,
+        peek: bool = False,
     ) -> None:
         """Push ``update`` and pull the next micro-batch's rows in one fused call per shard,
         then (SSP, the first update of a chunk) pull more batches until ``want`` are in flight.
+        With ``peek`` (the batch after is of this chunk), one worker with device tiers also
+        takes that batch and its ids now (:meth:`_accumulate` asks for its misses).
 
         The next micro-batch is of this chunk, or (``last``) of the next ``run_steps``: of this
         epoch, or of ``next_epoch``, whose iterator starts here. A batch ``k`` places down the
@@ -438,15 +463,20 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         assert self.ps is not None
         if last and next_epoch is not None:
             self._iter = self._minibatches(next_epoch, self.part.opts.use_shuffle)
+            self._peeked = None  # (none is taken at a chunk's end: its batch was of the last)
             self._epoch = self._ready_epoch = next_epoch
         elif last:
             self._ready_epoch = self._epoch
         clock = self.ps.step_count + 1  # after this push
         first = True
         while len(queue) < want:
-            nb = self._next_batch()
-            with self._side.scope():
-                n_slots, n_req = self.inputs.request(nb)
+            peeked, self._peeked = self._peeked, None
+            if peeked is not None:
+                nb, n_slots, n_req, _ = peeked
+            else:
+                nb = self._next_batch()
+                with self._side.scope():
+                    n_slots, n_req = self.inputs.request(nb)
             ahead = len(queue)
             pull, sp = self._cache_split(n_req, clock, clock + ahead)
             if first:
@@ -465,11 +495,26 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             with self._side.scope():
                 nx, ny = self.inputs.prepare(nb, n_slots)
             queue.append(Prefetched(nb, nx, ny, n_req, rows))
+        if peek and want == 1 and self._asks_ahead():
+            pb = self._next_batch()
+            with self._side.scope():
+                p_slots, p_req = self.inputs.request(pb)
+            self._peeked = (pb, p_slots, p_req, False)
+
+    def _asks_ahead(self) -> bool:
+        """Whether the device tiers' misses of the batch after the next are asked for during
+        the next update (one worker, one micro-batch an update: ASK_AHEAD)."""
+        return (
+            ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and bool(self.held.books)
+        )
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
         return self.part.minibatches(self.batch_size, epoch, shuffle, self.plan.seed)
 
     def _next_batch(self) -> Batch:
+        if self._peeked is not None:  # (taken ahead: the next one all the same)
+            peeked, self._peeked = self._peeked[0], None
+            return peeked
         assert self._iter is not None
         batch = next(self._iter, None)
         if batch is None:

@@ -112,10 +112,12 @@ def _pair(
     policy: TierPolicy | None = None,
     astray: bool = False,
     device: str = "cpu",
+    ask: bool = False,
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
-    prefetched; every row after 10 updates."""
+    prefetched (``ask``: its misses asked for as soon as the update's reads are done, as one
+    worker's training does); every row after 10 updates."""
     specs = [
         TableSpec("w", 3000, 1, sparse=True, optimizer=OptimizerSpec("momentum", l2=0.01)),
         TableSpec(
@@ -141,24 +143,31 @@ def _pair(
         policy or TierPolicy(),
         lambda: shards,
     )
-    rng = np.random.default_rng(3)
+    rng, ids_rng = np.random.default_rng(3), np.random.default_rng(5)
 
     def batch() -> dict[str, np.ndarray]:
-        a = np.unique((rng.pareto(1.1, 150) * 30).astype(np.int64) % 3000)
-        b = a if same_ids else np.unique((rng.pareto(1.1, 150) * 30).astype(np.int64) % 3000)
-        return {"w": a, "v": b}
+        def draw() -> np.ndarray:
+            return np.unique((ids_rng.pareto(1.1, 150) * 30).astype(np.int64) % 3000)
+
+        a = draw()
+        return {"w": a, "v": a if same_ids else draw()}
 
     nxt = batch()
+    after = batch()
     for _ in range(10):
         req = nxt
         got = held.rows(req)
+        if ask:
+            held.ask_ahead(after)
         for n, spec in zip(("w", "v"), specs, strict=True):
             assert got[n].shape == (len(req[n]), spec.cols)
             g = rng.standard_normal((len(req[n]), spec.cols)).astype(np.float32)
             held.add_grad(n, req[n], torch.from_numpy(g).to(device))
         held.apply(1.0, 0.05)
-        nxt = batch()
-        if prefetch:
+        nxt, after = after, batch()
+        if ask:
+            held.prefetch(nxt)  # (the same request: its misses were asked for already)
+        elif prefetch:
             # astray: a prefetch for other ids than the next read's (the read must not lose
             # a row the prefetch chose to evict)
             held.prefetch(batch() if astray and rng.random() < 0.5 else nxt)
@@ -242,6 +251,37 @@ def test_the_gpu_code_path_run_on_the_cpu_is_exact(
     for n in ("w", "v"):
         np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
     assert runs[True][1] == runs[False][1]
+
+
+@pytest.mark.parametrize("rows", ["numpy", "torch"])
+@pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
+def test_misses_asked_for_during_the_update_before_are_exact(
+    monkeypatch: pytest.MonkeyPatch, policy: TierPolicy, rows: str
+) -> None:
+    """One worker asks the shards for the next update's misses as soon as the current one's
+    reads are done (ask_ahead), before that update is handed over: the hits it pins are the
+    next update's, so the rows, hits, misses and write-backs are those of the prefetch made
+    after the update (and the rows those of the whole table), on the CPU's row path and on
+    the GPU's (run on the CPU), its misses placed ahead of the read and at the read."""
+    from learners.worker import device, held_tables
+
+    monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", rows == "numpy")
+    want, _ = _pair(None, True, True)
+    for place in (True, False):
+        monkeypatch.setattr(held_tables, "PLACE_AHEAD", place)
+        runs = {}
+        for ask in (True, False):
+            got, held = _pair(160, True, True, policy, ask=ask)
+            for n in ("w", "v"):
+                np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+            c = held.tier_counts()
+            runs[ask] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
+            assert held.asked_ahead == (10 if ask else 0)
+            assert (held.books[0].reads_placed_ahead > 0) == place
+        for n in ("w", "v"):
+            np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
+        assert runs[True][1] == runs[False][1]
+        assert runs[True][1][3] > 0  # (the tier evicted: 160 rows of 3000)
 
 
 @pytest.mark.parametrize(
@@ -388,6 +428,32 @@ def test_a_skipped_update_leaves_no_row_pinned() -> None:
         shards.rows("e", np.arange(200))[:, :4],
         want.pull({"e": np.arange(200)})["e"],
         rtol=1e-6,
+    )
+
+
+def test_a_skipped_update_after_an_ask_reads_the_asked_rows_exactly() -> None:
+    """The next update's misses asked for (ask_ahead), then the update skipped: the next one
+    reads that batch from a request of its own (the worker's path after a skip) and finds
+    its rows, the asked ones among them, as the shards have them."""
+    spec = TableSpec("e", 2000, 4, sparse=True, init="normal", init_std=0.1)
+    shards = _Shards([spec], 1)
+    held = HeldTables(
+        [spec], 0, 1, "hash", torch.device("cpu"), "gloo", {"e": 120}, TierPolicy(), lambda: shards
+    )
+    first = held.rows({"e": np.arange(100)})["e"].clone()
+    held.ask_ahead({"e": np.arange(50, 150)})
+    held.clear()  # the update is skipped
+    got = held.rows({"e": np.arange(50, 150)})["e"]
+    np.testing.assert_array_equal(got[:50].numpy(), first[50:].numpy())
+    want = ParameterShard(0, 1, [spec])
+    np.testing.assert_allclose(got.numpy(), want.pull({"e": np.arange(50, 150)})["e"], rtol=1e-6)
+    held.add_grad("e", np.arange(50, 150), torch.ones(100, 4))
+    held.apply(1.0, 0.1)
+    held.settle()
+    held.flush_tiers()
+    want.push(0, 0, {"e": (np.arange(50, 150), np.ones((100, 4), np.float32))}, 0.1)
+    np.testing.assert_allclose(
+        shards.rows("e", np.arange(200))[:, :4], want.pull({"e": np.arange(200)})["e"], rtol=1e-6
     )
 
 
