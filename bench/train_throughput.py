@@ -274,6 +274,9 @@ def _feed_metrics(path: Path) -> dict[str, Any]:
                 x["tier_writebacks_per_step"] for x in later
             )
         updates = sum(x["updates"] for x in later)
+        if tier and all("tier_wait_s" in x for x in later):
+            # ms a step the training thread waited for the tier's work elsewhere
+            out["tier_wait_ms"] = 1000 * sum(x["tier_wait_s"] for x in later) / max(updates, 1)
         out["phase_ms"] = {
             k: 1000 * sum(x[k] for x in later) / max(updates, 1)
             for k in ("pull_s", "compute_s", "push_s", "wait_s", "elapsed_s")

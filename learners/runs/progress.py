@@ -71,6 +71,7 @@ _SUMMED = (
     "tier_hits",
     "tier_misses",
     "tier_writebacks",
+    "tier_wait_s",
 )
 
 

@@ -317,6 +317,8 @@ def feed_record(updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
         rec["tier_hit_rate"] = sum(o.tier_hits for o in outs) / lookups if lookups else None
         rec["tier_misses_per_step"] = sum(o.tier_misses for o in outs) / max(updates, 1)
         rec["tier_writebacks_per_step"] = sum(o.tier_writebacks for o in outs) / max(updates, 1)
+        # (worker 0's, as the phases above: of its elapsed_s, the part its tiers kept it waiting)
+        rec["tier_wait_s"] = outs[0].tier_wait_s
     return rec
 
 

@@ -42,3 +42,6 @@ class StepStats:
     tier_hits: int = 0
     tier_misses: int = 0
     tier_writebacks: int = 0
+    #: seconds the training thread waited for the device tiers' work in other threads and
+    #: processes (TierCounts.wait_s)
+    tier_wait_s: float = 0.0

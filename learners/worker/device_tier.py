@@ -31,6 +31,7 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,6 +108,7 @@ class TierBook:
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         #: training reads whose misses :meth:`place_ahead` had placed
         self.reads_placed_ahead = 0
+        self._waited = 0.0  # (seconds the training thread waited for the shards: take_waited)
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
         #: the next read as a prefetch looked it up: (ids, slots, clock, misses placed ahead
@@ -141,6 +143,12 @@ class TierBook:
         self.rare = np.zeros(self.capacity, dtype=bool)  # not admitted: evicted first
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
         self.n_free = self.capacity
+
+    def take_waited(self) -> float:
+        """Seconds the training thread waited for the shards' rows and write-backs since the
+        last call."""
+        out, self._waited = self._waited, 0.0
+        return out
 
     def rows_held(self) -> int:
         return self.capacity - self.n_free
@@ -308,7 +316,9 @@ class TierBook:
         self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a
         # shard is an async actor: Ray does not keep the order of its calls).
+        t0 = time.perf_counter()
         self.link.settle()
+        self._waited += time.perf_counter() - t0
         self._pending = (miss, self.link.swap({}, miss))
 
     def make_room(self) -> None:
@@ -398,7 +408,9 @@ class TierBook:
             # Rows prefetched for ids still missing are current: only their owner (this tier)
             # writes them, and it has not held them since the prefetch started.
             pkeys, fut = pending
+            t0 = time.perf_counter()
             rows = self.link.rows(fut)
+            self._waited += time.perf_counter() - t0
             if same(pkeys, miss):
                 got, todo = rows, np.zeros(len(miss), dtype=bool)
             else:
@@ -412,8 +424,10 @@ class TierBook:
                         got[n][hit] = rows[n][pos[hit]]
                     todo &= ~hit
         if todo.any():
+            t0 = time.perf_counter()
             self.link.settle()  # (rows written back earlier may be among these)
             rows = self.link.rows(self.link.swap(writes, miss[todo]))
+            self._waited += time.perf_counter() - t0
             if got is None:
                 got = rows
             else:

@@ -20,6 +20,7 @@ an update in a thread while it prepares the next batch; its next read waits for 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
@@ -248,6 +249,7 @@ class HeldTables:
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
         self._asked: tuple[Mapping[str, Any], list[TierBook]] | None = None  # (ask_ahead)
         self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
+        self._waited = 0.0  # (seconds settle waited for the device tiers' room and placement)
 
     @property
     def bytes_moved(self) -> int:
@@ -261,8 +263,11 @@ class HeldTables:
             pending, self._pending = self._pending, None
             pending.result()
         rooms, self._rooms = self._rooms, []
-        for room in rooms:
-            room.result()
+        if rooms:
+            t0 = time.perf_counter()
+            for room in rooms:
+                room.result()
+            self._waited += time.perf_counter() - t0
         for b in self.books:
             b.settled()
 
@@ -367,6 +372,8 @@ class HeldTables:
         total = TierCounts()
         for t in self.tiers.values():
             total.add(t.take_counts())
+        total.wait_s = self._waited + sum(b.take_waited() for b in self.books)
+        self._waited = 0.0
         return total
 
     def flush_tiers(self) -> int:

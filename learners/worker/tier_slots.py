@@ -45,12 +45,16 @@ class TierCounts:
     hits: int = 0  # of them already on the device
     misses: int = 0  # fetched from the shards
     writebacks: int = 0  # evicted rows written back to the shards
+    #: seconds the training thread waited for the tier's work elsewhere: the shards' rows and
+    #: write-backs, the update thread making room and placing (after the update itself)
+    wait_s: float = 0.0
 
     def add(self, other: TierCounts) -> None:
         self.lookups += other.lookups
         self.hits += other.hits
         self.misses += other.misses
         self.writebacks += other.writebacks
+        self.wait_s += other.wait_s
 
 
 #: The largest id range a tier indexes with a plain array (int32 slots: 128 MiB at most);

@@ -248,6 +248,8 @@ def test_the_gpu_code_path_run_on_the_cpu_is_exact(
         c = held.tier_counts()
         runs[place] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
         assert (held.books[0].reads_placed_ahead > 0) == place
+        assert c.wait_s > 0.0  # (the reads or the placements were waited for)
+        assert held.tier_counts().wait_s == 0.0  # (taken)
     for n in ("w", "v"):
         np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
     assert runs[True][1] == runs[False][1]
