@@ -31,7 +31,6 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,7 +107,6 @@ class TierBook:
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         #: training reads whose misses :meth:`place_ahead` had placed
         self.reads_placed_ahead = 0
-        self._waited = 0.0  # (seconds the training thread waited for the shards: take_waited)
         #: the last training read: (ids, slots, hits, clock)
         self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
         #: the next read as a prefetch looked it up: (ids, slots, clock, misses placed ahead
@@ -143,12 +141,6 @@ class TierBook:
         self.rare = np.zeros(self.capacity, dtype=bool)  # not admitted: evicted first
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
         self.n_free = self.capacity
-
-    def take_waited(self) -> float:
-        """Seconds the training thread waited for the shards' rows and write-backs since the
-        last call."""
-        out, self._waited = self._waited, 0.0
-        return out
 
     def rows_held(self) -> int:
         return self.capacity - self.n_free
@@ -301,8 +293,7 @@ class TierBook:
     def prefetch(self, keys: np.ndarray | Tensor, ahead: int = 0) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
-        slots once the update is applied. ``ahead=1``: asked before the current update was
-        handed over (its reads done), for the update after it."""
+        slots once the update is applied (``ahead=1``: asked as its reads ended, for the next)."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self.link.drop(self._pending[1])
@@ -316,9 +307,7 @@ class TierBook:
         self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a
         # shard is an async actor: Ray does not keep the order of its calls).
-        t0 = time.perf_counter()
-        self.link.settle()
-        self._waited += time.perf_counter() - t0
+        self.link.settle(timed=True)
         self._pending = (miss, self.link.swap({}, miss))
 
     def make_room(self) -> None:
@@ -408,9 +397,7 @@ class TierBook:
             # Rows prefetched for ids still missing are current: only their owner (this tier)
             # writes them, and it has not held them since the prefetch started.
             pkeys, fut = pending
-            t0 = time.perf_counter()
-            rows = self.link.rows(fut)
-            self._waited += time.perf_counter() - t0
+            rows = self.link.rows(fut, timed=True)
             if same(pkeys, miss):
                 got, todo = rows, np.zeros(len(miss), dtype=bool)
             else:
@@ -424,10 +411,8 @@ class TierBook:
                         got[n][hit] = rows[n][pos[hit]]
                     todo &= ~hit
         if todo.any():
-            t0 = time.perf_counter()
-            self.link.settle()  # (rows written back earlier may be among these)
-            rows = self.link.rows(self.link.swap(writes, miss[todo]))
-            self._waited += time.perf_counter() - t0
+            self.link.settle(timed=True)  # (rows written back earlier may be among these)
+            rows = self.link.rows(self.link.swap(writes, miss[todo]), timed=True)
             if got is None:
                 got = rows
             else:

@@ -13,19 +13,27 @@ import torch
 import torch.distributed as dist
 
 from angelps import TableSpec
+from learners.data import Batch
 from learners.job.loop_options import TrainPlan
 from learners.models.table_decl import TableDecl
 from learners.worker.batch_rows import BatchInput
 from learners.worker.device import free_bytes
-from learners.worker.device_step import dedup_on_device
+from learners.worker.device_step import SideStream, dedup_on_device
 from learners.worker.device_tier import TierPolicy
 from learners.worker.held_tables import HeldTables
 from learners.worker.step_stats import RowMap, StepStats
 
-__all__ = ["HoldsTables"]
+__all__ = ["HoldsTables", "Peeked"]
 
 #: Agree on the number of prediction chunks, and take part in one exchange without rows.
 Rounds = tuple[Callable[[int], int], Callable[[], None]]
+#: A batch taken ahead: the batch, its slots and request (BatchInput.request), and whether its
+#: device tiers' misses were asked for.
+Peeked = tuple[Batch, Any, Any, bool]
+#: Whether one worker's device tiers ask the shards for the misses of the batch after the next
+#: as soon as an update's reads are done (the update's forward and backward then hide the
+#: round trip), rather than once the update is handed over (tests switch it off to compare).
+ASK_AHEAD = True
 
 
 class HoldsTables:
@@ -39,6 +47,9 @@ class HoldsTables:
     ps: Any
     inputs: BatchInput
     tables: list[TableDecl]
+    _peeked: Peeked | None
+    _side: SideStream
+    _next_batch: Callable[[], Batch]
 
     def hold_tables(
         self,
@@ -91,6 +102,33 @@ class HoldsTables:
         else:
             stats.compute_s += time.perf_counter() - t0
         return out
+
+    def _peek(self) -> None:
+        """One worker with device tiers, the batch after the next one of this chunk: take it
+        and its ids now, so that its misses are asked for while the next update computes
+        (:meth:`_ask_ahead`); ``_next_batch`` and the next fetch take it from there."""
+        if ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and self.held.books:
+            batch = self._next_batch()
+            with self._side.scope():
+                slots, req = self.inputs.request(batch)
+            self._peeked = (batch, slots, req, False)
+
+    def _take_next(self) -> tuple[Batch, Any, Any]:
+        """The next batch, its slots and request: the peeked one, or the iterator's."""
+        peeked, self._peeked = self._peeked, None
+        if peeked is not None:
+            return peeked[:3]
+        batch = self._next_batch()
+        with self._side.scope():
+            slots, req = self.inputs.request(batch)
+        return batch, slots, req
+
+    def _ask_ahead(self) -> None:
+        """An update's reads are done: ask the shards for the peeked batch's misses."""
+        peeked = self._peeked
+        if peeked is not None and not peeked[3]:
+            self.held.ask_ahead(peeked[2])
+            self._peeked = (*peeked[:3], True)
 
     def _tier_stats(self, stats: StepStats) -> None:
         """The device tiers' reads, hits, misses and write-backs of a chunk into ``stats``."""

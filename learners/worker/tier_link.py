@@ -6,6 +6,7 @@ restored from a backup may have lost rows the tier wrote back)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -50,6 +51,8 @@ class TierLink:
         self.shards = shards
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
+        #: seconds the training thread waited in the calls it timed (TierCounts.wait_s)
+        self.waited_s = 0.0
         self._pids: dict[int, int] = {}
         self._writes: list[SwapFuture | Sent] = []
         self._sender: ThreadPoolExecutor | None = None
@@ -60,9 +63,13 @@ class TierLink:
         ask = {} if reads is None else dict.fromkeys(self.row_bytes, reads)
         return self.shards().swap_async(writes, ask)
 
-    def rows(self, fut: SwapFuture) -> dict[str, np.ndarray]:
-        """The rows a swap read, once no shard restarted under it."""
+    def rows(self, fut: SwapFuture, timed: bool = False) -> dict[str, np.ndarray]:
+        """The rows a swap read, once no shard restarted under it (``timed``: the training
+        thread's wait for them counts in :attr:`waited_s`)."""
+        t0 = time.perf_counter()
         rows = fut.result()
+        if timed:
+            self.waited_s += time.perf_counter() - t0
         self._check_restarts(fut)
         return rows
 
@@ -80,14 +87,22 @@ class TierLink:
         """A swap whose rows will not be read: waited for with the write-backs."""
         self._writes.append(fut)
 
-    def settle(self) -> None:
+    def settle(self, timed: bool = False) -> None:
         """Wait for the write-backs (and dropped swaps) still in flight: their errors, a
         shard's restart. A shard is an async actor: over a Ray call it may run calls out of
         order, so a read of rows written back earlier waits for them first."""
         writes, self._writes = self._writes, []
+        t0 = time.perf_counter()
         for fut in writes:
             fut.result()
             self._check_restarts(fut)
+        if timed:
+            self.waited_s += time.perf_counter() - t0
+
+    def take_waited(self) -> float:
+        """:attr:`waited_s`, then zero."""
+        out, self.waited_s = self.waited_s, 0.0
+        return out
 
     def _count(self, writes: Writes, reads: np.ndarray | None) -> None:
         for keys, block in writes.values():

@@ -60,16 +60,11 @@ from learners.worker.dense import (
 from learners.worker.dense_checkpoint import DenseCheckpoint
 from learners.worker.device import to_host
 from learners.worker.device_step import LossSum, SideStream, unscaled
-from learners.worker.held_step import HoldsTables
+from learners.worker.held_step import HoldsTables, Peeked
 from learners.worker.predict import Predicts
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
 
 __all__ = ["StepStats", "TrainWorker"]
-
-#: Whether one worker's device tiers ask the shards for the misses of the batch after the next
-#: as soon as an update's reads are done (the update's forward and backward then hide the
-#: round trip), rather than once the update is handed over (tests switch it off to compare).
-ASK_AHEAD = True
 
 
 class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
@@ -107,10 +102,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         self.cache: RowCache | None = None
         self._ready_epoch = -1
         self._epoch = -1
-        # One worker with device tiers: the batch after the next one (of this chunk) and its
-        # ids, so that its misses are asked for while the next update computes (ask_ahead);
-        # whether they were.
-        self._peeked: tuple[Batch, Any, Any, bool] | None = None
+        self._peeked: Peeked | None = None  # (learners/worker/held_step.py)
         self._last_rates = UpdateRates.fixed(0.0)
         self._losses = LossSum()  # (read once per run_steps: no host sync per step)
 
@@ -297,12 +289,10 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             # batches to have in flight after this update: those of this chunk, and the next
             # chunk's first one after the last update (prefetch)
             want = 1 if last and prefetch else min(depth, n_updates - u - 1)
-            # (the batch two updates ahead is peeked at only within this chunk: the driver may
-            # validate, save or start another epoch between chunks)
-            peek = u + 2 < n_updates
-            self._update(
-                rates, queue, stats, want if self.plan.fused else 0, last, next_epoch, peek
-            )
+            # (a batch two updates ahead is peeked at only within this chunk: between chunks
+            # the driver may validate, save or start another epoch)
+            fetch = want if self.plan.fused else 0
+            self._update(rates, queue, stats, fetch, last, next_epoch, u + 2 < n_updates)
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
@@ -389,11 +379,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
                 pulled = rows.result()
                 stats.wait_s += time.perf_counter() - t0
                 pulled = self._held_rows(pulled, req, stats)
-                peeked = self._peeked
-                if peeked is not None and not peeked[3]:
-                    # (this update's reads are done: the next one's misses come meanwhile)
-                    self.held.ask_ahead(peeked[2])
-                    self._peeked = (*peeked[:3], True)
+                self._ask_ahead()  # (this update's reads are done)
                 x = self.inputs.attach(x, pulled)
             else:
                 batch = self._next_batch()
@@ -470,13 +456,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         clock = self.ps.step_count + 1  # after this push
         first = True
         while len(queue) < want:
-            peeked, self._peeked = self._peeked, None
-            if peeked is not None:
-                nb, n_slots, n_req, _ = peeked
-            else:
-                nb = self._next_batch()
-                with self._side.scope():
-                    n_slots, n_req = self.inputs.request(nb)
+            nb, n_slots, n_req = self._take_next()
             ahead = len(queue)
             pull, sp = self._cache_split(n_req, clock, clock + ahead)
             if first:
@@ -495,18 +475,8 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             with self._side.scope():
                 nx, ny = self.inputs.prepare(nb, n_slots)
             queue.append(Prefetched(nb, nx, ny, n_req, rows))
-        if peek and want == 1 and self._asks_ahead():
-            pb = self._next_batch()
-            with self._side.scope():
-                p_slots, p_req = self.inputs.request(pb)
-            self._peeked = (pb, p_slots, p_req, False)
-
-    def _asks_ahead(self) -> bool:
-        """Whether the device tiers' misses of the batch after the next are asked for during
-        the next update (one worker, one micro-batch an update: ASK_AHEAD)."""
-        return (
-            ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and bool(self.held.books)
-        )
+        if peek and want == 1:
+            self._peek()
 
     def _minibatches(self, epoch: int, shuffle: bool) -> Iterator[Batch]:
         return self.part.minibatches(self.batch_size, epoch, shuffle, self.plan.seed)

@@ -15,7 +15,7 @@ from angelps.table import init_rows
 from learners.job.loop_options import TrainPlan
 from learners.job.sparse_placement import held_bytes, place_tables
 from learners.keys import all_keys
-from learners.worker.held_tables import HeldTable
+from learners.worker.held_table import HeldTable
 
 ADAM = OptimizerSpec(name="adam")
 TABLES = [
