@@ -32,6 +32,11 @@ if [[ $skip != *,gpu,* ]]; then
 fi
 
 if [[ $skip != *,suite,* ]]; then
+  # (the job-submission and multi-node tests start Ray's CLI from beside the interpreter)
+  py_dir=$(python3 -c 'import sys, os; print(os.path.dirname(sys.executable))')
+  [[ -x $py_dir/ray ]] || echo "warning: no ray CLI in $py_dir: the tests that start a Ray" \
+    "head (tests/ops/test_job_submit.py, tests/learners/test_multinode.py, a test of" \
+    "tests/faults/test_hangs.py) will error; install Ray into this interpreter's environment"
   if python3 -c "import xdist" 2>/dev/null; then
     # (each test module starts its own Ray: 14 at once on 16 cores ended in errors and
     # failures; 2 on 2 cores pass, 372 s against 602 s one after another)
@@ -41,10 +46,12 @@ if [[ $skip != *,suite,* ]]; then
       tests/learners/test_device.py tests/learners/test_device_dedup.py tests/angelps/test_gpu.py
       tests/learners/test_device_tier_job.py tests/test_cli.py)
   fi
-  timeout 900 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE "${args[@]}" \
+  # -v: each test's outcome is written as it ends (the summary's tracebacks come only at the
+  # end, and a run cut off by a time limit loses them); -rfE: the reasons, at the end
+  timeout 900 python3 -m pytest -v -p no:cacheprovider --tb=short -rfE "${args[@]}" \
     > "$out/suite.txt" 2>&1
   echo "suite: rc=$? at $(since)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.txt" | tail -30
+  grep -E "(FAILED|ERROR) tests/|^(FAILED|ERROR)|passed|failed" "$out/suite.txt" | tail -40
 fi
 
 if [[ $skip != *,feed,* ]]; then
