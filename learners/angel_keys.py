@@ -275,9 +275,9 @@ _NO_EFFECT = {
     "angel.model.partitioner.partition.size": "shards split tables by angel.ps.partitioner",
     "angel.model.partitioner.max.partition.number": "one partition per shard here",
     "angel.model.partitioner.partition.number.perserver": "one partition per shard here",
-    "angel.save.model.epoch.trigger.enable": "a checkpoint is written after every epoch "
-    "(angel.save.model.keep.last, angel.save.model.keep.best)",
-    "angel.save.model.every.howmany.epochs": "a checkpoint is written after every epoch",
+    "angel.save.model.epoch.trigger.enable": "a checkpoint is written after every epoch, or "
+    "every angel.save.model.every.howmany.epochs (angel.save.model.keep.last, "
+    "angel.save.model.keep.best)",
     "ml.block.size": "rows travel per shard and step, not in blocks",
     "ml.optimizer.json.provider": "optimizers come from the ml.*.optimizer keys",
     "ml.data.is.classification": "the model class decides the task",

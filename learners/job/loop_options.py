@@ -199,8 +199,20 @@ SAVE_PATH = Key(
     "angel.save.model.path",
     "str",
     None,
-    "Checkpoint directory, written after every epoch (PS tables with optimizer state, "
-    "worker-side layers, scheduler state, epoch, RNG); --resume continues from it.",
+    "Checkpoint directory, written after every epoch (angel.save.model.every.howmany.epochs: "
+    "every N-th) with the PS tables and their optimizer state, worker-side layers, scheduler "
+    "state, epoch, RNG; --resume continues from it.",
+)
+SAVE_EVERY = Key(
+    "angel.save.model.every.howmany.epochs",
+    "int",
+    1,
+    "Write the checkpoint after every N-th epoch only (and after the last one, or the one an "
+    "early stop ends at): for short epochs whose save costs about what their training does "
+    "(a GPU's). Angel's key. A lost worker restarts the job from the last one written (up to "
+    "N-1 epochs trained again), and angel.save.model.keep.best keeps the best of the epochs "
+    "written.",
+    check=positive,
 )
 LOAD_PATH = Key(
     "angel.load.model.path",
@@ -312,6 +324,7 @@ KEYS = [
     SAVE_PATH,
     LOAD_PATH,
     KEEP_LAST,
+    SAVE_EVERY,
     KEEP_BEST,
     SAVE_FAILURE,
     SEED,
@@ -395,6 +408,8 @@ class TrainPlan:
     #: checkpoints kept: the last ``keep_last`` epochs, the best one; a failed write: stop/continue
     keep_last: int = field(metadata=keyed(KEEP_LAST))
     keep_best: bool
+    #: a checkpoint after every ``save_every``-th epoch (and the last)
+    save_every: int = field(metadata=keyed(SAVE_EVERY))
     save_failure: str = field(metadata=keyed(SAVE_FAILURE))
     #: angel.save.model: save (into save_path, else into the run folder)
     save_model: bool = key_field(SAVE_MODEL)

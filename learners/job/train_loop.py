@@ -167,7 +167,7 @@ class TrainingLoop:
                     progress.history.append(row)
                     log.record(row)
                     log.say(epoch_line(row, plan.epochs))
-                    if ckpts is not None:
+                    if ckpts is not None and self._saves_after(epoch, progress):
                         write = partial(self.checkpoint, epoch=epoch, progress=progress)
                         self._save(ckpts, write, epoch, improved)
                 except WorkerDied as died:
@@ -330,11 +330,20 @@ class TrainingLoop:
         metric_name = self.watch_metric()
         return progress.watch(epoch, row.get(metric_name), lower_is_better(metric_name))
 
+    def _stops(self, progress: _Progress) -> bool:
+        patience = self.plan.early_stop_patience
+        return patience > 0 and progress.since_best >= patience
+
+    def _saves_after(self, epoch: int, progress: _Progress) -> bool:
+        """Whether the checkpoint is written after ``epoch`` (0-based): every
+        angel.save.model.every.howmany.epochs-th epoch, the last and one an early stop ends."""
+        every, epochs = self.plan.save_every, self.plan.epochs
+        return (epoch + 1) % every == 0 or epoch + 1 >= epochs or self._stops(progress)
+
     def early_stop(self, progress: _Progress, log: RunLog) -> bool:
         """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""
         metric_name = self.watch_metric()
-        patience = self.plan.early_stop_patience
-        if patience > 0 and progress.since_best >= patience:
+        if self._stops(progress):
             log.say(
                 f"early stop: {metric_name} has not improved for {progress.since_best} epochs "
                 f"(best {progress.best:.6g})"

@@ -295,6 +295,61 @@ def test_a_run_keeps_its_files_apart_and_says_where_the_best_epoch_is(tmp_path):
     assert names == ["model", "model.best", "model.epoch-2", "model.epoch-3", "model.prev"]
 
 
+@pytest.mark.usefixtures("ray_local")
+def test_a_checkpoint_every_n_epochs_and_after_the_last(tmp_path):
+    """angel.save.model.every.howmany.epochs=2 over 5 epochs: checkpoints after epochs 2, 4
+    and 5 (the last), none after 1 and 3; the run resumes from the last one."""
+    save = tmp_path / "model"
+    sets = {
+        "angel.save.model.path": str(save),
+        "angel.save.model.keep.last": 5,
+        "angel.save.model.keep.best": "false",
+        "angel.save.model.every.howmany.epochs": 2,
+        "ml.epoch.num": 5,
+    }
+    learner = _job(tmp_path, **sets)
+    try:
+        summary = learner.train().summary
+    finally:
+        learner.shutdown()
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model"))
+    assert names == ["model", "model.epoch-2", "model.epoch-4", "model.epoch-5", "model.prev"]
+    assert summary["checkpoint_epoch"] == 5 and summary["epochs"] == 5
+    assert _epoch_of(Path(f"{save}.prev")) == 3  # (0-based: epoch 4's, the one before)
+    learner = _job(tmp_path, **{**sets, "ml.epoch.num": 7})
+    try:
+        resumed = learner.train(resume=True).summary
+    finally:
+        learner.shutdown()
+    assert resumed["epochs"] == 7 and resumed["checkpoint_epoch"] == 7
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model.epoch"))
+    assert names == ["model.epoch-4", "model.epoch-5", "model.epoch-6", "model.epoch-7"]
+
+
+@pytest.mark.parametrize(
+    ("epoch", "every", "stops", "saves"),
+    [
+        (0, 1, False, True),
+        (0, 3, False, False),
+        (2, 3, False, True),
+        (3, 3, False, False),
+        (3, 3, True, True),  # an early stop ends here: its epoch is saved
+        (6, 3, False, True),  # the last of 7
+        (6, 100, False, True),
+    ],
+)
+def test_which_epochs_are_saved(epoch, every, stops, saves):
+    from types import SimpleNamespace
+
+    from learners.job.train_loop import TrainingLoop
+
+    plan = SimpleNamespace(save_every=every, epochs=7, early_stop_patience=2 if stops else 0)
+    loop = SimpleNamespace(plan=plan)
+    loop._stops = lambda p: TrainingLoop._stops(loop, p)  # type: ignore[attr-defined]
+    progress = SimpleNamespace(since_best=2)
+    assert TrainingLoop._saves_after(loop, epoch, progress) is saves  # type: ignore[arg-type]
+
+
 def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path):
     from learners.runs.folders import relative_under_ray_job
 
@@ -324,6 +379,10 @@ def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_pa
         (
             {"angel.save.model.keep.best": "maybe"},
             "angel.save.model.keep.best=maybe is not valid: expected true or false",
+        ),
+        (
+            {"angel.save.model.every.howmany.epochs": 0},
+            "angel.save.model.every.howmany.epochs=0 is not valid: expected a number > 0",
         ),
     ],
 )
