@@ -87,6 +87,9 @@ VARIANTS: dict[str, list[str]] = {
         "angel.worker.table.capacity=100000",
         "angel.worker.table.admit.count=2",
     ],
+    # a checkpoint every 5 epochs (and after the last) instead of after each: the job's wall
+    # time (summary elapsed_s) against the same system without it
+    "save5": ["angel.save.model.every.howmany.epochs=5"],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -465,7 +468,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
         for b in batches:
             held = [
                 f"{a}-{v}"
-                for v in ("held", "helddev", "tier10", "tier10lfu", "tier10admit")
+                for v in ("held", "helddev", "tier10", "tier10lfu", "tier10admit", "held-save5")
                 for a in ANGELPS
                 if a.startswith("angelps-bsp")
             ]
