@@ -14,16 +14,13 @@ import pytest
 from tests.short_tmp import short_tmp
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    """A local Ray for this module: 2 CPUs, no dashboard, its own short temp dir (see
-    :func:`short_tmp`), namespace angelps."""
+def _local_ray(gpus: int) -> Iterator[None]:
     import ray
 
     tmp = short_tmp()
     ray.init(
         num_cpus=2,
-        num_gpus=0,  # the same cluster on a CUDA machine: tests pin "no GPU" errors
+        num_gpus=gpus,
         include_dashboard=False,
         namespace="angelps",
         _temp_dir=tmp,
@@ -32,6 +29,23 @@ def ray_local() -> Iterator[None]:
     yield
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A local Ray for this module: 2 CPUs, no dashboard, its own short temp dir (see
+    :func:`short_tmp`), namespace angelps."""
+    # (no GPU, on a CUDA machine too: tests pin "no GPU" errors)
+    yield from _local_ray(0)
+
+
+@pytest.fixture(scope="module")
+def ray_local_gpu() -> Iterator[None]:
+    """:func:`ray_local` with the machine's GPU, where it has one (for the ``gpu`` twins of
+    a module's jobs, whose workers ask for one)."""
+    import torch
+
+    yield from _local_ray(1 if torch.cuda.is_available() else 0)
 
 
 HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")

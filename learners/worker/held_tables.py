@@ -4,9 +4,10 @@ Each of the ``W`` workers owns the rows that the table's partitioner
 (:class:`angelps.partition.Partitioner` with ``W`` owners: the shard mapping) assigns it, on its
 own device (learners/worker/held_table.py), weights and optimizer slots side by side in one
 ``[rows, cols + slots]`` tensor as a shard stores them, and updates them with the shards'
-optimizer code (:func:`angelps.optim.apply`, its torch path). A row starts at :func:`angelps.table.init_rows`
-of its key, as on a shard; a row is *touched* once read (a shard creates it then), and only
-touched rows are saved, so a checkpoint holds the rows a shard would hold.
+optimizer code (:func:`angelps.optim.apply`, its torch path). A row starts at
+:func:`angelps.table.init_rows` of its key, as on a shard; a row is *touched* once read (a
+shard creates it then), and only touched rows are saved, so a checkpoint holds the rows a
+shard would hold.
 
 One step (learners/worker/train_worker.py): every micro-batch reads the rows of its unique ids
 (:meth:`HeldTables.rows`); the row gradients of the update's micro-batches are merged (ids

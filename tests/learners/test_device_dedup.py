@@ -8,12 +8,10 @@ Ray; the ``gpu`` twins run it on a CUDA worker (skipped without one)."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from angelconf.config import ConfigError, validate
@@ -29,20 +27,11 @@ from learners.worker.device_step import (
 )
 from learners.worker.feed import DEDUP, FeedOptions
 from tests.learners.test_worker_tables import _train
-from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
-    gpus = 1 if CUDA else 0
-    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+pytestmark = pytest.mark.usefixtures("ray_local_gpu")
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from angelps.checkpoint import files as checkpoint
 from tests.learners.test_worker_tables import CASES, _assert_same, _learner, _tables, _train
-from tests.short_tmp import short_tmp
 
 # a batch of 64 census rows reads at most 90 of the 148 ids: 100 rows a table keep the tier
 # full and evicting
@@ -26,16 +24,8 @@ SMALL = {
     "ml.embedding.optimizer": "Adam",
 }
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    tmp = short_tmp()  # Ray's socket paths must stay under 107 bytes
-    # the CUDA case asks its worker for a GPU: the cluster has one where the machine does
-    gpus = 1 if torch.cuda.is_available() else 0
-    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, _temp_dir=tmp, namespace="angelps")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+# (the CUDA cases ask their worker for a GPU: the cluster has one where the machine does)
+pytestmark = pytest.mark.usefixtures("ray_local_gpu")
 
 
 @pytest.fixture(scope="module")
