@@ -190,6 +190,8 @@ def _run(tmp_path: Path, name: str, sets: dict, resume: bool = False) -> list[di
     conf = {
         "angel.log.path": str(tmp_path / name),
         "angel.job.name": name,
+        # (not the job file's runs/lr_a9a/model: test modules running at once would share it)
+        "angel.save.model.path": "",
         "ml.data.validate.ratio": 0.0,
         "ml.data.use.shuffle": False,
         "angel.log.every.steps": 1,

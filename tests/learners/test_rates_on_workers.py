@@ -124,6 +124,8 @@ def _job(tmp_path: Path, name: str, data: str, sets: dict, resume: bool = False)
         "angel.train.data.path": data,
         "angel.log.path": str(tmp_path / name),
         "angel.job.name": name,
+        # (not the job file's runs/lr_a9a/model: test modules running at once would share it)
+        "angel.save.model.path": "",
         "ml.data.validate.ratio": 0.25,
         "ml.data.use.shuffle": True,
         "ml.minibatch.size": 100,
