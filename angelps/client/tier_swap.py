@@ -5,6 +5,7 @@ the only writer of the rows it holds."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -64,10 +65,16 @@ class SwapFuture:
         self._routed = dict(routed)
         self._counts = dict(counts)
         self._out: dict[str, np.ndarray] | None = None
+        # (a staged read and the update thread placing its misses both wait for the rows)
+        self._lock = threading.Lock()
         #: shard -> the process id that served this swap (set by :meth:`result`)
         self.pids: dict[int, int] = {}
 
     def result(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self._result()
+
+    def _result(self) -> dict[str, np.ndarray]:
         if self._out is not None:
             return self._out
         shards = list(self._refs)

@@ -103,6 +103,21 @@ class RowBlock:
         # The array keeps its tensor, and so its pinned block, alive.
         return h.numpy(), done
 
+    def assemble(self, slots: np.ndarray, rows: np.ndarray) -> Tensor:
+        """A new ``[len(slots), width]`` tensor (on the device): the row at each slot 0 or
+        more, and where a slot is -1 the next row of ``rows`` (host whole rows, in order)."""
+        miss = np.flatnonzero(slots < 0)
+        if not len(miss):
+            return self.take(slots)
+        out = self.take(np.where(slots < 0, 0, slots))
+        if self._host is not None:
+            r = as_rows(np.ascontiguousarray(rows, dtype=self._np))
+            np.put(as_rows(out.numpy()), miss, r)
+        else:
+            got = to_device(rows, self.device).to(self.data.dtype)
+            out.index_copy_(0, to_device(miss, self.device), got)
+        return out
+
     def put(self, slots: np.ndarray, block: np.ndarray | Tensor, on: Tensor | None = None) -> None:
         """Write whole rows ``block`` (host or device) at ``slots``."""
         if self._host is not None:

@@ -107,13 +107,20 @@ class TierBook:
         self._pending: tuple[np.ndarray, SwapFuture] | None = None
         #: training reads whose misses :meth:`place_ahead` had placed
         self.reads_placed_ahead = 0
-        #: the last training read: (ids, slots, hits, clock)
-        self._last: tuple[np.ndarray, np.ndarray, int, int] | None = None
+        #: the last training read: (ids, slots (None: staged, not placed yet), hits, clock)
+        self._last: tuple[np.ndarray, np.ndarray | None, int, int] | None = None
         #: the next read as a prefetch looked it up: (ids, slots, clock, misses placed ahead
         #: by :meth:`place_ahead`, -1 where none were)
         self._read: tuple[np.ndarray, np.ndarray, int, int] | None = None
         #: slots uploaded to the device once for every table of the book: (host, device)
         self._on: tuple[np.ndarray, Tensor | None] | None = None
+        #: the next read as :meth:`prefetch` asked for it ahead (ids, slots, misses' swap,
+        #: clock), for :meth:`read` to serve without the book's state the update thread
+        #: changes meanwhile; then the read's (its tables' blocks are assembled from it)
+        self._staged: tuple[np.ndarray, np.ndarray, SwapFuture, int] | None = None
+        self._src: tuple[np.ndarray, np.ndarray, SwapFuture, int] | None = None
+        #: training reads served from :attr:`_staged`, their misses placed by the update thread
+        self.reads_staged = 0
         #: a read outside training: its ids and the rows of the tables yet to ask for them
         self._through: tuple[np.ndarray, dict[str, Tensor], int] | None = None
         #: slots the prefetched misses need (:meth:`make_room`)
@@ -128,6 +135,7 @@ class TierBook:
         self.drain()
         self._read = None
         self._last = None
+        self._staged = self._src = None
         self._on = None
         self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
@@ -290,25 +298,29 @@ class TierBook:
 
     # --- the step ------------------------------------------------------------------------------
 
-    def prefetch(self, keys: np.ndarray | Tensor, ahead: int = 0) -> None:
+    def prefetch(self, keys: np.ndarray | Tensor, ahead: int = 0, clock: int | None = None) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
-        slots once the update is applied (``ahead=1``: asked as its reads ended, for the next)."""
+        slots once the update is applied (``ahead=1``: asked as its reads ended, for the next).
+        ``clock``: the next read's, from one worker's update thread asking ahead (the training
+        thread's clock moves meanwhile); that read is then staged (:meth:`read`)."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self.link.drop(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
-        clock = self._clock + ahead
-        self._read = (ids, slots, clock, -1)
+        at = self._clock + ahead if clock is None else clock
+        self._read = (ids, slots, at, -1)
         held = slots >= 0
-        self.used[slots[held]] = clock  # the next update's
+        self.used[slots[held]] = at  # the next update's
         miss = ids[~held]
         self._room = len(miss)
         # A row written back earlier may be read again now: that write-back lands first (a
         # shard is an async actor: Ray does not keep the order of its calls).
-        self.link.settle(timed=True)
-        self._pending = (miss, self.link.swap({}, miss))
+        self.link.settle(timed=clock is None)
+        fut = self.link.swap({}, miss)
+        self._pending = (miss, fut)
+        self._staged = None if clock is None else (ids, slots, fut, at)
 
     def make_room(self) -> None:
         """Free the slots the prefetched misses need, among the rows the next read does not
@@ -323,18 +335,22 @@ class TierBook:
             keys, blocks, ready = self._release(victims, wait=False)
             self.link.write_back({n: (keys, b) for n, b in blocks.items()}, ready)
 
-    def place_ahead(self) -> None:
+    def place_ahead(self, staged: bool = False) -> None:
         """Place the prefetched misses in the slots :meth:`make_room` freed, once their rows
         came, so that the next read finds every row held (one worker's update thread runs
         this after make_room, beside the next batch's preparation); nothing where the tier
-        has too few free slots (the read evicts then) or the prefetch was read already."""
+        has too few free slots (the read evicts then, unless it is ``staged``: it reads
+        without placing) or the prefetch was read already."""
         read, pending = self._read, self._pending
         if read is None or pending is None or read[2] != self._clock or read[3] >= 0:
             return
         ids, slots, clock, _ = read
         miss_ids, fut = pending
         if len(miss_ids) > self.n_free:
-            return
+            if not staged:
+                return
+            keys, blocks, _ = self._evict(len(miss_ids) - self.n_free)  # (or its error)
+            self.link.write_back({n: (keys, b) for n, b in blocks.items()})
         self._pending = None
         rows = self.link.rows(fut)
         self._sighted(ids)  # (the read's sighting, counted here for it)
@@ -357,13 +373,16 @@ class TierBook:
         if self.policy.admit > 1:
             self.rare[new] = self._counts_of(ids) < self.policy.admit
 
-    def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray | None, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
-        many were held already. Another table of the group reading the same ids in the same
-        update reuses the first one's slots."""
+        many were held already; None for the slots of a staged read. Another table of the
+        group reading the same ids in the same update reuses the first one's slots."""
         last = self._last
         if last is not None and last[3] == self._clock and same(last[0], ids):
             return last[1], last[2]
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            return self._read_staged(ids, staged)
         slots, pinned, placed = self._known(ids)
         if placed >= 0:  # (the misses came and were placed ahead: every row is held)
             self.reads_placed_ahead += 1
@@ -381,6 +400,36 @@ class TierBook:
             self._admitted(new, ids[miss], self._clock)
         self._last = (ids, slots, len(ids) - n_miss, self._clock)
         return slots, len(ids) - n_miss
+
+    def unstage(self) -> None:
+        """The next read is not staged (read after the room and placement)."""
+        self._staged = None
+
+    def _read_staged(
+        self, ids: np.ndarray, staged: tuple[np.ndarray, np.ndarray, SwapFuture, int]
+    ) -> tuple[None, int]:
+        """A read one worker's update thread asked for ahead (:meth:`prefetch` with its
+        clock), served while that thread may still be making room for its misses and placing
+        them: its rows held, pinned by the ask (no eviction takes them), and its misses'
+        rows as the shards sent them make each table's block (:meth:`staged_block`); the
+        update finds the slots the placement gave them (:meth:`slots_for_update`). The
+        training thread touches nothing that thread changes meanwhile."""
+        sids, slots, _, clock = staged
+        if clock != self._clock or not same(sids, ids):  # (HeldTables stages only this read)
+            raise RuntimeError(f"table {self.label}: a staged read of other ids or clock")
+        hits = int(np.count_nonzero(slots >= 0))
+        self._src = staged
+        self.reads_staged += 1
+        self._last = (ids, None, hits, clock)
+        return None, hits
+
+    def staged_block(self, name: str) -> Tensor:
+        """The whole rows of table ``name`` a staged read reads: the rows held taken from the
+        device, the misses' from the shards' answer (waited for here)."""
+        assert self._src is not None
+        _, slots, fut, _ = self._src
+        rows = self.link.rows(fut, timed=True)[name]
+        return self.tables[name].rows.assemble(slots, rows)
 
     def _fetch(self, miss: np.ndarray) -> np.ndarray:
         """Place the rows of ``miss`` (ids not held) in free slots: those a prefetch brought
@@ -475,8 +524,13 @@ class TierBook:
     def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray:
         """Slots of owned unique ``keys`` an update writes (all read in this update, so held)."""
         ids = ids_of(keys)
-        last = self._last
-        slots = last[1] if last is not None and same(last[0], ids) else self.lookup(ids)
+        last, read = self._last, self._read
+        if last is not None and last[1] is not None and same(last[0], ids):
+            slots = last[1]
+        elif read is not None and read[2] == self._clock and read[3] >= 0 and same(read[0], ids):
+            slots = read[1]  # (a staged read's: placed by the update thread)
+        else:
+            slots = self.lookup(ids)
         if (slots < 0).any():  # (only rows read in this update are updated)
             raise RuntimeError(f"table {self.label}: a device tier lost a row it updates")
         return slots

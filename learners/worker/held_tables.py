@@ -61,15 +61,15 @@ def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
     return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
 
 
-def _make_room(books: Sequence[TierBook], place: bool = False) -> None:
+def _make_room(books: Sequence[TierBook], place: bool = False, staged: bool = False) -> None:
     """Free the slots of the device tiers' prefetched misses (the update in progress was
     applied); with ``place``, place the misses there as they come (one worker's update
-    thread: the next read then finds its rows held)."""
+    thread: the next read then finds its rows held, or, ``staged``, reads meanwhile)."""
     for b in books:
         b.make_room()
     if place:
         for b in books:
-            b.place_ahead()
+            b.place_ahead(staged)
 
 
 class HeldTables:
@@ -136,7 +136,10 @@ class HeldTables:
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
-        self._asked: tuple[Mapping[str, Any], list[TierBook]] | None = None  # (ask_ahead)
+        #: (ask_ahead: the request, the books asked, whether the update thread asked)
+        self._asked: tuple[Mapping[str, Any], list[TierBook], bool] | None = None
+        self._asks: list[Future[None]] = []  # (asked in the update thread)
+        self._staged: Mapping[str, Any] | None = None  # (the read staged: rows)
         self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
         self._waited = 0.0  # (seconds settle waited for the device tiers' room and placement)
 
@@ -146,19 +149,23 @@ class HeldTables:
         exchanged with the shards (ids, rows written back, rows read)."""
         return self._moved + sum(b.bytes_moved for b in self.books)
 
-    def settle(self) -> None:
-        """Wait for an update still running (its error, if any, is raised here)."""
+    def settle(self, rooms: bool = True) -> None:
+        """Wait for an update still running (its error, if any, is raised here) and the
+        device tiers' asks; with ``rooms``, for their room and placement too."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
-        rooms, self._rooms = self._rooms, []
+        waits, self._asks = self._asks, []
         if rooms:
+            waits, self._rooms = waits + self._rooms, []
+        if waits:
             t0 = time.perf_counter()
-            for room in rooms:
-                room.result()
+            for w in waits:
+                w.result()
             self._waited += time.perf_counter() - t0
-        for b in self.books:
-            b.settled()
+        if rooms:
+            for b in self.books:
+                b.settled()
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -176,7 +183,13 @@ class HeldTables:
         read here (one worker) or from their owners (several; every worker calls this in
         the same order, as each call is a collective)."""
         names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
-        self.settle()
+        # A read staged by the update thread's ask (prefetch) waits for the update before it
+        # only: that thread makes room for its misses and places them meanwhile.
+        staged, self._staged = req is self._staged, None
+        self.settle(rooms=not staged)
+        if not staged:
+            for b in self.books:
+                b.unstage()
         if self.exchange is None:
             return {n: self._read(n, req[n]) for n in names}
         got: dict[str, Tensor] = {}
@@ -211,6 +224,7 @@ class HeldTables:
             return
         if self.num_workers == 1:
             early, self._asked = self._asked, None
+            staged = early is not None and early[0] is req and early[2]
             if early is not None and early[0] is req:
                 books = early[1]  # (looked up and asked for already: ask_ahead)
                 self.asked_ahead += 1
@@ -218,11 +232,15 @@ class HeldTables:
                 books = self._ask(req)
             if not books:
                 return
+            assert self._pool is not None  # (one worker holding device tiers has one)
+            if staged:  # (the update thread asked: it places them, the read need not wait)
+                self._staged = req
+                self._rooms.append(self._pool.submit(_make_room, books, True, True))
+                return
             # The update thread frees the misses' slots after the update in progress (its rows
             # may go then) and places the misses as they come, while this thread prepares the
             # next batch; the next read waits for it (settle). On a GPU the victims' copy down
             # and the placements are queued after the update, in the order of the stream.
-            assert self._pool is not None  # (one worker holding device tiers has one)
             place = self.device.type == "cuda" if PLACE_AHEAD is None else PLACE_AHEAD
             self._rooms.append(self._pool.submit(_make_room, books, place))
 
@@ -233,12 +251,34 @@ class HeldTables:
         ``req`` then only frees their slots (and places them, on a GPU). Exact: the misses are
         rows this update does not hold, so it does not change them; its own rows, read and
         pinned, stay."""
-        if self.num_workers == 1 and self.books:
-            self._asked = (req, self._ask(req, ahead=1))
+        if self.num_workers != 1 or not self.books:
+            return
+        books = [b for b in self.books if any(n in req for n in b.tables)]
+        if self._pool is None or any(
+            len({id(req[n]) for n in b.tables if n in req}) > 1 for b in books
+        ):
+            # (a book's tables read with ids of their own: asked for here, read after the room)
+            self._asked = (req, self._ask(req, ahead=1), False)
+            return
+        # Asked in the update thread (after the room and placement of the read in progress:
+        # they change the index the ask looks up), so that the prefetch after this update
+        # stages the next read (:meth:`TierBook.read`).
+        clocks = [b.clock + 1 for b in books]
+        self._asks.append(self._pool.submit(self._ask_staged, req, clocks))
+        self._asked = (req, books, True)
 
-    def _ask(self, req: Mapping[str, np.ndarray | Tensor], ahead: int = 0) -> list[TierBook]:
-        """Start each device tier's prefetch of ``req``; the books asked."""
-        books = []
+    def _ask_staged(self, req: Mapping[str, np.ndarray | Tensor], clocks: Sequence[int]) -> None:
+        self._ask(req, 1, clocks)
+
+    def _ask(
+        self,
+        req: Mapping[str, np.ndarray | Tensor],
+        ahead: int = 0,
+        clocks: Sequence[int] | None = None,
+    ) -> list[TierBook]:
+        """Start each device tier's prefetch of ``req`` (``clocks``: of each book asked, from
+        the update thread: the read is staged); the books asked."""
+        books: list[TierBook] = []
         for b in self.books:
             asked = [req[n] for n in b.tables if n in req]
             if asked:
@@ -246,7 +286,7 @@ class HeldTables:
                 for other in asked[1:]:  # (tables keyed alike are read with the same ids)
                     if other is not ids:
                         ids = np.union1d(ids_of(ids), ids_of(other))
-                b.prefetch(ids, ahead)
+                b.prefetch(ids, ahead, None if clocks is None else clocks[len(books)])
                 books.append(b)
         return books
 
@@ -273,7 +313,7 @@ class HeldTables:
     def reset_tiers(self) -> None:
         """Empty the device tiers (after a restore: the shards hold the restored rows)."""
         self.settle()
-        self._asked = None
+        self._asked = self._staged = None
         for b in self.books:
             b.reset()
 

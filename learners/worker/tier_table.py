@@ -33,7 +33,9 @@ class Book(Protocol):
 
     def rows_held(self) -> int: ...
 
-    def read(self, ids: np.ndarray) -> tuple[np.ndarray, int]: ...
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray | None, int]: ...
+
+    def staged_block(self, name: str) -> Tensor: ...
 
     def read_through(self, name: str, ids: np.ndarray) -> Tensor: ...
 
@@ -58,8 +60,9 @@ class TierTable:
         )
         self.rows = RowBlock(self.data)
         self.counts = TierCounts()
-        #: the last training read (ids, slots, whole rows, clock) and the update's
-        self._read: tuple[np.ndarray, np.ndarray, Tensor, int] | None = None
+        #: the last training read (ids, slots (None: staged), whole rows, clock) and the
+        #: update's
+        self._read: tuple[np.ndarray, np.ndarray | None, Tensor, int] | None = None
         self._upd: tuple[np.ndarray, np.ndarray, Tensor | None] | None = None
 
     @property
@@ -97,7 +100,10 @@ class TierTable:
         self.counts.lookups += len(ids)
         self.counts.hits += hits
         self.counts.misses += len(ids) - hits
-        block = self.rows.take(slots, book.slots_on(slots))
+        if slots is None:  # (staged: the update thread may still be placing its misses)
+            block = book.staged_block(self.spec.name)
+        else:
+            block = self.rows.take(slots, book.slots_on(slots))
         # The update of these ids (by this update: no other writer) starts from these rows.
         self._read = (ids, slots, block, book.clock)
         return block[:, : self.cols].contiguous()
@@ -108,7 +114,8 @@ class TierTable:
         ids = ids_of(keys)
         read, self._read = self._read, None
         if read is not None and read[3] == self.book.clock and same(read[0], ids):
-            self._upd = (ids, read[1], read[2])
+            slots = read[1] if read[1] is not None else self.book.slots_for_update(ids)
+            self._upd = (ids, slots, read[2])
         else:
             self._upd = (ids, self.book.slots_for_update(ids), None)
 

@@ -264,7 +264,9 @@ def test_misses_asked_for_during_the_update_before_are_exact(
     reads are done (ask_ahead), before that update is handed over: the hits it pins are the
     next update's, so the rows, hits, misses and write-backs are those of the prefetch made
     after the update (and the rows those of the whole table), on the CPU's row path and on
-    the GPU's (run on the CPU), its misses placed ahead of the read and at the read."""
+    the GPU's (run on the CPU). Asked so, the update thread asks, makes room and places the
+    misses while the read goes on (staged: its blocks assembled from the rows held and the
+    shards' answer); without, the misses are placed ahead of the read or at the read."""
     from learners.worker import device, held_tables
 
     monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", rows == "numpy")
@@ -279,11 +281,23 @@ def test_misses_asked_for_during_the_update_before_are_exact(
             c = held.tier_counts()
             runs[ask] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
             assert held.asked_ahead == (10 if ask else 0)
-            assert (held.books[0].reads_placed_ahead > 0) == place
+            book = held.books[0]
+            assert book.reads_staged == (9 if ask else 0)  # (the 10th is not read)
+            assert (book.reads_placed_ahead > 0) == (place and not ask)
         for n in ("w", "v"):
             np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
         assert runs[True][1] == runs[False][1]
         assert runs[True][1][3] > 0  # (the tier evicted: 160 rows of 3000)
+
+
+def test_tables_read_with_ids_of_their_own_are_asked_for_by_the_training_thread() -> None:
+    """A book whose tables read ids of their own (a union asked for) is not staged: its
+    read waits for the room and placement, exactly as without the ask."""
+    want, _ = _pair(None, False, True)
+    got, held = _pair(200, False, True, ask=True)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    assert held.asked_ahead == 10 and held.books[0].reads_staged == 0
 
 
 @pytest.mark.parametrize(
