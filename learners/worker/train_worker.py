@@ -289,10 +289,11 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             # batches to have in flight after this update: those of this chunk, and the next
             # chunk's first one after the last update (prefetch)
             want = 1 if last and prefetch else min(depth, n_updates - u - 1)
-            # (a batch two updates ahead is peeked at only within this chunk: between chunks
-            # the driver may validate, save or start another epoch)
+            # (a batch two updates ahead is peeked at within this epoch only: between epochs
+            # the driver may validate, save or stop)
             fetch = want if self.plan.fused else 0
-            self._update(rates, queue, stats, fetch, last, next_epoch, u + 2 < n_updates)
+            peek = u + 2 < n_updates or (prefetch and next_epoch is None)
+            self._update(rates, queue, stats, fetch, last, next_epoch, peek)
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
@@ -321,7 +322,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         """One optimizer update at ``rates`` on the first batch of ``queue`` (or a batch
         pulled now); its push also pulls the rows of the next batch while fewer than ``want``
         are in flight (appended to ``queue``, prepared, their rows in flight); ``peek``: the
-        batch after that one is of this chunk too."""
+        batch after that one is of this epoch too."""
         assert self.ps is not None and self.sched is not None
         plan, parts = self.plan, self._accumulate(queue, stats)
         t0 = time.perf_counter()
@@ -439,7 +440,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
     ) -> None:
         """Push ``update`` and pull the next micro-batch's rows in one fused call per shard,
         then (SSP, the first update of a chunk) pull more batches until ``want`` are in flight.
-        With ``peek`` (the batch after is of this chunk), one worker with device tiers also
+        With ``peek`` (the batch after is of this epoch), one worker with device tiers also
         takes that batch and its ids now (:meth:`_accumulate` asks for its misses).
 
         The next micro-batch is of this chunk, or (``last``) of the next ``run_steps``: of this
