@@ -103,13 +103,12 @@ class RowBlock:
         # The array keeps its tensor, and so its pinned block, alive.
         return h.numpy(), done
 
-    def assemble(self, slots: np.ndarray, rows: np.ndarray) -> Tensor:
-        """A new ``[len(slots), width]`` tensor (on the device): the row at each slot 0 or
-        more, and where a slot is -1 the next row of ``rows`` (host whole rows, in order)."""
-        miss = np.flatnonzero(slots < 0)
+    def assemble(self, slots: np.ndarray, miss: np.ndarray, rows: np.ndarray) -> Tensor:
+        """A new ``[len(slots), width]`` tensor (on the device): the rows at ``slots``, but
+        at the positions ``miss`` (ascending) the rows ``rows`` (host whole rows, in order)."""
+        out = self.take(slots)
         if not len(miss):
-            return self.take(slots)
-        out = self.take(np.where(slots < 0, 0, slots))
+            return out
         if self._host is not None:
             r = as_rows(np.ascontiguousarray(rows, dtype=self._np))
             np.put(as_rows(out.numpy()), miss, r)

@@ -118,7 +118,7 @@ class TierBook:
         #: clock), for :meth:`read` to serve without the book's state the update thread
         #: changes meanwhile; then the read's (its tables' blocks are assembled from it)
         self._staged: tuple[np.ndarray, np.ndarray, SwapFuture, int] | None = None
-        self._src: tuple[np.ndarray, np.ndarray, SwapFuture, int] | None = None
+        self._src: tuple[np.ndarray, np.ndarray, SwapFuture] | None = None
         #: training reads served from :attr:`_staged`, their misses placed by the update thread
         self.reads_staged = 0
         #: a read outside training: its ids and the rows of the tables yet to ask for them
@@ -136,6 +136,7 @@ class TierBook:
         self._read = None
         self._last = None
         self._staged = self._src = None
+        self._placed: tuple[np.ndarray, np.ndarray, int] | None = None
         self._on = None
         self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
@@ -360,6 +361,7 @@ class TierBook:
             slots[slots < 0] = new
             self._admitted(new, miss_ids, clock)
         self._read = (ids, slots, clock, len(miss_ids))
+        self._placed = (ids, slots, clock)  # (a staged read's update: the ask after resets _read)
 
     def _sighted(self, ids: np.ndarray) -> None:
         """Count a read's ids where the policy needs their counts."""
@@ -417,8 +419,10 @@ class TierBook:
         sids, slots, _, clock = staged
         if clock != self._clock or not same(sids, ids):  # (HeldTables stages only this read)
             raise RuntimeError(f"table {self.label}: a staged read of other ids or clock")
-        hits = int(np.count_nonzero(slots >= 0))
-        self._src = staged
+        miss = slots < 0
+        at = np.where(miss, 0, slots)  # (any slot where a miss goes: its row is replaced)
+        self._src = (at, np.flatnonzero(miss), staged[2])
+        hits = len(ids) - len(self._src[1])
         self.reads_staged += 1
         self._last = (ids, None, hits, clock)
         return None, hits
@@ -427,9 +431,9 @@ class TierBook:
         """The whole rows of table ``name`` a staged read reads: the rows held taken from the
         device, the misses' from the shards' answer (waited for here)."""
         assert self._src is not None
-        _, slots, fut, _ = self._src
+        at, miss, fut = self._src
         rows = self.link.rows(fut, timed=True)[name]
-        return self.tables[name].rows.assemble(slots, rows)
+        return self.tables[name].rows.assemble(at, miss, rows)
 
     def _fetch(self, miss: np.ndarray) -> np.ndarray:
         """Place the rows of ``miss`` (ids not held) in free slots: those a prefetch brought
@@ -524,11 +528,11 @@ class TierBook:
     def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray:
         """Slots of owned unique ``keys`` an update writes (all read in this update, so held)."""
         ids = ids_of(keys)
-        last, read = self._last, self._read
+        last, placed = self._last, self._placed
         if last is not None and last[1] is not None and same(last[0], ids):
             slots = last[1]
-        elif read is not None and read[2] == self._clock and read[3] >= 0 and same(read[0], ids):
-            slots = read[1]  # (a staged read's: placed by the update thread)
+        elif placed is not None and placed[2] == self._clock and same(placed[0], ids):
+            slots = placed[1]  # (a staged read's: placed by the update thread)
         else:
             slots = self.lookup(ids)
         if (slots < 0).any():  # (only rows read in this update are updated)
