@@ -47,6 +47,7 @@ from learners.worker.tier_slots import (
     DIRECT_MAX,
     DirectSlots,
     HashSlots,
+    IdCounts,
     TierCounts,
     TierPolicy,
     ids_of,
@@ -55,10 +56,9 @@ from learners.worker.tier_slots import (
     sorted_ids,
 )
 from learners.worker.tier_table import TierTable
+from learners.worker.tier_through import ThroughReads
 
 __all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 class TierBook:
@@ -91,15 +91,7 @@ class TierBook:
         self.tables = {s.name: TierTable(s, self) for s in specs}
         row_bytes = {n: t.width * t.data.element_size() for n, t in self.tables.items()}
         self.link = TierLink(names, row_bytes, shards)
-        # Counts by id where the id range is no larger than the sketch would be, else hashed
-        # into 16 counters a row held: at 4 the collisions of rare ids with hot ones cost the
-        # power-law feed suite most of what frequency gains over recency (hit rate 45.3%
-        # against 53.3% exact, a replay of its batches; docs/device-tier.md).
-        sketch = 1 << min(24, max(16, int(16 * self.capacity - 1).bit_length()))
-        self._exact = 0 < self.rows <= sketch
-        self._freq = np.zeros(self.rows if self._exact else sketch, dtype=np.uint32)
-        self._shift = np.uint64(64 - (sketch.bit_length() - 1))
-        self._seen = 0
+        self.seen = IdCounts(self.rows, self.capacity)  # (how often each id was read)
         #: reads pin their rows at ``clock`` (one per update); rows pinned at ``floor`` or
         #: later are never evicted (``floor`` stays at an update's clock until it is settled)
         self._clock = 1
@@ -121,8 +113,7 @@ class TierBook:
         self._src: tuple[np.ndarray, np.ndarray, SwapFuture] | None = None
         #: training reads served from :attr:`_staged`, their misses placed by the update thread
         self.reads_staged = 0
-        #: a read outside training: its ids and the rows of the tables yet to ask for them
-        self._through: tuple[np.ndarray, dict[str, Tensor], int] | None = None
+        self.through = ThroughReads(self)  # (reads outside training)
         #: slots the prefetched misses need (:meth:`make_room`)
         self._room = 0
         #: False while validating or predicting (learners/worker/held_tables.py)
@@ -177,24 +168,6 @@ class TierBook:
 
     # --- lookups -----------------------------------------------------------------------------
 
-    def _hash(self, keys: np.ndarray) -> np.ndarray:
-        """The counter of each key in the sketch (the key itself when counts are exact)."""
-        if self._exact:
-            return keys
-        return ((keys.view(np.uint64) * _GOLDEN) >> self._shift).astype(np.int64)
-
-    def _see(self, keys: np.ndarray) -> None:
-        """Count one sighting of each (unique) key."""
-        self._freq[self._hash(keys)] += 1
-        self._seen += len(keys)
-        if self._seen >= 10 * len(self._freq):  # age: old counts fade
-            self._freq >>= 1
-            self._seen = 0
-
-    def _counts_of(self, keys: np.ndarray) -> np.ndarray:
-        """The counts of ``keys``."""
-        return self._freq[self._hash(keys)]
-
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slots of ``keys`` held now, -1 for the others."""
         if not len(keys):
@@ -248,7 +221,7 @@ class TierBook:
         if not len(free):
             return free
         if self.policy.eviction == "lfu":
-            score = self._counts_of(self.key_at[free]).astype(np.int64)
+            score = self.seen.of(self.key_at[free]).astype(np.int64)
         else:
             score = self.used[free]
         if self.policy.admit > 1:  # (no row is marked rare otherwise)
@@ -366,14 +339,14 @@ class TierBook:
     def _sighted(self, ids: np.ndarray) -> None:
         """Count a read's ids where the policy needs their counts."""
         if self.policy.admit > 1 or self.policy.eviction == "lfu":
-            self._see(ids)
+            self.seen.add(ids)
 
     def _admitted(self, new: np.ndarray, ids: np.ndarray, clock: int) -> None:
         """The rows of ``ids`` just placed in slots ``new`` are pinned at ``clock``; those not
         admitted (seen fewer than admit.count times) go first at the next eviction."""
         self.used[new] = clock
         if self.policy.admit > 1:
-            self.rare[new] = self._counts_of(ids) < self.policy.admit
+            self.rare[new] = self.seen.of(ids) < self.policy.admit
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray | None, int]:
         """Slots of the unique ``ids`` (fetched when missing), pinned for this update, and how
@@ -491,39 +464,8 @@ class TierBook:
         return slots
 
     def read_through(self, name: str, ids: np.ndarray) -> Tensor:
-        """Outside training (validation, prediction): the weights of ``ids`` of table
-        ``name``, the rows held read on the device and the others from the shards, placed
-        nowhere: the rows training holds stay, and so does a prefetch of its next batch (a
-        read from the shards needs only the write-backs to have landed). One read serves
-        every table of the group asking for the same ids."""
-        through = self._through
-        if (
-            through is None
-            or through[2] != self._clock  # (an update since: the rows changed)
-            or name not in through[1]
-            or not same(through[0], ids)
-        ):
-            through = self._through = (ids, self._read_through(ids), self._clock)
-        return through[1].pop(name)
-
-    def _read_through(self, ids: np.ndarray) -> dict[str, Tensor]:
-        slots = self.lookup(ids)
-        miss = slots < 0
-        out = {}
-        if not miss.any():
-            for n, t in self.tables.items():
-                out[n] = t.rows.take(slots)[:, : t.cols].contiguous()
-            return out
-        self.link.settle()
-        rows = self.link.rows(self.link.swap({}, ids[miss]))
-        hit = np.flatnonzero(~miss)
-        for n, t in self.tables.items():
-            o = torch.empty((len(ids), t.cols), dtype=t.data.dtype)
-            o[torch.from_numpy(miss)] = torch.from_numpy(np.ascontiguousarray(rows[n][:, : t.cols]))
-            if len(hit):
-                o[torch.from_numpy(hit)] = t.rows.take(slots[hit])[:, : t.cols].cpu()
-            out[n] = o.to(self.device)
-        return out
+        """Outside training: the weights of ``ids`` of table ``name`` (:class:`ThroughReads`)."""
+        return self.through.read(name, ids)
 
     def slots_for_update(self, keys: np.ndarray | Tensor) -> np.ndarray:
         """Slots of owned unique ``keys`` an update writes (all read in this update, so held)."""

@@ -502,18 +502,18 @@ def test_lfu_counts_ids_exactly_where_the_id_range_is_small_enough() -> None:
     dup = np.flatnonzero(h[order][1:] == h[order][:-1])[0]
     hot, rare = sorted(int(i) for i in order[dup : dup + 2])
     for _ in range(7):
-        book._see(np.array([hot]))
-    book._see(np.array([rare]))
-    assert book._counts_of(np.array([rare])).tolist() == [1]
-    book._see(np.array([hot, rare]))
-    assert book._counts_of(np.array([hot, rare])).tolist() == [8, 2]
+        book.seen.add(np.array([hot]))
+    book.seen.add(np.array([rare]))
+    assert book.seen.of(np.array([rare])).tolist() == [1]
+    book.seen.add(np.array([hot, rare]))
+    assert book.seen.of(np.array([hot, rare])).tolist() == [8, 2]
 
 
 def test_lfu_sketch_has_sixteen_counters_a_row_above_the_exact_range() -> None:
     """A table of a larger id range hashes its ids into at least 16 counters a row the tier
     holds (at most 2^24)."""
     book = _lfu_book(1 << 30, 10_000)
-    assert not book._exact and len(book._freq) == 1 << 18  # 16 x 10,000 -> 2^18
-    assert _lfu_book(1 << 30, 2_000_000)._freq.size == 1 << 24  # (32 x 2^20: at the cap)
+    assert not book.seen.exact and len(book.seen.table) == 1 << 18  # 16 x 10,000 -> 2^18
+    assert _lfu_book(1 << 30, 2_000_000).seen.table.size == 1 << 24  # (32 x 2^20: at the cap)
     small = _lfu_book(100_000, 10_000)
-    assert small._exact and len(small._freq) == 100_000
+    assert small.seen.exact and len(small.seen.table) == 100_000
