@@ -19,9 +19,9 @@ update in progress are never evicted. Admission
 updated like any row but goes first at the next eviction, so rare ids do not push out hot
 ones. docs/device-tier.md has the measurement behind the defaults.
 
-On a GPU one worker's update thread (learners/worker/held_tables.py) also places a
-prefetch's misses ahead of the read (:meth:`TierBook.place_ahead`), and the victims' rows
-come down without waiting for the GPU (the write-back thread waits for their copy's event).
+One worker's update thread (learners/worker/held_tables.py) asks ahead, makes room and places
+a prefetch's misses (:meth:`TierBook.place_ahead`) while the read goes on, staged (on a GPU
+also ahead of a read not staged); the victims' rows come down without waiting for the GPU.
 
 The index (id -> slot) lives on the host (a miss must come from the host anyway): an int32
 array over the id range of a table of known range, else a hash table, in which evicted ids

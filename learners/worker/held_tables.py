@@ -49,10 +49,10 @@ from learners.worker.tier_slots import ids_of
 
 __all__ = ["HeldTables"]
 
-#: Whether one worker's update thread also places the device tiers' prefetched misses (None:
-#: on a GPU only). On a GPU that thread only queues the update, so it has room for that host
-#: work; on the CPU it applies the update itself and placing there lengthens the step
-#: (tier10 392k against 411k samples/s on the feed suite, 2 cores, medians of 3).
+#: Whether one worker's update thread also places the device tiers' prefetched misses of a
+#: read not staged (None: on a GPU only; a staged read's are always placed there). On a GPU
+#: that thread only queues the update, so it has room for that host work; on the CPU a read
+#: not staged waited for it (tier10 392k against 411k samples/s on the feed suite, 2 cores).
 PLACE_AHEAD: bool | None = None
 
 
