@@ -32,12 +32,21 @@ if [[ $skip != *,gpu,* ]]; then
 fi
 
 if [[ $skip != *,suite,* ]]; then
-  # (the job-submission and multi-node tests start Ray's CLI from beside the interpreter)
-  py_dir=$(python3 -c 'import sys, os; print(os.path.dirname(sys.executable))')
-  [[ -x $py_dir/ray ]] || echo "warning: no ray CLI in $py_dir: the tests that start a Ray" \
-    "head (tests/ops/test_job_submit.py, tests/learners/test_multinode.py, a test of" \
-    "tests/faults/test_hangs.py) will error; install Ray into this interpreter's environment"
-  if python3 -c "import xdist" 2>/dev/null; then
+  # (the job-submission and multi-node tests start Ray's CLI from beside the interpreter:
+  # where Ray was installed as a bare package, without it, a `ray` script is put there)
+  py=python3
+  py_exe=$(python3 -c 'import sys; print(sys.executable)')
+  py_dir=$(dirname "$py_exe")
+  if [[ ! -x $py_dir/ray ]]; then
+    if [[ -w $py_dir ]] && python3 -c "import ray.scripts.scripts" 2>/dev/null; then
+      printf '#!%s\nfrom ray.scripts.scripts import main\nmain()\n' "$py_exe" \
+        > "$py_dir/ray" && chmod +x "$py_dir/ray" && echo "wrote $py_dir/ray (Ray's CLI)"
+    fi
+    [[ -x $py_dir/ray ]] || echo "warning: no ray CLI in $py_dir: the tests that start a Ray" \
+      "head (tests/ops/test_job_submit.py, tests/learners/test_multinode.py, a test of" \
+      "tests/faults/test_hangs.py) will error; install Ray into this interpreter's environment"
+  fi
+  if "$py" -c "import xdist" 2>/dev/null; then
     # (each test module starts its own Ray: 14 at once on 16 cores ended in errors and
     # failures; 2 on 2 cores pass, 372 s against 602 s one after another)
     args=(-n 4 --dist loadfile tests)
@@ -48,7 +57,7 @@ if [[ $skip != *,suite,* ]]; then
   fi
   # -v: each test's outcome is written as it ends (the summary's tracebacks come only at the
   # end, and a run cut off by a time limit loses them); -rfE: the reasons, at the end
-  timeout 900 python3 -m pytest -v -p no:cacheprovider --tb=short -rfE "${args[@]}" \
+  timeout 900 "$py" -m pytest -v -p no:cacheprovider --tb=short -rfE "${args[@]}" \
     > "$out/suite.txt" 2>&1
   echo "suite: rc=$? at $(since)"
   grep -E "(FAILED|ERROR) tests/|^(FAILED|ERROR)|passed|failed" "$out/suite.txt" | tail -40
