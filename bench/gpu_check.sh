@@ -69,6 +69,17 @@ if [[ $skip != *,feed,* ]]; then
     --timeout 120 --systems "$systems" --out "$out/feed_cuda.json" > "$out/feed_cuda.txt" 2>&1
   echo "feed: rc=$? at $(since)"
   grep -E '^\[|\|' "$out/feed_cuda.txt" | tail -12
+  # (each system's ms a step by phase and, for a tier, what its training thread waited for)
+  python3 - "$out/feed_cuda.json" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1])).get("results", []):
+    ph, n = r.get("phase_ms") or {}, r["case"]["system"]
+    if not ph:
+        continue
+    parts = " ".join(f"{k[:-2]} {v:.2f}" for k, v in ph.items())
+    wait = r.get("tier_wait_ms")
+    print(f"{n}: ms a step {parts}" + ("" if wait is None else f"; tier_wait {wait:.2f}"))
+PY
   if command -v py-spy > /dev/null; then
     # Longer runs of one system each (SYSTEM:EPOCHS), its worker and shard profiled 6 s into
     # training (the actors of this run, not those of the last one still shutting down).
