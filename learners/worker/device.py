@@ -103,10 +103,17 @@ class RowBlock:
         # The array keeps its tensor, and so its pinned block, alive.
         return h.numpy(), done
 
-    def assemble(self, slots: np.ndarray, miss: np.ndarray, rows: np.ndarray) -> Tensor:
+    def assemble(
+        self,
+        slots: np.ndarray,
+        miss: np.ndarray,
+        rows: np.ndarray,
+        on: tuple[Tensor | None, Tensor | None] = (None, None),
+    ) -> Tensor:
         """A new ``[len(slots), width]`` tensor (on the device): the rows at ``slots``, but
-        at the positions ``miss`` (ascending) the rows ``rows`` (host whole rows, in order)."""
-        out = self.take(slots)
+        at the positions ``miss`` (ascending) the rows ``rows`` (host whole rows, in order);
+        ``on``: ``slots`` and ``miss`` on the device already (:meth:`slots` of each)."""
+        out = self.take(slots, on[0])
         if not len(miss):
             return out
         if self._host is not None:
@@ -114,7 +121,8 @@ class RowBlock:
             np.put(as_rows(out.numpy()), miss, r)
         else:
             got = to_device(rows, self.device).to(self.data.dtype)
-            out.index_copy_(0, to_device(miss, self.device), got)
+            at = on[1] if on[1] is not None else to_device(miss, self.device)
+            out.index_copy_(0, at, got)
         return out
 
     def put(self, slots: np.ndarray, block: np.ndarray | Tensor, on: Tensor | None = None) -> None:

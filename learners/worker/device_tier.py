@@ -110,7 +110,7 @@ class TierBook:
         #: clock), for :meth:`read` to serve without the book's state the update thread
         #: changes meanwhile; then the read's (its tables' blocks are assembled from it)
         self._staged: tuple[np.ndarray, np.ndarray, SwapFuture, int] | None = None
-        self._src: tuple[np.ndarray, np.ndarray, SwapFuture] | None = None
+        self._src: tuple[np.ndarray, np.ndarray, SwapFuture, tuple[Any, Any]] | None = None
         #: training reads served from :attr:`_staged`, their misses placed by the update thread
         self.reads_staged = 0
         self.through = ThroughReads(self)  # (reads outside training)
@@ -392,21 +392,20 @@ class TierBook:
         sids, slots, _, clock = staged
         if clock != self._clock or not same(sids, ids):  # (HeldTables stages only this read)
             raise RuntimeError(f"table {self.label}: a staged read of other ids or clock")
-        miss = slots < 0
-        at = np.where(miss, 0, slots)  # (any slot where a miss goes: its row is replaced)
-        self._src = (at, np.flatnonzero(miss), staged[2])
-        hits = len(ids) - len(self._src[1])
+        at, pos = np.where(slots < 0, 0, slots), np.flatnonzero(slots < 0)  # (a miss: any slot)
+        rows = next(iter(self.tables.values())).rows  # (slots go up once for every table)
+        self._src = (at, pos, staged[2], (rows.slots(at), rows.slots(pos)))
         self.reads_staged += 1
-        self._last = (ids, None, hits, clock)
-        return None, hits
+        self._last = (ids, None, len(ids) - len(pos), clock)
+        return None, len(ids) - len(pos)
 
     def staged_block(self, name: str) -> Tensor:
         """The whole rows of table ``name`` a staged read reads: the rows held taken from the
         device, the misses' from the shards' answer (waited for here)."""
         assert self._src is not None
-        at, miss, fut = self._src
+        at, miss, fut, on = self._src
         rows = self.link.rows(fut, timed=True)[name]
-        return self.tables[name].rows.assemble(at, miss, rows)
+        return self.tables[name].rows.assemble(at, miss, rows, on)
 
     def _fetch(self, miss: np.ndarray) -> np.ndarray:
         """Place the rows of ``miss`` (ids not held) in free slots: those a prefetch brought
