@@ -149,13 +149,15 @@ class HeldTables:
         exchanged with the shards (ids, rows written back, rows read)."""
         return self._moved + sum(b.bytes_moved for b in self.books)
 
-    def settle(self, rooms: bool = True) -> None:
-        """Wait for an update still running (its error, if any, is raised here) and the
-        device tiers' asks; with ``rooms``, for their room and placement too."""
+    def settle(self, rooms: bool = True, asks: bool = True) -> None:
+        """Wait for an update still running (its error, if any, is raised here) and, with
+        ``asks`` and ``rooms``, for the device tiers' asks and their room and placement."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
-        waits, self._asks = self._asks, []
+        waits: list[Future[None]] = []
+        if asks:
+            waits, self._asks = self._asks, []
         if rooms:
             waits, self._rooms = waits + self._rooms, []
         if waits:
@@ -371,7 +373,9 @@ class HeldTables:
         single = all(len(p) == 1 for p in self._parts.values())
         grads = self.merged()
         self._parts = {}
-        self.settle()
+        # (not the ask made during this update: it changes nothing the update reads, and the
+        # update thread runs it first; on a GPU the forward and backward may be queued sooner)
+        self.settle(asks=False)
         if self.exchange is None:
             for name, (ids, _) in grads.items():
                 t = self.tables[name]
