@@ -341,9 +341,8 @@ def _check_storage(min_count: int, ttl: int) -> None:
     """Admission and expiry: whole numbers >= 0 (a ValueError naming the key)."""
     for key, value in ((ADMISSION_MIN_COUNT, min_count), (EVICTION_TTL_UPDATES, ttl)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(
-                f"{key.name}={value!r} is not valid: expected an integer >= 0 (0: off)"
-            )
+            bad = f"{key.name}={value!r} is not valid"
+            raise ValueError(f"{bad}: expected an integer >= 0 (0: off)")
 
 
 @dataclass(frozen=True)

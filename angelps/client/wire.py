@@ -378,15 +378,11 @@ def encode_reply(
     """The frames of a successful ``step``: its rows (or none) and the backup clock. With
     ``region`` (a shared segment, an offset and a size: a swap's ``"out"``) rows that fit are
     copied there and the header says where (``"at": [offset, bytes]``)."""
-    bufs: list[bytes | memoryview] = []
-    rows_h = None
-    if result.rows is not None:
-        rows_h = []
-        for name, r in result.rows.items():
-            a = np.ascontiguousarray(r)
-            rows_h.append([name, int(a.shape[0]), int(a.shape[1]), a.dtype.str])
-            bufs.append(a.data)
-    head: dict[str, Any] = {"ok": True, "b": result.backed_up, "rows": rows_h}
+    arrays = {n: np.ascontiguousarray(r) for n, r in (result.rows or {}).items()}
+    bufs: list[bytes | memoryview] = [a.data for a in arrays.values()]
+    rows_h = [[n, int(a.shape[0]), int(a.shape[1]), a.dtype.str] for n, a in arrays.items()]
+    head: dict[str, Any] = {"ok": True, "b": result.backed_up}
+    head["rows"] = None if result.rows is None else rows_h
     if result.pid is not None:
         head["pid"] = result.pid
     if region is not None:
@@ -424,8 +420,7 @@ def decode_reply(
         body = placed(int(at[0]), int(at[1]))
     rows = None
     if h["rows"] is not None:
-        rows = {}
-        off = 0
+        rows, off = {}, 0
         for name, n, cols, dtype in h["rows"]:
             dt = np.dtype(dtype)
             rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
@@ -486,6 +481,7 @@ def byte_view(b: bytes | memoryview) -> memoryview:
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from a blocking socket (ConnectionError if it closes first)."""
     got = 0
     while got < view.nbytes:
         k = sock.recv_into(view[got:])
@@ -497,11 +493,5 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
     """Exactly ``n`` bytes from a blocking socket (ConnectionError if it closes first)."""
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("the shard closed the connection")
-        got += k
+    _recv_into(sock, memoryview(buf))
     return buf
