@@ -160,7 +160,7 @@ def _has_cuda() -> bool:
 @pytest.mark.skipif(_has_cuda(), reason="the error is for clusters without a GPU")
 def test_asking_for_gpus_the_cluster_lacks_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["train", "--conf", "conf/lr_a9a.properties", "--set", "angel.worker.gpus=0.5"]
-    argv += ["--set", "angel.workergroup.number=2"]
+    argv += ["--set", "angel.workergroup.number=2", "--set", "angel.save.model.path="]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "angel.worker.gpus=0.5 with 2 worker(s) needs 1 GPU(s) but the Ray cluster has 0" in err

@@ -221,7 +221,8 @@ def test_resume_with_no_epochs_left_says_so() -> None:
 def _train(data: Path, *extra: str, conf: str = "conf/lr_a9a.properties") -> tuple[int, str]:
     cmd = [sys.executable, "-m", "angelps", "train", "--conf", conf]
     cmd += ["--set", f"angel.train.data.path={data}", "--set", "ml.epoch.num=1"]
-    cmd += ["--set", "angel.save.model.path=", *extra]
+    cmd += ["--set", "angel.save.model.path=", "--set", f"angel.log.path={data.parent / 'log'}"]
+    cmd += list(extra)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     return out.returncode, out.stderr
 
@@ -313,7 +314,8 @@ def test_a_stop_while_the_private_ray_starts_ends_cleanly_leaving_nothing(
     process of the job left (Ray's own SIGTERM handler exited 15 at once, and both left a
     half-started Ray's agents running)."""
     cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties",
-           "--set", "ml.epoch.num=1", "--set", f"angel.log.path={tmp_path / 'log'}"]  # fmt: skip
+           "--set", "ml.epoch.num=1", "--set", f"angel.log.path={tmp_path / 'log'}",
+           "--set", f"angel.save.model.path={tmp_path / 'model'}"]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, preexec_fn=_default_sigint,

@@ -184,6 +184,7 @@ def test_train_with_an_unreachable_address_exits_2_with_one_line() -> None:
         [
             *(sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"),
             *("--address", f"127.0.0.1:{port}", "--set", "angel.ray.connect.timeout.s=1"),
+            *("--set", "angel.save.model.path="),
         ],
         cwd=REPO,
         env=env,
@@ -223,6 +224,7 @@ def test_a_port_that_accepts_and_holds_is_one_error_after_the_timeout() -> None:
             [
                 *(sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"),
                 *("--address", f"127.0.0.1:{port}", "--set", "angel.ray.connect.timeout.s=1"),
+                *("--set", "angel.save.model.path="),
             ],
             cwd=REPO,
             env=env,
@@ -257,6 +259,7 @@ def test_a_job_larger_than_the_cluster_fails_before_any_actor_starts(ray_local: 
         [
             "angel.workergroup.number=4",
             f"angel.train.data.path={REPO}/data/a9a/a9a_123d_train.libsvm",
+            "angel.save.model.path=",
         ],
         quiet=True,
     )

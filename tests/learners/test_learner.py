@@ -139,6 +139,7 @@ def test_cli_train_writes_summary(tmp_path, monkeypatch, capsys):
         set=[
             "ml.epoch.num=1",
             f"angel.log.path={tmp_path / 'log'}",
+            f"angel.save.model.path={tmp_path / 'model'}",
             "angel.job.name=t_cli",
         ],
         address=None,
