@@ -68,3 +68,28 @@ def heavy_after() -> Callable[[str], list[str]]:
         return [m for m in last.removeprefix("HEAVY=").split(",") if m]
 
     return run
+
+
+# Tests keep what their jobs write under tmp_path: a job file's relative paths (runs/...) are
+# the repository's, and two test processes writing them at once collide on their save locks.
+# Where the repository has no runs/ folder when the tests start (a fresh clone: CI), the run
+# fails if one appears.
+_RUNS = Path(__file__).resolve().parents[1] / "runs"
+_RUNS_AT_START = _RUNS.exists()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _RUNS_AT_START or hasattr(session.config, "workerinput") or not _RUNS.exists():
+        return
+    names = sorted(p.name for p in _RUNS.iterdir())
+    msg = (
+        f"error: the tests wrote into the repository's runs/ folder ({', '.join(names[:5])}): "
+        "a test's job keeps its outputs under tmp_path (angel.save.model.path, angel.log.path)"
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(msg, red=True)
+    else:
+        print(msg, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
