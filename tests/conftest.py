@@ -88,7 +88,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     )
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.write("\n")
         reporter.write_line(msg, red=True)
     else:
         print(msg, file=sys.stderr)
