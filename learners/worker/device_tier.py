@@ -272,18 +272,18 @@ class TierBook:
 
     # --- the step ------------------------------------------------------------------------------
 
-    def prefetch(self, keys: np.ndarray | Tensor, ahead: int = 0, clock: int | None = None) -> None:
+    def prefetch(self, keys: np.ndarray | Tensor, clock: int | None = None) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
-        slots once the update is applied (``ahead=1``: asked as its reads ended, for the next).
-        ``clock``: the next read's, from one worker's update thread asking ahead (the training
-        thread's clock moves meanwhile); that read is then staged (:meth:`read`)."""
+        slots once the update is applied. ``clock``: the next read's, from one worker's update
+        thread asking as the reads of the update before it ended (the training thread's clock
+        moves meanwhile); that read may then be staged (:meth:`read`)."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self.link.drop(self._pending[1])
             self._pending = None
         slots = self.lookup(ids)
-        at = self._clock + ahead if clock is None else clock
+        at = self._clock if clock is None else clock
         self._read = (ids, slots, at, -1)
         held = slots >= 0
         self.used[slots[held]] = at  # the next update's

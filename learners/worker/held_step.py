@@ -104,7 +104,7 @@ class HoldsTables:
         return out
 
     def _peek(self) -> None:
-        """One worker with device tiers, the batch after the next one of this chunk: take it
+        """One worker with device tiers, the batch after the next one of this epoch: take it
         and its ids now, so that its misses are asked for while the next update computes
         (:meth:`_ask_ahead`); ``_next_batch`` and the next fetch take it from there."""
         if ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and self.held.books:

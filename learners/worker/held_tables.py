@@ -136,9 +136,9 @@ class HeldTables:
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
-        #: (ask_ahead: the request, the books asked, whether the update thread asked)
+        #: (ask_ahead: the request, the books asked, whether its read is staged)
         self._asked: tuple[Mapping[str, Any], list[TierBook], bool] | None = None
-        self._asks: list[Future[None]] = []  # (asked in the update thread)
+        self._asks: list[Future[Any]] = []  # (asked in the update thread)
         self._staged: Mapping[str, Any] | None = None  # (the read staged: rows)
         self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
         self._waited = 0.0  # (seconds settle waited for the device tiers' room and placement)
@@ -155,7 +155,7 @@ class HeldTables:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
-        waits: list[Future[None]] = []
+        waits: list[Future[Any]] = []
         if asks:
             waits, self._asks = self._asks, []
         if rooms:
@@ -226,12 +226,12 @@ class HeldTables:
             return
         if self.num_workers == 1:
             early, self._asked = self._asked, None
-            staged = early is not None and early[0] is req and early[2]
-            if early is not None and early[0] is req:
-                books = early[1]  # (looked up and asked for already: ask_ahead)
+            asked = early is not None and early[0] is req
+            if early is not None and asked:
+                books, staged = early[1], early[2]  # (looked up and asked for: ask_ahead)
                 self.asked_ahead += 1
             else:
-                books = self._ask(req)
+                books, staged = self._ask(req), False
             if not books:
                 return
             assert self._pool is not None  # (one worker holding device tiers has one)
@@ -255,31 +255,22 @@ class HeldTables:
         pinned, stay."""
         if self.num_workers != 1 or not self.books:
             return
+        assert self._pool is not None  # (one worker holding device tiers has one)
         books = [b for b in self.books if any(n in req for n in b.tables)]
-        if self._pool is None or any(
-            len({id(req[n]) for n in b.tables if n in req}) > 1 for b in books
-        ):
-            # (a book's tables read with ids of their own: asked for here, read after the room)
-            self._asked = (req, self._ask(req, ahead=1), False)
-            return
         # Asked in the update thread (after the room and placement of the read in progress:
         # they change the index the ask looks up), so that the prefetch after this update
-        # stages the next read (:meth:`TierBook.read`).
+        # stages the next read (:meth:`TierBook.read`), unless a book's tables read ids of
+        # their own (a union is asked for): that read waits for the room.
         clocks = [b.clock + 1 for b in books]
-        self._asks.append(self._pool.submit(self._ask_staged, req, clocks))
-        self._asked = (req, books, True)
-
-    def _ask_staged(self, req: Mapping[str, np.ndarray | Tensor], clocks: Sequence[int]) -> None:
-        self._ask(req, 1, clocks)
+        self._asks.append(self._pool.submit(self._ask, req, clocks))
+        alike = all(len({id(req[n]) for n in b.tables if n in req}) == 1 for b in books)
+        self._asked = (req, books, alike)
 
     def _ask(
-        self,
-        req: Mapping[str, np.ndarray | Tensor],
-        ahead: int = 0,
-        clocks: Sequence[int] | None = None,
+        self, req: Mapping[str, np.ndarray | Tensor], clocks: Sequence[int] | None = None
     ) -> list[TierBook]:
-        """Start each device tier's prefetch of ``req`` (``clocks``: of each book asked, from
-        the update thread: the read is staged); the books asked."""
+        """Start each device tier's prefetch of ``req`` (``clocks``: the reads' of the books
+        asked, given from the update thread); the books asked."""
         books: list[TierBook] = []
         for b in self.books:
             asked = [req[n] for n in b.tables if n in req]
@@ -288,7 +279,7 @@ class HeldTables:
                 for other in asked[1:]:  # (tables keyed alike are read with the same ids)
                     if other is not ids:
                         ids = np.union1d(ids_of(ids), ids_of(other))
-                b.prefetch(ids, ahead, None if clocks is None else clocks[len(books)])
+                b.prefetch(ids, None if clocks is None else clocks[len(books)])
                 books.append(b)
         return books
 

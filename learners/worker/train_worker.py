@@ -450,7 +450,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         assert self.ps is not None
         if last and next_epoch is not None:
             self._iter = self._minibatches(next_epoch, self.part.opts.use_shuffle)
-            self._peeked = None  # (none is taken at a chunk's end: its batch was of the last)
+            self._peeked = None  # (none is taken at an epoch's end: it would be of the last)
             self._epoch = self._ready_epoch = next_epoch
         elif last:
             self._ready_epoch = self._epoch

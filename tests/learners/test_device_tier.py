@@ -311,7 +311,7 @@ def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy) -> 
     assert 0 < held.books[0].reads_staged < 9  # (the reads after a skip are not staged)
 
 
-def test_tables_read_with_ids_of_their_own_are_asked_for_by_the_training_thread() -> None:
+def test_tables_read_with_ids_of_their_own_are_not_staged() -> None:
     """A book whose tables read ids of their own (a union asked for) is not staged: its
     read waits for the room and placement, exactly as without the ask."""
     want, _ = _pair(None, False, True)
