@@ -46,9 +46,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from angelconf.config import ConfigError
+from angelps.optimizer_keys import OPTIMIZERS
 from angelps.optimizers.base import Array, ops_for
 from angelps.optimizers.registry import optimizer_for
-from angelps.options import OPTIMIZERS
 from angelps.table import OptimizerSpec
 
 if TYPE_CHECKING:

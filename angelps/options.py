@@ -1,7 +1,8 @@
 """Every configuration key of the parameter server, and the typed options built from them.
 
-A key module: it imports only the standard library and :mod:`angelconf.config`, so the CLI's
-config-only verbs (``angelps conf``) list these keys without loading numpy, torch or Ray.
+A key module: it imports only the standard library, :mod:`angelconf.config` and the other key
+module :mod:`angelps.optimizer_keys` (whose keys it lists), so the CLI's config-only verbs
+(``angelps conf``) list these keys without loading numpy, torch or Ray.
 
 Each default is written once, in its :class:`~angelconf.config.Key` declaration below. The rest
 of the package never reads a configuration mapping: the entry point builds a :class:`PSOptions`
@@ -9,7 +10,7 @@ once (:meth:`PSOptions.from_config`), :mod:`angelps.server.launch` derives the :
 each shard actor receives (a frozen dataclass: it pickles through Ray, and a misspelt field is
 an error, not a silent default) and the :class:`ClientOptions` its clients share. Optimizer
 hyper-parameters are read by :meth:`angelps.table.OptimizerSpec.from_conf` through
-:data:`OPTIMIZER_KEYS`.
+:data:`angelps.optimizer_keys.OPTIMIZER_KEYS`.
 
 :func:`one_of` is the single check of a named choice (partitioner, NaN policy, transport).
 """
@@ -22,12 +23,11 @@ from typing import Any
 
 from angelconf.config import Key, non_negative
 from angelconf.options import key_field, keyed, read_keys
+from angelps.optimizer_keys import OPTIMIZER_KEYS, OPTIMIZER_NAME_KEYS
 
 __all__ = [
     "KEYS",
     "NAN_POLICIES",
-    "OPTIMIZERS",
-    "OPTIMIZER_KEYS",
     "PARTITIONERS",
     "TRANSPORTS",
     "ClientOptions",
@@ -40,34 +40,6 @@ PARTITIONERS = ("hash", "range")
 NAN_POLICIES = ("error", "skip")
 TRANSPORTS = ("socket", "ray")
 
-#: Canonical optimizer names (lower case) and the spelling used in Angel-style conf files: the
-#: built-in six, and any optimizer added by ``angelps.optimizers.registry.register``.
-OPTIMIZERS: dict[str, str] = {
-    "sgd": "SGD",
-    "momentum": "Momentum",
-    "adam": "Adam",
-    "adagrad": "AdaGrad",
-    "rmsprop": "RMSProp",
-    "ftrl": "FTRL",
-}
-#: Optimizers registered outside angelps: name -> the module that registers it (imported by a
-#: shard before it applies one).
-OPTIMIZER_MODULES: dict[str, str] = {}
-
-
-class _LiveNames(Sequence[str]):
-    """The values of a name table as a key's choices, read when a value is checked (so an
-    optimizer registered after this module loaded is a valid choice too)."""
-
-    def __init__(self, table: Mapping[str, str]) -> None:
-        self._table = table
-
-    def __getitem__(self, i: Any) -> Any:
-        return tuple(self._table.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._table)
-
 
 def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
     """``value`` lower-cased when it is one of ``choices``; else a ValueError naming the key."""
@@ -79,14 +51,6 @@ def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
 
 def _positive_int(v: int) -> str | None:
     return None if v >= 1 else "an integer >= 1"
-
-
-def _in_open_unit(value: float) -> str | None:
-    return None if 0.0 <= value < 1.0 else "a number in [0, 1)"
-
-
-def _positive(value: float) -> str | None:
-    return None if value > 0 else "a number > 0"
 
 
 JOB_NAME = Key(
@@ -137,6 +101,15 @@ BACKUP_INTERVAL = Key(
     "the default costs under 5% of training time on the example jobs). 0 turns backups off: "
     "a shard that dies then fails the job.",
     check=non_negative,
+)
+BACKUP_ASYNC = Key(
+    "angel.ps.backup.async",
+    "bool",
+    True,
+    "Write a shard's backups in the background: the shard copies its rows (one more copy of "
+    "its partition in memory while the backup is written) and goes on serving the workers. "
+    "false: the shard writes each backup before it serves the next call (no copy; training "
+    "waits for it).",
 )
 BACKUP_PATH = Key(
     "angel.ps.backup.path",
@@ -238,81 +211,6 @@ EVICTION_TTL_UPDATES = Key(
     check=non_negative,
 )
 
-_OPT_CHOICES = _LiveNames(OPTIMIZERS)
-
-#: Keys naming a table kind's optimizer (``OptimizerSpec.from_conf(conf, name_key)``).
-OPTIMIZER_NAME_KEYS = [
-    Key(
-        "ml.inputlayer.optimizer",
-        "str",
-        "Momentum",
-        "Server-side optimizer of sparse input layers (linear weights): "
-        "SGD, Momentum, Adam, AdaGrad, RMSProp or FTRL.",
-        choices=_OPT_CHOICES,
-    ),
-    Key(
-        "ml.embedding.optimizer",
-        "str",
-        "Momentum",
-        "Server-side optimizer of embedding tables.",
-        choices=_OPT_CHOICES,
-    ),
-    Key(
-        "ml.fclayer.optimizer",
-        "str",
-        "Momentum",
-        "Optimizer of dense (fully connected) layers.",
-        choices=_OPT_CHOICES,
-    ),
-]
-
-#: ``OptimizerSpec`` field -> the key it is read from.
-OPTIMIZER_KEYS: dict[str, Key] = {
-    "momentum": Key(
-        "ml.opt.momentum.momentum",
-        "float",
-        0.9,
-        "Momentum factor m: v <- m*v + g; w <- w - lr*v.",
-        check=_in_open_unit,
-    ),
-    "beta1": Key(
-        "ml.opt.adam.beta",
-        "float",
-        0.9,
-        "Adam beta1 (decay of the first moment).",
-        check=_in_open_unit,
-    ),
-    "beta2": Key(
-        "ml.opt.adam.gamma",
-        "float",
-        0.99,
-        "Adam beta2 (decay of the second moment).",
-        check=_in_open_unit,
-    ),
-    "eps": Key(
-        "ml.opt.adam.epsilon",
-        "float",
-        1e-8,
-        "Adam/AdaGrad/RMSProp epsilon added to the denominator.",
-        check=_positive,
-    ),
-    "rho": Key(
-        "ml.opt.adagrad.beta",
-        "float",
-        0.9,
-        "Decay rho of the squared-gradient average of RMSProp (what Angel calls AdaGrad).",
-        check=_in_open_unit,
-    ),
-    "l1": Key(
-        "ml.reg.l1", "float", 0.0, "L1 regularisation (proximal soft threshold).", non_negative
-    ),
-    "l2": Key("ml.reg.l2", "float", 0.0, "L2 regularisation.", check=non_negative),
-    "ftrl_alpha": Key(
-        "ml.opt.ftrl.alpha", "float", 0.1, "FTRL-Proximal alpha (per-coordinate rate).", _positive
-    ),
-    "ftrl_beta": Key("ml.opt.ftrl.beta", "float", 1.0, "FTRL-Proximal beta.", check=non_negative),
-}
-
 KEYS = [
     JOB_NAME,
     PS_NUMBER,
@@ -321,6 +219,7 @@ KEYS = [
     MEMORY,
     GPUS,
     BACKUP_INTERVAL,
+    BACKUP_ASYNC,
     BACKUP_PATH,
     MAX_ATTEMPTS,
     TRANSPORT,
@@ -357,6 +256,7 @@ class PSOptions:
     memory_mib: int = field(metadata=keyed(MEMORY))
     gpus: float = field(metadata=keyed(GPUS))
     backup_interval: int = field(metadata=keyed(BACKUP_INTERVAL))
+    backup_async: bool = field(metadata=keyed(BACKUP_ASYNC))
     backup_path: str = field(metadata=keyed(BACKUP_PATH))
     max_attempts: int = field(metadata=keyed(MAX_ATTEMPTS))
     transport: str = field(metadata=keyed(TRANSPORT))
@@ -413,7 +313,8 @@ class ShardOptions:
     ``backup_dir``: this launch's backup directory ("" with backups off); ``token``: the
     data-plane password (angelps.client.wire; "" accepts no TCP clients); ``max_connections``,
     ``token_timeout_ms``: the data plane's connection cap and token deadline; ``device``: None
-    keeps the rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors.
+    keeps the rows in host numpy arrays, a torch device ("cuda") keeps them there as tensors;
+    ``backup_async``: backups written from a copy in the background (``angel.ps.backup.async``).
     """
 
     num_workers: int
@@ -429,6 +330,7 @@ class ShardOptions:
     device: str | None
     admission_min_count: int = ADMISSION_MIN_COUNT.default
     eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default
+    backup_async: bool = BACKUP_ASYNC.default
 
     def __post_init__(self) -> None:
         _check_storage(self.admission_min_count, self.eviction_ttl_updates)
@@ -466,6 +368,7 @@ class ShardOptions:
             device=device,
             admission_min_count=ps.admission_min_count,
             eviction_ttl_updates=ps.eviction_ttl_updates,
+            backup_async=ps.backup_async,
         )
 
     @classmethod

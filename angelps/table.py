@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from angelps.options import OPTIMIZER_KEYS, OPTIMIZER_MODULES, OPTIMIZER_NAME_KEYS, OPTIMIZERS
+from angelps.optimizer_keys import (
+    OPTIMIZER_KEYS,
+    OPTIMIZER_MODULES,
+    OPTIMIZER_NAME_KEYS,
+    OPTIMIZERS,
+)
 
 __all__ = [
     "INITIALIZERS",

@@ -90,6 +90,10 @@ VARIANTS: dict[str, list[str]] = {
     # a checkpoint every 5 epochs (and after the last) instead of after each: the job's wall
     # time (summary elapsed_s) against the same system without it
     "save5": ["angel.save.model.every.howmany.epochs=5"],
+    # shard backups every 50 updates (the default is 500: more than the feed suite's 310
+    # updates), written in the background and inline on the shard's event loop
+    "bk50": ["angel.ps.backup.interval=50"],
+    "bk50inline": ["angel.ps.backup.interval=50", "angel.ps.backup.async=false"],
 }
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
@@ -468,7 +472,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
         for b in batches:
             held = [
                 f"{a}-{v}"
-                for v in ("held", "helddev", "tier10", "tier10lfu", "tier10admit", "held-save5")
+                for v in (*(v for v in VARIANTS if v != "save5"), "held-save5")
                 for a in ANGELPS
                 if a.startswith("angelps-bsp")
             ]
@@ -841,10 +845,12 @@ def main() -> int:
         / "results"
         / ("train_throughput_quick.json" if args.quick else "train_throughput.json")
     )
+    built = build_cases(args)
+    unknown = set(args.systems.split(",") if args.systems else ()) - {c["system"] for c in built}
+    if unknown:  # a misspelt system would otherwise be a run silently left out
+        p.error(f"--systems: no {', '.join(sorted(unknown))} in the suites {args.suite}")
     cases = [
-        {**c, "repeat": i} if args.repeat > 1 else c
-        for i in range(args.repeat)
-        for c in build_cases(args)
+        {**c, "repeat": i} if args.repeat > 1 else c for i in range(args.repeat) for c in built
     ]
     timeout = args.timeout or (300 if args.quick else 900)
     report: dict[str, Any] = {

@@ -487,10 +487,12 @@ class PSClient(TierSwaps):
         finally:
             self.net.close()
             if self._owner:
+                backups, token = self.options.shard.backup_dir, self.options.shard.token
+                if backups:  # a backup being written stops first: none lands after removal
+                    stop: list[Any] = [h.stop_backups.remote(secret=token) for h in self.handles]
+                    ray.wait(stop, num_returns=len(stop), timeout=60)
                 for h in self.handles:
                     ray.kill(h, no_restart=True)
-                self.handles = []
-                self._owner = False
-                backups = self.options.shard.backup_dir
+                self.handles, self._owner = [], False
                 if backups:
                     remove_launch(backups)  # only this launch's directory or prefix

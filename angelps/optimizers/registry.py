@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib
 
+from angelps.optimizer_keys import OPTIMIZER_MODULES, OPTIMIZERS
 from angelps.optimizers.base import Optimizer
 from angelps.optimizers.builtin import BUILTIN
-from angelps.options import OPTIMIZER_MODULES, OPTIMIZERS
 from angelps.table import OptimizerSpec
 
 __all__ = ["optimizer_for", "register", "unregister"]

@@ -14,7 +14,8 @@ from all workers are summed and applied as one optimizer update.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,10 @@ from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step, rate_of
 from angelps.server.consistency import ClockTable
-from angelps.storage.table_rows import Table, new_table
+from angelps.storage.table_rows import FrozenTable, Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
-__all__ = ["ParameterShard", "ShardRestarted"]
+__all__ = ["ParameterShard", "SaveStopped", "ShardImage", "ShardRestarted"]
 
 
 class ParameterShard:
@@ -285,18 +286,15 @@ class ParameterShard:
         rows per table, rows evicted now, clocks, and ``files`` (each file's SHA-256, rows and
         bytes, for the manifest)."""
         evicted = self.evict()
-        rows, files = {}, {}
-        for name, t in self.tables.items():
-            entry = write_table_chunks(table_file(root, name, self.shard_id), t.export_chunks())
-            rows[name] = entry["rows"]
-            files[table_rel(name, self.shard_id)] = entry
-        return {
-            "shard": self.shard_id,
-            "rows": rows,
-            "evicted": evicted,
-            "clocks": self.clocks.to_dict(),
-            "files": files,
-        }
+        return ShardImage(self.shard_id, self.tables, evicted, self.clocks.to_dict()).save(root)
+
+    def snapshot(self) -> ShardImage:
+        """A copy of every table as it is now, after expiry (a backup written in the
+        background, :meth:`ShardImage.save`, while this shard goes on): one more copy of the
+        rows in use, their state and keys, for as long as the image is kept."""
+        evicted = self.evict()
+        frozen = {name: t.freeze() for name, t in self.tables.items()}
+        return ShardImage(self.shard_id, frozen, evicted, self.clocks.to_dict())
 
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace this shard's content with the rows that the current layout routes here
@@ -398,6 +396,50 @@ class ParameterShard:
             },
             "clocks": self.clocks.to_dict(),
         }
+
+
+class ShardImage:
+    """What a save writes of one shard: its tables (live, or copies from
+    :meth:`ParameterShard.snapshot`), the rows expiry removed before, and the clocks."""
+
+    def __init__(
+        self,
+        shard_id: int,
+        tables: Mapping[str, Table | FrozenTable],
+        evicted: Mapping[str, int],
+        clocks: Mapping[str, Any],
+    ) -> None:
+        self.shard_id, self.tables = shard_id, tables
+        self.evicted, self.clocks = dict(evicted), clocks
+        #: Set from another thread to stop a save between two chunks (:class:`SaveStopped`).
+        self.stop = threading.Event()
+
+    def save(self, root: str) -> dict[str, Any]:
+        """Write every table's file under ``root``; the manifest info of
+        :meth:`ParameterShard.save`."""
+        rows, files = {}, {}
+        for name, t in self.tables.items():
+            chunks = self._unless_stopped(t.export_chunks())
+            entry = write_table_chunks(table_file(root, name, self.shard_id), chunks)
+            rows[name] = entry["rows"]
+            files[table_rel(name, self.shard_id)] = entry
+        return {
+            "shard": self.shard_id,
+            "rows": rows,
+            "evicted": self.evicted,
+            "clocks": dict(self.clocks),
+            "files": files,
+        }
+
+    def _unless_stopped(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        for chunk in chunks:
+            if self.stop.is_set():
+                raise SaveStopped(f"shard {self.shard_id}: save stopped")
+            yield chunk
+
+
+class SaveStopped(Exception):
+    """A :class:`ShardImage` save stopped on request (the job is shutting down)."""
 
 
 def _count_option(key: str, value: Any) -> int:

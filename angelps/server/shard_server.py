@@ -23,7 +23,6 @@ import asyncio
 import dataclasses
 import hmac
 import os
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,18 +30,13 @@ from typing import Any
 import numpy as np
 import ray
 
-from angelps.checkpoint.backups import (
-    backup_version,
-    private_dir,
-    read_backup,
-    shard_dir,
-    write_backup,
-)
+from angelps.checkpoint.backups import backup_version, private_dir
 from angelps.client import wire
 from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.server.shard_backups import ShardBackups
 from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
 
@@ -70,8 +64,10 @@ class ShardServer:
 
     Backups (``angel.ps.backup.interval`` > 0): at start, then every ``interval`` applied
     updates, the shard writes its partition, optimizer state and clocks under its backup
-    directory (Parquet, a new version directory, then an atomic ``LATEST`` pointer). When Ray restarts a dead shard, the
-    constructor restores the latest backup, and every worker whose calls are ahead of the
+    directory (Parquet, a new version directory, then an atomic ``LATEST`` pointer), by
+    default from a copy written in the background (:mod:`angelps.server.shard_backups`); a
+    reply reports a backup's clock only once it is in place. When Ray restarts a dead shard,
+    the constructor restores the latest backup, and every worker whose calls are ahead of the
     restored clock gets :class:`ShardRestarted` until its client has replayed the pushes it
     logged since that backup (the client learns the backup clock from each reply and trims its
     log). Updates are thus redone, never silently dropped.
@@ -98,12 +94,7 @@ class ShardServer:
             eviction_ttl_updates=options.eviction_ttl_updates,
         )
         self.timeout_s = options.timeout_s
-        self.backup_interval = options.backup_interval
-        root = options.backup_dir
-        self.backup_dir = shard_dir(root, shard_id) if root else ""
-        self._since_backup = 0
-        self._backups = {"count": 0, "seconds": 0.0, "start_s": 0.0}
-        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self.backups = ShardBackups(self.shard, options)
         self.restarted = False
         self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
@@ -114,50 +105,12 @@ class ShardServer:
         self._token_timeout_s = options.token_timeout_s
         self._max_connections = _connection_cap(options.max_connections)
         self._conns = {"open": 0, "refused": 0, "dropped": 0}
-        if self.backup_dir and _was_restarted():
-            self._restore_backup()
-        elif self.backup_dir:
-            # A first backup (clock 0) now: its one-time cost (~0.3 s: Parquet's writer warming
-            # up) is paid at start-up, not in the middle of training (bench/backup_cost.py).
-            self.backup()
-            start_s = self._backups["seconds"]
-            self._backups = {"count": 0, "seconds": 0.0, "start_s": start_s}
-
-    # --- backups -------------------------------------------------------------------------------
-
-    def _restore_backup(self) -> None:
-        self.restarted = True
-        self._awaiting_replay = set(range(self.shard.clocks.num_workers))
-        info = read_backup(self.backup_dir)  # LATEST checked: it names a version in the dir
-        if info is None:
-            return  # died before its first backup: clients replay from clock 0
-        root, meta = info
-        self.shard.load(root, meta)
-        self.shard.restore_state(meta)
-        self.backup_clocks = list(meta["clocks"]["pushed"])
-
-    def backup(self) -> list[int]:
-        """Write a backup now; returns the per-worker clocks it holds."""
-        if not self.backup_dir:
-            raise ValueError(
-                "shard backups are off: set angel.ps.backup.interval > 0 (and "
-                "angel.ps.backup.path) to enable them"
-            )
-        t0 = time.perf_counter()
-        meta = self.shard.backup_meta()
-        write_backup(self.backup_dir, self.shard, meta)
-        self.backup_clocks = list(meta["clocks"]["pushed"])
-        self._since_backup = 0
-        # What backups cost this shard (stats(); bench/backup_cost.py reads it).
-        self._backups["count"] += 1
-        self._backups["seconds"] += time.perf_counter() - t0
-        return self.backup_clocks
-
-    def _after_push(self) -> None:
-        if self.backup_interval > 0:
-            self._since_backup += 1
-            if self._since_backup >= self.backup_interval:
-                self.backup()
+        if self.backups.dir and _was_restarted():
+            self.restarted = True
+            self._awaiting_replay = set(range(self.shard.clocks.num_workers))
+            self.backups.restore()
+        elif self.backups.dir:
+            self.backups.first()
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -205,6 +158,8 @@ class ShardServer:
         push or a redone pull; Ray may deliver those out of order, so they wait for their clock
         instead) or that is not ahead of the restored clock."""
         self._check_secret(secret, "step")
+        if self.backups.error is not None:
+            raise RuntimeError(self.backups.error)
         shard = self.shard
         worker, clock = call.worker, call.clock
         shard.clocks.check_worker(worker)
@@ -221,11 +176,11 @@ class ShardServer:
                 before = shard.clocks.applied if shard.clocks.bsp else -1
                 shard.push(worker, clock, call.pushes, call.step, call.checked)
                 if shard.clocks.applied != before:
-                    self._after_push()
+                    self.backups.after_update()
                 await self._notify()
             # else: a duplicate of a push already applied (a retried call): ignore it.
             clock += 1
-        backed_up = self.backup_clocks[worker]
+        backed_up = self.backups.clocks[worker]
         if not call.pulls:
             return StepResult(None, backed_up)
         pull_clock = call.pull_clock
@@ -260,15 +215,20 @@ class ShardServer:
 
     async def run_backup(self, secret: Any = "") -> list[int]:
         self._check_secret(secret, "run_backup")
-        return self.backup()
+        await self.backups.written()
+        return self.backups.write_now()
+
+    async def stop_backups(self, secret: Any = "") -> None:
+        """The job is ending: write no more backups and stop the one being written (its
+        client removes the launch's backups next)."""
+        self._check_secret(secret, "stop_backups")
+        await self.backups.stop()
 
     async def stats(self) -> dict[str, Any]:
         st = self.shard.stats()
         st["restarted"] = self.restarted
-        st["backup_clocks"] = list(self.backup_clocks)
-        # Backups written by this process since its start-up one: count, seconds (and the
-        # seconds of that one, start_s).
-        st["backups"] = dict(self._backups)
+        st["backup_clocks"] = list(self.backups.clocks)
+        st["backups"] = self.backups.stats()  # (written by this process since its start)
         st["pid"] = os.getpid()  # (operators and chaos tests find the process by it)
         # The data plane: connections open now, refused over the cap, dropped (no token in
         # time, a wrong token, a frame over the limits).
@@ -283,11 +243,12 @@ class ShardServer:
         self, root: str, manifest: Mapping[str, Any], secret: Any = ""
     ) -> dict[str, int]:
         self._check_secret(secret, "load")
+        await self.backups.written()
         restored = self.shard.load(root, manifest)
-        self.backup_clocks = [0] * self.shard.clocks.num_workers
+        self.backups.clocks = [0] * self.shard.clocks.num_workers
         self._awaiting_replay.clear()
-        if self.backup_dir:
-            self.backup()  # a restart must come back to the loaded model, not an older backup
+        if self.backups.dir:
+            self.backups.write_now()  # a restart comes back to the loaded model, not before it
         await self._notify()
         return restored
 

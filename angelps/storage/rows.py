@@ -203,7 +203,16 @@ class PagedRows:
         """A contiguous copy of ``rows[start:end]`` (their first ``cols`` columns)."""
         if len(self.pages) == 1:
             return np.array(self.pages[0][start:end, :cols])
-        return self.gather(np.arange(start, end, dtype=np.int64), cols)
+        # Page by page (a slice of each): a table's keys and a backup's snapshot are read so,
+        # with no slot array and no sort by page.
+        out = np.empty((max(end - start, 0), self.width if cols is None else cols), self.dtype)
+        pos = start
+        while pos < end:
+            p, off = pos >> self.shift, pos & self.mask
+            take = min(end - pos, self.page_rows - off)
+            out[pos - start : pos - start + take] = self.pages[p][off : off + take, :cols]
+            pos += take
+        return out
 
     def move(self, dst: np.ndarray, src: np.ndarray) -> None:
         """``rows[dst] = rows[src]`` where ``dst[i] <= src[i]`` and both increase (compaction):

@@ -28,7 +28,7 @@ optimizer (:func:`angelps.optim.apply`) and scatters them back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
 from angelps.storage.rows import PagedRows, RowStore, TorchRows
 from angelps.table import TableSpec, init_rows
 
-__all__ = ["CHUNK_ROWS", "DIRECT_MAX", "Table", "new_table"]
+__all__ = ["CHUNK_ROWS", "DIRECT_MAX", "FrozenTable", "Table", "new_table"]
 
 #: Rows per chunk of a dense table's initialisation and of a checkpoint's export.
 CHUNK_ROWS = 1 << 20
@@ -286,18 +286,18 @@ class Table:
         """(keys, rows, state) of everything this shard holds, in ascending key order, in
         chunks of ``chunk`` rows (default :data:`CHUNK_ROWS`; at least one chunk, maybe
         empty): no full second copy."""
-        chunk = chunk or CHUNK_ROWS
+        return _chunks(self, self._slot_keys(), self.rows.gather, chunk)
+
+    def freeze(self) -> FrozenTable:
+        """A copy of this table's rows and state as they are now (a backup written in the
+        background while the table goes on changing): the rows in use and their keys."""
+        return FrozenTable(self, self._slot_keys(), self.rows.read(0, self.n))
+
+    def _slot_keys(self) -> np.ndarray:
+        """The key of every slot (a dense table's: its key range)."""
         if self.spec.sparse:
-            keys = self.slot_keys()
-            order = np.argsort(keys, kind="stable")
-            keys = keys[order]
-        else:
-            keys = np.arange(self.lo, self.hi, dtype=np.int64)
-            order = np.arange(self.n, dtype=np.int64)
-        for a in range(0, max(self.n, 1), chunk):
-            block = self.rows.gather(order[a : a + chunk])
-            state = {k: np.ascontiguousarray(block[:, x:y]) for k, (x, y) in self.slots.items()}
-            yield keys[a : a + chunk], np.ascontiguousarray(block[:, : self.cols]), state
+            return self.slot_keys()
+        return np.arange(self.lo, self.hi, dtype=np.int64)
 
     def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(keys sorted, rows, state) copies of everything this shard holds."""
@@ -369,6 +369,45 @@ class Table:
         if self.admission is not None:
             total += self.admission.nbytes()
         return total
+
+
+class FrozenTable:
+    """One table's rows as :meth:`Table.freeze` copied them; exported as the table exports."""
+
+    def __init__(self, table: Table, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.spec, self.cols, self.slots = table.spec, table.cols, table.slots
+        self.n = len(rows)
+        self.keys, self.rows = keys, rows
+
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.rows.nbytes)
+
+    def export_chunks(
+        self, chunk: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """As :meth:`Table.export_chunks`, from the copy."""
+        return _chunks(self, self.keys, lambda slots: self.rows.take(slots, axis=0), chunk)
+
+
+def _chunks(
+    t: Table | FrozenTable,
+    keys: np.ndarray,
+    gather: Callable[[np.ndarray], np.ndarray],
+    chunk: int | None,
+) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """(keys, rows, state) of ``t``'s ``n`` rows (``keys``: each slot's key) in ascending key
+    order, in chunks of ``chunk`` rows (default :data:`CHUNK_ROWS`; at least one, maybe
+    empty); ``gather`` reads rows by slot."""
+    chunk = chunk or CHUNK_ROWS
+    if t.spec.sparse:
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+    else:
+        order = np.arange(t.n, dtype=np.int64)
+    for a in range(0, max(t.n, 1), chunk):
+        block = gather(order[a : a + chunk])
+        state = {k: np.ascontiguousarray(block[:, x:y]) for k, (x, y) in t.slots.items()}
+        yield keys[a : a + chunk], np.ascontiguousarray(block[:, : t.cols]), state
 
 
 def _is_range(keys: np.ndarray) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, validate
 from angelps.file_store import files_for
-from angelps.options import OPTIMIZER_KEYS
+from angelps.optimizer_keys import OPTIMIZER_KEYS
 from learners.models.angel_graph import (
     Layer,
     graph_from_text,

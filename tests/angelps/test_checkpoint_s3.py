@@ -327,12 +327,12 @@ def test_a_shard_backs_up_to_a_prefix_of_its_own_and_shutdown_removes_only_it(
         ShardServer(0, 2, TABLES, other)
     ]
     for srv in servers:  # each wrote its first backup (clock 0) under its own prefix
-        assert srv.backup_dir.startswith(f"{bucket}/launches/s3bk-")
-        assert backups.backup_version(srv.backup_dir) is not None
+        assert srv.backups.dir.startswith(f"{bucket}/launches/s3bk-")
+        assert backups.backup_version(srv.backups.dir) is not None
     fs.write_bytes(f"{opts.backup_dir}/notes.txt", b"not a backup")
     remove_launch(opts.backup_dir)
     assert [n for n, _ in fs.list_dir(opts.backup_dir)] == ["notes.txt"]  # only the backups
-    assert backups.backup_version(servers[2].backup_dir) is not None  # the other launch
+    assert backups.backup_version(servers[2].backups.dir) is not None  # the other launch
     fs.delete_file(f"{opts.backup_dir}/notes.txt")
     remove_launch(opts.backup_dir)  # now empty: the prefix goes too
     remove_launch(other.backup_dir)

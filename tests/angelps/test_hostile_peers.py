@@ -185,7 +185,7 @@ def test_backup_directories_are_private(tmp_path) -> None:
         assert os.path.dirname(under.backup_dir) == str(tmp_path / "bk")
         assert stat.S_IMODE(os.stat(under.backup_dir).st_mode) == 0o700
         srv = ShardServer(0, 1, [LIN], under)  # the shard's own subdirectory: 0700 too
-        assert stat.S_IMODE(os.stat(srv.backup_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(srv.backups.dir).st_mode) == 0o700
         shared = tmp_path / "shared"
         shared.mkdir(mode=0o755)
         private_dir(str(shared))

@@ -63,7 +63,7 @@ def _train(client, kill_at=None, job=None, fused=True):
     return client.pull_many({"w": keys, "b": np.array([0])}), losses
 
 
-def _launch(job, tmp_path, interval=5):
+def _launch(job, tmp_path, interval=5, background=True):
     return PSClient.launch(
         [W, B],
         PSOptions.from_config(
@@ -71,6 +71,7 @@ def _launch(job, tmp_path, interval=5):
                 "angel.job.name": job,
                 "angel.ps.number": 2,
                 "angel.ps.backup.interval": interval,
+                "angel.ps.backup.async": background,
                 "angel.ps.backup.path": str(tmp_path),
             }
         ),
@@ -86,16 +87,21 @@ def uninterrupted(ray_local, tmp_path_factory):
         c.shutdown()
 
 
-@pytest.mark.parametrize("fused", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path, fused, capsys):
+@pytest.mark.parametrize(
+    "fused, background",
+    [(True, False), (True, True), pytest.param(False, True, marks=pytest.mark.slow)],
+)
+def test_killed_shard_recovers_and_training_is_unchanged(
+    uninterrupted, tmp_path, fused, background, capsys
+):
     ref, ref_losses = uninterrupted
-    job = f"chaos{fused:d}"
-    c = _launch(job, tmp_path)
+    job = f"chaos{fused:d}{background:d}"
+    c = _launch(job, tmp_path, background=background)
     try:
         got, losses = _train(c, kill_at=13, job=job, fused=fused)
         stats = c.stats()
         assert [s["restarted"] for s in stats] == [False, True]
-        # Killed after 13 pushes with a backup every 5 updates: shard 1 came back at clock 10
+        # Killed after 13 pushes with a backup every 5 updates (inline): shard 1 came back at clock 10
         # and the client replayed pushes 10..12 (then training went on to 24).
         assert stats[1]["clocks"]["pushed"] == [STEPS]
         backup_dir = c.options.shard.backup_dir
@@ -105,12 +111,15 @@ def test_killed_shard_recovers_and_training_is_unchanged(uninterrupted, tmp_path
         err = capsys.readouterr().err
         m = re.fullmatch(
             r"angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
-            r"backup at clock (10|15) of worker 0, which replayed (\d) push\(es\) since; "
+            r"backup at clock (\d+) of worker 0, which replayed (\d+) push\(es\) since; "
             r"training goes on\n",
             err,
         )
         assert m is not None, err
-        assert (m[1], m[2]) in {("10", "4"), ("10", "5"), ("15", "0"), ("15", "1")}, err
+        if not background:
+            assert (m[1], m[2]) in {("10", "4"), ("10", "5"), ("15", "0"), ("15", "1")}, err
+        # (in the background a backup starts at the first update after the one before it is
+        # written: its clock depends on the disk's speed, what it holds does not)
         assert read_backup(os.path.join(backup_dir, "shard-1")) is not None
     finally:
         c.shutdown()

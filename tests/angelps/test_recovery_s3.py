@@ -30,8 +30,9 @@ def ray_s3() -> Iterator[str]:
             yield "s3://backup/shards"
 
 
+@pytest.mark.parametrize("background", [False, True])
 def test_a_killed_shard_restores_its_s3_backup_and_training_is_unchanged(
-    ray_s3: str, tmp_path, capsys
+    ray_s3: str, tmp_path, capsys, background: bool
 ) -> None:
     ref = _launch("ref-local", tmp_path)  # the same job, never interrupted, backups on disk
     try:
@@ -39,22 +40,27 @@ def test_a_killed_shard_restores_its_s3_backup_and_training_is_unchanged(
     finally:
         ref.shutdown()
     fs.write_bytes(f"{ray_s3}/keep.txt", b"not a backup")  # another object beside the launches
-    c = _launch("chaos-s3", ray_s3)
+    job = f"chaos-s3{background:d}"
+    c = _launch(job, ray_s3, background=background)
     try:
         backup_dir = c.options.shard.backup_dir
-        assert re.fullmatch(rf"{ray_s3}/chaos-s3-[0-9a-f]{{12}}", backup_dir)
-        got, losses = _train(c, kill_at=13, job="chaos-s3")
+        assert re.fullmatch(rf"{ray_s3}/{job}-[0-9a-f]{{12}}", backup_dir)
+        got, losses = _train(c, kill_at=13, job=job)
         stats = c.stats()
         assert [s["restarted"] for s in stats] == [False, True]
         assert stats[1]["clocks"]["pushed"] == [24]
-        # Killed after 13 pushes with a backup every 5 updates: shard 1 came back at clock 10
-        # (read from s3://) and the client replayed the pushes since.
-        assert re.fullmatch(
+        # Killed after 13 pushes with a backup every 5 updates written inline: shard 1 came
+        # back at clock 10 (read from s3://) and the client replayed the pushes since; in the
+        # background, at the clock of the last backup that was in place.
+        m = re.fullmatch(
             r"angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
-            r"backup at clock 10 of worker 0, which replayed [45] push\(es\) since; training "
-            r"goes on\n",
+            r"backup at clock (\d+) of worker 0, which replayed (\d+) push\(es\) since; "
+            r"training goes on\n",
             capsys.readouterr().err,
         )
+        assert m is not None
+        assert background or (m[1] == "10" and m[2] in "45")
+        c.backup()  # (after the one being written, if any: then exactly one generation)
         for i in range(2):  # each shard's backup: a pointer and one generation on S3
             version = backups.backup_version(f"{backup_dir}/shard-{i}")
             assert version is not None and version.startswith("gen-")
