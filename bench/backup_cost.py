@@ -1,7 +1,7 @@
 """Cost of shard backups (``angel.ps.backup.interval``) in a real training job.
 
     python bench/backup_cost.py [--epochs 3] [--repeat 3] [--intervals 0,10,50,100,200]
-                                [--targets local,s3]
+                                [--targets local,s3] [--modes background,inline]
 
 Trains conf/lr_a9a.properties (LogisticRegression, Adam) and conf/fm_census.properties
 (FactorizationMachines rank 8, Adam) on one private local Ray (2 CPUs), BSP, one worker and one
@@ -11,7 +11,9 @@ the same local disk as the job's log directory (where the default puts them); wi
 local,s3`` each interval also runs with ``angel.ps.backup.path`` on ``s3://`` of a local moto
 S3 server on 127.0.0.1 (the test extra's ``moto[server]``): the cost of the object store's
 protocol and requests (a generation, a pointer, a listing and deletes per backup), without a
-real network's latency.
+real network's latency. ``--modes``: backups written in the background from a copy
+(``angel.ps.backup.async=true``, the default) and inline (``false``); the shard's calls wait
+for the whole backup inline, for the copy only in the background.
 
 Training time is the time of the epochs' updates only (``TrainingLoop.run_epoch``: start-up,
 validation and shutdown excluded). Prints, per job and interval, the median training seconds,
@@ -43,9 +45,12 @@ JOBS = {"lr_a9a": "conf/lr_a9a.properties", "fm_census": "conf/fm_census.propert
 BUCKET = "bench-backup"
 
 
-def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict[str, Any]:
+def _train(
+    job: str, interval: int, epochs: int, root: str, target: str, mode: str
+) -> dict[str, Any]:
     """One job's summary with backups every ``interval`` updates (0: off) to ``target``
-    (``local``: a directory beside the log; ``s3``: the bench's bucket)."""
+    (``local``: a directory beside the log; ``s3``: the bench's bucket), written ``mode``
+    (``background`` or ``inline``)."""
     from learners.job.learner import GraphLearner
 
     d = tempfile.mkdtemp(dir=root)
@@ -58,6 +63,7 @@ def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict
         "angel.job.name": f"bench-{job}-{interval}",
         "angel.ps.backup.interval": interval,
         "angel.ps.backup.path": backup,
+        "angel.ps.backup.async": mode == "background",
     }
     learner = GraphLearner.from_properties(REPO / JOBS[job], sets, quiet=True)
     epoch_s: list[float] = []
@@ -84,6 +90,8 @@ def _train(job: str, interval: int, epochs: int, root: str, target: str) -> dict
         "auc": result.summary["valid_auc"],
         "backups": backups["count"],
         "backup_s": backups["seconds"],
+        # what the shard's calls waited for: the whole backups inline, the copies otherwise
+        "blocked_s": backups["copy_s"] if mode == "background" else backups["seconds"],
     }
 
 
@@ -94,12 +102,19 @@ def main() -> None:
     ap.add_argument("--intervals", default="0,10,50,100,200")
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--targets", default="local", help="local, s3 (a local moto server)")
+    ap.add_argument("--modes", default="background,inline", help="background, inline")
     args = ap.parse_args()
     intervals = [int(x) for x in args.intervals.split(",")]
     jobs = args.jobs.split(",")
     targets = args.targets.split(",")
-    # Backups off (interval 0) are the same run whatever the target: once, as "local".
-    rounds = [(t, n) for n in intervals for t in (["local"] if n == 0 else targets)]
+    modes = args.modes.split(",")
+    # Backups off (interval 0) are the same run whatever the target and mode: once.
+    rounds = [
+        (t, m, n)
+        for n in intervals
+        for t in (["local"] if n == 0 else targets)
+        for m in (["-"] if n == 0 else modes)
+    ]
 
     import ray
 
@@ -122,42 +137,43 @@ def main() -> None:
             _temp_dir=os.path.join(root, "ray"),
         )
         try:
-            runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+            runs: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
             for _ in range(args.repeat):
                 for job in jobs:
-                    for t, n in rounds:
-                        run = _train(job, n, args.epochs, root, t)
-                        runs.setdefault((job, t, n), []).append(run)
+                    for t, m, n in rounds:
+                        run = _train(job, n, args.epochs, root, t, m)
+                        runs.setdefault((job, t, m, n), []).append(run)
         finally:
             ray.shutdown()
     print(
         f"{args.epochs} epochs, BSP, 1 worker, 1 shard, seed 0; median of {args.repeat} "
-        "(range); cost: against backups off; accounted: the shard's own backup seconds over "
-        "the rest of the training time"
+        "(range); cost: against backups off; s/backup: from its start to its pointer in "
+        "place; accounted: the seconds the shard's calls waited for backups over the rest of "
+        "the training time"
     )
     print(
-        f"{'job':10} {'target':6} {'interval':>8} {'train s':>8} {'range':>15} {'cost':>7} "
-        f"{'backups':>7} {'s/backup':>8} {'ms/update':>9} {'accounted':>9}"
+        f"{'job':10} {'target':6} {'mode':10} {'interval':>8} {'train s':>8} {'range':>15} "
+        f"{'cost':>7} {'backups':>7} {'s/backup':>8} {'ms/update':>9} {'accounted':>9}"
     )
     for job in jobs:
         base = (
-            statistics.median(r["train_s"] for r in runs[(job, "local", 0)])
+            statistics.median(r["train_s"] for r in runs[(job, "local", "-", 0)])
             if 0 in intervals
             else 0
         )
-        for t, n in rounds:
-            rs = runs[(job, t, n)]
+        for t, m, n in rounds:
+            rs = runs[(job, t, m, n)]
             ts = [r["train_s"] for r in rs]
             med = statistics.median(ts)
             cost = f"{(med / base - 1) * 100:+.1f}%" if base else "-"
             count = statistics.median(r["backups"] for r in rs)
             per = statistics.median(r["backup_s"] / max(r["backups"], 1) for r in rs)
             step_ms = statistics.median(
-                (r["train_s"] - r["backup_s"]) / r["updates"] * 1e3 for r in rs
+                (r["train_s"] - r["blocked_s"]) / r["updates"] * 1e3 for r in rs
             )
-            share = statistics.median(r["backup_s"] / (r["train_s"] - r["backup_s"]) for r in rs)
+            share = statistics.median(r["blocked_s"] / (r["train_s"] - r["blocked_s"]) for r in rs)
             print(
-                f"{job:10} {t:6} {n:>8} {med:8.3f} {min(ts):7.3f}-{max(ts):<7.3f} {cost:>7} "
+                f"{job:10} {t:6} {m:10} {n:>8} {med:8.3f} {min(ts):7.3f}-{max(ts):<7.3f} {cost:>7} "
                 f"{count:>7g} {per:8.4f} {step_ms:9.2f} {share * 100:8.1f}%"
             )
 
