@@ -107,9 +107,10 @@ BACKUP_ASYNC = Key(
     "bool",
     True,
     "Write a shard's backups in the background: the shard copies its rows (one more copy of "
-    "its partition in memory while the backup is written) and goes on serving the workers. "
-    "false: the shard writes each backup before it serves the next call (no copy; training "
-    "waits for it).",
+    "its partition in memory while the backup is written; a copy that would take more than "
+    "half of the memory available is not made, that backup is written inline) and goes on "
+    "serving the workers. false: the shard writes each backup before it serves the next call "
+    "(no copy; training waits for it).",
 )
 BACKUP_PATH = Key(
     "angel.ps.backup.path",

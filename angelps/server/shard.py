@@ -288,6 +288,10 @@ class ParameterShard:
         evicted = self.evict()
         return ShardImage(self.shard_id, self.tables, evicted, self.clocks.to_dict()).save(root)
 
+    def snapshot_nbytes(self) -> int:
+        """Bytes a :meth:`snapshot` copies (before expiry)."""
+        return sum(t.frozen_nbytes() for t in self.tables.values())
+
     def snapshot(self) -> ShardImage:
         """A copy of every table as it is now, after expiry (a backup written in the
         background, :meth:`ShardImage.save`, while this shard goes on): one more copy of the

@@ -5,7 +5,9 @@ a new version, :mod:`angelps.checkpoint.backups`). It is written at start-up, th
 ``angel.ps.backup.interval`` applied updates. With ``angel.ps.backup.async`` (the default) the
 shard copies its tables between two calls (:meth:`ParameterShard.snapshot`: clocks and rows
 agree, since no call runs meanwhile) and a thread writes the copy while the shard goes on
-serving; otherwise it writes the backup before it serves the next call.
+serving; otherwise it writes the backup before it serves the next call. A copy that would
+take more than half of the memory still available is not made: that backup is written inline
+(with a warning, once).
 
 Invariants: one backup is written at a time (an interval that ends while one is being
 written starts the next after it); the clocks a backup holds (:attr:`ShardBackups.clocks`,
@@ -20,9 +22,12 @@ backup untouched (``write_backup`` leaves no temporary behind); at the job's end
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
+from angelconf.printable import printable
+from angelps import malloc
 from angelps.checkpoint.backups import read_backup, shard_dir, write_backup
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
@@ -91,7 +96,28 @@ class ShardBackups:
         if not self.background:
             self.write_now()
         elif self._task is None:  # (else the next update after it starts one)
-            self._start()
+            need, free = self.shard.snapshot_nbytes(), malloc.available_bytes()
+            if need > free // 2:
+                self._inline_for_memory(need, free)
+            else:
+                self._start()
+
+    def _inline_for_memory(self, need: int, free: int) -> None:
+        """A copy that would take more than half the memory left: written inline instead
+        (slower, but it cannot run the machine out of memory); said once, counted always."""
+        if not self._counts["inline"]:
+            print(
+                printable(
+                    f"angelps: warning: shard {self.shard.shard_id}: a backup in the background "
+                    f"would copy {need / 2**20:,.0f} MiB with {free / 2**20:,.0f} MiB of memory "
+                    "available: it and the next ones while memory stays short are written "
+                    "inline (training waits for them; angel.ps.backup.async=false: always)"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        self._counts["inline"] += 1
+        self.write_now()
 
     def _start(self) -> None:
         """Copy the shard now and write the copy in a thread (on the running event loop)."""
@@ -144,9 +170,10 @@ class ShardBackups:
     def stats(self) -> dict[str, Any]:
         """Backups written since the start-up one: ``count``, ``seconds`` (each from its
         start to its pointer in place), ``start_s`` (the start-up one's seconds), ``copy_s``
-        (the calls' wait for the copies of the background ones), ``writing`` (one now)."""
+        (the calls' wait for the copies of the background ones), ``inline`` (those written
+        inline instead for want of memory for the copy), ``writing`` (one now)."""
         return dict(self._counts, writing=self._task is not None)
 
 
 def _counts(start_s: float = 0.0) -> dict[str, Any]:
-    return {"count": 0, "seconds": 0.0, "start_s": start_s, "copy_s": 0.0}
+    return {"count": 0, "seconds": 0.0, "start_s": start_s, "copy_s": 0.0, "inline": 0}

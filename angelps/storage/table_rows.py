@@ -293,6 +293,10 @@ class Table:
         background while the table goes on changing): the rows in use and their keys."""
         return FrozenTable(self, self._slot_keys(), self.rows.read(0, self.n))
 
+    def frozen_nbytes(self) -> int:
+        """Bytes :meth:`freeze` would copy: the rows in use with their state, and keys."""
+        return self.n * (self.width * self.dtype.itemsize + 8)
+
     def _slot_keys(self) -> np.ndarray:
         """The key of every slot (a dense table's: its key range)."""
         if self.spec.sparse:

@@ -8,12 +8,13 @@ synchronisation for all of them (not one per table). On the CPU each is one plai
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from angelps.malloc import available_bytes
 
 __all__ = [
     "NUMPY_ROWS_ON_CPU",
@@ -165,14 +166,7 @@ def to_host(ts: Sequence[Tensor]) -> list[np.ndarray]:
 
 def free_bytes(device: torch.device) -> int:
     """Free memory of ``device``: a GPU's (``cudaMemGetInfo``), or the host's available
-    memory (``MemAvailable`` in /proc/meminfo; ``os.sysconf`` where there is none)."""
+    memory (:func:`angelps.malloc.available_bytes`)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return available_bytes()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,33 @@ def test_it_is_a_no_op_elsewhere(monkeypatch):
 
     monkeypatch.setattr(malloc.sys, "platform", "darwin")
     assert malloc.keep_freed_memory() is False
+
+
+def test_available_memory_is_what_the_kernel_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MemAvailable`` where /proc/meminfo has it, else the free pages."""
+    import builtins
+    import io
+    import os
+
+    from angelps import malloc
+
+    real_open = builtins.open
+
+    def meminfo(text: str | None) -> Callable[..., Any]:
+        def fake(path: str, *a: Any, **kw: Any) -> Any:
+            if path == "/proc/meminfo":
+                if text is None:
+                    raise FileNotFoundError(path)
+                return io.StringIO(text)
+            return real_open(path, *a, **kw)
+
+        return fake
+
+    monkeypatch.setattr(
+        builtins, "open", meminfo("MemTotal: 900 kB\nMemFree: 100 kB\nMemAvailable: 512 kB\n")
+    )
+    assert malloc.available_bytes() == 512 * 1024
+    monkeypatch.setattr(builtins, "open", meminfo(None))
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert malloc.available_bytes() % page == 0
+    assert 0 < malloc.available_bytes() <= os.sysconf("SC_PHYS_PAGES") * page

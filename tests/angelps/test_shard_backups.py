@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from angelps import malloc
 from angelps.checkpoint import backups
 from angelps.checkpoint.backups import read_backup
 from angelps.options import PSOptions, ShardOptions
@@ -257,3 +258,30 @@ def test_a_frozen_table_exports_what_the_table_exported_when_frozen() -> None:
             assert s1.keys() == s2.keys()
             for slot in s1:
                 np.testing.assert_array_equal(s1[slot], s2[slot])
+
+
+def test_without_memory_for_the_copy_a_backup_is_written_inline_and_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = _server(tmp_path)
+    # b: 4 rows of a weight and its momentum, 8 bytes and a key each
+    assert srv.shard.snapshot_nbytes() == 4 * (8 + 8)
+    asyncio.run(srv.step(_push(0)))  # w: 2 rows of 2 weights, Adam's 2 x 2 moments and t
+    assert srv.shard.snapshot_nbytes() == 4 * (8 + 8) + 2 * (28 + 8)
+    monkeypatch.setattr(srv.shard, "snapshot_nbytes", lambda: 3 << 30)
+
+    async def run() -> list[int]:
+        monkeypatch.setattr(malloc, "available_bytes", lambda: 6 << 30)  # twice the copy
+        got = [(await srv.step(_push(1))).backed_up]  # in the background
+        await srv.backups.written()
+        monkeypatch.setattr(malloc, "available_bytes", lambda: 5 << 30)  # short: inline
+        return got + [(await srv.step(_push(c))).backed_up for c in range(2, 6)]
+
+    assert asyncio.run(run()) == [0, 2, 4, 4, 6]
+    st = srv.backups.stats()
+    assert (st["count"], st["inline"], st["writing"]) == (3, 2, False)
+    assert capsys.readouterr().err == (
+        "angelps: warning: shard 0: a backup in the background would copy 3,072 MiB with "
+        "5,120 MiB of memory available: it and the next ones while memory stays short are "
+        "written inline (training waits for them; angel.ps.backup.async=false: always)\n"
+    )
