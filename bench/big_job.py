@@ -182,6 +182,7 @@ def job_keys(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "angel.log.path": str(folder / "logs"),
         "angel.save.model.path": str(folder / "model"),
         "angel.job.name": f"bigjob{os.getpid()}",
+        **dict(kv.split("=", 1) for kv in args.set),
     }
 
 
@@ -361,9 +362,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
     p.add_argument("--dir", help="working folder (default: a temporary one, removed after)")
     p.add_argument("--verbose", action="store_true", help="the jobs' progress lines")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another key of the jobs, e.g. --set angel.ps.backup.interval=100 (repeatable)",
+    )
     args = p.parse_args(argv)
     if args.ids < args.fields:
         p.error(f"--ids {args.ids} must be at least --fields {args.fields}")
+    bad = [kv for kv in args.set if "=" not in kv]
+    if bad:
+        p.error(f"--set {bad[0]!r}: expected KEY=VALUE")
     folder = Path(args.dir or tempfile.mkdtemp(prefix="big-job-"))
     folder.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
