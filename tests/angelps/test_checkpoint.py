@@ -446,3 +446,35 @@ def test_save_into_an_empty_directory(tmp_path):
     _save(_trained(1), tmp_path / "ck", extra={"v": 1})
     assert _load(1, tmp_path / "ck")[1]["extra"] == {"v": 1}
     assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
+def test_table_files_keep_dictionaries_for_repeated_values_and_none_for_keys(tmp_path) -> None:
+    """Keys are unique: no dictionary is tried on them. Values that repeat (rows barely
+    trained) are written with one; distinct values give it up early, written plain."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    n = 50_000
+    keys = np.sort(rng.choice(2**62, n, replace=False)).astype(np.int64)
+    few = rng.choice(np.float32([0.0, 0.001, -0.002]), (n, 1))
+    distinct = rng.standard_normal((n, 1)).astype(np.float32)
+    for name, w in (("few", few), ("distinct", distinct)):
+        path = str(tmp_path / f"{name}.parquet")
+        entry = checkpoint.write_table_chunks(path, [(keys, w, {"momentum": w * 0.5})])
+        assert entry["rows"] == n
+        meta = pq.ParquetFile(path).metadata.row_group(0)
+        encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(3)}
+        assert set(encodings) == {"key", "w.list.element", "state.momentum.list.element"}
+        assert "RLE_DICTIONARY" not in encodings["key"]
+        for i, col in ((1, "w.list.element"), (2, "state.momentum.list.element")):
+            assert "RLE_DICTIONARY" in encodings[col]
+            c = meta.column(i)
+            dictionary_bytes = c.data_page_offset - c.dictionary_page_offset
+            if name == "few":  # three values
+                assert dictionary_bytes < 100, dictionary_bytes
+            else:  # 16k values at most (64 KiB), then plain: Parquet's default took 256k
+                assert "PLAIN" in encodings[col]
+                assert 60_000 < dictionary_bytes < 70_000, dictionary_bytes
+        got = list(checkpoint.iter_table_file(path, entry))
+        np.testing.assert_array_equal(np.concatenate([k for k, _, _ in got]), keys)
+        np.testing.assert_array_equal(np.concatenate([v for _, v, _ in got]), w)
