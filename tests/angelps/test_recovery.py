@@ -212,3 +212,49 @@ def test_bsp_two_workers_recover_from_a_killed_shard(ray_local, tmp_path):
         assert [st["restarted"] for st in c.stats()] == [False, True]
     finally:
         c.shutdown()
+
+
+def test_a_backup_that_fails_in_the_background_stops_the_job_with_its_reason(ray_local, tmp_path):
+    """On a real Ray: a shard's backup directory turned into a file (what a lost mount or a
+    clean-up by hand can do) makes its next background backup fail; the worker's next call
+    gets the shard's reason, and the shard's last good backup is what a restart would use."""
+    c = PSClient.launch(
+        [W, B],
+        PSOptions.from_config(
+            {
+                "angel.job.name": "badbackup",
+                "angel.ps.number": 1,
+                "angel.ps.backup.interval": 2,
+                "angel.ps.backup.path": str(tmp_path),
+            }
+        ),
+    )
+    shard_dir = os.path.join(c.options.shard.backup_dir, "shard-0")
+    try:
+        keys = np.array([3, 5, 8])
+        for _ in range(2):  # a backup at clock 2 (in the background)
+            c.push_many({"w": (keys, np.ones((3, 1)))}, 0.1)
+        c.flush()
+        for _ in range(100):
+            if c.stats()[0]["backup_clocks"] == [2]:
+                break
+            time.sleep(0.05)
+        assert read_backup(shard_dir)[1]["clocks"]["pushed"] == [2]
+        aside = shard_dir + ".aside"
+        os.rename(shard_dir, aside)
+        with open(shard_dir, "w") as f:
+            f.write("not a directory")
+        with pytest.raises(RuntimeError) as e:
+            for _ in range(40):  # the backup at clock 4 fails; a later call says so
+                c.push_many({"w": (keys, np.ones((3, 1)))}, 0.1)
+                c.flush()
+                time.sleep(0.02)
+        msg = str(e.value)
+        assert f"shard 0: its backup under {shard_dir} failed (FileExistsError: " in msg, msg
+        assert msg.endswith(
+            "the job stops rather than train on without one: make room there, choose another "
+            "angel.ps.backup.path or set angel.ps.backup.interval=0"
+        ), msg
+        assert read_backup(aside)[1]["clocks"]["pushed"] == [2]  # the last good one, intact
+    finally:
+        c.shutdown()
