@@ -383,9 +383,6 @@ class FrozenTable:
         self.n = len(rows)
         self.keys, self.rows = keys, rows
 
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.rows.nbytes)
-
     def export_chunks(
         self, chunk: int | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
