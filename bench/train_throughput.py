@@ -94,19 +94,11 @@ VARIANTS: dict[str, list[str]] = {
     # updates), written in the background and inline on the shard's event loop
     "bk50": ["angel.ps.backup.interval=50"],
     "bk50inline": ["angel.ps.backup.interval=50", "angel.ps.backup.async=false"],
-    # the same under a device tier at 10% (the shard backs up the tier's whole table)
-    "tier10bk50": [
-        "angel.sparse.placement=worker",
-        "angel.worker.table.capacity=100000",
-        "angel.ps.backup.interval=50",
-    ],
-    "tier10bk50inline": [
-        "angel.sparse.placement=worker",
-        "angel.worker.table.capacity=100000",
-        "angel.ps.backup.interval=50",
-        "angel.ps.backup.async=false",
-    ],
 }
+# the backups every 50 updates under a device tier at 10% (the shard backs up the tier's whole
+# table), in the background and inline
+VARIANTS["tier10bk50"] = [*VARIANTS["tier10"], *VARIANTS["bk50"]]
+VARIANTS["tier10bk50inline"] = [*VARIANTS["tier10"], *VARIANTS["bk50inline"]]
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
 

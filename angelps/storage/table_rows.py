@@ -172,7 +172,9 @@ class Table:
         return stores
 
     def slot_keys(self) -> np.ndarray:
-        """The key of every slot, in creation order (sparse tables)."""
+        """The key of every slot: a sparse table's in creation order, a dense table's range."""
+        if not self.spec.sparse:
+            return np.arange(self.lo, self.hi, dtype=np.int64)
         return self.keys.read(0, self.n)[:, 0] if self.n else np.zeros(0, np.int64)
 
     # --- operations ----------------------------------------------------------------------------
@@ -286,22 +288,16 @@ class Table:
         """(keys, rows, state) of everything this shard holds, in ascending key order, in
         chunks of ``chunk`` rows (default :data:`CHUNK_ROWS`; at least one chunk, maybe
         empty): no full second copy."""
-        return _chunks(self, self._slot_keys(), self.rows.gather, chunk)
+        return _chunks(self, self.slot_keys(), self.rows.gather, chunk)
 
     def freeze(self) -> FrozenTable:
         """A copy of this table's rows and state as they are now (a backup written in the
         background while the table goes on changing): the rows in use and their keys."""
-        return FrozenTable(self, self._slot_keys(), self.rows.read(0, self.n))
+        return FrozenTable(self, self.slot_keys(), self.rows.read(0, self.n))
 
     def frozen_nbytes(self) -> int:
         """Bytes :meth:`freeze` would copy: the rows in use with their state, and keys."""
         return self.n * (self.width * self.dtype.itemsize + 8)
-
-    def _slot_keys(self) -> np.ndarray:
-        """The key of every slot (a dense table's: its key range)."""
-        if self.spec.sparse:
-            return self.slot_keys()
-        return np.arange(self.lo, self.hi, dtype=np.int64)
 
     def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(keys sorted, rows, state) copies of everything this shard holds."""

@@ -54,6 +54,7 @@ from learners.worker.tier_slots import (
     same,
     smallest,
     sorted_ids,
+    split_misses,
 )
 from learners.worker.tier_table import TierTable
 from learners.worker.tier_through import ThroughReads
@@ -392,7 +393,7 @@ class TierBook:
         sids, slots, _, clock = staged
         if clock != self._clock or not same(sids, ids):  # (HeldTables stages only this read)
             raise RuntimeError(f"table {self.label}: a staged read of other ids or clock")
-        at, pos = np.where(slots < 0, 0, slots), np.flatnonzero(slots < 0)  # (a miss: any slot)
+        at, pos = split_misses(slots)
         rows = next(iter(self.tables.values())).rows  # (slots go up once for every table)
         self._src = (at, pos, staged[2], (rows.slots(at), rows.slots(pos)))
         self.reads_staged += 1

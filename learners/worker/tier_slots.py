@@ -26,6 +26,7 @@ __all__ = [
     "same",
     "smallest",
     "sorted_ids",
+    "split_misses",
 ]
 
 
@@ -185,3 +186,10 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def sorted_ids(keys: np.ndarray | Tensor) -> np.ndarray:
     ids = ids_of(keys)
     return ids if strictly_increasing(ids) else np.unique(ids)
+
+
+def split_misses(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``slots`` (-1: not held) as a read assembles them: every slot to take (a miss's any
+    slot, its row replaced) and the positions of the misses (ascending)."""
+    miss = slots < 0
+    return np.where(miss, 0, slots), np.flatnonzero(miss)

@@ -10,7 +10,7 @@ import numpy as np
 from torch import Tensor
 
 from learners.worker.tier_link import TierLink
-from learners.worker.tier_slots import same
+from learners.worker.tier_slots import same, split_misses
 from learners.worker.tier_table import TierTable
 
 __all__ = ["ThroughReads"]
@@ -50,13 +50,11 @@ class ThroughReads:
 
     def _rows(self, ids: np.ndarray) -> dict[str, Tensor]:
         book = self.book
-        slots = book.lookup(ids)
-        miss = np.flatnonzero(slots < 0)
+        at, miss = split_misses(book.lookup(ids))
         rows: dict[str, np.ndarray] = {}
         if len(miss):
             book.link.settle()
             rows = book.link.rows(book.link.swap({}, ids[miss]))
-        at = np.where(slots < 0, 0, slots)
         out = {}
         for n, t in book.tables.items():
             got = rows[n] if len(miss) else np.zeros((0, t.width), t.np_dtype)
