@@ -90,6 +90,9 @@ VARIANTS: dict[str, list[str]] = {
     # a checkpoint every 5 epochs (and after the last) instead of after each: the job's wall
     # time (summary elapsed_s) against the same system without it
     "save5": ["angel.save.model.every.howmany.epochs=5"],
+    # the checkpoint after each epoch written before training goes on (the default writes it
+    # in the background while the next epoch trains): the job's wall time against the default
+    "saveinline": ["angel.save.model.async=false"],
     # shard backups every 50 updates (the default is 500: more than the feed suite's 310
     # updates), written in the background and inline on the shard's event loop
     "bk50": ["angel.ps.backup.interval=50"],
@@ -476,7 +479,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
         for b in batches:
             held = [
                 f"{a}-{v}"
-                for v in (*(v for v in VARIANTS if v != "save5"), "held-save5")
+                for v in (*VARIANTS, "held-save5", "held-saveinline")
                 for a in ANGELPS
                 if a.startswith("angelps-bsp")
             ]

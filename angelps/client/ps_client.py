@@ -17,9 +17,8 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import ray
@@ -27,10 +26,9 @@ from numpy.typing import ArrayLike
 from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 
-from angelps import fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.backups import remove_launch
-from angelps.checkpoint.store import store_for, write_durably
+from angelps.client.pending_save import HeldWriter, PendingSave, start_save
 from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
 from angelps.client.routing import Routed, assemble
 from angelps.client.tier_swap import TierSwaps
@@ -63,11 +61,6 @@ Update = tuple[ArrayLike, ArrayLike]
 Requests = Mapping[str, ArrayLike | None]
 
 
-def _remove_quietly(tmp: str) -> None:
-    """Remove the temporary directory (or generation) of a save that failed."""
-    store_for(tmp).discard(tmp)
-
-
 class PSFuture(Generic[T]):
     """The result of an ``*_async`` call: ``.result()`` waits and returns it (None for a push)."""
 
@@ -91,18 +84,6 @@ class PSFuture(Generic[T]):
         """A future of ``f(result)`` over the same calls."""
         finish = self._finish
         return PSFuture(self._client, self._calls, lambda rows: f(finish(rows)))
-
-
-class HeldWriter(Protocol):
-    """Tables held outside the shards that a checkpoint also writes (:meth:`PSClient.save`)."""
-
-    tables: Sequence[TableSpec]
-    #: files per table (one per owner)
-    owners: int
-
-    def write(self, root: str) -> Mapping[str, Any]:
-        """Write the tables' files under ``root``; their manifest entries by file name."""
-        ...
 
 
 class PSClient(TierSwaps):
@@ -408,46 +389,22 @@ class PSClient(TierSwaps):
         as ``<path>.prev`` (see angelps.checkpoint.local_dir). A ``path`` that is a file or a
         directory of other files is refused (CheckpointError) before anything is written.
         ``held``: tables held outside the shards (by the workers), written into the same
-        commit by ``held.write(tmp)``, one file per owner each (the manifest's
+        commit by ``held.start(tmp, ...)``, one file per owner each (the manifest's
         ``table_shards``)."""
-        # Build the manifest once before writing anything, so a non-JSON extra fails early.
-        checkpoint.build_manifest([], 0, "", [], extra)
-        self.flush()
-        tmp = checkpoint.new_tmp_dir(path)  # refuses a path angelps must not replace
-        refs: list[ray.ObjectRef[dict[str, Any]]] = []
-        try:
-            refs = [h.save.remote(tmp, secret=self.options.shard.token) for h in self.handles]
-            for name, data in (files or {}).items():
-                write_durably(fs.join(tmp, os.path.basename(name)), data)
-            more: dict[str, Any] = {}
-            if held is not None:
-                more = {
-                    "files": dict(held.write(tmp)),
-                    "table_shards": {t.name: held.owners for t in held.tables},
-                }
-            infos = self._get(refs)
-            manifest = checkpoint.build_manifest(
-                [*self.specs.values(), *(held.tables if held is not None else ())],
-                self.num_shards,
-                self.partitioner,
-                [*infos, {"files": more.get("files", {})}] if more else infos,
-                extra,
-                staleness=self.options.shard.staleness,
-                num_workers=self.num_workers,
-                **({"table_shards": more["table_shards"]} if more else {}),
-            )
-            if more:
-                manifest["shards"].pop()  # (the held files' entry, not a shard)
-            checkpoint.write_manifest(tmp, manifest)
-            checkpoint.commit_dir(tmp, path)
-        except BaseException:
-            # The shards may still be writing into tmp (the caller's own file failed first, on
-            # a full disk say): wait for them, or they would re-create it once it is removed;
-            # bounded by the request timeout, so a hung shard cannot hold the error back.
-            if refs:
-                ray.wait(refs, num_returns=len(refs), timeout=self.options.shard.timeout_s)
-            _remove_quietly(tmp)
-            raise
+        start_save(self, path, extra, files, held).result()
+
+    def save_async(
+        self,
+        path: str,
+        extra: Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+        held: HeldWriter | None = None,
+    ) -> PendingSave:
+        """:meth:`save` with the files written in the background: returns once every shard
+        (and ``held``'s owners) has copied its rows, so training may go on; the result's
+        ``result()`` waits for the files and commits (:mod:`angelps.client.pending_save`).
+        One at a time: finish (or discard) it before the next save or load."""
+        return start_save(self, path, extra, files, held, background=True)
 
     def load(self, path: str, held: Sequence[TableSpec] = ()) -> dict[str, Any]:
         """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer

@@ -32,7 +32,15 @@ from angelps.checkpoint.backups import read_backup, shard_dir, write_backup
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
 
-__all__ = ["ShardBackups"]
+__all__ = ["ShardBackups", "memory_short"]
+
+
+def memory_short(shard: ParameterShard) -> tuple[int, int] | None:
+    """(bytes a copy of ``shard`` would take, bytes of memory available) when the copy would
+    take more than half of what is available (the copy is then not made: the files are
+    written from the live tables instead, the caller waiting); None when it fits."""
+    need, free = shard.snapshot_nbytes(), malloc.available_bytes()
+    return (need, free) if need > free // 2 else None
 
 
 class ShardBackups:
@@ -96,9 +104,9 @@ class ShardBackups:
         if not self.background:
             self.write_now()
         elif self._task is None:  # (else the next update after it starts one)
-            need, free = self.shard.snapshot_nbytes(), malloc.available_bytes()
-            if need > free // 2:
-                self._inline_for_memory(need, free)
+            short = memory_short(self.shard)
+            if short is not None:
+                self._inline_for_memory(*short)
             else:
                 self._start()
 

@@ -37,6 +37,7 @@ from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
+from angelps.server.shard_saves import ShardSaves
 from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
 
@@ -95,6 +96,7 @@ class ShardServer:
         )
         self.timeout_s = options.timeout_s
         self.backups = ShardBackups(self.shard, options)
+        self.saves = ShardSaves(self.shard)
         self.restarted = False
         self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
@@ -222,6 +224,7 @@ class ShardServer:
         """The job is ending: write no more backups and stop the one being written (its
         client removes the launch's backups next)."""
         self._check_secret(secret, "stop_backups")
+        await self.saves.stop()
         await self.backups.stop()
 
     async def stats(self) -> dict[str, Any]:
@@ -235,9 +238,22 @@ class ShardServer:
         st["connections"] = dict(self._conns, cap=self._max_connections)
         return st
 
-    async def save(self, root: str, secret: Any = "") -> dict[str, Any]:
+    async def save(
+        self, root: str, secret: Any = "", background: bool = False
+    ) -> dict[str, Any] | None:
+        """Write this shard's part of a checkpoint under ``root``: its manifest info; with
+        ``background``, start it from a copy made now and answer None (:meth:`saved` waits
+        for the files, :mod:`angelps.server.shard_saves`)."""
         self._check_secret(secret, "save")
-        return self.shard.save(root)
+        if not background:
+            return self.shard.save(root)
+        self.saves.start(root)
+        return None
+
+    async def saved(self, secret: Any = "") -> dict[str, Any]:
+        """The manifest info of the checkpoint written in the background, once written."""
+        self._check_secret(secret, "saved")
+        return await self.saves.result()
 
     async def load(
         self, root: str, manifest: Mapping[str, Any], secret: Any = ""

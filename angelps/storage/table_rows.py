@@ -372,9 +372,11 @@ class Table:
 
 
 class FrozenTable:
-    """One table's rows as :meth:`Table.freeze` copied them; exported as the table exports."""
+    """One table's rows as :meth:`Table.freeze` copied them (or a worker's held table,
+    learners/worker/held_table.py); exported as the table exports. ``table``: anything with the
+    table's ``spec``, ``cols`` (weight columns) and ``slots`` (optimizer slot -> columns)."""
 
-    def __init__(self, table: Table, keys: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(self, table: Any, keys: np.ndarray, rows: np.ndarray) -> None:
         self.spec, self.cols, self.slots = table.spec, table.cols, table.slots
         self.n = len(rows)
         self.keys, self.rows = keys, rows

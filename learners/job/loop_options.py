@@ -239,6 +239,16 @@ KEEP_BEST = Key(
     "data (ml.data.validate.ratio > 0 or angel.validate.data.path), so the best epoch's "
     "model is never lost.",
 )
+SAVE_ASYNC = Key(
+    "angel.save.model.async",
+    "bool",
+    True,
+    "Write the end-of-epoch checkpoint in the background: the shards and workers copy their "
+    "rows (training waits for the copies only) and threads write the files while the next "
+    "epoch trains; the checkpoint is committed once every file is written, and the job waits "
+    "for it before the next save, a restart and its end. false: training waits for the whole "
+    "write.",
+)
 SAVE_FAILURE = Key(
     "angel.save.failure",
     "str",
@@ -326,6 +336,7 @@ KEYS = [
     KEEP_LAST,
     SAVE_EVERY,
     KEEP_BEST,
+    SAVE_ASYNC,
     SAVE_FAILURE,
     SEED,
     ACCUM_STEPS,
@@ -411,6 +422,8 @@ class TrainPlan:
     #: a checkpoint after every ``save_every``-th epoch (and the last)
     save_every: int = field(metadata=keyed(SAVE_EVERY))
     save_failure: str = field(metadata=keyed(SAVE_FAILURE))
+    #: angel.save.model.async: the end-of-epoch checkpoint written in the background
+    save_async: bool = field(metadata=keyed(SAVE_ASYNC))
     #: angel.save.model: save (into save_path, else into the run folder)
     save_model: bool = key_field(SAVE_MODEL)
 

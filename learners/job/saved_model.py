@@ -28,7 +28,8 @@ import binascii
 import hashlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from angelps import PSClient, TableSpec, fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.files import CheckpointDamaged
 from angelps.checkpoint.store import store_for
+from angelps.client.pending_save import PendingSave
 from learners.data.problems import printable
 from learners.models.angel_json import check_saved_graph
 from learners.models.registry import model_name
@@ -71,11 +73,37 @@ class _HeldFiles:
         self.owners = len(workers)
         self.workers = workers
 
-    def write(self, root: str) -> dict[str, Any]:
-        files: dict[str, Any] = {}
-        for part in self.workers.execute("save_held", root):
-            files.update(part)
-        return files
+    def start(self, root: str, background: bool) -> Callable[[], Mapping[str, Any]]:
+        parts = self.workers.execute("save_held", root, background)
+        if not background:
+            return lambda: _merged(parts)
+        return self._written
+
+    def _written(self) -> dict[str, Any]:
+        """Every worker's files, once written. A worker serves one call at a time: asking
+        whether its files are written waits for its current call (a chunk of training, a
+        quarter of a second), while a call that waited for the files would hold up the
+        chunks queued behind it; so ask, and ask again."""
+        parts: list[Any] = [None] * self.owners
+        while True:
+            todo = [i for i, p in enumerate(parts) if p is None]
+            if not todo:
+                return _merged(parts)
+            for i, part in zip(todo, self.workers.execute_some(todo, "held_saved"), strict=True):
+                parts[i] = part
+            if any(p is None for p in parts):
+                time.sleep(_POLL_S)
+
+
+#: Seconds between two asks of an idle worker whether its checkpoint files are written.
+_POLL_S = 0.02
+
+
+def _merged(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    files: dict[str, Any] = {}
+    for part in parts:
+        files.update(part)
+    return files
 
 
 def save(
@@ -84,10 +112,13 @@ def save(
     workers: WorkerGroup,
     section: Mapping[str, Any],
     held: Sequence[TableSpec] = (),
-) -> None:
+    background: bool = False,
+) -> PendingSave | None:
     """Checkpoint the PS tables and the workers' state, with ``section`` as the learner's part
     of the manifest (JSON-safe); ``held``: the tables the workers hold (their files go into
-    the same checkpoint, in the shards' format)."""
+    the same checkpoint, in the shards' format). ``background``: return once every table is
+    copied, its files being written meanwhile; the result's ``result()`` commits
+    (angelps.client.pending_save)."""
     info = dict(section)
     # A device tier's rows go back to the shards first: the shards' files hold whole tables.
     workers.execute("flush_tiers")
@@ -97,7 +128,8 @@ def save(
     info["dense"] = {"file": DENSE_FILE, "sha256": hashlib.sha256(blob).hexdigest()}
     rngs = workers.execute("rng_state")
     info["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
-    ps.save(
+    how = ps.save_async if background else ps.save
+    return how(
         path,
         {"learner": info},
         files={DENSE_FILE: blob},

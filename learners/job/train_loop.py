@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from angelconf.config import Config
+from angelps.client.pending_save import PendingSave
 from decay import StepSizeScheduler
 from learners.job import failover, saved_model
 from learners.job.actors import JobActors
@@ -168,11 +169,13 @@ class TrainingLoop:
                     log.record(row)
                     log.say(epoch_line(row, plan.epochs))
                     if ckpts is not None and self._saves_after(epoch, progress):
-                        write = partial(self.checkpoint, epoch=epoch, progress=progress)
-                        self._save(ckpts, write, epoch, improved)
+                        self._save(ckpts, epoch, progress, improved)
                 except WorkerDied as died:
                     # At any moment, the end-of-epoch save included: the job restarts from its
-                    # last checkpoint and runs the epoch (and its save) again.
+                    # last checkpoint (once the one being written is committed, or not) and
+                    # runs the epochs since (and their saves) again.
+                    if ckpts is not None:
+                        ckpts.wait(lost_worker=True)
                     progress = restarts.restart(self, died, log, progress)
                     if ckpts is not None and progress.next_epoch > 0:
                         ckpts.resumed(progress.next_epoch - 1)
@@ -181,6 +184,8 @@ class TrainingLoop:
                 if self.early_stop(progress, log):
                     break
                 epoch += 1
+            if ckpts is not None:
+                ckpts.wait()  # the last checkpoint committed before the summary names it
             log.close_bar()
             summary = self._summary(progress, time.perf_counter() - t_start, run_dir, ckpts)
             if log.tb is not None:
@@ -189,14 +194,23 @@ class TrainingLoop:
             log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
         finally:
+            if ckpts is not None and ckpts.writing:  # (an error: its files may all be written)
+                ckpts.abandon()
             log.close()  # the progress bar too: on Ctrl-C and on errors as well
 
-    @staticmethod
-    def _save(ckpts: Checkpoints, write: Any, epoch: int, improved: bool) -> None:
-        """The end-of-epoch save; a worker lost during it is a WorkerDied that says so (a lost
-        worker is not a failed write: the epoch is run again, then saved)."""
+    def _save(self, ckpts: Checkpoints, epoch: int, progress: _Progress, improved: bool) -> None:
+        """The end-of-epoch save (in the background: angel.save.model.async); a worker lost
+        during it is a WorkerDied that says so (a lost worker is not a failed write: the epoch
+        is run again, then saved)."""
+        ckpts.wait()  # the one before, written in the background (its errors name its epoch)
         try:
-            ckpts.save(write, epoch, improved)
+            if self.plan.save_async:
+                start = partial(self.checkpoint, epoch=epoch, progress=progress, background=True)
+                ckpts.save_async(start, epoch, improved)
+            else:
+                ckpts.save(
+                    partial(self.checkpoint, epoch=epoch, progress=progress), epoch, improved
+                )
         except failover.WorkerDied as died:
             why = f"{died.reason}, while the checkpoint of epoch {epoch + 1} was written"
             raise failover.WorkerDied(died.index, why) from died
@@ -390,8 +404,12 @@ class TrainingLoop:
             return {}
         return jsonable(validation_metrics(self.actors.model_task(), outs))
 
-    def checkpoint(self, path: str, epoch: int, progress: _Progress) -> None:
-        """Save the PS tables and the workers' state, resumable after ``epoch``."""
+    def checkpoint(
+        self, path: str, epoch: int, progress: _Progress, background: bool = False
+    ) -> PendingSave | None:
+        """Save the PS tables and the workers' state, resumable after ``epoch``;
+        ``background``: return once the rows are copied, the files being written meanwhile
+        (the result commits them)."""
         assert self.actors.ps is not None and self.actors.workers is not None
         assert self.actors.size is not None
         conf = self.conf
@@ -412,7 +430,9 @@ class TrainingLoop:
             # Shuffling is a pure function of (ml.seed, epoch): the data position is the epoch.
             "data_position": {"epoch": epoch + 1, "row": 0},
         }
-        saved_model.save(path, self.actors.ps, self.actors.workers, section, self.actors.held())
+        return saved_model.save(
+            path, self.actors.ps, self.actors.workers, section, self.actors.held(), background
+        )
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

@@ -29,14 +29,16 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from angelconf.printable import printable
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.errors import CheckpointDamaged, CheckpointError
 from angelps.checkpoint.store import store_for
+from angelps.client.pending_save import PendingSave
 from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
@@ -83,6 +85,17 @@ def _on_disk(exc: BaseException) -> bool:
     return "[Errno " in str(exc) or "OSError" in str(exc)
 
 
+@dataclass
+class _Writing:
+    """A checkpoint being written in the background and its commit thread's outcome."""
+
+    pending: PendingSave
+    epoch: int
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    notes: list[str] = field(default_factory=list)
+
+
 class Checkpoints:
     """The checkpoints of one training job: the save, the copies kept, the failure policy."""
 
@@ -106,13 +119,15 @@ class Checkpoints:
         self.failures = 0
         #: <path>.epoch-<n> prefixes not removed because angelps did not write them (warned once)
         self._foreign: set[str] = set()
+        #: the checkpoint being written in the background (:meth:`save_async`)
+        self._writing: _Writing | None = None
 
     def resumed(self, epoch: int) -> None:
         """Training continues from the checkpoint saved after ``epoch``."""
         self.last_good = Kept(self.path, epoch)
         self.best_kept = _epoch_of(self.path + _BEST) if self.keep_best else None
 
-    def save(self, write: Callable[[str], None], epoch: int, improved: bool) -> bool:
+    def save(self, write: Callable[[str], object], epoch: int, improved: bool) -> bool:
         """Write the checkpoint of ``epoch`` with ``write(path)``, then keep its copies.
         False when the write failed and the job goes on (``continue``); raises
         :class:`CheckpointWriteError` when it failed and the job stops."""
@@ -123,15 +138,103 @@ class Checkpoints:
         except Exception as e:  # a write that failed, for whatever reason: the policy decides
             self._failed(epoch, e)
             return False
+        self._committed(epoch, improved)
+        return True
+
+    def _committed(self, epoch: int, improved: bool, say: bool = True) -> list[str]:
+        """The checkpoint of ``epoch`` is committed: the last good one; keep its copies. The
+        warnings (said at once unless ``say`` is false: the commit thread's, said by
+        :meth:`wait`)."""
         self.last_good = Kept(self.path, epoch)
+        notes = []
         try:
             self._keep(epoch, improved)
         except (OSError, CheckpointError) as e:
-            self.warn(
+            notes.append(
                 f"angelps: warning: the checkpoint of epoch {epoch + 1} is saved at {self.path}, "
                 f"but keeping its copy failed: {_reason(e)}"
             )
+        if say:
+            for note in notes:
+                self.warn(note)
+        return notes
+
+    def save_async(
+        self,
+        start: Callable[[str], PendingSave | None],
+        epoch: int,
+        improved: bool,
+    ) -> bool:
+        """:meth:`save`, the files written in the background: ``start(path)`` begins the
+        checkpoint of ``epoch`` and returns once its rows are copied; a thread waits for its
+        files, commits it and keeps its copies while training goes on. The checkpoint before
+        it is waited for first (:meth:`wait`: one at a time, its failure handled by the
+        policy then). False when this start failed and the job goes on."""
+        self.wait()
+        try:
+            pending = start(self.path)
+        except WorkerDied:
+            raise
+        except Exception as e:
+            self._failed(epoch, e)
+            return False
+        if pending is None:  # (written already)
+            self._committed(epoch, improved)
+            return True
+        writing = _Writing(pending, epoch)
+        writing.thread = threading.Thread(
+            target=self._finish, args=(writing, improved), name="checkpoint-commit", daemon=True
+        )
+        self._writing = writing
+        writing.thread.start()
         return True
+
+    def _finish(self, writing: _Writing, improved: bool) -> None:
+        """The commit thread: the files, the manifest, the commit, the copies."""
+        try:
+            writing.pending.result()
+        except BaseException as e:
+            writing.error = e
+            return
+        writing.notes = self._committed(writing.epoch, improved, say=False)
+
+    @property
+    def writing(self) -> bool:
+        """A checkpoint is being written in the background."""
+        return self._writing is not None and not self._writing.pending.done
+
+    def wait(self, lost_worker: bool = False) -> bool:
+        """Wait for the checkpoint being written in the background (if any) to be committed.
+        False when it failed and the job goes on (angel.save.failure=continue); raises
+        :class:`CheckpointWriteError` when it failed and the job stops, and
+        :class:`WorkerDied` when a worker died while writing its part (the job restarts from
+        the checkpoint before it, as for a worker lost during an inline save), unless
+        ``lost_worker`` (the job is restarting already)."""
+        writing, self._writing = self._writing, None
+        if writing is None:
+            return True
+        assert writing.thread is not None
+        writing.thread.join()
+        for note in writing.notes:
+            self.warn(note)
+        e = writing.error
+        if e is None:
+            return True
+        if isinstance(e, WorkerDied):
+            if lost_worker:
+                return False
+            why = f"{e.reason}, while the checkpoint of epoch {writing.epoch + 1} was written"
+            raise WorkerDied(e.index, why) from e
+        self._failed(writing.epoch, e)
+        return False
+
+    def abandon(self) -> None:
+        """The job is ending on an error: wait for the checkpoint being written (so that a
+        checkpoint whose files are written is still committed), and say if it failed."""
+        try:
+            self.wait(lost_worker=True)
+        except Exception as e:
+            self.warn(f"angelps: warning: {_reason(e)}")
 
     def where(self, epoch: int) -> str | None:
         """Where the checkpoint saved after ``epoch`` (0-based) is kept, or None."""

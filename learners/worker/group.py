@@ -140,6 +140,10 @@ class WorkerGroup:
         """Call ``method`` on worker ``index`` and wait for its answer."""
         return get([self.actors[index].call.remote(method, *args, **kwargs)], [index])[0]
 
+    def execute_some(self, indices: Sequence[int], method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on the workers ``indices`` and wait: their answers, in that order."""
+        return get([self.actors[i].call.remote(method, *args) for i in indices], list(indices))
+
     def execute_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on worker ``i`` with ``args[i]`` (one tuple per worker) and wait."""
         if len(args) != len(self.actors):

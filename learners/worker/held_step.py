@@ -20,6 +20,7 @@ from learners.worker.batch_rows import BatchInput
 from learners.worker.device import free_bytes
 from learners.worker.device_step import SideStream, dedup_on_device
 from learners.worker.device_tier import TierPolicy
+from learners.worker.held_save import HeldSaves
 from learners.worker.held_tables import HeldTables
 from learners.worker.step_stats import RowMap, StepStats
 
@@ -50,6 +51,8 @@ class HoldsTables:
     _peeked: Peeked | None
     _side: SideStream
     _next_batch: Callable[[], Batch]
+    #: the held tables' checkpoint writes in the background (made at the first)
+    _held_saves: HeldSaves | None = None
 
     def hold_tables(
         self,
@@ -166,10 +169,24 @@ class HoldsTables:
         """Empty the device tiers (the shards were restored)."""
         self.held.reset_tiers()
 
-    def save_held(self, root: str) -> dict[str, Any]:
+    def save_held(self, root: str, background: bool = False) -> dict[str, Any] | None:
         """Write this worker's share of the held tables under ``root`` (a checkpoint's
-        temporary directory); the files' manifest entries."""
-        return self.held.save(root)
+        temporary directory); the files' manifest entries. ``background``: copy them now,
+        write the copy in a thread and answer None (:meth:`held_saved` gives the entries;
+        learners/worker/held_save.py)."""
+        if not background:
+            return self.held.save(root)
+        if self._held_saves is None:
+            self._held_saves = HeldSaves(self.worker_id)
+        self._held_saves.start(root, self.held)
+        return None
+
+    def held_saved(self, wait: bool = False) -> dict[str, Any] | None:
+        """The manifest entries of the held tables' files written in the background, or None
+        while they are being written (``wait``: until they are)."""
+        if self._held_saves is None:
+            raise RuntimeError(f"worker {self.worker_id}: no checkpoint is being written")
+        return self._held_saves.result(wait)
 
     def load_held(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Restore the held tables from the checkpoint at ``root`` (``manifest``: its

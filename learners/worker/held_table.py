@@ -15,6 +15,7 @@ from angelps import TableSpec
 from angelps.optim import apply, slot_columns
 from angelps.partition import Partitioner
 from angelps.rates import Step, rate_of
+from angelps.storage.table_rows import FrozenTable
 from angelps.table import init_rows
 from learners.worker.device import RowBlock, to_device, torch_dtype
 
@@ -121,6 +122,18 @@ class HeldTable:
             block = self.data.index_select(0, to_device(sel, self.device)).cpu().numpy()
             state = {k: np.ascontiguousarray(block[:, x:y]) for k, (x, y) in self.slots.items()}
             yield self.keys[sel], np.ascontiguousarray(block[:, : self.cols]), state
+
+    def freeze(self) -> FrozenTable:
+        """A host copy of the touched rows as they are now (a checkpoint written in the
+        background while training goes on: learners/worker/held_save.py), exported as
+        :meth:`export_chunks` exports."""
+        idx = torch.nonzero(self.touched).flatten()
+        block = self.data.index_select(0, idx).cpu().numpy()
+        return FrozenTable(self, self.keys[idx.cpu().numpy()], block)
+
+    def frozen_nbytes(self) -> int:
+        """Host bytes :meth:`freeze` copies (the touched rows with their state and keys)."""
+        return int(self.touched.sum()) * (self.width * self.data.element_size() + 8)
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Overwrite the rows (and state) of owned ``keys`` (a restore); they are touched."""

@@ -41,13 +41,14 @@ from angelps.checkpoint.files import (
 )
 from angelps.partition import Partitioner
 from angelps.rates import Step
+from angelps.storage.table_rows import FrozenTable
 from learners.worker.device import to_device
 from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.held_table import HeldTable
 from learners.worker.table_exchange import Exchange
 from learners.worker.tier_slots import ids_of
 
-__all__ = ["HeldTables"]
+__all__ = ["HeldTables", "write_held"]
 
 #: Whether one worker's update thread also places the device tiers' prefetched misses of a
 #: read not staged (None: on a GPU only; a staged read's are always placed there). On a GPU
@@ -415,11 +416,17 @@ class HeldTables:
         """Write this worker's share of every held table as ``<table>/shard-<worker>.parquet``
         under ``root`` (the shards' format); the files' manifest entries."""
         self.settle()
-        files = {}
-        for name, t in self.whole.items():
-            entry = write_table_chunks(table_file(root, name, self.worker_id), t.export_chunks())
-            files[table_rel(name, self.worker_id)] = entry
-        return files
+        return write_held(root, self.worker_id, self.whole)
+
+    def freeze(self) -> dict[str, FrozenTable]:
+        """Host copies of every held table's rows now (a checkpoint written in the
+        background: :func:`write_held` writes them as :meth:`save` writes the tables)."""
+        self.settle()
+        return {name: t.freeze() for name, t in self.whole.items()}
+
+    def frozen_nbytes(self) -> int:
+        """Host bytes :meth:`freeze` copies."""
+        return sum(t.frozen_nbytes() for t in self.whole.values())
 
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace every held table's rows with the checkpoint's at ``root`` (written by the
@@ -443,3 +450,15 @@ class HeldTables:
                     n += len(keys)
             restored[name] = n
         return restored
+
+
+def write_held(
+    root: str, worker: int, tables: Mapping[str, HeldTable | FrozenTable]
+) -> dict[str, Any]:
+    """Write ``worker``'s share of each table (live or a copy) as ``<table>/shard-<worker>.parquet``
+    under ``root``; the files' manifest entries."""
+    files = {}
+    for name, t in tables.items():
+        entry = write_table_chunks(table_file(root, name, worker), t.export_chunks())
+        files[table_rel(name, worker)] = entry
+    return files

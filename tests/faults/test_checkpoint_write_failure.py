@@ -23,6 +23,7 @@ from angelps.checkpoint import files as checkpoint
 from learners.cli.main import main
 from learners.job import saved_model
 from learners.job.learner import GraphLearner
+from learners.runs.folders import latest_run
 from learners.runs.retention import CheckpointWriteError
 from tests.faults.procs import descendants
 
@@ -79,36 +80,83 @@ def _sets(tmp_path: Path, **more: object) -> dict[str, object]:
 
 
 def _fail_saves(monkeypatch: pytest.MonkeyPatch, failing: set[int]) -> list[int]:
-    """Make the shards' disk full during the saves numbered in ``failing`` (0-based)."""
+    """Make the shards' disk full during the saves numbered in ``failing`` (0-based): until
+    the save's files are written, in the background too."""
     real = saved_model.save
     calls: list[int] = []
 
-    def save(path, ps, workers, section, held=()):
+    def save(path, ps, workers, section, held=(), background=False):
         calls.append(int(section["epoch"]))
         if len(calls) - 1 not in failing:
-            return real(path, ps, workers, section, held)
-        with _disk_full(_shard_pids()):
-            return real(path, ps, workers, section, held)
+            return real(path, ps, workers, section, held, background)
+        full = _disk_full(_shard_pids())
+        full.__enter__()
+        try:
+            pending = real(path, ps, workers, section, held, background)
+        except BaseException:
+            full.__exit__(None, None, None)
+            raise
+        if pending is None:
+            full.__exit__(None, None, None)
+            return None
+        return _FullUntilWritten(pending, full)
 
     monkeypatch.setattr(saved_model, "save", save)
     return calls
+
+
+class _FullUntilWritten:
+    """A checkpoint being written in the background, the disk full until its result."""
+
+    def __init__(self, pending, full) -> None:
+        self.pending, self.full = pending, full
+
+    @property
+    def done(self) -> bool:
+        return self.pending.done
+
+    def result(self) -> None:
+        try:
+            self.pending.result()
+        finally:
+            self.full.__exit__(None, None, None)
+
+
+def _epochs_trained(tmp_path: Path) -> int:
+    """Epoch records in the latest run's metrics."""
+    run = latest_run(tmp_path / "log")
+    assert run is not None
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return sum(1 for line in lines if json.loads(line)["kind"] == "epoch")
 
 
 def _epoch_of(path: Path) -> int:
     return int(checkpoint.read_manifest(str(path))["extra"]["learner"]["epoch"])
 
 
-def test_stop_keeps_the_last_good_checkpoint_and_names_it(tmp_path, monkeypatch, capsys):
+#: The checkpoint written in the background (the default: its failure is seen at the next
+#: save or the job's end) or before training goes on.
+HOW = pytest.mark.parametrize("background", [True, False], ids=["background", "inline"])
+
+
+@HOW
+def test_stop_keeps_the_last_good_checkpoint_and_names_it(
+    tmp_path, monkeypatch, capsys, background
+):
     calls = _fail_saves(monkeypatch, failing={1})
     model = tmp_path / "model"
-    learner = GraphLearner.from_properties(CONF, _sets(tmp_path), quiet=True)
+    sets = _sets(tmp_path, **{"angel.save.model.async": str(background).lower()})
+    learner = GraphLearner.from_properties(CONF, sets, quiet=True)
     try:
         with pytest.raises(CheckpointWriteError) as e:
             learner.train()
     finally:
         learner.shutdown()
     message = str(e.value)
-    assert calls == [0, 1]  # stopped at the failed save: no third epoch
+    # Stopped at the failed save (inline), or at the next one (in the background: the third
+    # epoch trained meanwhile, its save refused): no third save either way.
+    assert calls == [0, 1]
+    assert _epochs_trained(tmp_path) == (3 if background else 2)
     assert message.startswith(
         f"the checkpoint of epoch 2 could not be written to {model}: OSError: "
     )
@@ -126,7 +174,7 @@ def test_stop_keeps_the_last_good_checkpoint_and_names_it(tmp_path, monkeypatch,
     # The command line: one line, exit 1; then --resume finishes the job from that checkpoint.
     monkeypatch.undo()
     calls = _fail_saves(monkeypatch, failing={0})
-    args = ["train", "--conf", CONF, *(f"--set={k}={v}" for k, v in _sets(tmp_path).items())]
+    args = ["train", "--conf", CONF, *(f"--set={k}={v}" for k, v in sets.items())]
     assert main([*args, "--resume"]) == 1
     err = capsys.readouterr().err
     assert (
@@ -139,10 +187,14 @@ def test_stop_keeps_the_last_good_checkpoint_and_names_it(tmp_path, monkeypatch,
     assert _epoch_of(model) == 2
 
 
-def test_continue_warns_and_trains_on(tmp_path, monkeypatch, capsys):
+@HOW
+def test_continue_warns_and_trains_on(tmp_path, monkeypatch, capsys, background):
     calls = _fail_saves(monkeypatch, failing={1})
     model = tmp_path / "model"
-    sets = _sets(tmp_path, **{"angel.save.failure": "continue"})
+    sets = _sets(
+        tmp_path,
+        **{"angel.save.failure": "continue", "angel.save.model.async": str(background).lower()},
+    )
     learner = GraphLearner.from_properties(CONF, sets, quiet=True)
     try:
         result = learner.train()

@@ -321,18 +321,22 @@ def test_a_worker_killed_during_the_checkpoint_is_handled_like_any_other_death(
     ref = _reference(tmp_path_factory, 2, EPOCHS)
     real_save, real_manifest, saves = saved_model.save, files.write_manifest, []
 
-    def save(path: str, ps: Any, workers: Any, section: Any, held: Any = ()) -> None:
+    def save(
+        path: str, ps: Any, workers: Any, section: Any, held: Any = (), background: bool = False
+    ) -> Any:
         saves.append(workers)
         if len(saves) != 2:
-            return real_save(path, ps, workers, section, held)
+            return real_save(path, ps, workers, section, held, background)
         if point == "start":
             _kill_and_wait(workers.actors[1])
         elif point in ("dense_state", "rng_state"):
             workers = _KillAfter(workers, point)
-        real_save(path, ps, workers, section, held)
+        pending = real_save(path, ps, workers, section, held, background)
+        if pending is not None:  # (written in the background: "committed" once it is)
+            pending.result()
         if point == "committed":
             _kill_and_wait(workers.actors[1])
-        return None
+        return pending
 
     def write_manifest(root: str, manifest: Any) -> None:
         if point == "tables" and len(saves) == 2 and ".tmp-" in os.path.basename(root):

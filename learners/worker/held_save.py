@@ -1,0 +1,82 @@
+"""A worker's held tables written into a checkpoint in the background (:class:`HeldSaves`).
+
+With ``angel.save.model.async`` (the default) the driver asks each worker to start its part of
+the checkpoint: the worker copies its held tables' touched rows to host memory now
+(:meth:`HeldTables.freeze`: one device-to-host copy, the rows of the save's moment) and a
+thread writes the copy into the checkpoint's temporary directory, in the shards' format, while
+the next epoch trains. The driver's commit asks for the files' manifest entries
+(:meth:`HeldSaves.result`, without waiting: the worker is an actor serving one call at a time,
+so a call that waited for the write would hold up the training calls queued behind it). A copy
+that would take more than half of the host's available memory is not made: the files are
+written before the worker answers, said once on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from angelconf.printable import printable
+from angelps import malloc
+from learners.worker.held_tables import HeldTables, write_held
+
+__all__ = ["HeldSaves"]
+
+
+class HeldSaves:
+    """Worker ``worker``'s checkpoint writes in the background (one at a time)."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self._pool: ThreadPoolExecutor | None = None
+        self._fut: Future[dict[str, Any]] | None = None
+        #: saves written before answering, for want of memory for the copy
+        self.inline = 0
+
+    def start(self, root: str, held: HeldTables) -> None:
+        """Copy ``held``'s tables now and write the copy under ``root`` in a thread."""
+        if self._fut is not None:
+            raise RuntimeError(
+                f"worker {self.worker}: a checkpoint is being written already (its result "
+                "has not been asked for): one at a time"
+            )
+        need, free = held.frozen_nbytes(), malloc.available_bytes()
+        fut: Future[dict[str, Any]]
+        if need > free // 2:
+            self._say_inline(need, free)
+            fut = Future()
+            fut.set_result(held.save(root))
+        else:
+            frozen = held.freeze()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-save")
+            fut = self._pool.submit(write_held, root, self.worker, frozen)
+        self._fut = fut
+
+    def _say_inline(self, need: int, free: int) -> None:
+        if not self.inline:
+            print(
+                printable(
+                    f"angelps: warning: worker {self.worker}: a checkpoint in the background "
+                    f"would copy {need / 2**20:,.0f} MiB of held tables with "
+                    f"{free / 2**20:,.0f} MiB of memory available: it and the next ones while "
+                    "memory stays short are written before training goes on"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        self.inline += 1
+
+    def result(self, wait: bool = True) -> dict[str, Any] | None:
+        """The files' manifest entries of the save started last once written (None while
+        it is being written and ``wait`` is false); the write's error if it failed."""
+        fut = self._fut
+        if fut is None:
+            raise RuntimeError(f"worker {self.worker}: no checkpoint is being written")
+        if not wait and not fut.done():
+            return None
+        try:
+            return fut.result()
+        finally:
+            self._fut = None
