@@ -204,7 +204,10 @@ class TrainingLoop:
         is run again, then saved)."""
         ckpts.wait()  # the one before, written in the background (its errors name its epoch)
         try:
-            if self.plan.save_async:
+            # In the background only when training goes on: the job's last checkpoint is
+            # waited for at once (a copy would only add its time and memory).
+            last = epoch + 1 >= self.plan.epochs or self._stops(progress)
+            if self.plan.save_async and not last:
                 start = partial(self.checkpoint, epoch=epoch, progress=progress, background=True)
                 ckpts.save_async(start, epoch, improved)
             else:

@@ -22,6 +22,12 @@ A checkpoint that cannot be written (a full disk, a path made unwritable) never 
 previous one (the save writes into a temporary directory and commits by renames only once
 complete). ``angel.save.failure=stop`` then ends the job with :class:`CheckpointWriteError`
 naming the path and the last good checkpoint; ``continue`` warns and trains on.
+
+With ``angel.save.model.async`` (the default) :meth:`Checkpoints.save_async` returns once the
+rows are copied; a commit thread waits for the files, commits and keeps the copies, and the
+job waits for it (:meth:`Checkpoints.wait`) before the next save, a restart and its end, where
+a failed write meets the policy above. ``waited_s`` (the summary's ``checkpoint_wait_s``): the
+seconds training waited for checkpoints either way.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +128,8 @@ class Checkpoints:
         self._foreign: set[str] = set()
         #: the checkpoint being written in the background (:meth:`save_async`)
         self._writing: _Writing | None = None
+        #: seconds training waited for checkpoints (their writes, or copies and commits)
+        self.waited_s = 0.0
 
     def resumed(self, epoch: int) -> None:
         """Training continues from the checkpoint saved after ``epoch``."""
@@ -131,6 +140,7 @@ class Checkpoints:
         """Write the checkpoint of ``epoch`` with ``write(path)``, then keep its copies.
         False when the write failed and the job goes on (``continue``); raises
         :class:`CheckpointWriteError` when it failed and the job stops."""
+        t0 = time.perf_counter()
         try:
             write(self.path)
         except WorkerDied:
@@ -138,6 +148,8 @@ class Checkpoints:
         except Exception as e:  # a write that failed, for whatever reason: the policy decides
             self._failed(epoch, e)
             return False
+        finally:
+            self.waited_s += time.perf_counter() - t0
         self._committed(epoch, improved)
         return True
 
@@ -170,14 +182,18 @@ class Checkpoints:
         files, commits it and keeps its copies while training goes on. The checkpoint before
         it is waited for first (:meth:`wait`: one at a time, its failure handled by the
         policy then). False when this start failed and the job goes on."""
-        self.wait()
+        t0 = time.perf_counter()
         try:
-            pending = start(self.path)
-        except WorkerDied:
-            raise
-        except Exception as e:
-            self._failed(epoch, e)
-            return False
+            self._wait(False)
+            try:
+                pending = start(self.path)
+            except WorkerDied:
+                raise
+            except Exception as e:
+                self._failed(epoch, e)
+                return False
+        finally:
+            self.waited_s += time.perf_counter() - t0
         if pending is None:  # (written already)
             self._committed(epoch, improved)
             return True
@@ -210,6 +226,13 @@ class Checkpoints:
         :class:`WorkerDied` when a worker died while writing its part (the job restarts from
         the checkpoint before it, as for a worker lost during an inline save), unless
         ``lost_worker`` (the job is restarting already)."""
+        t0 = time.perf_counter()
+        try:
+            return self._wait(lost_worker)
+        finally:
+            self.waited_s += time.perf_counter() - t0
+
+    def _wait(self, lost_worker: bool) -> bool:
         writing, self._writing = self._writing, None
         if writing is None:
             return True
@@ -320,6 +343,7 @@ def kept_summary(
         "checkpoint": last.path if last is not None else None,
         "checkpoint_epoch": last.epoch + 1 if last is not None else None,
         "checkpoint_failures": ckpts.failures if ckpts is not None else 0,
+        "checkpoint_wait_s": ckpts.waited_s if ckpts is not None else 0.0,
     }
 
 
