@@ -156,8 +156,12 @@ def start_save(
     try:
         refs = [h.save.remote(tmp, secret=token, background=background) for h in client.handles]
         if background:
-            _get(refs)  # every shard has its copy: the next steps may change the rows
-            refs = [h.saved.remote(secret=token) for h in client.handles]
+            try:
+                _get(refs)  # every shard has its copy: the next steps may change the rows
+            finally:
+                # (also when a shard failed to start: the others' writes are waited for
+                # before the temporary is removed)
+                refs = [h.saved.remote(secret=token) for h in client.handles]
         for name, data in (files or {}).items():
             write_durably(fs.join(tmp, os.path.basename(name)), data)
         held_done = held.start(tmp, background) if held is not None else None

@@ -50,6 +50,10 @@ from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
 
+#: Seconds a job ending on an error (or Ctrl-C) waits for the checkpoint being written in the
+#: background: long enough for a write in progress, bounded so a hung shard cannot hold the
+#: exit back.
+ABANDON_WAIT_S = 120.0
 _EPOCH = ".epoch-"
 _BEST = ".best"
 
@@ -232,12 +236,18 @@ class Checkpoints:
         finally:
             self.waited_s += time.perf_counter() - t0
 
-    def _wait(self, lost_worker: bool) -> bool:
+    def _wait(self, lost_worker: bool, timeout: float | None = None) -> bool:
         writing, self._writing = self._writing, None
         if writing is None:
             return True
         assert writing.thread is not None
-        writing.thread.join()
+        writing.thread.join(timeout)
+        if writing.thread.is_alive():
+            self.warn(
+                f"angelps: warning: the checkpoint of epoch {writing.epoch + 1} was still being "
+                f"written after {timeout:g} s: not committed; {self.last_good_text()}"
+            )
+            return False
         for note in writing.notes:
             self.warn(note)
         e = writing.error
@@ -255,7 +265,7 @@ class Checkpoints:
         """The job is ending on an error: wait for the checkpoint being written (so that a
         checkpoint whose files are written is still committed), and say if it failed."""
         try:
-            self.wait(lost_worker=True)
+            self._wait(True, timeout=ABANDON_WAIT_S)
         except Exception as e:
             self.warn(f"angelps: warning: {_reason(e)}")
 

@@ -14,7 +14,7 @@ written before the worker answers, said once on stderr.
 from __future__ import annotations
 
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from angelconf.printable import printable
@@ -35,12 +35,12 @@ class HeldSaves:
         self.inline = 0
 
     def start(self, root: str, held: HeldTables) -> None:
-        """Copy ``held``'s tables now and write the copy under ``root`` in a thread."""
+        """Copy ``held``'s tables now and write the copy under ``root`` in a thread. A write
+        whose result was never asked for (its checkpoint given up: another writer failed) is
+        waited for first and dropped: one write at a time."""
         if self._fut is not None:
-            raise RuntimeError(
-                f"worker {self.worker}: a checkpoint is being written already (its result "
-                "has not been asked for): one at a time"
-            )
+            wait([self._fut])
+            self._fut = None
         need, free = held.frozen_nbytes(), malloc.available_bytes()
         fut: Future[dict[str, Any]]
         if need > free // 2:
