@@ -116,6 +116,9 @@ class PSClient(TierSwaps):
         self.skipped: dict[str, int] = {name: 0 for name in self.specs}
         self._owner = owner
         self._clock = 0
+        #: shard -> the process id serving it after the last load (or when first asked:
+        #: :meth:`learn_pids`); a device tier that finds another restarts the job
+        self.shard_pids: dict[int, int] = {}
         self._inflight: list[Call] = []
         self.net = Transport(self.handles, options)
         # Pushes since the last backup each shard reported, replayed after a restart.
@@ -143,6 +146,19 @@ class PSClient(TierSwaps):
         handles, client_options = launch_shards(tables, options, num_workers)
         return cls(tables, handles, client_options, 0, owner=True)
 
+    def mark_tiers(self, names: Sequence[str]) -> None:
+        """Tell the shards which tables workers hold in device tiers: backups leave them out
+        (a tier writes rows back outside the clocks, so a shard restarted from a backup makes
+        the job restart from its checkpoint: learners/worker/tier_link.py)."""
+        token = self.options.shard.token
+        self._get([h.mark_tiers.remote(list(names), secret=token) for h in self.handles])
+
+    def learn_pids(self) -> dict[int, int]:
+        """:attr:`shard_pids` as the shards answer now (unless a load set them)."""
+        if not self.shard_pids:
+            self.shard_pids = dict(enumerate(self._get([h.pid.remote() for h in self.handles])))
+        return self.shard_pids
+
     def for_worker(self, worker_id: int) -> PSClient:
         """A picklable client for worker ``worker_id`` (0 .. num_workers-1) to pass to a worker
         actor; it starts at clock 0 and does not own the shards."""
@@ -150,7 +166,9 @@ class PSClient(TierSwaps):
             raise ValueError(
                 f"worker id {worker_id} is out of range: num_workers={self.num_workers}"
             )
-        return PSClient(list(self.specs.values()), self.handles, self.options, worker_id)
+        client = PSClient(list(self.specs.values()), self.handles, self.options, worker_id)
+        client.shard_pids = dict(self.shard_pids)
+        return client
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -419,10 +437,10 @@ class PSClient(TierSwaps):
         checkpoint.check_layout(manifest, [*self.specs.values(), *held])
         self.flush()
         root = manifest["root"]
-        refs: list[ray.ObjectRef[dict[str, int]]] = [
+        refs: list[ray.ObjectRef[tuple[int, dict[str, int]]]] = [
             h.load.remote(root, manifest, secret=self.options.shard.token) for h in self.handles
         ]
-        self._get(refs)
+        self.shard_pids = {s: pid for s, (pid, _) in enumerate(self._get(refs))}
         self._clock = 0
         self._log.clear()  # the shards backed up the loaded model at clock 0
         return dict(manifest.get("extra", {}))

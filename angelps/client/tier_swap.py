@@ -112,6 +112,7 @@ def swap_async(
     client: Client,
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
     reads: Mapping[str, np.ndarray],
+    every: bool = False,
 ) -> SwapFuture:
     """A device tier's exchange with the shards (learners/worker/device_tier.py): write
     back whole rows (``writes``: table -> (unique keys, ``[k, width]`` rows with their
@@ -120,8 +121,11 @@ def swap_async(
     (the tier's owner is the only writer of those rows), over the data plane's connection
     where there is one (served in order with this process's other calls to that shard), else
     as a Ray actor call: a shard is an async actor, whose Ray calls may run in any order, so
-    a caller that reads rows it wrote back in an earlier swap waits for that swap first."""
+    a caller that reads rows it wrote back in an earlier swap waits for that swap first.
+    ``every``: call every shard, even those with nothing to do (a checkpoint's flush)."""
     per: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
+    if every:  # (every shard answers, with its process id: none restarted unseen)
+        per = {s: ({}, {}) for s in range(client.num_shards)}
     for name, (keys, block) in writes.items():
         part = client.parts[name]
         order, offsets = part.split(keys)
@@ -156,10 +160,11 @@ class TierSwaps:
         self,
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
         reads: Mapping[str, np.ndarray],
+        every: bool = False,
     ) -> SwapFuture:
         """A device tier's exchange with the shards: write back whole rows, then read whole
         rows (:func:`swap_async`)."""
-        return swap_async(self, writes, reads)
+        return swap_async(self, writes, reads, every)
 
     def swap_call(
         self,

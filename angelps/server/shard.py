@@ -94,6 +94,10 @@ class ParameterShard:
         self.min_count = _count_option(ADMISSION_MIN_COUNT.name, admission_min_count)
         self.ttl = _count_option(EVICTION_TTL_UPDATES.name, eviction_ttl_updates)
         self.clocks: ClockTable = ClockTable(num_workers, staleness)
+        #: Tables left out of backups: the device tiers' (their owner writes rows back outside
+        #: the clocks, so a restart from a backup restarts the job from its checkpoint anyway:
+        #: learners/worker/tier_link.py); set by the client (``mark_tiers``) or a restore.
+        self.unbacked: set[str] = set()
         self.reset(self.clocks)
 
     def reset(self, clocks: ClockTable | None = None) -> None:
@@ -285,32 +289,42 @@ class ParameterShard:
         chunks of rows: no second copy of a table), after expiry; returns its manifest info:
         rows per table, rows evicted now, clocks, and ``files`` (each file's SHA-256, rows and
         bytes, for the manifest)."""
-        evicted = self.evict()
-        return ShardImage(self.shard_id, self.tables, evicted, self.clocks.to_dict()).save(root)
+        return self.image().save(root)
 
-    def snapshot_nbytes(self) -> int:
-        """Bytes a :meth:`snapshot` copies (before expiry)."""
-        return sum(t.frozen_nbytes() for t in self.tables.values())
-
-    def snapshot(self) -> ShardImage:
-        """A copy of every table as it is now, after expiry (a backup written in the
-        background, :meth:`ShardImage.save`, while this shard goes on): one more copy of the
-        rows in use, their state and keys, for as long as the image is kept."""
+    def image(self, copy: bool = False, backup: bool = False) -> ShardImage:
+        """What a save writes, after expiry: the tables themselves, or (``copy``) copies of
+        them as they are now, for a write in the background while this shard goes on (one
+        more copy of the rows in use, their state and keys, while the image is kept);
+        ``backup``: without the device tiers' tables (:attr:`unbacked`)."""
         evicted = self.evict()
-        frozen = {name: t.freeze() for name, t in self.tables.items()}
-        return ShardImage(self.shard_id, frozen, evicted, self.clocks.to_dict())
+        tables = {n: t.freeze() if copy else t for n, t in self._kept(backup).items()}
+        return ShardImage(self.shard_id, tables, evicted, self.clocks.to_dict())
+
+    def snapshot_nbytes(self, backup: bool = False) -> int:
+        """Bytes an :meth:`image` copy takes (before expiry)."""
+        return sum(t.frozen_nbytes() for t in self._kept(backup).values())
+
+    def _kept(self, backup: bool) -> dict[str, Table]:
+        """Every table, or those a backup holds."""
+        if not backup:
+            return self.tables
+        return {n: t for n, t in self.tables.items() if n not in self.unbacked}
 
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:
         """Replace this shard's content with the rows that the current layout routes here
         from the checkpoint at ``root`` (saved with any number of shards); clocks restart at 0.
         Files are read in chunks of rows, each checked against the manifest
-        (``checkpoint.iter_table_file``). Returns the rows restored per table."""
+        (``checkpoint.iter_table_file``). Returns the rows restored per table. A backup's
+        tables that it does not hold (its ``unbacked``) stay empty."""
         self.reset()
         self._pending.clear()
         self._pending_lr.clear()
         restored = {}
         for name, t in self.tables.items():
             n = 0
+            if name in manifest.get("unbacked", ()):
+                restored[name] = 0
+                continue
             # (a table the workers held has one file per worker: its own count)
             saved_shards = table_shards(manifest, name)
             same_layout = (
@@ -364,6 +378,7 @@ class ParameterShard:
             "clocks": {"pushed": pushed, "applied": self.clocks.applied},
             "updates": self.updates,
             "skipped": dict(self.skipped),
+            "unbacked": sorted(self.unbacked),
         }
 
     def restore_state(self, meta: Mapping[str, Any]) -> None:
@@ -404,7 +419,7 @@ class ParameterShard:
 
 class ShardImage:
     """What a save writes of one shard: its tables (live, or copies from
-    :meth:`ParameterShard.snapshot`), the rows expiry removed before, and the clocks."""
+    :meth:`ParameterShard.image`), the rows expiry removed before, and the clocks."""
 
     def __init__(
         self,

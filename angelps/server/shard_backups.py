@@ -3,7 +3,7 @@
 A backup holds the shard's rows, optimizer state and clocks (:meth:`ParameterShard.save` under
 a new version, :mod:`angelps.checkpoint.backups`). It is written at start-up, then after every
 ``angel.ps.backup.interval`` applied updates. With ``angel.ps.backup.async`` (the default) the
-shard copies its tables between two calls (:meth:`ParameterShard.snapshot`: clocks and rows
+shard copies its tables between two calls (:meth:`ParameterShard.image`: clocks and rows
 agree, since no call runs meanwhile) and a thread writes the copy while the shard goes on
 serving; otherwise it writes the backup before it serves the next call. A copy that would
 take more than half of the memory still available is not made: that backup is written inline
@@ -35,11 +35,12 @@ from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
 __all__ = ["ShardBackups", "memory_short"]
 
 
-def memory_short(shard: ParameterShard) -> tuple[int, int] | None:
-    """(bytes a copy of ``shard`` would take, bytes of memory available) when the copy would
-    take more than half of what is available (the copy is then not made: the files are
-    written from the live tables instead, the caller waiting); None when it fits."""
-    need, free = shard.snapshot_nbytes(), malloc.available_bytes()
+def memory_short(shard: ParameterShard, backup: bool = False) -> tuple[int, int] | None:
+    """(bytes a copy of ``shard`` (``backup``: of the tables a backup holds) would take, bytes
+    of memory available) when the copy would take more than half of what is available (the
+    copy is then not made: the files are written from the live tables instead, the caller
+    waiting); None when it fits."""
+    need, free = shard.snapshot_nbytes(backup), malloc.available_bytes()
     return (need, free) if need > free // 2 else None
 
 
@@ -67,8 +68,9 @@ class ShardBackups:
         if info is None:
             return False  # died before its first backup: clients replay from clock 0
         root, meta = info
-        self.shard.load(root, meta)
+        self.shard.load(root, meta)  # (the device tiers' tables it does not hold stay empty)
         self.shard.restore_state(meta)
+        self.shard.unbacked = set(meta.get("unbacked", ()))
         self.clocks = list(meta["clocks"]["pushed"])
         return True
 
@@ -89,7 +91,7 @@ class ShardBackups:
             )
         t0 = time.perf_counter()
         meta = self.shard.backup_meta()
-        write_backup(self.dir, self.shard, meta)
+        write_backup(self.dir, self.shard.image(backup=True), meta)
         self._since = 0
         self._done(meta, t0)
         return self.clocks
@@ -104,7 +106,7 @@ class ShardBackups:
         if not self.background:
             self.write_now()
         elif self._task is None:  # (else the next update after it starts one)
-            short = memory_short(self.shard)
+            short = memory_short(self.shard, backup=True)
             if short is not None:
                 self._inline_for_memory(*short)
             else:
@@ -131,7 +133,7 @@ class ShardBackups:
         """Copy the shard now and write the copy in a thread (on the running event loop)."""
         t0 = time.perf_counter()
         meta = self.shard.backup_meta()
-        image = self.shard.snapshot()
+        image = self.shard.image(copy=True, backup=True)
         self._since = 0
         self._counts["copy_s"] += time.perf_counter() - t0
         self._image = image

@@ -1,7 +1,7 @@
 """A checkpoint's files of one shard written in the background (:class:`ShardSaves`).
 
 ``PSClient.save(..., background=True)`` asks every shard to start its part: the shard copies
-its tables now, between two calls (:meth:`ParameterShard.snapshot`: the rows of the save's
+its tables now, between two calls (:meth:`ParameterShard.image`: the rows of the save's
 moment, the client having waited for its pushes first), answers, and a thread writes the copy
 into the checkpoint's temporary directory while the shard goes on serving the next epoch's
 steps; :meth:`ShardSaves.result` (the ``saved`` call) waits for the files and returns their
@@ -53,7 +53,7 @@ class ShardSaves:
             done.set_result(self.shard.save(root))
             self._task = done
             return
-        image = self._image = self.shard.snapshot()
+        image = self._image = self.shard.image(copy=True)
         self._task = loop.create_task(asyncio.to_thread(image.save, root))
 
     def _inline(self, need: int, free: int) -> None:

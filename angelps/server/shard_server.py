@@ -255,9 +255,20 @@ class ShardServer:
         self._check_secret(secret, "saved")
         return await self.saves.result()
 
+    async def mark_tiers(self, names: Sequence[str], secret: Any = "") -> None:
+        """The tables held in workers' device tiers: left out of backups from now on."""
+        self._check_secret(secret, "mark_tiers")
+        self.shard.unbacked = set(names) & set(self.shard.tables)
+
+    async def pid(self) -> int:
+        """This process's id (a device tier's check that no shard restarted under it)."""
+        return os.getpid()
+
     async def load(
         self, root: str, manifest: Mapping[str, Any], secret: Any = ""
-    ) -> dict[str, int]:
+    ) -> tuple[int, dict[str, int]]:
+        """Restore a checkpoint (:meth:`ParameterShard.load`): this process's id (the one a
+        device tier must find serving it next) and the rows restored per table."""
         self._check_secret(secret, "load")
         await self.backups.written()
         restored = self.shard.load(root, manifest)
@@ -266,7 +277,7 @@ class ShardServer:
         if self.backups.dir:
             self.backups.write_now()  # a restart comes back to the loaded model, not before it
         await self._notify()
-        return restored
+        return os.getpid(), restored
 
     async def ping(self) -> int:
         return self.shard.shard_id

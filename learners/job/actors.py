@@ -114,6 +114,8 @@ class JobActors:
         if self.ps is None:
             with self.phases.phase(f"launching {plural(self.ps_options.num_shards, 'shard')}"):
                 self.ps = self.launch(placed.ps, workers.layout)
+        if placed.tiers:  # (their shard backups would never be read: left out)
+            self.ps.mark_tiers(list(placed.tiers))
         workers.attach_ps(self.ps)
 
     def held(self) -> list[TableSpec]:

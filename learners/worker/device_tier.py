@@ -485,14 +485,14 @@ class TierBook:
 
     def flush(self) -> int:
         """Write every row held back to the shards (they stay held): before a save, so that
-        the shards' files hold the whole table. The rows written (of every table)."""
+        the shards' files hold the whole table. The rows written (of every table). Every
+        shard answers, even with nothing to write: one restarted unseen (from a backup,
+        which leaves the tier's table out) would save a table that lost its rows."""
         self.drain()
         live = np.flatnonzero(self.live)
-        if not len(live):
-            return 0
         keys = self.key_at[live]
         writes = {n: (keys, t.rows.take_host(live)) for n, t in self.tables.items()}
-        self.link.rows(self.link.swap(writes, None))
+        self.link.rows(self.link.swap(writes if len(live) else {}, None, every=True))
         return len(live) * len(self.tables)
 
     def held_ids(self) -> np.ndarray:

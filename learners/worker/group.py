@@ -151,7 +151,9 @@ class WorkerGroup:
         return get([a.call.remote(method, *xs) for a, xs in zip(self.actors, args, strict=True)])
 
     def attach_ps(self, ps: PSClient) -> None:
-        """Hand worker ``i`` its PS client handle ``ps.for_worker(i)`` (fresh clocks)."""
+        """Hand worker ``i`` its PS client handle ``ps.for_worker(i)`` (fresh clocks, and the
+        shards' process ids: a device tier's check that none restarted under it)."""
+        ps.learn_pids()
         self.execute_each("set_ps", [(ps.for_worker(i),) for i in range(len(self))])
 
     def join_process_group(self) -> None:

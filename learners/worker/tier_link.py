@@ -27,7 +27,12 @@ Writes = Mapping[str, tuple[np.ndarray, np.ndarray]]
 class Shards(Protocol):
     """What a tier needs of the worker's PS client (angelps.client.ps_client.PSClient)."""
 
-    def swap_async(self, writes: Writes, reads: Mapping[str, np.ndarray]) -> SwapFuture: ...
+    #: shard -> the process id that served it after the last load (empty: unknown)
+    shard_pids: dict[int, int]
+
+    def swap_async(
+        self, writes: Writes, reads: Mapping[str, np.ndarray], every: bool = False
+    ) -> SwapFuture: ...
 
 
 def _send(shards: Shards, writes: Writes, ready: Ready) -> SwapFuture:
@@ -57,11 +62,12 @@ class TierLink:
         self._writes: list[SwapFuture | Sent] = []
         self._sender: ThreadPoolExecutor | None = None
 
-    def swap(self, writes: Writes, reads: np.ndarray | None) -> SwapFuture:
-        """Write ``writes`` back and read the whole rows of ``reads`` of every table."""
+    def swap(self, writes: Writes, reads: np.ndarray | None, every: bool = False) -> SwapFuture:
+        """Write ``writes`` back and read the whole rows of ``reads`` of every table
+        (``every``: with a call to every shard, so that each says who serves it)."""
         self._count(writes, reads)
         ask = {} if reads is None else dict.fromkeys(self.row_bytes, reads)
-        return self.shards().swap_async(writes, ask)
+        return self.shards().swap_async(writes, ask, every)
 
     def rows(self, fut: SwapFuture, timed: bool = False) -> dict[str, np.ndarray]:
         """The rows a swap read, once no shard restarted under it (``timed``: the training
@@ -112,10 +118,14 @@ class TierLink:
                 self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
 
     def _check_restarts(self, fut: SwapFuture | Sent) -> None:
-        """A shard that answers from a new process was restarted from a backup, which may
-        predate rows this tier wrote back to it: training cannot go on exactly."""
+        """A shard that answers from a new process was restarted from a backup, which does not
+        hold this tier's table (:meth:`angelps.client.ps_client.PSClient.mark_tiers`): the
+        job restarts from its checkpoint."""
         for shard, pid in fut.pids.items():
-            before = self._pids.setdefault(shard, pid)
+            # (the process that loaded the shard's rows, when known: a restart before this
+            # tier's first call to it is seen too)
+            first = self.shards().shard_pids.get(shard, pid)
+            before = self._pids.setdefault(shard, first)
             if before != pid:
                 raise TierLost(
                     f"shard {shard} restarted and may have lost rows of table {self.label} "

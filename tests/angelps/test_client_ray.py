@@ -162,6 +162,32 @@ def test_save_then_load_into_two_shards(client, tmp_path):
         other.shutdown()
 
 
+def test_a_save_in_the_background_holds_the_rows_of_its_start(client, tmp_path):
+    """``save_async`` returns once every shard copied its rows: pushes after it are not in
+    the checkpoint, which its ``result()`` commits (nothing before: no manifest yet)."""
+    client.push("emb", np.array([5, 6]), np.ones((2, 4), dtype=np.float32), 0.1)
+    keys = np.arange(-50, 50)
+    want = client.pull_many({"emb": keys, "lin": np.arange(50)})
+    pending = client.save_async(str(tmp_path / "ck"), extra={"at": 1})
+    client.push("emb", np.array([5, 7]), np.full((2, 4), 3.0, dtype=np.float32), 0.1)
+    client.push("lin", np.arange(50), np.ones((50, 1), dtype=np.float32), 0.1)
+    after = client.pull_many({"emb": keys, "lin": np.arange(50)})
+    assert not (tmp_path / "ck").exists()
+    pending.result()
+    assert pending.done
+    other = PSClient.launch(
+        [EMB, LIN], PSOptions.from_config({"angel.job.name": "tasync", "angel.ps.number": 1})
+    )
+    try:
+        assert other.load(str(tmp_path / "ck")) == {"at": 1}
+        got = other.pull_many({"emb": keys, "lin": np.arange(50)})
+        for name in ("emb", "lin"):
+            np.testing.assert_array_equal(got[name], want[name])
+            assert not np.array_equal(after[name], want[name])
+    finally:
+        other.shutdown()
+
+
 def test_shards_that_cannot_be_placed_fail_clearly(ray_local):
     # The local Ray of this module has no GPU: the shard actors can never start.
     conf = {
@@ -175,20 +201,22 @@ def test_shards_that_cannot_be_placed_fail_clearly(ray_local):
     assert "nogpu-ps-0" not in names
 
 
+@pytest.mark.parametrize("how", ["save", "save_async"])
 def test_a_failed_save_leaves_no_temporary_even_while_the_shards_still_write(
-    client, tmp_path, monkeypatch
+    client, tmp_path, monkeypatch, how
 ):
     # The driver's own file fails (a full disk) while the shards are still writing theirs into
-    # the temporary: the save waits for them before removing it, so nothing is left behind.
+    # the temporary (in the background too): the save waits for them before removing it, so
+    # nothing is left behind.
     import errno
 
-    import angelps.client.ps_client
+    import angelps.client.pending_save
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(angelps.client.ps_client, "write_durably", full)
+    monkeypatch.setattr(angelps.client.pending_save, "write_durably", full)
     with pytest.raises(OSError, match=r"\[Errno 28\] No space left on device"):
-        client.save(str(tmp_path / "ck"), files={"dense.safetensors": b"x"})
+        getattr(client, how)(str(tmp_path / "ck"), files={"dense.safetensors": b"x"})
     client.stats()  # every shard is done with the failed save's call by now
     assert os.listdir(tmp_path) == []

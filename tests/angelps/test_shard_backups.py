@@ -268,7 +268,7 @@ def test_without_memory_for_the_copy_a_backup_is_written_inline_and_said_once(
     assert srv.shard.snapshot_nbytes() == 4 * (8 + 8)
     asyncio.run(srv.step(_push(0)))  # w: 2 rows of 2 weights, Adam's 2 x 2 moments and t
     assert srv.shard.snapshot_nbytes() == 4 * (8 + 8) + 2 * (28 + 8)
-    monkeypatch.setattr(srv.shard, "snapshot_nbytes", lambda: 3 << 30)
+    monkeypatch.setattr(srv.shard, "snapshot_nbytes", lambda backup=False: 3 << 30)
 
     async def run() -> list[int]:
         monkeypatch.setattr(malloc, "available_bytes", lambda: 6 << 30)  # twice the copy
@@ -285,3 +285,33 @@ def test_without_memory_for_the_copy_a_backup_is_written_inline_and_said_once(
         "5,120 MiB of memory available: it and the next ones while memory stays short are "
         "written inline (training waits for them; angel.ps.backup.async=false: always)\n"
     )
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "inline"])
+def test_a_device_tier_s_tables_are_left_out_of_backups(tmp_path: Path, background: bool) -> None:
+    """``mark_tiers``: a table a worker's device tier holds is written back outside the
+    clocks, so a restart from a backup restarts the job anyway; its backups leave it out (its
+    rows: 4 s of CPU a backup at 50M rows), and a restore leaves it empty and still out."""
+    srv = _server(tmp_path, background=background)
+    asyncio.run(srv.mark_tiers(["w", "not-a-table"]))
+    assert srv.shard.unbacked == {"w"}
+
+    async def run() -> None:
+        for c in range(3):
+            await srv.step(_push(c))
+        await srv.backups.written()
+
+    asyncio.run(run())
+    info = read_backup(srv.backups.dir)
+    assert info is not None
+    root, meta = info
+    assert meta["unbacked"] == ["w"] and meta["clocks"]["pushed"] == [2]
+    assert sorted(p.name for p in Path(root).iterdir()) == ["b", "manifest.json"]
+    opts = ShardOptions.of(PSOptions.from_config({}), 1, backup_dir=str(tmp_path / "bk"))
+    fresh = ParameterShard(0, 1, [W, B])
+    assert shard_backups.ShardBackups(fresh, opts).restore()
+    assert fresh.unbacked == {"w"} and fresh.tables["w"].n == 0
+    want = ParameterShard(0, 1, [W, B])
+    for c in range(2):
+        want.push(0, c, _push(c).pushes, 0.1)
+    _same({"b": fresh.export("b")}, {"b": want.export("b")})

@@ -129,11 +129,11 @@ def test_without_memory_for_the_copy_the_files_are_written_before_the_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     srv = _server()
-    monkeypatch.setattr(srv.shard, "snapshot_nbytes", lambda: 3 << 30)
+    monkeypatch.setattr(srv.shard, "snapshot_nbytes", lambda backup=False: 3 << 30)
     monkeypatch.setattr(malloc, "available_bytes", lambda: 5 << 30)
     calls = []
-    real = srv.shard.snapshot
-    monkeypatch.setattr(srv.shard, "snapshot", lambda: calls.append(1) or real())
+    real = srv.shard.image
+    monkeypatch.setattr(srv.shard, "image", lambda **kw: calls.append(kw) or real(**kw))
 
     async def run() -> None:
         await srv.step(_push(0))
@@ -143,7 +143,7 @@ def test_without_memory_for_the_copy_the_files_are_written_before_the_answer(
             assert (await srv.saved())["rows"] == {"w": 2, "b": 4}
 
     asyncio.run(run())
-    assert calls == [] and srv.saves.inline == 2
+    assert calls == [{}, {}] and srv.saves.inline == 2  # no copy: the tables themselves
     err = capsys.readouterr().err
     assert err == (
         "angelps: warning: shard 0: a checkpoint in the background would copy 3,072 MiB with "

@@ -31,15 +31,20 @@ class _Shards:
         self.num_shards = n
         self.shards = [ParameterShard(i, n, specs) for i in range(n)]
         self.parts = {s.name: Partitioner(s, n, "hash") for s in specs}
+        #: each shard's "process id" (a test restarts one by changing it); calls per shard
+        self.pids = [1000 + i for i in range(n)]
+        self.shard_pids: dict[int, int] = {}
+        self.calls = [0] * n
 
     def swap_call(self, shard: int, writes: Any, reads: Any) -> Any:
-        return 1000 + shard, self.shards[shard].swap(writes, reads)
+        self.calls[shard] += 1
+        return self.pids[shard], self.shards[shard].swap(writes, reads)
 
     def swap_answers(self, refs: list[Any]) -> list[Any]:
         return list(refs)
 
-    def swap_async(self, writes: Any, reads: Any) -> Any:
-        return swap_async(self, writes, reads)  # type: ignore[arg-type]
+    def swap_async(self, writes: Any, reads: Any, every: bool = False) -> Any:
+        return swap_async(self, writes, reads, every)  # type: ignore[arg-type]
 
     def rows(self, name: str, keys: np.ndarray) -> np.ndarray:
         return swap_async(self, {}, {name: keys}).result()[name]  # type: ignore[arg-type]
@@ -538,3 +543,48 @@ def test_lfu_sketch_has_sixteen_counters_a_row_above_the_exact_range() -> None:
     assert _lfu_book(1 << 30, 2_000_000).seen.table.size == 1 << 24  # (32 x 2^20: at the cap)
     small = _lfu_book(100_000, 10_000)
     assert small.seen.exact and len(small.seen.table) == 100_000
+
+
+def test_a_shard_restarted_unseen_is_found_at_the_flush_before_a_save() -> None:
+    """A shard's backups leave the tier's table out, so a shard restarted from one lost the
+    rows the tier wrote back: the flush before a checkpoint calls every shard, even one it
+    has nothing to write to, and the one answering from a new process stops the save."""
+    from angelps.client.tier_swap import TierLost
+
+    _, held = _steps(OPTS[1], 150, steps=2)
+    shards = held.books[0].link.shards()
+    held.flush_tiers()  # (every shard seen: their process ids are known)
+    before = list(shards.calls)
+    held.reset_tiers()  # nothing held: nothing to write back to any shard
+    held.flush_tiers()
+    assert [c - b for c, b in zip(shards.calls, before, strict=True)] == [1, 1]
+    shards.pids[1] += 7  # shard 1 restarted
+    with pytest.raises(TierLost) as e:
+        held.flush_tiers()
+    assert str(e.value) == (
+        "shard 1 restarted and may have lost rows of table 'e' that this worker's device tier "
+        "wrote back to it"
+    )
+
+
+def test_a_shard_restarted_before_the_tier_s_first_call_is_found() -> None:
+    """The process ids of the shards after the last load come with the PS client: a shard
+    restarted before the tier first calls it is not taken for the one that loaded."""
+    from angelps.client.tier_swap import TierLost
+
+    spec = TableSpec("e", 2000, 4, sparse=True, init="normal", init_std=0.1)
+    shards = _Shards([spec], 2)
+    shards.shard_pids = {0: 1000, 1: 999}  # shard 1 was served by process 999 at the load
+    held = HeldTables(
+        [spec],
+        0,
+        1,
+        "hash",
+        torch.device("cpu"),
+        "gloo",
+        {"e": 150},
+        TierPolicy(),
+        lambda: shards,
+    )
+    with pytest.raises(TierLost, match=r"^shard 1 restarted"):
+        held.rows({"e": np.arange(40)})
