@@ -220,8 +220,8 @@ class Checkpoints:
 
     @property
     def writing(self) -> bool:
-        """A checkpoint is being written in the background."""
-        return self._writing is not None and not self._writing.pending.done
+        """A checkpoint written in the background has not been waited for yet."""
+        return self._writing is not None
 
     def wait(self, lost_worker: bool = False) -> bool:
         """Wait for the checkpoint being written in the background (if any) to be committed.

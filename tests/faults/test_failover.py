@@ -386,3 +386,50 @@ def test_a_killed_worker_holding_table_rows_restarts_from_the_checkpoint(
         f"{tmp_path / 'model'} (epoch 1 done), restart 1 of angel.worker.max.restarts=3\n"
     ) in err
     assert _metrics(history) == _metrics(ref)
+
+
+@pytest.mark.parametrize(
+    ("placement", "resumed"),
+    [
+        pytest.param("ps", 2, id="tables on the shards: committed without the worker"),
+        pytest.param("worker", 1, id="tables held by the workers: not committed"),
+    ],
+)
+def test_a_worker_killed_while_the_checkpoint_is_written_in_the_background(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    placement: str,
+    resumed: int,
+) -> None:
+    """Worker 1 killed once the second epoch's save has copied the rows (its files written
+    in the background, angel.save.model.async): with the tables on the shards the commit
+    needs no worker and the job restarts from that checkpoint; with tables held by the
+    workers the dead worker's files never come, that checkpoint is not committed, and the
+    job restarts from the first. Either way it ends as the uninterrupted run."""
+    from learners.job import saved_model
+
+    held = {"angel.sparse.placement": placement}
+    ref_dir = tmp_path / "ref"
+    ref, _, _ = _run(ref_dir, {**_sets(ref_dir, "bg-ref", 2, 3), **held}, None)
+    real_save, saves = saved_model.save, []
+
+    def save(path: str, ps: Any, workers: Any, section: Any, *more: Any) -> Any:
+        saves.append(section["epoch"])
+        pending = real_save(path, ps, workers, section, *more)
+        if len(saves) == 2:
+            assert pending is not None  # (in the background: not the job's last save)
+            _kill_and_wait(workers.actors[1])
+        return pending
+
+    monkeypatch.setattr(saved_model, "save", save)
+    history, _, _ = _run(tmp_path, {**_sets(tmp_path, "bg-death", 2, 3), **held}, None)
+    err = capsys.readouterr().err
+    assert "CheckpointWriteError" not in err and "could not be written" not in err, err
+    assert (
+        f"); restarting the workers and parameter shards from the checkpoint "
+        f"{tmp_path / 'model'} (epoch {resumed} done), restart 1 of "
+        "angel.worker.max.restarts=3\n"
+    ) in err, err
+    assert saves == ([0, 1, 1, 2] if resumed == 1 else [0, 1, 2])
+    assert _metrics(history) == _metrics(ref)
