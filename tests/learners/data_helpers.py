@@ -18,6 +18,14 @@ ABALONE = REPO / "data" / "abalone" / "abalone_8d_train.libsvm"
 ABALONE_DENSE = REPO / "data" / "abalone" / "abalone_8d_train.dense"
 
 
+def a9a_head(dst: Path, n: int) -> Path:
+    """The first ``n`` lines of a9a's training file at ``dst`` (written once)."""
+    if not dst.exists():
+        with open(A9A) as f:
+            dst.write_text("".join(next(f) for _ in range(n)))
+    return dst
+
+
 def conf(**kv: Any) -> Config:
     """A config from dotted keys given as a dict-friendly mapping."""
     return load_config(None, kv, KEYS)

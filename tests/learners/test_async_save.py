@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from angelps.checkpoint import files as checkpoint
+from tests.learners.data_helpers import a9a_head
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf" / "lr_a9a.properties"
@@ -23,10 +24,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def _train(d: Path, background: bool, **more: Any) -> dict[str, Any]:
     from learners.job.learner import GraphLearner
 
-    data = d.parent / "a9a.libsvm"
-    if not data.exists():
-        with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
-            data.write_text("".join(next(f) for _ in range(2000)))
+    data = a9a_head(d.parent / "a9a.libsvm", 2000)
     sets = {
         "angel.train.data.path": str(data),
         "angel.log.path": str(d / "log"),

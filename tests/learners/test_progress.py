@@ -15,6 +15,7 @@ from learners.job.train_loop import TrainingLoop
 from learners.runs.progress import Chunker, JobBar, PlainProgress, merge_chunks
 from learners.runs.run_log import step_record
 from learners.worker.chunk_stats import StepStats
+from tests.learners.data_helpers import a9a_head
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,9 +105,7 @@ def test_a_resumed_job_estimates_from_its_own_updates():
 
 
 def _learner(tmp_path: Path, **more: object) -> GraphLearner:
-    data = tmp_path / "a9a.libsvm"
-    with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
-        data.write_text("".join(next(f) for _ in range(3000)))
+    data = a9a_head(tmp_path / "a9a.libsvm", 3000)
     sets = {
         "angel.train.data.path": str(data),
         "angel.log.path": str(tmp_path / "runs"),

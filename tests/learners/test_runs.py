@@ -14,6 +14,7 @@ from angelps.checkpoint import local_dir as checkpoint_dir
 from learners.runs.folders import find_run, latest_run, new_run_dir, run_name
 from learners.runs.retention import Checkpoints, CheckpointWriteError
 from learners.runs.run_log import RunLog, done_line
+from tests.learners.data_helpers import a9a_head
 
 WHEN = time.mktime((2026, 11, 23, 12, 45, 0, 0, 0, -1))
 
@@ -199,10 +200,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _job(tmp_path: Path, **sets: object):
     from learners.job.learner import GraphLearner
 
-    data = tmp_path / "a9a.libsvm"
-    if not data.exists():
-        with open(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm") as f:
-            data.write_text("".join(next(f) for _ in range(3000)))
+    data = a9a_head(tmp_path / "a9a.libsvm", 3000)
     base = {
         "angel.train.data.path": str(data),
         "angel.log.path": str(tmp_path / "runs"),
