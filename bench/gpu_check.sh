@@ -64,7 +64,9 @@ if [[ $skip != *,suite,* ]]; then
 fi
 
 if [[ $skip != *,feed,* ]]; then
-  systems=${FEED_SYSTEMS:-torch,angelps-bsp-w1s1,angelps-bsp-w1s1-held,angelps-bsp-w1s1-tier10}
+  # (-held-saveinline: the checkpoint after each epoch written before training goes on, the
+  # default's background write's counterpart: the job's elapsed_s and checkpoint_wait_s)
+  systems=${FEED_SYSTEMS:-torch,angelps-bsp-w1s1,angelps-bsp-w1s1-held,angelps-bsp-w1s1-held-saveinline,angelps-bsp-w1s1-tier10}
   python3 bench/train_throughput.py --suite feed --models FM --device cuda --threads 4 \
     --timeout 120 --systems "$systems" --out "$out/feed_cuda.json" > "$out/feed_cuda.txt" 2>&1
   echo "feed: rc=$? at $(since)"
@@ -79,6 +81,9 @@ for r in json.load(open(sys.argv[1])).get("results", []):
     parts = " ".join(f"{k[:-2]} {v:.2f}" for k, v in ph.items())
     wait = r.get("tier_wait_ms")
     print(f"{n}: ms a step {parts}" + ("" if wait is None else f"; tier_wait {wait:.2f}"))
+    s = r.get("summary") or {}
+    print(f"{n}: job {s.get('elapsed_s', 0):.2f} s, waited for checkpoints "
+          f"{s.get('checkpoint_wait_s', 0):.2f} s")
 PY
   if command -v py-spy > /dev/null; then
     # Longer runs of one system each (SYSTEM:EPOCHS), its worker and shard profiled 6 s into
