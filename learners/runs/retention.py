@@ -264,6 +264,12 @@ class Checkpoints:
     def abandon(self) -> None:
         """The job is ending on an error: wait for the checkpoint being written (so that a
         checkpoint whose files are written is still committed), and say if it failed."""
+        writing = self._writing
+        if writing is not None and writing.thread is not None and writing.thread.is_alive():
+            self.warn(
+                f"angelps: note: waiting for the checkpoint of epoch {writing.epoch + 1} being "
+                f"written in the background (at most {ABANDON_WAIT_S:g} s)"
+            )
         try:
             self._wait(True, timeout=ABANDON_WAIT_S)
         except Exception as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from angelps.checkpoint import local_dir as checkpoint_dir
 from learners.runs.folders import find_run, latest_run, new_run_dir, run_name
 from learners.runs.retention import Checkpoints, CheckpointWriteError
 from learners.runs.run_log import RunLog, done_line
+from learners.worker.group import WorkerDied
 from tests.learners.data_helpers import a9a_head
 
 WHEN = time.mktime((2026, 11, 23, 12, 45, 0, 0, 0, -1))
@@ -175,6 +177,124 @@ def test_a_failed_write_stops_naming_the_last_good_checkpoint(tmp_path):
         "the path, then continue with --resume"
     )
     assert _epoch_of(save) == 1  # untouched
+
+
+class _Pending:
+    """A checkpoint written in the background (angelps.client.pending_save.PendingSave): its
+    ``result()`` waits for ``gate`` (the files), then commits with ``write`` or raises
+    ``error``."""
+
+    def __init__(self, write, path: str, error: BaseException | None = None) -> None:
+        self.write, self.path, self.error = write, path, error
+        self.gate = threading.Event()
+        self.done = False
+
+    def result(self) -> None:
+        assert self.gate.wait(10)
+        self.done = True
+        if self.error is not None:
+            raise self.error
+        self.write(self.path)
+
+
+def _start(pendings: list[_Pending], calls: list[int], error: BaseException | None = None):
+    def start(path: str) -> _Pending:
+        pendings.append(_Pending(_writer(calls), path, error))
+        return pendings[-1]
+
+    return start
+
+
+def test_a_checkpoint_in_the_background_is_committed_by_its_thread(tmp_path):
+    """save_async returns at once; the commit and the copies come from the commit thread; the
+    next save waits for it first; the seconds training waited are counted."""
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save), keep_last=2, keep_best=True)
+    calls: list[int] = []
+    pendings: list[_Pending] = []
+    assert ck.save_async(_start(pendings, calls), 0, True)
+    assert ck.writing and not save.exists() and ck.last_good is None
+    threading.Timer(0.3, pendings[0].gate.set).start()
+    assert ck.save_async(_start(pendings, calls), 1, False)  # waits for epoch 1's commit first
+    assert _epoch_of(save) == 1 and ck.last_good is not None and ck.last_good.epoch == 0
+    assert ck.waited_s >= 0.25
+    pendings[1].gate.set()
+    assert ck.wait() and not ck.writing
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["model", "model.best", "model.epoch-1", "model.epoch-2", "model.prev"]
+    assert ck.where(0) == str(tmp_path / "model.best") and ck.where(1) == str(save)
+
+
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_a_checkpoint_that_fails_in_the_background_meets_the_policy_when_waited_for(
+    tmp_path, policy
+):
+    save = tmp_path / "model"
+    said: list[str] = []
+    ck = Checkpoints(str(save), on_failure=policy, warn=said.append)
+    calls: list[int] = []
+    pendings: list[_Pending] = []
+    ck.save(_writer(calls), 0, True)
+    full = OSError(28, "No space left on device")
+    assert ck.save_async(_start(pendings, calls, full), 1, True)
+    pendings[0].gate.set()
+    what = (
+        f"the checkpoint of epoch 2 could not be written to {save}: OSError: [Errno 28] No "
+        f"space left on device; the last good checkpoint is {save} (epoch 1)"
+    )
+    if policy == "stop":
+        with pytest.raises(CheckpointWriteError) as e:
+            ck.wait()
+        assert str(e.value) == (
+            f"{what}; stopped (angel.save.failure=stop): make room or fix the path, then "
+            "continue with --resume"
+        )
+    else:
+        assert not ck.wait()
+        assert said == [f"angelps: warning: {what}; training goes on (angel.save.failure=continue)"]
+    assert ck.failures == 1 and _epoch_of(save) == 1
+
+
+def test_a_worker_lost_while_a_checkpoint_is_written_in_the_background(tmp_path):
+    """A worker that died writing its part: the job restarts (WorkerDied naming the epoch of
+    the checkpoint), not a failed write; a job already restarting waits for it quietly."""
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save))
+    calls: list[int] = []
+    pendings: list[_Pending] = []
+    for lost in (False, True):
+        died = WorkerDied(1, "The actor is dead because its worker process has died")
+        assert ck.save_async(_start(pendings, calls, died), 2, True)
+        pendings[-1].gate.set()
+        if lost:
+            assert not ck.wait(lost_worker=True)
+        else:
+            with pytest.raises(WorkerDied) as e:
+                ck.wait()
+            assert str(e.value) == (
+                "worker 1 died: The actor is dead because its worker process has died, while "
+                "the checkpoint of epoch 3 was written"
+            )
+    assert ck.failures == 0 and not save.exists()
+
+
+def test_a_job_ending_on_an_error_waits_a_bounded_time_for_the_checkpoint(tmp_path, monkeypatch):
+    from learners.runs import retention
+
+    monkeypatch.setattr(retention, "ABANDON_WAIT_S", 0.2)
+    save = tmp_path / "model"
+    said: list[str] = []
+    ck = Checkpoints(str(save), warn=said.append)
+    pendings: list[_Pending] = []
+    ck.save_async(_start(pendings, []), 0, True)
+    ck.abandon()  # its files never come
+    assert said == [
+        "angelps: note: waiting for the checkpoint of epoch 1 being written in the background "
+        "(at most 0.2 s)",
+        "angelps: warning: the checkpoint of epoch 1 was still being written after 0.2 s: not "
+        "committed; no checkpoint has been written yet",
+    ]
+    pendings[0].gate.set()
 
 
 def test_a_failed_write_warns_and_goes_on_with_continue(tmp_path):
