@@ -41,6 +41,9 @@ def test_a_shard_refuses_row_calls_without_the_job_s_secret(tmp_path, transport)
         calls = {
             "step": lambda s: outsider.step.remote(StepCall(0, 1, pulls={"emb": keys}), secret=s),
             "save": lambda s: outsider.save.remote(str(tmp_path / "stolen"), secret=s),
+            "saved": lambda s: outsider.saved.remote(secret=s),
+            "swap": lambda s: outsider.swap.remote({}, {"emb": keys}, secret=s),
+            "mark_tiers": lambda s: outsider.mark_tiers.remote(["emb"], secret=s),
             "load": lambda s: outsider.load.remote(str(tmp_path), {}, secret=s),
             "run_backup": lambda s: outsider.run_backup.remote(secret=s),
         }
