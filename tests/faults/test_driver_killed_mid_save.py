@@ -4,7 +4,8 @@
 after every epoch) as a subprocess in its own session, so that its private Ray is in its process
 group. A small wrapper (test code only: nothing in angelps waits for a test) runs the same
 command line but parks the driver at one point of the second epoch's save and says so in a
-marker file; the test then SIGKILLs the whole process group:
+marker file (the save is written in the background, so it parks the driver's commit thread,
+while the third epoch may train); the test then SIGKILLs the whole process group:
 
 - ``write`` (default): the shards have written their table files into ``<path>.tmp-<id>``, the
   manifest is not written yet;
@@ -202,7 +203,9 @@ def test_a_driver_killed_mid_save_resumes_as_if_uninterrupted(
     # The killed launch's shard backups stay behind (nothing ran to remove them), alone.
     backups = os.listdir(tmp_path / "log" / "ps-backup")
     assert len(backups) == 1 and backups[0].startswith("killed-")
-    assert _epochs(killed_run) == ref_epochs[:2]  # the second epoch ended, its save did not
+    # The second epoch ended, its save did not; the third may have trained meanwhile (the
+    # checkpoint is written in the background) and waited for it to save its own.
+    assert _epochs(killed_run) in (ref_epochs[:2], ref_epochs[:3])
 
     assert main([*_args(tmp_path, data), "--resume"]) == 0
     err = capsys.readouterr().err
