@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from angelconf.printable import printable
-from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
+from angelps.server.shard import ParameterShard, ShardImage
 from angelps.server.shard_backups import memory_short
 
 __all__ = ["ShardSaves"]
@@ -90,6 +90,6 @@ class ShardSaves:
         if task is not None:
             try:
                 await asyncio.shield(task)
-            except (SaveStopped, Exception):
-                pass  # (its caller, if any, gets the error from result())
+            except Exception:
+                pass  # (SaveStopped, or the write's error: nothing waits for it any more)
             self._task = self._image = None

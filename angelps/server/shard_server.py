@@ -222,7 +222,8 @@ class ShardServer:
 
     async def stop_backups(self, secret: Any = "") -> None:
         """The job is ending: write no more backups and stop the one being written (its
-        client removes the launch's backups next)."""
+        client removes the launch's backups next), and a checkpoint's files being written in
+        the background."""
         self._check_secret(secret, "stop_backups")
         await self.saves.stop()
         await self.backups.stop()
