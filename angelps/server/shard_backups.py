@@ -28,6 +28,7 @@ from typing import Any
 
 from angelconf.printable import printable
 from angelps import malloc
+from angelps.background import run_writing
 from angelps.checkpoint.backups import read_backup, shard_dir, write_backup
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
@@ -141,7 +142,7 @@ class ShardBackups:
 
     async def _write(self, image: ShardImage, meta: dict[str, Any], t0: float) -> None:
         try:
-            await asyncio.to_thread(write_backup, self.dir, image, meta)
+            await run_writing(write_backup, self.dir, image, meta)
         except SaveStopped:
             pass  # the job is shutting down (stop()): the temporary is gone, LATEST as it was
         except Exception as e:

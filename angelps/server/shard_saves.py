@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from angelconf.printable import printable
+from angelps.background import run_writing
 from angelps.server.shard import ParameterShard, ShardImage
 from angelps.server.shard_backups import memory_short
 
@@ -54,7 +55,7 @@ class ShardSaves:
             self._task = done
             return
         image = self._image = self.shard.image(copy=True)
-        self._task = loop.create_task(asyncio.to_thread(image.save, root))
+        self._task = loop.create_task(run_writing(image.save, root))
 
     def _inline(self, need: int, free: int) -> None:
         if not self.inline:

@@ -14,11 +14,12 @@ written before the worker answers, said once on stderr.
 from __future__ import annotations
 
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 from angelconf.printable import printable
 from angelps import malloc
+from angelps.background import writer_pool
 from learners.worker.held_tables import HeldTables, write_held
 
 __all__ = ["HeldSaves"]
@@ -29,7 +30,6 @@ class HeldSaves:
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
-        self._pool: ThreadPoolExecutor | None = None
         self._fut: Future[dict[str, Any]] | None = None
         #: saves written before answering, for want of memory for the copy
         self.inline = 0
@@ -49,9 +49,7 @@ class HeldSaves:
             fut.set_result(held.save(root))
         else:
             frozen = held.freeze()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-save")
-            fut = self._pool.submit(write_held, root, self.worker, frozen)
+            fut = writer_pool().submit(write_held, root, self.worker, frozen)
         self._fut = fut
 
     def _say_inline(self, need: int, free: int) -> None:

@@ -71,8 +71,10 @@ def test_predict_runs_from_the_job_file_keys_alone(job, capsys) -> None:
     """angel.load.model.path, angel.predict.data.path, angel.predict.out.path in the file."""
     conf = job["tmp"] / "predict.properties"
     out = job["tmp"] / "pred.csv"
+    # (the job file with its action.type changed: a key given twice in a file is refused)
+    base = job["conf"].read_text().replace("action.type = train\n", "")
     conf.write_text(
-        job["conf"].read_text() + f"action.type = predict\nangel.load.model.path = {job['model']}\n"
+        base + f"action.type = predict\nangel.load.model.path = {job['model']}\n"
         f"angel.predict.data.path = {job['data']}\nangel.predict.out.path = {out}\n"
     )
     assert main(["predict", "--conf", str(conf)]) == 0

@@ -250,10 +250,14 @@ def test_an_actor_error_is_one_line(two_nodes: TwoNodes, tmp_path: Path) -> None
             "--set", "angel.validate.data.path=data/missing.libsvm"]  # fmt: skip
     r = _train(cwd, two_nodes.env, *args)
     assert r.returncode == 2, r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("angelps:")]
-    assert errors == [
+    said = [line for line in r.stderr.splitlines() if line.startswith("angelps:")]
+    assert [line for line in said if not line.startswith("angelps: note:")] == [
         f"angelps: error: {cwd / 'data' / 'missing.libsvm'}: no such input file or directory"
     ]
+    # (each relative data path is noted first: other nodes would not see it)
+    notes = [line.split(" (")[0] for line in said if line.startswith("angelps: note:")]
+    assert "angelps: note: angel.train.data.path=data/a9a.libsvm" in notes
+    assert "angelps: note: angel.validate.data.path=data/missing.libsvm" in notes
     assert "Traceback" not in r.stderr
     r = _train(cwd, {**two_nodes.env, "ANGELPS_DEBUG": "1"}, *args)
     assert r.returncode == 2

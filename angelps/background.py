@@ -1,0 +1,63 @@
+"""The threads that write checkpoints and backups while training goes on, at a lower CPU
+priority than training.
+
+A shard's backup or its part of a checkpoint, and a worker's held tables, are written from
+copies in the background (angelps/server/shard_backups.py, angelps/server/shard_saves.py,
+learners/worker/held_save.py). Where training keeps every core busy (two cores: a worker and
+a shard), a writer at the same priority takes its share of them from training; at
+:data:`NICE` it gets the cores training leaves idle, and training waits for it only where it
+asks for its result (the next save), when it has the cores to itself. On Linux a thread's
+nice value is its own (``setpriority`` on its thread id); elsewhere the writers run at the
+process's priority.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+__all__ = ["NICE", "lower_priority", "run_writing", "writer_pool"]
+
+T = TypeVar("T")
+
+#: The writers' nice value (0: training's; 19: the lowest): below training, yet still a share
+#: of a busy machine (CFS gives nice 10 about a tenth of a core a nice-0 thread would get).
+NICE = 10
+
+_pool: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+
+
+def lower_priority(nice: int = NICE) -> bool:
+    """Give the calling thread (Linux) the nice value ``nice``; whether it could."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
+    return True
+
+
+def writer_pool() -> ThreadPoolExecutor:
+    """This process's writer threads (two: a checkpoint and a backup may be written at once),
+    each at :data:`NICE`."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(
+                2, thread_name_prefix="angelps-writer", initializer=lower_priority
+            )
+        return _pool
+
+
+async def run_writing(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a writer thread, awaited on the running event loop."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(writer_pool(), partial(fn, *args))
