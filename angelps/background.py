@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-__all__ = ["NICE", "lower_priority", "run_writing", "writer_pool"]
+from angelconf.printable import printable
+
+__all__ = ["NICE", "lower_priority", "run_writing", "say_no_copy", "writer_pool"]
 
 T = TypeVar("T")
 
@@ -61,3 +63,18 @@ async def run_writing(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a writer thread, awaited on the running event loop."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(writer_pool(), partial(fn, *args))
+
+
+def say_no_copy(who: str, what: str, need: int, free: int, then: str) -> None:
+    """The one warning of a copy for a write in the background that memory cannot hold
+    (``need`` bytes, more than half of the ``free`` available): ``who``'s ``what`` is written
+    ``then`` instead, and the next ones while memory stays short."""
+    print(
+        printable(
+            f"angelps: warning: {who}: {what} in the background would copy "
+            f"{need / 2**20:,.0f} MiB with {free / 2**20:,.0f} MiB of memory available: it and "
+            f"the next ones while memory stays short are written {then}"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )

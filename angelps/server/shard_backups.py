@@ -22,13 +22,11 @@ backup untouched (``write_backup`` leaves no temporary behind); at the job's end
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
-from angelconf.printable import printable
 from angelps import malloc
-from angelps.background import run_writing
+from angelps.background import run_writing, say_no_copy
 from angelps.checkpoint.backups import read_backup, shard_dir, write_backup
 from angelps.options import ShardOptions
 from angelps.server.shard import ParameterShard, SaveStopped, ShardImage
@@ -117,16 +115,8 @@ class ShardBackups:
         """A copy that would take more than half the memory left: written inline instead
         (slower, but it cannot run the machine out of memory); said once, counted always."""
         if not self._counts["inline"]:
-            print(
-                printable(
-                    f"angelps: warning: shard {self.shard.shard_id}: a backup in the background "
-                    f"would copy {need / 2**20:,.0f} MiB with {free / 2**20:,.0f} MiB of memory "
-                    "available: it and the next ones while memory stays short are written "
-                    "inline (training waits for them; angel.ps.backup.async=false: always)"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+            then = "inline (training waits for them; angel.ps.backup.async=false: always)"
+            say_no_copy(f"shard {self.shard.shard_id}", "a backup", need, free, then)
         self._counts["inline"] += 1
         self.write_now()
 

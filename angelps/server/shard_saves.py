@@ -17,11 +17,9 @@ refused); the files are those of the rows at the start, whatever the shard appli
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
-from angelconf.printable import printable
-from angelps.background import run_writing
+from angelps.background import run_writing, say_no_copy
 from angelps.server.shard import ParameterShard, ShardImage
 from angelps.server.shard_backups import memory_short
 
@@ -59,16 +57,8 @@ class ShardSaves:
 
     def _inline(self, need: int, free: int) -> None:
         if not self.inline:
-            print(
-                printable(
-                    f"angelps: warning: shard {self.shard.shard_id}: a checkpoint in the "
-                    f"background would copy {need / 2**20:,.0f} MiB with {free / 2**20:,.0f} MiB "
-                    "of memory available: it and the next ones while memory stays short are "
-                    "written before training goes on (angel.save.model.async=false: always)"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+            then = "before training goes on (angel.save.model.async=false: always)"
+            say_no_copy(f"shard {self.shard.shard_id}", "a checkpoint", need, free, then)
         self.inline += 1
 
     async def result(self) -> dict[str, Any]:

@@ -206,8 +206,7 @@ class TrainingLoop:
         try:
             # In the background only when training goes on: the job's last checkpoint is
             # waited for at once (a copy would only add its time and memory).
-            last = epoch + 1 >= self.plan.epochs or self._stops(progress)
-            if self.plan.save_async and not last:
+            if self.plan.save_async and not self._ends_after(epoch, progress):
                 start = partial(self.checkpoint, epoch=epoch, progress=progress, background=True)
                 ckpts.save_async(start, epoch, improved)
             else:
@@ -354,8 +353,11 @@ class TrainingLoop:
     def _saves_after(self, epoch: int, progress: _Progress) -> bool:
         """Whether the checkpoint is written after ``epoch`` (0-based): every
         angel.save.model.every.howmany.epochs-th epoch, the last and one an early stop ends."""
-        every, epochs = self.plan.save_every, self.plan.epochs
-        return (epoch + 1) % every == 0 or epoch + 1 >= epochs or self._stops(progress)
+        return (epoch + 1) % self.plan.save_every == 0 or self._ends_after(epoch, progress)
+
+    def _ends_after(self, epoch: int, progress: _Progress) -> bool:
+        """Whether training ends after ``epoch`` (0-based): the last, or an early stop."""
+        return epoch + 1 >= self.plan.epochs or self._stops(progress)
 
     def early_stop(self, progress: _Progress, log: RunLog) -> bool:
         """True when the watched metric has not improved for ``ml.early.stop.patience`` epochs."""

@@ -13,13 +13,11 @@ written before the worker answers, said once on stderr.
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import Future, wait
 from typing import Any
 
-from angelconf.printable import printable
 from angelps import malloc
-from angelps.background import writer_pool
+from angelps.background import say_no_copy, writer_pool
 from learners.worker.held_tables import HeldTables, write_held
 
 __all__ = ["HeldSaves"]
@@ -54,16 +52,8 @@ class HeldSaves:
 
     def _say_inline(self, need: int, free: int) -> None:
         if not self.inline:
-            print(
-                printable(
-                    f"angelps: warning: worker {self.worker}: a checkpoint in the background "
-                    f"would copy {need / 2**20:,.0f} MiB of held tables with "
-                    f"{free / 2**20:,.0f} MiB of memory available: it and the next ones while "
-                    "memory stays short are written before training goes on"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+            what = "a checkpoint of its held tables"
+            say_no_copy(f"worker {self.worker}", what, need, free, "before training goes on")
         self.inline += 1
 
     def result(self, wait: bool = True) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ def test_without_memory_for_the_copy_the_files_are_written_at_once(
         assert saves.result(wait=False) == {f"c{n}/inline": 1}
     assert held.frozen == 0 and saves.inline == 2
     assert capsys.readouterr().err == (
-        "angelps: warning: worker 1: a checkpoint in the background would copy 1 MiB of held "
-        "tables with 2 MiB of memory available: it and the next ones while memory stays short "
-        "are written before training goes on\n"
+        "angelps: warning: worker 1: a checkpoint of its held tables in the background would "
+        "copy 1 MiB with 2 MiB of memory available: it and the next ones while memory stays "
+        "short are written before training goes on\n"
     )

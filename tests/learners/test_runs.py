@@ -464,6 +464,7 @@ def test_which_epochs_are_saved(epoch, every, stops, saves):
     plan = SimpleNamespace(save_every=every, epochs=7, early_stop_patience=2 if stops else 0)
     loop = SimpleNamespace(plan=plan)
     loop._stops = lambda p: TrainingLoop._stops(loop, p)  # type: ignore[attr-defined]
+    loop._ends_after = lambda e, p: TrainingLoop._ends_after(loop, e, p)  # type: ignore[attr-defined]
     progress = SimpleNamespace(since_best=2)
     assert TrainingLoop._saves_after(loop, epoch, progress) is saves  # type: ignore[arg-type]
 
