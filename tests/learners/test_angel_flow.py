@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import ray
 
 from learners.cli.main import main
 from learners.runs.folders import latest_run
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 1200
@@ -25,11 +27,12 @@ LR_CLASS = "com.tencent.angel.ml.classification.LogisticRegression"
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), namespace="angelps")
+def local_ray():
+    ray_tmp = short_tmp()  # (Ray's socket paths stay under 107 bytes)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp, namespace="angelps")
     yield
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from angelps.checkpoint import files as checkpoint
 from learners import GraphLearner
 from learners.cli.main import main
 from learners.worker.dense import read_dense
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,13 +57,15 @@ def _train(conf: str, data: str, tmp: Path, rows: int, name: str) -> tuple[Path,
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp / "ray"), namespace="angelps")
+    ray_tmp = short_tmp()  # (Ray's socket paths stay under 107 bytes)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp, namespace="angelps")
     lr = _train("lr_a9a.properties", "data/a9a/a9a_123d_train.libsvm", tmp, 600, "lr")
     deepfm = _train(
         "deepfm_census.properties", "data/census/census_148d_train.dummy", tmp, 600, "fm"
     )
     yield {"lr": lr, "deepfm": deepfm, "tmp": tmp}
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow

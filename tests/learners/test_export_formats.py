@@ -10,6 +10,7 @@ with ``angelps predict`` on the same rows.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from learners.data.problems import DataError
 from learners.data.reader import load_file
 from learners.keys import all_keys
 from learners.runs.standalone import padded
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 400
@@ -56,7 +58,8 @@ def _train(conf: str, data: str, tmp: Path, name: str, extra: dict) -> tuple[Pat
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("formats")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp / "ray"), namespace="angelps")
+    ray_tmp = short_tmp()  # (Ray's socket paths stay under 107 bytes)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp, namespace="angelps")
     out = {
         "lr": _train("lr_a9a.properties", "data/a9a/a9a_123d_train.libsvm", tmp, "lr", {}),
         "fm": _train("fm_census.properties", "data/census/census_148d_train.dummy", tmp, "fm", {}),
@@ -70,6 +73,7 @@ def models(tmp_path_factory):
     }
     yield out
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _cli_predictions(model: Path, data: Path, tmp: Path) -> np.ndarray:

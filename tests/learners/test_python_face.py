@@ -3,6 +3,7 @@ pandas DataFrames and numpy arrays, with the metric names training uses."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import ray
 from angelconf.config import ConfigError
 from learners import GraphLearner
 from learners.data.problems import DataError
+from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 800
@@ -23,11 +25,12 @@ ROWS = 800
 def trained(tmp_path_factory):
     """LR trained on a slice of a9a and saved; the slice as a file and as parsed rows."""
     tmp = tmp_path_factory.mktemp("face")
+    ray_tmp = short_tmp()  # (Ray's socket paths stay under 107 bytes)
     ray.init(
         num_cpus=2,
         resources={"infer": 1},  # for the placement test
         include_dashboard=False,
-        _temp_dir=str(tmp / "ray"),
+        _temp_dir=ray_tmp,
         namespace="angelps",
     )
     lines = (ROOT / "data/a9a/a9a_123d_train.libsvm").read_text().splitlines()[:ROWS]
@@ -65,6 +68,7 @@ def trained(tmp_path_factory):
         "dense": dense,
     }
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _features(path: str) -> list[list[str]]:
