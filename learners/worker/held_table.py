@@ -128,7 +128,9 @@ class HeldTable:
         background while training goes on: learners/worker/held_save.py), exported as
         :meth:`export_chunks` exports."""
         idx = torch.nonzero(self.touched).flatten()
-        block = self.data.index_select(0, idx).cpu().numpy()
+        block = np.empty((len(idx), self.width), dtype=np.dtype(self.spec.dtype))
+        for a in range(0, len(idx), _CHUNK):  # (on a GPU: a chunk's gather at a time)
+            block[a : a + _CHUNK] = self.data.index_select(0, idx[a : a + _CHUNK]).cpu().numpy()
         return FrozenTable(self, self.keys[idx.cpu().numpy()], block)
 
     def frozen_nbytes(self) -> int:

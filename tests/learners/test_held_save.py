@@ -79,3 +79,33 @@ def test_without_memory_for_the_copy_the_files_are_written_at_once(
         "copy 1 MiB with 2 MiB of memory available: it and the next ones while memory stays "
         "short are written before training goes on\n"
     )
+
+
+def test_a_held_table_s_copy_exports_what_the_table_did_over_several_chunks() -> None:
+    """HeldTable.freeze copies the touched rows a chunk of 2^18 at a time (on a GPU, one
+    chunk's gather at a time): the same chunks as the table's own export at that moment,
+    whatever the table does after."""
+    import numpy as np
+    import torch
+
+    from angelps import OptimizerSpec, TableSpec
+    from angelps.partition import Partitioner
+    from learners.worker.held_table import HeldTable
+
+    spec = TableSpec("e", 700_000, 2, sparse=True, optimizer=OptimizerSpec("momentum"))
+    t = HeldTable(spec, Partitioner(spec, 2, "hash"), 1, torch.device("cpu"))
+    rng = np.random.default_rng(3)
+    keys = np.sort(rng.choice(t.keys, 300_000, replace=False))
+    w = rng.standard_normal((len(keys), 2)).astype(np.float32)
+    (slot,) = t.slots  # (Momentum's one)
+    t.assign(keys, w, {slot: -w})
+    want = list(t.export_chunks())
+    frozen = t.freeze()
+    assert t.frozen_nbytes() == 300_000 * (4 * 4 + 8)
+    t.assign(keys[:10], w[:10] + 1, {slot: w[:10]})  # the table changes; its copy does not
+    got = list(frozen.export_chunks(chunk=1 << 18))
+    assert len(got) == len(want) == 2
+    for (k1, w1, s1), (k2, w2, s2) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(k1, k2)
+        np.testing.assert_array_equal(w1, w2)
+        np.testing.assert_array_equal(s1[slot], s2[slot])
