@@ -2,7 +2,7 @@
 
 With ``angel.save.model.async`` (the default) the driver asks each worker to start its part of
 the checkpoint: the worker copies its held tables' touched rows to host memory now
-(:meth:`HeldTables.freeze`: one device-to-host copy, the rows of the save's moment) and a
+(:meth:`HeldTables.freeze`: copied down a chunk at a time, the rows of the save's moment) and a
 thread writes the copy into the checkpoint's temporary directory, in the shards' format, while
 the next epoch trains. The driver's commit asks for the files' manifest entries
 (:meth:`HeldSaves.result`, without waiting: the worker is an actor serving one call at a time,
