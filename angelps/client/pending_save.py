@@ -42,7 +42,6 @@ class HeldWriter(Protocol):
         """Start writing the tables' files under ``root`` (``background``: from copies made
         now, in the owners' threads); a callable that waits for them and returns their
         manifest entries by file name."""
-        ...
 
 
 class SavingClient(Protocol):
@@ -82,11 +81,6 @@ class PendingSave:
         self._client, self._extra = client, extra
         self._refs, self._held, self._held_done = refs, held, held_done
         self._state = "writing"  # then "committed" or "failed"
-
-    @property
-    def done(self) -> bool:
-        """Committed or failed: nothing of it is being written any more."""
-        return self._state != "writing"
 
     def result(self) -> None:
         """Wait for every file, write the manifest and commit; the first error of a writer

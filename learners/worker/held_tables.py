@@ -425,7 +425,9 @@ class HeldTables:
         return {name: t.freeze() for name, t in self.whole.items()}
 
     def frozen_nbytes(self) -> int:
-        """Host bytes :meth:`freeze` copies."""
+        """Host bytes :meth:`freeze` copies (the update in flight applied first: it may
+        touch rows)."""
+        self.settle()
         return sum(t.frozen_nbytes() for t in self.whole.values())
 
     def load(self, root: str, manifest: Mapping[str, Any]) -> dict[str, int]:

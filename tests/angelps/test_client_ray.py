@@ -174,7 +174,7 @@ def test_a_save_in_the_background_holds_the_rows_of_its_start(client, tmp_path):
     after = client.pull_many({"emb": keys, "lin": np.arange(50)})
     assert not (tmp_path / "ck").exists()
     pending.result()
-    assert pending.done
+    assert (tmp_path / "ck" / "manifest.json").is_file()  # committed
     other = PSClient.launch(
         [EMB, LIN], PSOptions.from_config({"angel.job.name": "tasync", "angel.ps.number": 1})
     )

@@ -111,10 +111,6 @@ class _FullUntilWritten:
     def __init__(self, pending, full) -> None:
         self.pending, self.full = pending, full
 
-    @property
-    def done(self) -> bool:
-        return self.pending.done
-
     def result(self) -> None:
         try:
             self.pending.result()

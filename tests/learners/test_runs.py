@@ -187,11 +187,9 @@ class _Pending:
     def __init__(self, write, path: str, error: BaseException | None = None) -> None:
         self.write, self.path, self.error = write, path, error
         self.gate = threading.Event()
-        self.done = False
 
     def result(self) -> None:
         assert self.gate.wait(10)
-        self.done = True
         if self.error is not None:
             raise self.error
         self.write(self.path)
