@@ -122,9 +122,10 @@ class TierBook:
         self.reset()
 
     def reset(self) -> None:
-        """Hold nothing (around a restore: the shards have the rows); the write-backs still
-        in flight land first."""
+        """Hold nothing (after a restore: the shards have the rows); the swaps still in
+        flight land first, the write-backs not sent yet are dropped."""
         self.drain()
+        self.link.forget()
         self._read = None
         self._last = None
         self._staged = self._src = None
@@ -290,8 +291,9 @@ class TierBook:
         self.used[slots[held]] = at  # the next update's
         miss = ids[~held]
         self._room = len(miss)
-        # A row written back earlier may be read again now: that write-back lands first (a
-        # shard is an async actor: Ray does not keep the order of its calls).
+        # A row written back earlier may be read again now: the swap that carried it lands
+        # first (a shard is an async actor: Ray does not keep the order of its calls); the
+        # write-backs held since go with this swap.
         self.link.settle(timed=clock is None)
         fut = self.link.swap({}, miss)
         self._pending = (miss, fut)
@@ -299,8 +301,8 @@ class TierBook:
 
     def make_room(self) -> None:
         """Free the slots the prefetched misses need, among the rows the next read does not
-        read (the update in progress must be applied: its rows may go), and start writing
-        the victims back. One CPU worker runs this in its update thread, after the update
+        read (the update in progress must be applied: its rows may go); the victims go back
+        with the tier's next swap. One CPU worker runs this in its update thread, after the update
         (learners/worker/held_tables.py), while the next batch is prepared."""
         need, self._room = self._room - self.n_free, 0
         if need <= 0:
@@ -444,9 +446,7 @@ class TierBook:
             else:
                 for n in self.tables:
                     got[n][todo] = rows[n]
-        elif writes:
-            # Write-backs alone are not waited for here: the next read from the shards waits
-            # for them first (TierLink.settle), as it may ask for these rows again.
+        elif writes:  # (they go back with the next swap, before it reads)
             self.link.write_back(writes)
         assert got is not None
         return self._place(miss, got)

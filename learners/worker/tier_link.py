@@ -1,21 +1,19 @@
 """A device tier's calls to the shards (learners/worker/device_tier.py): the swaps that read
 missed rows and write evicted ones back (one call per shard,
-:func:`angelps.client.tier_swap.swap_async`), the write-backs sent from a thread of the tier's
-own, the bytes they move, and the check that no shard restarted under the tier (a shard
-restored from a backup may have lost rows the tier wrote back)."""
+:func:`angelps.client.tier_swap.swap_async`), the evicted rows held until the tier's next swap
+carries them, the bytes they move, and the check that no shard restarted under the tier (a
+shard restored from a backup may have lost rows the tier wrote back)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from angelps.client.tier_swap import SwapFuture, TierLost
-from learners.worker.tier_slots import Sent
 
 __all__ = ["Ready", "Shards", "TierLink"]
 
@@ -35,12 +33,16 @@ class Shards(Protocol):
     ) -> SwapFuture: ...
 
 
-def _send(shards: Shards, writes: Writes, ready: Ready) -> SwapFuture:
-    """Write ``writes`` back (in the tier's write-back thread) once their rows are on the host
-    (``ready``: the CUDA event of their copy down; None: they are)."""
-    if ready is not None:
-        ready.synchronize()
-    return shards.swap_async(writes, {})
+def _merged(parts: list[Writes]) -> Writes:
+    """The write-backs ``parts`` as one (their keys are disjoint: a row evicted is not held
+    again before a swap has carried its write-back)."""
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in dict.fromkeys(n for p in parts for n in p):
+        got = [p[name] for p in parts if name in p]
+        out[name] = (np.concatenate([k for k, _ in got]), np.concatenate([b for _, b in got]))
+    return out
 
 
 class TierLink:
@@ -59,15 +61,27 @@ class TierLink:
         #: seconds the training thread waited in the calls it timed (TierCounts.wait_s)
         self.waited_s = 0.0
         self._pids: dict[int, int] = {}
-        self._writes: list[SwapFuture | Sent] = []
-        self._sender: ThreadPoolExecutor | None = None
+        #: swaps that wrote rows back, not waited for yet (and swaps dropped)
+        self._writes: list[SwapFuture] = []
+        #: write-backs not sent yet, with the CUDA event of their copy down
+        self._held: list[tuple[Writes, Ready]] = []
 
     def swap(self, writes: Writes, reads: np.ndarray | None, every: bool = False) -> SwapFuture:
-        """Write ``writes`` back and read the whole rows of ``reads`` of every table
-        (``every``: with a call to every shard, so that each says who serves it)."""
+        """Write ``writes`` and the write-backs held (:meth:`write_back`) back, then read the
+        whole rows of ``reads`` of every table, in one call per shard (``every``: a call to
+        every shard, so that each says who serves it)."""
         self._count(writes, reads)
+        held, self._held = self._held, []
+        for _, ready in held:
+            if ready is not None:  # (on a GPU: copied down after the update that evicted)
+                ready.synchronize()
+        if held:
+            writes = _merged([w for w, _ in held] + ([writes] if writes else []))
         ask = {} if reads is None else dict.fromkeys(self.row_bytes, reads)
-        return self.shards().swap_async(writes, ask, every)
+        fut = self.shards().swap_async(writes, ask, every)
+        if held:  # (a later read may ask for those rows: it waits for this call first)
+            self._writes.append(fut)
+        return fut
 
     def rows(self, fut: SwapFuture, timed: bool = False) -> dict[str, np.ndarray]:
         """The rows a swap read, once no shard restarted under it (``timed``: the training
@@ -80,23 +94,26 @@ class TierLink:
         return rows
 
     def write_back(self, writes: Writes, ready: Ready = None) -> None:
-        """Start writing ``writes`` back from the tier's own thread (sending megabytes takes a
-        millisecond or more), in the order they were handed over, once their rows are on the
-        host (``ready``: the CUDA event of their copy down, waited for in that thread); the
-        next read from the shards waits for them (:meth:`settle`)."""
+        """Hold ``writes`` (evicted rows, ``ready``: the CUDA event of their copy down; None:
+        on the host) until the tier's next :meth:`swap` carries them: one call per shard a
+        step, not two, and a read of those rows finds them written, as the shard writes a
+        swap's rows before it reads. Every read from the shards is a swap of this tier's
+        (the next batch's misses, reads outside training, a save's flush)."""
         self._count(writes, None)
-        if self._sender is None:
-            self._sender = ThreadPoolExecutor(1, thread_name_prefix="tier-writeback")
-        self._writes.append(Sent(self._sender.submit(_send, self.shards(), writes, ready)))
+        self._held.append((writes, ready))
+
+    def forget(self) -> None:
+        """Drop the write-backs held (the shards were restored: they have the rows)."""
+        self._held = []
 
     def drop(self, fut: SwapFuture) -> None:
         """A swap whose rows will not be read: waited for with the write-backs."""
         self._writes.append(fut)
 
     def settle(self, timed: bool = False) -> None:
-        """Wait for the write-backs (and dropped swaps) still in flight: their errors, a
-        shard's restart. A shard is an async actor: over a Ray call it may run calls out of
-        order, so a read of rows written back earlier waits for them first."""
+        """Wait for the swaps that wrote rows back (and dropped swaps) still in flight: their
+        errors, a shard's restart. A shard is an async actor: over a Ray call it may run calls
+        out of order, so a read of rows written back earlier waits for them first."""
         writes, self._writes = self._writes, []
         t0 = time.perf_counter()
         for fut in writes:
@@ -117,7 +134,7 @@ class TierLink:
             for row in self.row_bytes.values():
                 self.bytes_moved += int(reads.nbytes) + len(reads) * row  # ids out, rows back
 
-    def _check_restarts(self, fut: SwapFuture | Sent) -> None:
+    def _check_restarts(self, fut: SwapFuture) -> None:
         """A shard that answers from a new process was restarted from a backup, which does not
         hold this tier's table (:meth:`angelps.client.ps_client.PSClient.mark_tiers`): the
         job restarts from its checkpoint."""

@@ -4,13 +4,11 @@ tables share."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor
 
-from angelps.client.tier_swap import SwapFuture
 from angelps.dedup import strictly_increasing
 from angelps.storage.index import DirectIndex, HashIndex
 
@@ -19,7 +17,6 @@ __all__ = [
     "DirectSlots",
     "HashSlots",
     "IdCounts",
-    "Sent",
     "TierCounts",
     "TierPolicy",
     "ids_of",
@@ -163,20 +160,6 @@ def ids_of(keys: np.ndarray | Tensor) -> np.ndarray:
     if isinstance(keys, Tensor):
         return keys.detach().cpu().numpy().astype(np.int64, copy=False)
     return np.ascontiguousarray(keys, dtype=np.int64)
-
-
-class Sent:
-    """A write-back being sent from the tier's thread: the swap once it was sent."""
-
-    def __init__(self, sending: Future[SwapFuture]) -> None:
-        self._sending = sending
-
-    def result(self) -> dict[str, np.ndarray]:
-        return self._sending.result().result()
-
-    @property
-    def pids(self) -> dict[int, int]:
-        return self._sending.result().pids
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -119,12 +119,14 @@ def _pair(
     device: str = "cpu",
     ask: bool = False,
     skip: frozenset[int] = frozenset(),
+    flush: bool = True,
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
     prefetched (``ask``: its misses asked for as soon as the update's reads are done, as one
     worker's training does; the updates numbered in ``skip`` skipped, as a non-finite gradient
-    makes the worker do, its next read a request of its own); every row after 10 updates."""
+    makes the worker do, its next read a request of its own); every row after 10 updates
+    (``flush`` False: none, the tier's write-backs left as they are)."""
     specs = [
         TableSpec("w", 3000, 1, sparse=True, optimizer=OptimizerSpec("momentum", l2=0.01)),
         TableSpec(
@@ -187,6 +189,8 @@ def _pair(
     if capacity is None:
         out = {n: held.tables[n].data.cpu().numpy()[keys].copy() for n in ("w", "v")}
         return out, held
+    if not flush:
+        return {}, held
     held.flush_tiers()
     return {n: shards.rows(n, keys) for n in ("w", "v")}, held
 
@@ -314,6 +318,44 @@ def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy) -> 
     c = held.tier_counts()
     assert c.lookups == c.hits + c.misses and c.writebacks > 0
     assert 0 < held.books[0].reads_staged < 9  # (the reads after a skip are not staged)
+
+
+def test_evicted_rows_go_back_with_the_next_ask_one_call_per_shard_an_update() -> None:
+    """The rows an update's room evicts are held until the tier's next swap, which writes
+    them before it reads: one call per shard an update (not a write-back call beside the
+    ask), exact even where the ask reads a row it writes back."""
+    want, _ = _pair(None, True, True)
+    got, held = _pair(160, True, True, ask=True)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    assert held.tier_counts().writebacks > 0
+    shards = held.books[0].link.shards()
+    # the first read, the ask of each of the 10 updates, the flush, the test's two reads
+    assert shards.calls == [14, 14]
+
+
+def test_write_backs_not_sent_yet_are_read_by_validation_and_dropped_by_a_restore() -> None:
+    """Rows evicted but not yet sent are what a read outside training finds (its swap
+    carries them); a restore drops them (the shards' restored rows stay)."""
+    want, _ = _pair(None, True, True)
+    _, held = _pair(160, True, True, ask=True, flush=False)
+    link = held.books[0].link
+    assert link._held  # (the last update's room evicted rows, not sent)
+    held.train(False)
+    keys = np.arange(3000)
+    got = held.rows({"w": keys, "v": keys})
+    np.testing.assert_allclose(got["v"].numpy(), want["v"][:, :4], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got["w"].numpy(), want["w"][:, :1], rtol=1e-5, atol=1e-7)
+    held.train(True)
+
+    _, held = _pair(160, True, True, ask=True, flush=False)
+    shards = held.books[0].link.shards()
+    assert held.books[0].link._held
+    restored = {n: shards.rows(n, keys) for n in ("w", "v")}  # (the shards' rows now)
+    held.reset_tiers()
+    held.flush_tiers()
+    for n in ("w", "v"):
+        np.testing.assert_array_equal(shards.rows(n, keys), restored[n])
 
 
 def test_tables_read_with_ids_of_their_own_are_not_staged() -> None:
