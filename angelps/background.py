@@ -24,24 +24,30 @@ from typing import Any, TypeVar
 
 from angelconf.printable import printable
 
-__all__ = ["NICE", "lower_priority", "run_writing", "say_no_copy", "writer_pool"]
+__all__ = ["LOWEST", "NICE", "lower_priority", "run_writing", "say_no_copy", "writer_pool"]
 
 T = TypeVar("T")
 
-#: The writers' nice value (0: training's; 19: the lowest): below training, yet still a share
-#: of a busy machine (CFS gives nice 10 about a tenth of a core a nice-0 thread would get).
+#: How far below training the writers run, in nice values (capped at 19, the lowest): yet
+#: still a share of a busy machine (CFS gives a thread 10 nice values below another about a
+#: tenth of the core the other gets). Relative to the process's own: Ray starts its workers,
+#: the shards and the training workers, at nice 15 (``RAY_worker_niceness``), so a fixed 10
+#: would put the writers above training there.
 NICE = 10
+LOWEST = 19
 
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 
 
-def lower_priority(nice: int = NICE) -> bool:
-    """Give the calling thread (Linux) the nice value ``nice``; whether it could."""
+def lower_priority(by: int = NICE) -> bool:
+    """Run the calling thread (Linux) ``by`` nice values below where it runs now (at most
+    at :data:`LOWEST`); whether it could."""
     if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
         return False
+    tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        os.setpriority(os.PRIO_PROCESS, tid, min(LOWEST, os.getpriority(os.PRIO_PROCESS, tid) + by))
     except OSError:
         return False
     return True
@@ -49,7 +55,8 @@ def lower_priority(nice: int = NICE) -> bool:
 
 def writer_pool() -> ThreadPoolExecutor:
     """This process's writer threads (two: a checkpoint and a backup may be written at once),
-    each at :data:`NICE`."""
+    each :data:`NICE` below the thread that first asked for them (a new thread starts at its
+    creator's nice value)."""
     global _pool
     with _lock:
         if _pool is None:
