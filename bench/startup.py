@@ -58,7 +58,8 @@ ADDRESS: list[str] = []
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
+    # (the repo first, then what this process imports through: Ray may come from a PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("RAY_ADDRESS", None)
     # As a user's installation runs: the project's modules compiled once, not at every start
     # (0.1-0.3 s per process where the environment turns bytecode caching off).

@@ -24,6 +24,7 @@ from angelconf.printable import printable, printable_lines, uncoloured
 from learners.cli.main import main
 from learners.runs.retention import Checkpoints
 from learners.runs.run_log import RunLog
+from tests.child_env import python_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf" / "lr_a9a.properties")
@@ -161,7 +162,7 @@ def test_a_control_character_in_a_user_value_is_escaped(
     tmp_path: Path, args: Callable[[Path], list[str]], quoted: str
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(ROOT), ANGELPS_DEBUG="")
+    env.update(PYTHONPATH=python_path(ROOT), ANGELPS_DEBUG="")
     proc = subprocess.run(
         [sys.executable, "-m", "angelps", *args(tmp_path)],
         cwd=tmp_path,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from angelps.checkpoint import files as checkpoint
+from tests.child_env import python_path
 from tests.faults.procs import session
 from tests.short_tmp import short_tmp
 from tests.test_interrupt import _epoch_lines, _metrics
@@ -39,7 +40,7 @@ def _stopped(tmp_path: Path, prefix: list[str], stop: Callable[[int], None]) -> 
         "--set", f"angel.save.model.path={model}", "--set", f"angel.log.path={log}",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(ROOT), RAY_TMPDIR=short_tmp())
+    env.update(PYTHONPATH=python_path(ROOT), RAY_TMPDIR=short_tmp())
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.child_env import python_path
 from tests.short_tmp import short_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_a_private_ray_job_listens_on_loopback_only(tmp_path: Path) -> None:
     args = ["train", "--conf", CONF, *(f"--set={k}={v}" for k, v in sets.items())]
     out = tmp_path / "listening.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(ROOT), RAY_TMPDIR=short_tmp())
+    env.update(PYTHONPATH=python_path(ROOT), RAY_TMPDIR=short_tmp())
     run = subprocess.run(
         [sys.executable, "-c", _LISTED, str(out), *args],
         cwd=ROOT,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import python_path
 from tests.short_tmp import short_tmp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ print("monitor:", [p.returncode for p in started["monitor"]] == [-signal.SIGKILL
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     """``python -c code`` with no RAY_* of this shell, Ray's files in a short temp dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), RAY_TMPDIR=short_tmp())
+    env.update(PYTHONPATH=python_path(REPO), RAY_TMPDIR=short_tmp())
     try:
         return subprocess.run(
             [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -130,7 +131,7 @@ def test_ray_s_own_log_lines_lose_their_colours_in_a_file(tmp_path: Path) -> Non
     whose header Ray colours."""
     err = tmp_path / "err.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = python_path(REPO)
     with open(err, "wb") as f:
         run = subprocess.run(
             [sys.executable, "-c", _UNHANDLED], cwd=REPO, env=env, stderr=f, timeout=120
@@ -154,7 +155,7 @@ def test_the_debug_traceback_of_a_worker_s_error_has_no_colour_codes(tmp_path: P
     }
     cmd = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(PYTHONPATH=str(REPO), ANGELPS_DEBUG="1", RAY_TMPDIR=short_tmp())
+    env.update(PYTHONPATH=python_path(REPO), ANGELPS_DEBUG="1", RAY_TMPDIR=short_tmp())
     err = tmp_path / "err.log"
     with open(err, "wb") as f:
         run = subprocess.run(

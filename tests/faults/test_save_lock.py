@@ -30,6 +30,7 @@ from angelps import fs
 from angelps.checkpoint import remote_lock
 from learners.cli.main import main
 from learners.job.save_lock import SaveLock
+from tests.child_env import python_path
 from tests.object_store import make_bucket, s3_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ def _wait(marker: Path, proc: subprocess.Popen[bytes]) -> int:
 @pytest.mark.usefixtures("ray_local")
 def test_a_second_job_on_the_same_save_path_is_refused(tmp_path, capsys):
     marker = tmp_path / "parked"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": python_path(ROOT)}
     first = subprocess.Popen(
         [sys.executable, "-c", _PARKED, str(marker), *_args(tmp_path, "first")],
         cwd=ROOT,

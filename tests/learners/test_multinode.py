@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from learners.runs.folders import latest_run
+from tests.child_env import python_path
 
 REPO = Path(__file__).resolve().parents[2]
 A9A = REPO / "data" / "a9a" / "a9a_123d_train.libsvm"
@@ -75,7 +76,7 @@ class TwoNodes:
         token.chmod(0o600)
         self.env = {
             **os.environ,
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": python_path(REPO),
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token),
             "RAY_USAGE_STATS_ENABLED": "0",

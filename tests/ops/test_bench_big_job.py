@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from big_job import Sampler, memory, tree
 from synthetic import SyntheticSpec, cover_chunk, generate, write_parquet_chunks
 
+from tests.child_env import python_path
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -63,7 +65,7 @@ def test_sampler_sums_this_process_and_its_children() -> None:
 @pytest.mark.slow  # three real jobs (15-60 s); the data and the sampler are checked above
 def test_big_job_runs_every_phase_at_a_small_size(tmp_path: Path) -> None:
     out = tmp_path / "big.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": python_path(REPO)}
     cmd = [sys.executable, str(REPO / "bench" / "big_job.py"), "--json", str(out)]
     cmd += ["--ids", "2600", "--zipf-rows", "400", "--valid-rows", "300", "--batch", "64"]
     cmd += ["--tier-rows", "2000"]  # a device tier of 2000 of the 2600 rows a table

@@ -159,6 +159,47 @@ def test_submit_train_job_succeeds_and_writes_its_summary(head: Head) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
+_PACKAGES = ("angelconf", "decay", "angelps", "learners")
+
+# What the job lists: the Python files of the packages in its working directory, and where the
+# package a nested folder named like an excluded one (learners/runs) is imported from.
+_LIST_PACKAGE = """
+import json, os, learners.runs
+found = sorted(
+    os.path.relpath(os.path.join(d, f))
+    for p in %r
+    for d, _, fs in os.walk(p)
+    for f in fs
+    if f.endswith(".py")
+)
+print("PACKAGE " + json.dumps({"files": found, "runs_from": learners.runs.__file__, "cwd": os.getcwd()}))
+"""
+
+
+def test_a_submitted_job_gets_every_file_of_the_packages(head: Head) -> None:
+    """The script's excludes drop the repository's runs/ and bench/results only: Ray reads them
+    as .gitignore patterns, where a bare "runs" also matched learners/runs (the job then failed
+    at its import, or, where angelps is installed, silently imported the installed copy)."""
+    job_id = f"angelps_files_{os.getpid()}"
+    submitted = head.run(
+        "submit", "--submission-id", job_id, "--", "python", "-c", _LIST_PACKAGE % (_PACKAGES,)
+    )
+    text = submitted.stdout + submitted.stderr
+    assert submitted.returncode == 0, text
+    line = next(x for x in text.splitlines() if x.startswith("PACKAGE "))
+    got = json.loads(line[len("PACKAGE ") :])
+    want = sorted(
+        str(f.relative_to(REPO))
+        for p in _PACKAGES
+        for f in (REPO / p).rglob("*.py")
+        if "__pycache__" not in f.parts
+    )
+    assert "learners/runs/__init__.py" in want
+    assert sorted(set(want) - set(got["files"])) == []
+    # The job imports the submitted copy, not an installed one.
+    assert Path(got["runs_from"]).resolve().is_relative_to(Path(got["cwd"]).resolve())
+
+
 def test_failing_job_is_reported_failed(head: Head) -> None:
     job_id = f"angelps_fail_{os.getpid()}"
     submitted = head.run(
