@@ -45,6 +45,13 @@ def test_binary_labels01_accepts_both_conventions() -> None:
         D.binary_labels01(np.array([0, 1, 2]))
     with pytest.raises(ValueError, match="found 1, nan"):
         D.binary_labels01(np.array([np.nan, 1]))
+    # a batch of one class only, of either convention; a mix of -1 and 0 with no 1
+    assert D.binary_labels01(np.array([0.0, -0.0])).tolist() == [0, 0]
+    assert D.binary_labels01(np.array([-1, -1])).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="found -1, 0 "):
+        D.binary_labels01(np.array([-1, 0, 0]))
+    with pytest.raises(ValueError, match="found 0.5, 1 "):
+        D.binary_labels01(np.array([1, 0.5]))
 
 
 def test_multiclass_labels_checks_range() -> None:
