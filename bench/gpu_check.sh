@@ -46,10 +46,18 @@ if [[ $skip != *,suite,* ]]; then
       "head (tests/ops/test_job_submit.py, tests/learners/test_multinode.py, a test of" \
       "tests/faults/test_hangs.py) will error; install Ray into this interpreter's environment"
   fi
+  ignore=()
+  if ! "$py" -c "import moto, gcp_storage_emulator" 2>/dev/null; then
+    # (the S3 and GCS emulators of the test extra: where they are not installed, the test
+    # files that start them are left out, said here, rather than failing by the dozen)
+    for f in $(grep -rl "from tests.object_store import" tests); do ignore+=(--ignore "$f"); done
+    echo "no moto or gcp-storage-emulator: leaving out $((${#ignore[@]} / 2)) object-storage test files"
+  fi
   if "$py" -c "import xdist" 2>/dev/null; then
     # (each test module starts its own Ray: 14 at once on 16 cores ended in errors and
-    # failures; 2 on 2 cores pass, 372 s against 602 s one after another)
-    args=(-n 4 --dist loadfile tests)
+    # failures, 7 passed (304 s on an H200 machine); 2 on 2 cores pass, 372 s against 602 s
+    # one after another)
+    args=(-n 6 --dist loadfile "${ignore[@]}" tests)
   else
     args=(tests/learners/test_device_tier.py tests/learners/test_sparse_placement.py
       tests/learners/test_device.py tests/learners/test_device_dedup.py tests/angelps/test_gpu.py

@@ -50,7 +50,7 @@ def test_binary_labels01_accepts_both_conventions() -> None:
     assert D.binary_labels01(np.array([-1, -1])).tolist() == [0, 0]
     with pytest.raises(ValueError, match="found -1, 0 "):
         D.binary_labels01(np.array([-1, 0, 0]))
-    with pytest.raises(ValueError, match="found 0.5, 1 "):
+    with pytest.raises(ValueError, match=r"found 0\.5, 1 "):
         D.binary_labels01(np.array([1, 0.5]))
 
 
