@@ -89,6 +89,21 @@ _CSR_MAX_ROWS = 1 << 32
 _CSR_MIN_REPEAT = 2
 
 
+def sample_index(counts: np.ndarray, nnz: int, device: torch.device) -> Tensor:
+    """The sample of each non-zero, ``np.repeat(np.arange(b), counts)``, made on ``device``:
+    on a GPU the host then neither builds nor sends up 8 bytes a non-zero (the batch's
+    preparation is the training thread's work, the bound of a GPU step with a device tier);
+    where every sample has as many non-zeros (the field models) nothing goes up at all."""
+    b = len(counts)
+    every = torch.arange(b, dtype=torch.int64, device=device)
+    if b and nnz == b * int(counts[0]):  # (then all alike if none is below the first)
+        k = int(counts[0])
+        if not (counts < k).any():
+            return every.repeat_interleave(k)
+    # (output_size: no synchronisation to learn the result's length)
+    return every.repeat_interleave(to_device(counts, device), output_size=nnz)
+
+
 def _order(slots: np.ndarray, rows: int) -> np.ndarray:
     """A stable argsort of ``slots`` (values < ``rows``) by 16-bit radix passes."""
     if rows <= 1 << 16:
@@ -160,11 +175,14 @@ class SparseInput:
         b = int(indptr_n.size - 1)
         nnz = int(slots_n.size if slots_d is None else slots_d.numel())
         counts = np.diff(indptr_n)
-        sample = torch.from_numpy(np.repeat(np.arange(b, dtype=np.int64), counts))
         if device is not None:
             dev = torch.device(device)
         else:
             dev = next(iter(rows.values())).device if rows else torch.device("cpu")
+        if dev.type == "cuda":
+            sample = sample_index(counts, nnz, dev)
+        else:
+            sample = torch.from_numpy(np.repeat(np.arange(b, dtype=np.int64), counts))
         unit = bool(values_n.size == 0 or (values_n == 1.0).all())
         value = None if unit else torch.from_numpy(np.ascontiguousarray(values_n))
         rows_t = samples_s = None
@@ -182,10 +200,7 @@ class SparseInput:
                 samples_s = _csr(np.ascontiguousarray(indptr_n - indptr_n[0]), col, None, (b, nnz))
         if dev.type == "cuda":
             # Pinned, asynchronous copies: they overlap the rest of the step's preparation.
-            sample, value = (
-                to_device(sample.numpy(), dev),
-                (None if value is None else to_device(value.numpy(), dev)),
-            )
+            value = None if value is None else to_device(value.numpy(), dev)
             slot = (
                 slots_d.to(dev)
                 if slots_d is not None

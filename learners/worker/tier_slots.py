@@ -5,18 +5,22 @@ tables share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
+from angelps.client.tier_swap import SwapFuture
 from angelps.dedup import strictly_increasing
 from angelps.storage.index import DirectIndex, HashIndex
+from learners.worker.device import RowBlock
 
 __all__ = [
     "DIRECT_MAX",
     "DirectSlots",
     "HashSlots",
     "IdCounts",
+    "Source",
     "TierCounts",
     "TierPolicy",
     "ids_of",
@@ -24,7 +28,12 @@ __all__ = [
     "smallest",
     "sorted_ids",
     "split_misses",
+    "staged_source",
 ]
+
+#: A staged read's source: the slots to take, the misses' positions, the misses' swap, and the
+#: first two on the device (None where rows move by host slots)
+Source = tuple[np.ndarray, np.ndarray, SwapFuture, tuple[Any, Any]]
 
 
 @dataclass(frozen=True)
@@ -176,3 +185,10 @@ def split_misses(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     slot, its row replaced) and the positions of the misses (ascending)."""
     miss = slots < 0
     return np.where(miss, 0, slots), np.flatnonzero(miss)
+
+
+def staged_source(rows: RowBlock, slots: np.ndarray, fut: SwapFuture) -> Source:
+    """The source of a staged read of ``slots`` whose misses come with ``fut``; its slots go
+    up to the device once, for every table of the book (``rows``: one table's)."""
+    take, pos = split_misses(slots)
+    return take, pos, fut, (rows.slots(take), rows.slots(pos))
