@@ -27,7 +27,11 @@ def test_every_verb_is_registered_and_has_examples() -> None:
 
 def test_no_verb_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
-    assert "usage: angelps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: angelps" in out
+    # each example a line a shell can take: a long one goes on after a backslash at the end
+    # of its line (it had lost both, joined with blanks in the middle)
+    assert "--angel.load.model.path runs/lr/model \\\n      --angel.predict.data.path" in out
 
 
 def test_conf_shows_values_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,7 +43,7 @@ examples:
   angelps train --conf conf/lr_a9a.properties
   angelps train --conf conf/lr_a9a.properties --set ml.epoch.num=5 --summary-json out.json
   angelps train --conf conf/lr_a9a.properties --ml.epoch.num 5 --angel.save.model.path runs/lr/model
-  angelps predict --conf conf/lr_a9a.properties --angel.load.model.path runs/lr/model \
+  angelps predict --conf conf/lr_a9a.properties --angel.load.model.path runs/lr/model \\
       --angel.predict.data.path data/a9a/a9a_123d_train.libsvm --angel.predict.out.path pred.csv
   angelps submit --conf job.properties --action.type train_predict
   angelps schedule --set ml.opt.decay.class.name=CosineAnnealingLR --set ml.opt.decay.t.max=100 --steps 5
