@@ -13,7 +13,8 @@
 #    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS).
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
-# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts.
+# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts; FEED_BASE to a copy of
+# the code before a change to measure it against this tree on the same GPU (feed_ab.json).
 set -u
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
@@ -79,6 +80,35 @@ if [[ $skip != *,feed,* ]]; then
     --timeout 120 --systems "$systems" --out "$out/feed_cuda.json" > "$out/feed_cuda.txt" 2>&1
   echo "feed: rc=$? at $(since)"
   grep -E '^\[|\|' "$out/feed_cuda.txt" | tail -12
+  if [[ -n ${FEED_BASE:-} ]]; then
+    # The code before a change against this tree, interleaved (FEED_ROUNDS rounds of
+    # FEED_AB_SYSTEMS, base first), into one JSON: FEED_BASE is a copy of that code, made
+    # here with `mkdir -p .device/base && git archive REV angelconf decay angelps learners
+    # 'bench/*.py' | tar x -C .device/base` and carried (the bench imports the code beside the
+    # script it runs; the feed suite's data is generated there the first time).
+    ab_systems=${FEED_AB_SYSTEMS:-angelps-bsp-w1s1-held,angelps-bsp-w1s1-tier10}
+    for round in $(seq "${FEED_ROUNDS:-2}"); do
+      for side in base this; do
+        tree=.; [[ $side == base ]] && tree=$FEED_BASE
+        python3 "$tree/bench/train_throughput.py" --suite feed --models FM --device cuda \
+          --threads 4 --timeout 120 --systems "$ab_systems" \
+          --out "$out/ab_${side}_$round.json" > /dev/null 2>&1
+        echo "feed $side, round $round: rc=$? at $(since)"
+      done
+    done
+    python3 - "$out" <<'PY' || true
+import glob, json, os, sys
+runs = []
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
+    side, n = os.path.basename(f)[3:-5].split("_")
+    for r in json.load(open(f)).get("results", []):
+        runs.append({"side": side, "round": int(n), **r})
+        print(side, n, r["case"]["system"], round(r.get("steady_samples_per_s") or 0),
+              "tier_wait_ms", r.get("tier_wait_ms"))
+    os.remove(f)
+json.dump({"runs": runs}, open(os.path.join(sys.argv[1], "feed_ab.json"), "w"), indent=1)
+PY
+  fi
   # (each system's ms a step by phase and, for a tier, what its training thread waited for)
   python3 - "$out/feed_cuda.json" <<'PY' || true
 import json, sys
