@@ -104,24 +104,31 @@ class RowBlock:
         # The array keeps its tensor, and so its pinned block, alive.
         return h.numpy(), done
 
+    @property
+    def on_host(self) -> bool:
+        """Rows move as numpy's opaque rows (a CPU worker): nothing is sent up."""
+        return self._host is not None
+
     def assemble(
         self,
         slots: np.ndarray,
         miss: np.ndarray,
-        rows: np.ndarray,
+        rows: np.ndarray | Tensor,
         on: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Tensor:
         """A new ``[len(slots), width]`` tensor (on the device): the rows at ``slots``, but
-        at the positions ``miss`` (ascending) the rows ``rows`` (host whole rows, in order);
-        ``on``: ``slots`` and ``miss`` on the device already (:meth:`slots` of each)."""
+        at the positions ``miss`` (ascending) the rows ``rows`` (whole rows, in order: on the
+        host, or on the device already); ``on``: ``slots`` and ``miss`` on the device already
+        (:meth:`slots` of each)."""
         out = self.take(slots, on[0])
         if not len(miss):
             return out
         if self._host is not None:
-            r = as_rows(np.ascontiguousarray(rows, dtype=self._np))
-            np.put(as_rows(out.numpy()), miss, r)
+            r = np.asarray(rows.numpy() if isinstance(rows, Tensor) else rows)
+            np.put(as_rows(out.numpy()), miss, as_rows(np.ascontiguousarray(r, dtype=self._np)))
         else:
-            got = to_device(rows, self.device).to(self.data.dtype)
+            up = rows if isinstance(rows, Tensor) else to_device(rows, self.device)
+            got = up.to(self.data.dtype)
             at = on[1] if on[1] is not None else to_device(miss, self.device)
             out.index_copy_(0, at, got)
         return out

@@ -93,6 +93,8 @@ class TierBook:
         self.tables = {s.name: TierTable(s, self) for s in specs}
         row_bytes = {n: t.width * t.data.element_size() for n, t in self.tables.items()}
         self.link = TierLink(names, row_bytes, shards)
+        #: where a swap's rows go up once for both threads (None: rows move on the host)
+        self._up = None if next(iter(self.tables.values())).rows.on_host else device
         self.seen = IdCounts(self.rows, self.capacity)  # (how often each id was read)
         #: reads pin their rows at ``clock`` (one per update); rows pinned at ``floor`` or
         #: later are never evicted (``floor`` stays at an update's clock until it is settled)
@@ -330,7 +332,7 @@ class TierBook:
             keys, blocks, _ = self._evict(len(miss_ids) - self.n_free)  # (or its error)
             self.link.write_back({n: (keys, b) for n, b in blocks.items()})
         self._pending = None
-        rows = self.link.rows(fut)
+        rows = self.link.rows_on(fut, self._up)
         self._sighted(ids)  # (the read's sighting, counted here for it)
         if len(miss_ids):
             new = self._place(miss_ids, rows)
@@ -405,7 +407,7 @@ class TierBook:
         device, the misses' from the shards' answer (waited for here)."""
         assert self._src is not None
         at, miss, fut, on = self._src
-        rows = self.link.rows(fut, timed=True)[name]
+        rows = self.link.rows_on(fut, self._up, timed=True)[name]
         return self.tables[name].rows.assemble(at, miss, rows, on)
 
     def _fetch(self, miss: np.ndarray) -> np.ndarray:
@@ -449,7 +451,7 @@ class TierBook:
         assert got is not None
         return self._place(miss, got)
 
-    def _place(self, miss: np.ndarray, got: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _place(self, miss: np.ndarray, got: Mapping[str, np.ndarray | Tensor]) -> np.ndarray:
         """Put the rows ``got`` (of every table) of ids ``miss`` in free slots; the slots."""
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)

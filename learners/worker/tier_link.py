@@ -6,14 +6,17 @@ shard restored from a backup may have lost rows the tier wrote back)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from angelps.client.tier_swap import SwapFuture, TierLost
+from learners.worker.device import to_device
 
 __all__ = ["Ready", "Shards", "TierLink"]
 
@@ -65,6 +68,11 @@ class TierLink:
         self._writes: list[SwapFuture] = []
         #: write-backs not sent yet, with the CUDA event of their copy down
         self._held: list[tuple[Writes, Ready]] = []
+        #: the last swap's rows sent up to a device (:meth:`rows_on`)
+        self._up: tuple[SwapFuture, dict[str, Tensor]] | None = None
+        self._up_lock = threading.Lock()
+        #: answers sent up to a device (each once, whoever reads it first)
+        self.uploads = 0
 
     def swap(self, writes: Writes, reads: np.ndarray | None, every: bool = False) -> SwapFuture:
         """Write ``writes`` and the write-backs held (:meth:`write_back`) back, then read the
@@ -93,6 +101,25 @@ class TierLink:
         self._check_restarts(fut)
         return rows
 
+    def rows_on(
+        self, fut: SwapFuture, device: torch.device | None, timed: bool = False
+    ) -> Mapping[str, np.ndarray | Tensor]:
+        """:meth:`rows` sent up to ``device`` (None: left on the host) once for both of
+        their readers: one worker's update thread placing a prefetch's misses and its
+        training thread assembling a staged read's blocks from them (each uploaded them
+        before: on a GPU the training thread's copy was 6% of its time, profiled on an H200).
+        Whichever comes first sends them up, on the stream both queue on, so the other's use
+        is queued after it."""
+        rows = self.rows(fut, timed)
+        if device is None:
+            return rows
+        with self._up_lock:
+            up = self._up
+            if up is None or up[0] is not fut:
+                up = self._up = (fut, {n: to_device(a, device) for n, a in rows.items()})
+                self.uploads += 1
+            return up[1]
+
     def write_back(self, writes: Writes, ready: Ready = None) -> None:
         """Hold ``writes`` (evicted rows, ``ready``: the CUDA event of their copy down; None:
         on the host) until the tier's next :meth:`swap` carries them: one call per shard a
@@ -105,6 +132,7 @@ class TierLink:
     def forget(self) -> None:
         """Drop the write-backs held (the shards were restored: they have the rows)."""
         self._held = []
+        self._up = None
 
     def drop(self, fut: SwapFuture) -> None:
         """A swap whose rows will not be read: waited for with the write-backs."""

@@ -5,6 +5,7 @@ a capacity below one update's rows is refused by name; the keys and the placemen
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -303,6 +304,36 @@ def test_misses_asked_for_during_the_update_before_are_exact(
             np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
         assert runs[True][1] == runs[False][1]
         assert runs[True][1][3] > 0  # (the tier evicted: 160 rows of 3000)
+
+
+def test_a_staged_read_and_the_placement_of_its_misses_send_their_rows_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the GPU's row path (run on the CPU), the update thread placing a staged read's
+    misses and the training thread assembling that read's blocks use one upload of the
+    shards' answer (TierLink.rows_on), not one each; exact as before."""
+    from learners.worker import device, held_tables, tier_link
+
+    monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", False)
+    monkeypatch.setattr(held_tables, "PLACE_AHEAD", True)
+    want, _ = _pair(None, True, True)
+    ups: collections.Counter[str] = collections.Counter()
+    for mod in (device, tier_link):
+
+        def counted(a: np.ndarray, d: torch.device, real=mod.to_device, at=mod.__name__):
+            ups[at] += np.ndim(a) == 2  # (whole rows; slots and ids are 1-D)
+            return real(a, d)
+
+        monkeypatch.setattr(mod, "to_device", counted)
+    got, held = _pair(160, True, True, ask=True)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    book = held.books[0]
+    assert book.reads_staged == 9 and book.link.uploads == 10  # (the 10th placed, not read)
+    assert ups["learners.worker.tier_link"] == 2 * book.link.uploads  # (w and v)
+    # the first read, asked in its own step, fetches and places its misses itself; no staged
+    # read sends rows up (each did, 18 more, before)
+    assert ups["learners.worker.device"] == 2
 
 
 @pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
