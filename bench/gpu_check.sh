@@ -14,7 +14,8 @@
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
 # Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts; FEED_BASE to a copy of
-# the code before a change to measure it against this tree on the same GPU (feed_ab.json).
+# the code before a change to measure it against this tree on the same GPU (feed_ab.json);
+# PROFILE_GIL to profile the worker's thread holding the GIL as well.
 set -u
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
@@ -145,6 +146,12 @@ PY
         py-spy record -p "${p#*:}" -d 6 -r 250 -f raw --threads --idle \
           -o "$out/profile_${tag}_${p%%:*}.txt" > /dev/null 2>&1 &
       done
+      if [[ -n ${PROFILE_GIL:-} ]]; then
+        # (the same 6 s of the worker, only the thread holding the GIL: the profile above
+        # counts a thread waiting for the GIL as busy on its line)
+        py-spy record -p "$w" -d 6 -r 250 -f raw --threads --gil \
+          -o "$out/profile_${tag}_worker_gil.txt" > /dev/null 2>&1 &
+      fi
       wait
       echo "profile $system: at $(since)"
     done
