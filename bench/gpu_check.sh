@@ -83,10 +83,10 @@ if [[ $skip != *,feed,* ]]; then
   grep -E '^\[|\|' "$out/feed_cuda.txt" | tail -12
   if [[ -n ${FEED_BASE:-} ]]; then
     # The code before a change against this tree, interleaved (FEED_ROUNDS rounds of
-    # FEED_AB_SYSTEMS, base first), into one JSON: FEED_BASE is a copy of that code, made
-    # here with `mkdir -p .device/base && git archive REV angelconf decay angelps learners
-    # 'bench/*.py' | tar x -C .device/base` and carried (the bench imports the code beside the
-    # script it runs; the feed suite's data is generated there the first time).
+    # FEED_AB_SYSTEMS, base first), into one JSON: FEED_BASE is a copy of that code, e.g.
+    # `mkdir -p runs/base && git archive REV angelconf decay angelps learners 'bench/*.py' |
+    # tar x -C runs/base` (about 2 MB; the bench imports the code beside the script it runs,
+    # and the feed suite's data is generated there the first time).
     ab_systems=${FEED_AB_SYSTEMS:-angelps-bsp-w1s1-held,angelps-bsp-w1s1-tier10}
     for round in $(seq "${FEED_ROUNDS:-2}"); do
       for side in base this; do
