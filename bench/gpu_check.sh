@@ -15,7 +15,8 @@
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
 # Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts; FEED_BASE to a copy of
 # the code before a change to measure it against this tree on the same GPU (feed_ab.json);
-# PROFILE_GIL to profile the worker's thread holding the GIL as well.
+# PROFILE_GIL to profile the worker's thread holding the GIL as well; GPU_CHECK_TAR to a path
+# to pack OUT_DIR into one .tgz there.
 set -u
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
@@ -156,4 +157,9 @@ PY
       echo "profile $system: at $(since)"
     done
   fi
+fi
+
+# Everything above in one archive, where only a few files can be taken off the machine.
+if [[ -n ${GPU_CHECK_TAR:-} ]]; then
+  tar czf "$GPU_CHECK_TAR" -C "$out" . && echo "packed $out into $GPU_CHECK_TAR"
 fi
