@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from angelps.malloc import available_bytes
-from learners.worker.pinned import pinned_upload
 
 __all__ = [
     "NUMPY_ROWS_ON_CPU",
@@ -34,7 +33,11 @@ def to_device(a: np.ndarray, device: torch.device) -> Tensor:
     through a pinned staging block."""
     if device.type != "cuda":
         return torch.from_numpy(np.array(a, copy=True))
-    return pinned_upload(a, _TORCH_DTYPE[np.dtype(a.dtype)], device)
+    h = torch.empty(np.shape(a), dtype=_TORCH_DTYPE[np.dtype(a.dtype)], pin_memory=True)
+    h.numpy()[...] = a
+    # torch's caching host allocator records the stream that reads the block, so it is not
+    # handed out again while this copy is in flight.
+    return h.to(device, non_blocking=True)
 
 
 def torch_dtype(dtype: str | np.dtype) -> torch.dtype:
