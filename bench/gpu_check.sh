@@ -15,8 +15,9 @@
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
 # Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts; FEED_BASE to a copy of
 # the code before a change to measure it against this tree on the same GPU (feed_ab.json);
-# PROFILE_GIL to profile the worker's thread holding the GIL as well; GPU_CHECK_TAR to a path
-# to pack OUT_DIR into one .tgz there.
+# PROFILE_GIL to profile the worker's thread holding the GIL as well; TORCH_PROFILE to run
+# torch's profiler over 40 updates of held and tier10 (feed_torch_profile.json: operators and
+# CUDA runtime calls per update); GPU_CHECK_TAR to a path to pack OUT_DIR into one .tgz there.
 set -u
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
@@ -109,6 +110,24 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
               "tier_wait_ms", r.get("tier_wait_ms"))
     os.remove(f)
 json.dump({"runs": runs}, open(os.path.join(sys.argv[1], "feed_ab.json"), "w"), indent=1)
+PY
+  fi
+  if [[ -n ${TORCH_PROFILE:-} ]]; then
+    # torch's profiler over 40 updates of the worker's training thread of each system
+    # (angel.worker.profile.updates): its operators and CUDA runtime calls per update
+    prof_systems=${TORCH_PROFILE_SYSTEMS:-angelps-bsp-w1s1-held-prof,angelps-bsp-w1s1-tier10-prof}
+    python3 bench/train_throughput.py --suite feed --models FM --device cuda --threads 4 \
+      --timeout 120 --systems "$prof_systems" --out "$out/feed_torch_profile.json" \
+      > "$out/feed_torch_profile.txt" 2>&1
+    echo "torch profile: rc=$? at $(since)"
+    python3 - "$out/feed_torch_profile.json" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1])).get("results", []):
+    p = r.get("worker_profile") or {}
+    print(r["case"]["system"], "ops/update", round(p.get("ops_per_update", 0)),
+          "self CPU us/update", round(p.get("self_cpu_us_per_update", 0)),
+          "CUDA runtime", {k: round(v, 1) for k, v in p.get("cuda_runtime_calls_per_update", {}).items()})
+    print("\n".join(p.get("table", [])[:25]))
 PY
   fi
   # (each system's ms a step by phase and, for a tier, what its training thread waited for)

@@ -97,6 +97,9 @@ VARIANTS: dict[str, list[str]] = {
     # updates), written in the background and inline on the shard's event loop
     "bk50": ["angel.ps.backup.interval=50"],
     "bk50inline": ["angel.ps.backup.interval=50", "angel.ps.backup.async=false"],
+    # torch's profiler over 40 updates of the worker's training thread (after 60): its
+    # operators and CUDA runtime calls per update go into the result (``worker_profile``)
+    "prof": ["angel.worker.profile.updates=40", "angel.worker.profile.skip=60"],
 }
 # the backups every 50 updates under a device tier at 10% (the shard backs up the tier's whole
 # table), in the background and inline
@@ -236,6 +239,11 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         finally:
             learner.shutdown()
         feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl")
+        prof = Path(log_dir) / "profile-worker0.json"
+        if prof.exists():  # (with the table's first 80 lines: the costliest entries)
+            feed["worker_profile"] = json.loads(prof.read_text())
+            table = prof.with_suffix(".txt").read_text().splitlines()[:80]
+            feed["worker_profile"]["table"] = table
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     # (the run's directory was a temporary one, removed above: not reported)
@@ -483,6 +491,7 @@ def _feed_cases(args: argparse.Namespace, want: Any) -> list[dict[str, Any]]:
                 for a in ANGELPS
                 if a.startswith("angelps-bsp")
             ]
+            held += [f"{h}-prof" for h in held if not h.endswith("-prof")]  # (profiled)
             for system in dict.fromkeys((*FEED_SYSTEMS, *ANGELPS, *held)):
                 if want(system, system in FEED_SYSTEMS):
                     cases.append(

@@ -58,10 +58,35 @@ DEDUP = Key(
     "the CPU, where numpy is faster). Both give the same rows and slots.",
     choices=("auto", "host", "device"),
 )
+PROFILE_UPDATES = Key(
+    "angel.worker.profile.updates",
+    "int",
+    0,
+    "Profile this many optimizer updates of each worker's training thread with torch's "
+    "profiler (0: none): operators, their CPU time and the CUDA runtime's calls per update, "
+    "written to angel.log.path as profile-worker<k>.txt and .json (learners/worker/step_profile.py).",
+    check=at_least(0, "an integer"),
+)
+PROFILE_SKIP = Key(
+    "angel.worker.profile.skip",
+    "int",
+    50,
+    "Updates of each worker before the profile of angel.worker.profile.updates starts (its "
+    "first updates warm the allocators and caches).",
+    check=at_least(0, "an integer"),
+)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _MAX_CACHE_ROWS = 2**31 - 1  # slots are int32
 
-KEYS = [PREFETCH_DEPTH, CACHE_ENABLE, CACHE_CAPACITY, CACHE_ADMIT, DEDUP]
+KEYS = [
+    PREFETCH_DEPTH,
+    CACHE_ENABLE,
+    CACHE_CAPACITY,
+    CACHE_ADMIT,
+    DEDUP,
+    PROFILE_UPDATES,
+    PROFILE_SKIP,
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,9 @@ class FeedOptions:
     admit: int = field(metadata=keyed(CACHE_ADMIT))
     #: where held tables' ids are deduplicated: auto, host or device (DEDUP)
     dedup: str = key_field(DEDUP)
+    #: updates of the training thread profiled (0: none), after the first ``profile_skip``
+    profile_updates: int = key_field(PROFILE_UPDATES)
+    profile_skip: int = key_field(PROFILE_SKIP)
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> FeedOptions:

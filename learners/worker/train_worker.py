@@ -62,6 +62,7 @@ from learners.worker.device import to_host
 from learners.worker.device_step import LossSum, SideStream, unscaled
 from learners.worker.held_step import HoldsTables, Peeked
 from learners.worker.predict import Predicts
+from learners.worker.step_profile import StepProfile
 from learners.worker.step_stats import Prefetched, Resolved, RowMap, Rows, StepStats, num_rows
 
 __all__ = ["StepStats", "TrainWorker"]
@@ -72,8 +73,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
 
     Life cycle: construct (reads the data part) → ``data_summary`` (the driver sizes the job) →
     ``build`` (model, same seed on every worker) → ``set_ps`` → ``setup_dist`` (W > 1)
-    → ``set_rates`` → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``validate``.
-    """
+    → ``set_rates`` → per epoch ``begin_epoch`` then ``run_steps`` chunks → ``validate``."""
 
     def __init__(
         self,
@@ -105,6 +105,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         self._peeked: Peeked | None = None  # (learners/worker/held_step.py)
         self._last_rates = UpdateRates.fixed(0.0)
         self._losses = LossSum()  # (read once per run_steps: no host sync per step)
+        self.profile = StepProfile.of(plan, worker_id)  # (angel.worker.profile.*)
 
     def data_summary(self) -> dict[str, Any]:
         """Sizes and id range of this worker's data (the driver sizes the tables from them)."""
@@ -232,8 +233,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         """Start an epoch: a fresh (seeded) shuffle of this worker's part, and the rate plan
         moved to the epoch (per-epoch decay counts the epoch that ended). ``rates``: set the
         plan first (:meth:`set_rates`; a bare schedule starts at this epoch). Returns the
-        number of batches of this worker's part.
-        """
+        number of batches of this worker's part."""
         if rates is not None:
             self.set_rates(rates)
             if isinstance(rates, StepSizeScheduler):
@@ -269,10 +269,9 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         one fused call per shard, instead of a push now and a pull then. The call is waited
         for before returning: every push is applied when ``run_steps`` returns (the driver may
         validate or save next), and the rows are those after the last update, which is what
-        the next step would pull anyway.
-        """
-        assert self.model is not None and self._iter is not None and self.sched is not None
-        assert self.ps is not None
+        the next step would pull anyway."""
+        assert self.model is not None and self._iter is not None and self.ps is not None
+        assert self.sched is not None
         stats = StepStats()
         t_start = time.perf_counter()
         moved = self.ps.bytes_moved + self.held.bytes_moved
@@ -286,14 +285,15 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         for u in range(n_updates):
             rates = self.sched.rates() if epoch_lr is None else UpdateRates.fixed(epoch_lr)
             last = u + 1 == n_updates
-            # batches to have in flight after this update: those of this chunk, and the next
-            # chunk's first one after the last update (prefetch)
+            # batches in flight after this update: this chunk's, then the next chunk's first
             want = 1 if last and prefetch else min(depth, n_updates - u - 1)
             # (a batch two updates ahead is peeked at within this epoch only: between epochs
             # the driver may validate, save or stop)
             fetch = want if self.plan.fused else 0
             peek = u + 2 < n_updates or (prefetch and next_epoch is None)
+            self.profile.tick()
             self._update(rates, queue, stats, fetch, last, next_epoch, peek)
+        self.profile.pause()  # (the driver's work between chunks is left out)
         # The last update's fused call (prefetch): wait for it here, after the dense step.
         t0 = time.perf_counter()
         self._ready = collections.deque(p._replace(rows=Resolved(p.rows.result())) for p in queue)
