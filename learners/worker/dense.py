@@ -58,7 +58,13 @@ def finish_grads(
     host_sq = sum(
         float(np.square(g, dtype=np.float64).sum()) for g in gs if not isinstance(g, Tensor)
     )
-    held = [g.detach().double().square().sum() for g in gs if isinstance(g, Tensor)]
+    # (the norm accumulated in float64 without a float64 copy of the gradient: 1.7 against
+    # 2.6 ms for [115k, 8] on one CPU core; the same sum to ~1e-15)
+    held = [
+        torch.linalg.vector_norm(g.detach(), dtype=torch.float64).square()
+        for g in gs
+        if isinstance(g, Tensor)
+    ]
     held_sq = torch.stack(held).sum() if held else None
     bad_t: Tensor | None = None
     if w > 1:
