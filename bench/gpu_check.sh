@@ -139,7 +139,11 @@ for r in json.load(open(sys.argv[1])).get("results", []):
         continue
     parts = " ".join(f"{k[:-2]} {v:.2f}" for k, v in ph.items())
     wait = r.get("tier_wait_ms")
-    print(f"{n}: ms a step {parts}" + ("" if wait is None else f"; tier_wait {wait:.2f}"))
+    # (of the tier's wait, the shards' answers waited for by the training thread itself; the
+    # update thread's own waits for them beside it)
+    parts += "" if wait is None else (f"; tier_wait {wait:.2f} (shards {r.get('tier_wait_shards_ms', 0):.2f}),"
+                                      f" update thread's wait for the shards {r.get('tier_ahead_wait_ms', 0):.2f}")
+    print(f"{n}: ms a step {parts}")
     s = r.get("summary") or {}
     print(f"{n}: job {s.get('elapsed_s', 0):.2f} s, waited for checkpoints "
           f"{s.get('checkpoint_wait_s', 0):.2f} s")

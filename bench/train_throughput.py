@@ -60,6 +60,7 @@ MB = 2**20
 ANGELPS = {
     "angelps-bsp-w1s1": (0, 1, 1),
     "angelps-bsp-w1s2": (0, 1, 2),
+    "angelps-bsp-w1s4": (0, 1, 4),
     "angelps-bsp-w2s1": (0, 2, 1),
     "angelps-bsp-w2s2": (0, 2, 2),
     "angelps-ssp-w2s1": (2, 2, 1),
@@ -299,6 +300,9 @@ def _feed_metrics(path: Path) -> dict[str, Any]:
         if tier and all("tier_wait_s" in x for x in later):
             # ms a step the training thread waited for the tier's work elsewhere
             out["tier_wait_ms"] = 1000 * sum(x["tier_wait_s"] for x in later) / max(updates, 1)
+            for k in ("tier_wait_shards_s", "tier_ahead_wait_s"):  # (its parts, where recorded)
+                if all(k in x for x in later):
+                    out[k[:-2] + "_ms"] = 1000 * sum(x[k] for x in later) / max(updates, 1)
         out["phase_ms"] = {
             k: 1000 * sum(x[k] for x in later) / max(updates, 1)
             for k in ("pull_s", "compute_s", "push_s", "wait_s", "elapsed_s")

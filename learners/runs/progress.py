@@ -72,6 +72,8 @@ _SUMMED = (
     "tier_misses",
     "tier_writebacks",
     "tier_wait_s",
+    "tier_wait_shards_s",
+    "tier_ahead_wait_s",
 )
 
 

@@ -319,6 +319,8 @@ def feed_record(updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
         rec["tier_writebacks_per_step"] = sum(o.tier_writebacks for o in outs) / max(updates, 1)
         # (worker 0's, as the phases above: of its elapsed_s, the part its tiers kept it waiting)
         rec["tier_wait_s"] = outs[0].tier_wait_s
+        rec["tier_wait_shards_s"] = outs[0].tier_wait_shards_s
+        rec["tier_ahead_wait_s"] = outs[0].tier_ahead_wait_s
     return rec
 
 

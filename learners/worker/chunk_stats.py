@@ -45,3 +45,6 @@ class StepStats:
     #: seconds the training thread waited for the device tiers' work in other threads and
     #: processes (TierCounts.wait_s)
     tier_wait_s: float = 0.0
+    #: of it, waiting for the shards' answers itself; the update thread's own waits for them
+    tier_wait_shards_s: float = 0.0
+    tier_ahead_wait_s: float = 0.0

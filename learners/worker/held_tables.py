@@ -295,7 +295,10 @@ class HeldTables:
         total = TierCounts()
         for t in self.tiers.values():
             total.add(t.take_counts())
-        total.wait_s = self._waited + sum(b.link.take_waited() for b in self.books)
+        waits = [b.link.take_waited() for b in self.books]
+        total.wait_shards_s = sum(w for w, _ in waits)
+        total.ahead_wait_s = sum(a for _, a in waits)
+        total.wait_s = self._waited + total.wait_shards_s
         self._waited = 0.0
         return total
 

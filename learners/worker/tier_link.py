@@ -61,8 +61,10 @@ class TierLink:
         self.shards = shards
         #: bytes exchanged with the shards: ids and rows sent, rows received
         self.bytes_moved = 0
-        #: seconds the training thread waited in the calls it timed (TierCounts.wait_s)
+        #: seconds the training thread waited in the calls it timed (TierCounts.wait_s), and
+        #: the update thread in the others (TierCounts.ahead_wait_s)
         self.waited_s = 0.0
+        self.ahead_s = 0.0
         self._pids: dict[int, int] = {}
         #: swaps that wrote rows back, not waited for yet (and swaps dropped)
         self._writes: list[SwapFuture] = []
@@ -96,8 +98,7 @@ class TierLink:
         thread's wait for them counts in :attr:`waited_s`)."""
         t0 = time.perf_counter()
         rows = fut.result()
-        if timed:
-            self.waited_s += time.perf_counter() - t0
+        self._waited(timed, time.perf_counter() - t0)
         self._check_restarts(fut)
         return rows
 
@@ -147,12 +148,20 @@ class TierLink:
         for fut in writes:
             fut.result()
             self._check_restarts(fut)
-        if timed:
-            self.waited_s += time.perf_counter() - t0
+        self._waited(timed, time.perf_counter() - t0)
 
-    def take_waited(self) -> float:
-        """:attr:`waited_s`, then zero."""
-        out, self.waited_s = self.waited_s, 0.0
+    def _waited(self, timed: bool, seconds: float) -> None:
+        # (a call not timed is the update thread's, or one outside training: a save's flush, a
+        # read through, the few of them counted with the update thread's)
+        if timed:
+            self.waited_s += seconds
+        else:
+            self.ahead_s += seconds
+
+    def take_waited(self) -> tuple[float, float]:
+        """:attr:`waited_s` and :attr:`ahead_s`, then zero."""
+        out = (self.waited_s, self.ahead_s)
+        self.waited_s = self.ahead_s = 0.0
         return out
 
     def _count(self, writes: Writes, reads: np.ndarray | None) -> None:

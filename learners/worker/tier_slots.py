@@ -56,6 +56,12 @@ class TierCounts:
     #: seconds the training thread waited for the tier's work elsewhere: the shards' rows and
     #: write-backs, the update thread making room and placing (after the update itself)
     wait_s: float = 0.0
+    #: of :attr:`wait_s`, the seconds it waited for the shards' answers itself (the rest: for
+    #: the update thread, which may have been waiting for them in turn)
+    wait_shards_s: float = 0.0
+    #: seconds the update thread waited for the shards' answers while it asked ahead and placed
+    #: (beside the training thread: a wait only where that thread then waited for it)
+    ahead_wait_s: float = 0.0
 
     def add(self, other: TierCounts) -> None:
         self.lookups += other.lookups
@@ -63,6 +69,8 @@ class TierCounts:
         self.misses += other.misses
         self.writebacks += other.writebacks
         self.wait_s += other.wait_s
+        self.wait_shards_s += other.wait_shards_s
+        self.ahead_wait_s += other.ahead_wait_s
 
 
 #: The largest id range a tier indexes with a plain array (int32 slots: 128 MiB at most);

@@ -6,6 +6,7 @@ a capacity below one update's rows is refused by name; the keys and the placemen
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from learners.job.sparse_placement import place_tables
 from learners.keys import all_keys
 from learners.worker.device_tier import TierPolicy
 from learners.worker.held_tables import HeldTables
+from learners.worker.tier_link import TierLink
 
 
 class _Shards:
@@ -661,3 +663,36 @@ def test_a_shard_restarted_before_the_tier_s_first_call_is_found() -> None:
     )
     with pytest.raises(TierLost, match=r"^shard 1 restarted"):
         held.rows({"e": np.arange(40)})
+
+
+class _SlowAnswer:
+    """A swap whose answer takes ``s`` seconds to come (a shard busy elsewhere)."""
+
+    def __init__(self, s: float) -> None:
+        self.s, self.pids = s, {0: 7}
+
+    def result(self) -> dict[str, np.ndarray]:
+        time.sleep(self.s)
+        return {"w": np.zeros((1, 1), np.float32)}
+
+
+class _OneShard:
+    def __init__(self) -> None:
+        self.shard_pids = {0: 7}
+
+    def swap_async(self, writes: Any, reads: Any, every: bool = False) -> Any:
+        return _SlowAnswer(0.05)
+
+
+def test_the_training_thread_s_waits_for_the_shards_are_told_from_the_update_thread_s() -> None:
+    """TierCounts.wait_shards_s (the training thread waiting for a shard's answer itself) and
+    ahead_wait_s (the update thread's waits, asking ahead and placing) are counted apart."""
+    link = TierLink("'w'", {"w": 4}, lambda: _OneShard())
+    link.rows(link.swap({}, np.array([3])), timed=True)
+    waited, ahead = link.take_waited()
+    assert 0.05 <= waited < 1.0 and ahead == 0.0
+    link.rows(link.swap({}, np.array([3])))
+    link.rows(link.swap({}, np.array([4])))
+    waited, ahead = link.take_waited()
+    assert waited == 0.0 and 0.1 <= ahead < 2.0
+    assert link.take_waited() == (0.0, 0.0)
