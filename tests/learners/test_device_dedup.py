@@ -190,7 +190,11 @@ def _held_pair(tmp: Path, census: str, conf: str, opt: str, **sets: object) -> N
     np.testing.assert_allclose(dev["pred"], host["pred"], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("conf", "opt"), CASES)
+@pytest.mark.parametrize(
+    ("conf", "opt"),
+    # (each model and optimizer once in the default suite; the other two with -m slow)
+    [c if c in (CASES[1], CASES[2]) else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+)
 def test_ids_deduplicated_on_the_device_train_as_on_the_host(tmp_path, census, conf, opt):
     _held_pair(tmp_path, census, conf, opt)
 

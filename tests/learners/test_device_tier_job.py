@@ -101,7 +101,12 @@ def test_two_workers_with_device_tiers_train_as_the_shards(tmp_path, census):
 
 @pytest.mark.parametrize(
     ("conf", "opt"),
-    [c if c[0].startswith("fm") else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+    # (FM with Adam in the default suite, the rest with -m slow: 36 s more on 2 cores; every
+    # optimizer's exactness under a tier is pinned without Ray in test_device_tier.py)
+    [
+        c if c == ("fm_census.properties", "Adam") else pytest.param(*c, marks=pytest.mark.slow)
+        for c in CASES
+    ],
 )
 def test_every_optimizer_with_a_tier_below_the_table_trains_as_the_shards(
     tmp_path, census, conf, opt
