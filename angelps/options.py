@@ -171,7 +171,7 @@ MAX_CONNECTIONS = Key(
     "int",
     4096,
     "Most data-plane TCP connections a shard keeps open at once (a job needs one per client "
-    "process: its workers and driver). Connections beyond it are closed at once and counted "
+    "process: its workers and driver; two for a worker with a device tier). Connections beyond it are closed at once and counted "
     "in the shard's stats; the shard also never uses more than half of its open-file limit.",
     check=_positive_int,
 )

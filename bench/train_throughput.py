@@ -237,9 +237,10 @@ def run_angelps(case: dict[str, Any]) -> dict[str, Any]:
         try:
             t_train = time.time()
             result = learner.train()
+            served = [st.get("served", {}) for st in learner.actors.ps.stats()]
         finally:
             learner.shutdown()
-        feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl")
+        feed = _feed_metrics(Path(result.summary["run_dir"]) / "metrics.jsonl", served)
         prof = Path(log_dir) / "profile-worker0.json"
         if prof.exists():  # (with the table's first 80 lines: the costliest entries)
             feed["worker_profile"] = json.loads(prof.read_text())
@@ -277,13 +278,20 @@ def _system(name: str) -> tuple[str, list[str]]:
     return "-".join(parts[:3]), parts[3:]
 
 
-def _feed_metrics(path: Path) -> dict[str, Any]:
+def _feed_metrics(path: Path, served: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Mean bytes per step, cache hit rate and ms per update of each phase (worker 0: pull,
-    compute, push, wait and the whole step) of the step records after the first epoch."""
+    compute, push, wait and the whole step) of the step records after the first epoch; with
+    ``served`` (each shard's ``stats()["served"]``), the shards' own work per update over the
+    whole run (every worker's updates: ``shard_step_ms`` for step calls, ``shard_swap_ms``
+    for a device tier's swaps; summed over the shards)."""
     steps = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     steps = [x for x in steps if x.get("kind") == "step"]
-    later = [x for x in steps if x["epoch"] > 0] or steps
     out: dict[str, Any] = {}
+    total = sum(x["updates"] for x in steps)
+    if served and total:
+        for k in ("step", "swap"):
+            out[f"shard_{k}_ms"] = 1000 * sum(s.get(f"{k}_s", 0.0) for s in served) / total
+    later = [x for x in steps if x["epoch"] > 0] or steps
     if later:
         out["bytes_per_step"] = statistics.mean(x.get("bytes_per_step", 0) for x in later)
         rates = [x["cache_hit_rate"] for x in later if x.get("cache_hit_rate") is not None]

@@ -52,6 +52,19 @@ class ClockTable:
     def bsp(self) -> bool:
         return self.staleness == 0
 
+    def can_prefetch(self, pull_clock: int) -> bool:
+        """A prefetch read for ``pull_clock`` may be served: SSP's bound at that clock over
+        every worker's pushes (ASP: always). BSP has no prefetch (angel.worker.prefetch.depth
+        is 1)."""
+        if self.staleness < 0:
+            return True
+        if self.staleness == 0:
+            raise ValueError(
+                "a prefetch (a pull for a later clock) needs angel.staleness != 0: under BSP "
+                "set angel.worker.prefetch.depth=1"
+            )
+        return bool(min(self.pushed) >= pull_clock - self.staleness)
+
     def check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.num_workers:
             raise ValueError(

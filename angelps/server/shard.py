@@ -15,7 +15,7 @@ from all workers are summed and applied as one optimizer update.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step, rate_of
 from angelps.server.consistency import ClockTable
+from angelps.server.shard_swap import SWAP_PIECE_BYTES, swap_steps
 from angelps.storage.table_rows import FrozenTable, Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
@@ -260,24 +261,22 @@ class ParameterShard:
         (``writes``: table -> (unique keys, rows with their optimizer slots)), then return the
         whole rows of ``reads`` (table -> unique keys; rows missing are created). Everything
         is checked before any row is written."""
-        for name, (keys, block) in writes.items():
-            t = self._table(name)
-            k = check_keys(t.spec, keys)
-            t.check_owned(k)
-            if block.shape != (len(k), t.width) or block.dtype != t.dtype:
-                raise ValueError(
-                    f"table {name!r}: a write-back of {len(k)} rows needs a "
-                    f"[{len(k)}, {t.width}] {t.dtype} block, got {block.shape} {block.dtype}"
-                )
-        checked = {}
-        for name, keys in reads.items():
-            t = self._table(name)
-            checked[name] = check_keys(t.spec, keys)
-            t.check_owned(checked[name])
-        for name, (keys, block) in writes.items():
-            if len(keys):
-                self._table(name).put_rows(keys, block)
-        return {name: self._table(name).take_rows(k) for name, k in checked.items()}
+        steps = self.swap_steps(writes, reads, piece_bytes=1 << 62)  # (one piece a table)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    def swap_steps(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+        piece_bytes: int = SWAP_PIECE_BYTES,
+    ) -> Generator[None, None, dict[str, np.ndarray]]:
+        """:meth:`swap` in pieces of about ``piece_bytes``, pausing (``yield``) after each
+        (:func:`angelps.server.shard_swap.swap_steps`); returns the rows read."""
+        return swap_steps(self._table, writes, reads, piece_bytes)
 
     def evict(self) -> dict[str, int]:
         """Remove the rows that expiry (``angel.ps.eviction.ttl.updates``) says are stale, and

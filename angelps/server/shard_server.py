@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import hmac
 import os
-import warnings
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,16 +35,12 @@ from angelps.client import wire
 from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
+from angelps.server.actor_env import connection_cap, was_restarted
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
 from angelps.server.shard_saves import ShardSaves
 from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
-
-try:
-    import resource
-except ImportError:  # not a Unix: no open-file limit to read
-    resource = None  # type: ignore[assignment]
 
 __all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
 
@@ -100,14 +96,17 @@ class ShardServer:
         self.restarted = False
         self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
+        self._swap_lock: asyncio.Lock | None = None
         # The data plane (angelps.client.wire): a TCP server opened by serve(), guarded by the token.
         self._token = options.token.encode()
         self._server: asyncio.Server | None = None
         self._limits = wire.FrameLimits.of(tables, num_shards)
         self._token_timeout_s = options.token_timeout_s
-        self._max_connections = _connection_cap(options.max_connections)
+        self._max_connections = connection_cap(options.max_connections)
         self._conns = {"open": 0, "refused": 0, "dropped": 0}
-        if self.backups.dir and _was_restarted():
+        #: Calls served and the seconds their rows' work took (clock waits left out).
+        self._served = {"steps": 0, "step_s": 0.0, "swaps": 0, "swap_s": 0.0}
+        if self.backups.dir and was_restarted():
             self.restarted = True
             self._awaiting_replay = set(range(self.shard.clocks.num_workers))
             self.backups.restore()
@@ -176,19 +175,22 @@ class ShardServer:
             )
             if shard.clocks.can_push(worker, clock):
                 before = shard.clocks.applied if shard.clocks.bsp else -1
+                t0 = time.perf_counter()
                 shard.push(worker, clock, call.pushes, call.step, call.checked)
+                self._served["step_s"] += time.perf_counter() - t0
                 if shard.clocks.applied != before:
                     self.backups.after_update()
                 await self._notify()
             # else: a duplicate of a push already applied (a retried call): ignore it.
             clock += 1
         backed_up = self.backups.clocks[worker]
+        self._served["steps"] += 1
         if not call.pulls:
             return StepResult(None, backed_up)
         pull_clock = call.pull_clock
         if pull_clock is not None and pull_clock > clock:
             await self._wait(
-                lambda: _can_prefetch(shard.clocks, pull_clock),
+                lambda: shard.clocks.can_prefetch(pull_clock),
                 f"worker {worker}'s prefetch for clock {pull_clock}",
             )
         else:
@@ -196,7 +198,10 @@ class ShardServer:
                 lambda: shard.clocks.can_pull(worker, clock),
                 f"worker {worker}'s pull at clock {clock}",
             )
-        return StepResult(shard.pull(call.pulls, call.checked), backed_up)
+        t0 = time.perf_counter()
+        rows = shard.pull(call.pulls, call.checked)
+        self._served["step_s"] += time.perf_counter() - t0
+        return StepResult(rows, backed_up)
 
     async def clock_of(self, worker: int) -> int:
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
@@ -211,14 +216,39 @@ class ShardServer:
         """A worker's device tier: write back its evicted rows, read its misses (whole rows,
         optimizer state included; :meth:`ParameterShard.swap`). Returns this process's id
         with the rows: a tier that sees it change knows the shard restarted from a backup
-        that may predate its write-backs."""
+        that may predate its write-backs.
+
+        In pieces (:meth:`ParameterShard.swap_steps`): between two, the event loop serves
+        other calls (the worker's step call for its dense tables, on its own connection,
+        need not wait for the whole swap). Saves and loads wait for the swaps in progress."""
         self._check_secret(secret, "swap")
-        return os.getpid(), self.shard.swap(writes, reads)
+        served = self._served
+        async with self._swapping():
+            steps = self.shard.swap_steps(writes, reads)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    rows: dict[str, np.ndarray] = done.value
+                    break
+                finally:
+                    served["swap_s"] += time.perf_counter() - t0
+                await asyncio.sleep(0)
+        served["swaps"] += 1
+        return os.getpid(), rows
+
+    def _swapping(self) -> asyncio.Lock:
+        """The lock a swap holds while its pieces run (made on the actor's event loop)."""
+        if self._swap_lock is None:
+            self._swap_lock = asyncio.Lock()
+        return self._swap_lock
 
     async def run_backup(self, secret: Any = "") -> list[int]:
         self._check_secret(secret, "run_backup")
         await self.backups.written()
-        return self.backups.write_now()
+        async with self._swapping():
+            return self.backups.write_now()
 
     async def stop_backups(self, secret: Any = "") -> None:
         """The job is ending: write no more backups and stop the one being written (its
@@ -237,6 +267,9 @@ class ShardServer:
         # The data plane: connections open now, refused over the cap, dropped (no token in
         # time, a wrong token, a frame over the limits).
         st["connections"] = dict(self._conns, cap=self._max_connections)
+        # The calls served since this process started and their rows' work in seconds
+        # (bench/train_throughput.py reports it per update: a shard's busy share of a step).
+        st["served"] = dict(self._served)
         return st
 
     async def save(
@@ -246,9 +279,10 @@ class ShardServer:
         ``background``, start it from a copy made now and answer None (:meth:`saved` waits
         for the files, :mod:`angelps.server.shard_saves`)."""
         self._check_secret(secret, "save")
-        if not background:
-            return self.shard.save(root)
-        self.saves.start(root)
+        async with self._swapping():  # (a tier's rows written back whole, not half a swap)
+            if not background:
+                return self.shard.save(root)
+            self.saves.start(root)
         return None
 
     async def saved(self, secret: Any = "") -> dict[str, Any]:
@@ -272,7 +306,8 @@ class ShardServer:
         device tier must find serving it next) and the rows restored per table."""
         self._check_secret(secret, "load")
         await self.backups.written()
-        restored = self.shard.load(root, manifest)
+        async with self._swapping():
+            restored = self.shard.load(root, manifest)
         self.backups.clocks = [0] * self.shard.clocks.num_workers
         self._awaiting_replay.clear()
         if self.backups.dir:
@@ -437,41 +472,3 @@ class ShardServer:
             return wire.encode_error(type(e).__name__, str(e), [])
         except Exception as e:  # reported to the caller, not lost in the actor's log
             return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
-
-
-def _can_prefetch(clocks: Any, pull_clock: int) -> bool:
-    """A prefetch read for ``pull_clock`` may be served: SSP's bound at that clock over every
-    worker's pushes (ASP: always). BSP has no prefetch (angel.worker.prefetch.depth is 1)."""
-    if clocks.staleness < 0:
-        return True
-    if clocks.staleness == 0:
-        raise ValueError(
-            "a prefetch (a pull for a later clock) needs angel.staleness != 0: under BSP set "
-            "angel.worker.prefetch.depth=1"
-        )
-    return bool(min(clocks.pushed) >= pull_clock - clocks.staleness)
-
-
-def _connection_cap(wanted: int) -> int:
-    """``angel.ps.max.connections``, but never above half this process's open-file limit
-    (the shard needs the rest: Ray's own sockets, backup files)."""
-    if resource is None:
-        return wanted
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft // 2))
-
-
-def _was_restarted() -> bool:
-    """True inside a Ray actor that Ray has restarted after a failure."""
-    if not ray.is_initialized():  # plain use; ray.get_runtime_context() would start a Ray
-        return False
-    try:
-        # Ray's own property reads its deprecated actor_id; the warning would reach the
-        # driver's console through the actor's log.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
-    except Exception:  # outside Ray (plain use): never a restart
-        return False

@@ -241,7 +241,7 @@ def test_a_clients_swaps_use_shared_memory_with_a_shard_on_its_node(ray_local):
             again = c.swap_async({"emb": (keys, written)}, {"emb": keys[::-1].copy()})
             rows = again.result()["emb"]
             np.testing.assert_array_equal(rows, written[::-1])
-            arenas = [ch.arena for ch in c.net.chans]
+            arenas = [ch.arena for ch in c.net.swap_chans]
             assert all((a is not None) == (mib > 0) for a in arenas)
             if mib:
                 assert all(a.in_use > 0 for a in arenas)  # (rows still read)
@@ -368,12 +368,12 @@ def test_a_segment_grows_for_a_larger_call_and_calls_in_flight_keep_the_old_one(
     try:
         keys = np.arange(-5000, 5000, dtype=np.int64)
         want = c.swap_async({}, {"emb": keys}).result()["emb"].copy()
-        old = [ch.arena for ch in c.net.chans]
+        old = [ch.arena for ch in c.net.swap_chans]
         assert [a.segment.size for a in old] == [transport.FIRST_SEGMENT] * 2
         small = c.swap_async({}, {"emb": keys})  # in flight, in the old segments
         big = np.arange(-200_000, 200_000, dtype=np.int64)  # 10.4 MB of rows a shard
         rows = c.swap_async({}, {"emb": big}).result()["emb"]
-        new = [ch.arena for ch in c.net.chans]
+        new = [ch.arena for ch in c.net.swap_chans]
         assert [a.segment.size for a in new] == [4 * transport.FIRST_SEGMENT] * 2
         assert all(n is not o for n, o in zip(new, old, strict=True))
         np.testing.assert_array_equal(small.result()["emb"], want)

@@ -470,9 +470,10 @@ def test_a_device_tiers_swap_goes_over_the_socket_and_equals_the_ray_call(ray_lo
             with pytest.raises(ValueError, match=r"a write-back of 1 rows needs a \[1, 4\]"):
                 c.swap_async({"emb": (keys[:1], np.zeros((1, 3), np.float32))}, {}).result()
             got[kind] = (first, again)
-            used = [type(ch).__name__ for ch in c.net.chans]
+            used = [type(ch).__name__ for ch in (*c.net.chans, *c.net.swap_chans)]
         finally:
             c.shutdown()
-        assert used == ["Channel" if kind == "socket" else "NoneType"] * 2
+        # (over the socket, the swaps on a second connection to each shard)
+        assert used == ["Channel" if kind == "socket" else "NoneType"] * 4
     for x, y in zip(got["socket"], got["ray"], strict=True):
         np.testing.assert_array_equal(x, y)

@@ -1,0 +1,131 @@
+"""How long a worker's step call waits when it is sent while a device tier's swap is at the
+shard: the swap on the step's own connection (served first, whole: the data plane before) or
+on a connection of its own, served in pieces between which the shard answers the step
+(angelps/client/transport.py, angelps/server/shard_swap.py). Real shard actors; each round
+sends a swap (write back ``--keys`` whole rows, read ``--keys`` others, FM rank 8 with
+momentum: 2 tables, 72 bytes a row) and at once a step (push and pull a few rows of a small
+table), then waits for both.
+
+Usage:
+    python bench/swap_lane.py --json bench/results/swap_lane_cpu.json
+    python bench/swap_lane.py --keys 66000 --reps 40
+
+The CPU twin of the GPU figure this change is for: on an H200 the worker's dense call waited
+2.6-3.9 ms a step behind the tier's swap (docs/benchmarks-train.md). Reported: the median
+milliseconds from the step's send to its answer, and to the swap's answer, and the shard's
+own swap time (its ``stats()["served"]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from angelps.client.ps_client import PSClient
+from angelps.options import PSOptions
+from angelps.table import OptimizerSpec, TableSpec
+
+ROWS = 1_000_000  # the feed suite's ids
+
+
+def measure(keys: int, lane: bool, reps: int) -> dict[str, Any]:
+    """Medians over ``reps`` rounds (after three) with the swaps on their own connection
+    (``lane``) or on the step's."""
+    mom = OptimizerSpec("momentum")
+    specs = [
+        TableSpec("w", rows=ROWS, cols=1, sparse=True, optimizer=mom),
+        TableSpec("v", rows=ROWS, cols=8, sparse=True, init_std=0.01, optimizer=mom),
+        TableSpec("bias", rows=64, cols=1, init="zeros", optimizer=mom),
+    ]
+    conf = {"angel.job.name": f"swap-lane-{int(lane)}", "angel.ps.number": 1}
+    client = PSClient.launch(specs, PSOptions.from_config(conf))
+    try:
+        if not lane:  # (the step's connection carries the swaps, as before)
+            client.net.swap_chans = [False] * len(client.net.swap_chans)
+        rng = np.random.default_rng(0)
+        ids = np.unique(rng.integers(0, ROWS, 12 * keys))
+        client.swap_async({}, {"w": ids, "v": ids}).result()  # every row made once
+        small = np.arange(64, dtype=np.int64)
+        grads = np.ones((64, 1), np.float32)
+        alone = []
+        for _ in range(reps):  # (a step with no swap at the shard)
+            t0 = time.perf_counter()
+            client.push_pull({"bias": (small, grads)}, 0.01, {"bias": small})
+            alone.append(time.perf_counter() - t0)
+        steps, swaps = [], []
+        before = client.stats()[0]["served"]
+        for i in range(reps + 3):
+            back = np.sort(rng.choice(ids, keys, replace=False))
+            read = np.sort(rng.choice(ids, keys, replace=False))
+            writes = {n: (back, np.zeros((keys, w), np.float32)) for n, w in (("w", 2), ("v", 16))}
+            fut = client.swap_async(writes, {"w": read, "v": read})
+            t0 = time.perf_counter()
+            client.push_pull({"bias": (small, grads)}, 0.01, {"bias": small})
+            t_step = time.perf_counter() - t0
+            fut.result()
+            t_swap = time.perf_counter() - t0
+            if i >= 3:
+                steps.append(t_step)
+                swaps.append(t_swap)
+        after = client.stats()[0]["served"]
+        on = client.net.swap_chans[0]
+        return {
+            "keys": keys,
+            "own_connection": lane,
+            "swap_connection": type(on).__name__ if on is not None else None,
+            "step_alone_ms": 1e3 * statistics.median(alone),
+            "step_ms": 1e3 * statistics.median(steps),
+            "swap_answer_ms": 1e3 * statistics.median(swaps),
+            "shard_swap_ms": 1e3 * (after["swap_s"] - before["swap_s"]) / (reps + 3),
+        }
+    finally:
+        client.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--keys", type=int, nargs="+", default=[16000, 66000])
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--json", default="", help="write the results here")
+    args = p.parse_args()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             _temp_dir=tempfile.mkdtemp(prefix="rs"))  # fmt: skip
+    results = []
+    try:
+        for keys in args.keys:
+            for lane in (False, True):
+                r = measure(keys, lane, args.reps)
+                results.append(r)
+                print(
+                    f"keys {keys:>6} swaps on {'their own' if lane else 'the step'} connection: "
+                    f"step {r['step_ms']:.2f} ms (alone {r['step_alone_ms']:.2f}), swap answered {r['swap_answer_ms']:.2f} ms "
+                    f"(the shard's work {r['shard_swap_ms']:.2f} ms)",
+                    flush=True,
+                )
+    finally:
+        ray.shutdown()
+    if args.json:
+        doc = {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "argv": sys.argv[1:],
+            "results": results,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
