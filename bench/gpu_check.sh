@@ -107,7 +107,8 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
     for r in json.load(open(f)).get("results", []):
         runs.append({"side": side, "round": int(n), **r})
         print(side, n, r["case"]["system"], round(r.get("steady_samples_per_s") or 0),
-              "tier_wait_ms", r.get("tier_wait_ms"))
+              {k: round(v, 2) for k, v in (r.get("phase_ms") or {}).items()},
+              {k: round(r[k], 2) for k in r if k.startswith(("tier_wait", "tier_ahead", "shard_"))})
     os.remove(f)
 json.dump({"runs": runs}, open(os.path.join(sys.argv[1], "feed_ab.json"), "w"), indent=1)
 PY
@@ -143,6 +144,8 @@ for r in json.load(open(sys.argv[1])).get("results", []):
     # update thread's own waits for them beside it)
     parts += "" if wait is None else (f"; tier_wait {wait:.2f} (shards {r.get('tier_wait_shards_ms', 0):.2f}),"
                                       f" update thread's wait for the shards {r.get('tier_ahead_wait_ms', 0):.2f}")
+    if r.get("shard_swap_ms"):  # (the shards' own work for the tier's swaps, an update)
+        parts += f"; the shards' swap work {r['shard_swap_ms']:.2f}"
     print(f"{n}: ms a step {parts}")
     s = r.get("summary") or {}
     print(f"{n}: job {s.get('elapsed_s', 0):.2f} s, waited for checkpoints "
