@@ -24,6 +24,7 @@ that opened them (never pickled).
 from __future__ import annotations
 
 import socket
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -89,6 +90,8 @@ class Transport:
         self.swap_chans: list[Channel | bool | None] = [None] * len(self.handles)
         # Ray calls to each shard not known to be served yet (the fallback after a broken send).
         self.ray_refs: list[list[ray.ObjectRef[Any]]] = [[] for _ in self.handles]
+        # Held while a connection is opened (reentrant: a swap's opens the first one too).
+        self._opening = threading.RLock()
         #: Bytes of the step calls made so far (request and reply, as :func:`call_bytes`).
         self.moved = 0
 
@@ -97,7 +100,12 @@ class Transport:
         state["chans"] = [None] * len(self.handles)
         state["swap_chans"] = [None] * len(self.handles)
         state["ray_refs"] = [[] for _ in self.handles]
+        del state["_opening"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._opening = threading.RLock()
 
     def call(self, shard: int, call: StepCall, nbytes: int, reply_bytes: int = 0) -> Ref:
         """Send one ``step`` call of ``nbytes`` (request and reply, counted in ``moved``) over
@@ -151,15 +159,22 @@ class Transport:
         ch = self.swap_chans[shard]
         if isinstance(ch, Channel) and not ch.dead:
             return ch
-        if ch is False or self._channel(shard) is None:
+        if ch is False:
             return None
-        try:
-            sock = self._connect(shard)
-        except (OSError, GetTimeoutError, RayTaskError, RayActorError):
-            self.swap_chans[shard] = False
-            return None
-        chan = self.swap_chans[shard] = Channel(sock)
-        return chan
+        # (a tier swaps from its update thread and its training thread: one connection opened)
+        with self._opening:
+            ch = self.swap_chans[shard]
+            if isinstance(ch, Channel) and not ch.dead:
+                return ch
+            if self._channel(shard) is None:
+                return None
+            try:
+                sock = self._connect(shard)
+            except (OSError, GetTimeoutError, RayTaskError, RayActorError):
+                self.swap_chans[shard] = False
+                return None
+            chan = self.swap_chans[shard] = Channel(sock)
+            return chan
 
     @property
     def _limit(self) -> int:
@@ -213,12 +228,20 @@ class Transport:
     def _channel(self, shard: int) -> Channel | None:
         """This process's connection to ``shard`` (opened on first use), or None for Ray calls."""
         ch = self.chans[shard]
-        if isinstance(ch, Channel):
-            if not ch.dead:
-                return ch
-            ch = None  # broken (the shard restarted): connect to the new one
+        if isinstance(ch, Channel) and not ch.dead:
+            return ch
         if ch is False or self.options.transport != "socket":
             return None
+        with self._opening:
+            ch = self.chans[shard]
+            if isinstance(ch, Channel) and not ch.dead:  # (opened by another thread meanwhile)
+                return ch
+            if ch is False:
+                return None
+            # (else none yet, or broken: the shard restarted, connect to the new one)
+            return self._open(shard)
+
+    def _open(self, shard: int) -> Channel | None:
         try:
             sock = self._connect(shard)
         except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
@@ -230,7 +253,7 @@ class Transport:
                 f"angelps: no direct connection to parameter shard {shard} ({why}); using Ray "
                 f"actor calls for it (angel.ps.transport=socket)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,  # (the caller of call() or swap())
             )
             self.chans[shard] = False
             return None

@@ -6,6 +6,7 @@ connection's fallback to the first, and the shard's account of the calls it serv
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -132,3 +133,31 @@ def test_a_tier_swaps_on_a_second_connection_or_on_the_first(ray_local, cap):
         assert lanes == ["Channel", "bool"] and conns["refused"] == 1 and conns["open"] == 1
     else:
         assert lanes == ["Channel", "Channel"] and conns["refused"] == 0 and conns["open"] == 2
+
+
+def test_swaps_from_several_threads_open_one_connection_for_them(ray_local):
+    """A tier swaps from its update thread and its training thread: on a fresh client, swaps
+    sent from 8 threads at once open one connection for the swaps and one for the steps, and
+    each gets its rows."""
+    conf = {"angel.job.name": "swap-threads"}
+    c = PSClient.launch([EMB], PSOptions.from_config(conf))
+    try:
+        start = threading.Barrier(8)
+        got: dict[int, np.ndarray] = {}
+
+        def swap(i: int) -> None:
+            start.wait()
+            got[i] = c.swap_async({}, {"emb": np.array([i, 100 + i])}).result()["emb"]
+
+        threads = [threading.Thread(target=swap, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        want = c.swap_async({}, {"emb": np.arange(8)}).result()["emb"]
+        conns = c.stats()[0]["connections"]
+    finally:
+        c.shutdown()
+    assert conns["open"] == 2 and conns["refused"] == 0
+    for i in range(8):
+        np.testing.assert_array_equal(got[i][0], want[i])
