@@ -4,7 +4,7 @@ on a connection of its own, served in pieces between which the shard answers the
 (angelps/client/transport.py, angelps/server/shard_swap.py). Real shard actors; each round
 sends a swap (write back ``--keys`` whole rows, read ``--keys`` others, FM rank 8 with
 momentum: 2 tables, 72 bytes a row) and at once a step (push and pull a few rows of a small
-table), then waits for both.
+table), then waits for both, and for ``--gap-ms`` (a worker's step) before the next round.
 
 Usage:
     python bench/swap_lane.py --json bench/results/swap_lane_cpu.json
@@ -40,9 +40,10 @@ from angelps.table import OptimizerSpec, TableSpec
 ROWS = 1_000_000  # the feed suite's ids
 
 
-def measure(keys: int, lane: bool, reps: int) -> dict[str, Any]:
+def measure(keys: int, lane: bool, reps: int, gap_ms: float) -> dict[str, Any]:
     """Medians over ``reps`` rounds (after three) with the swaps on their own connection
-    (``lane``) or on the step's."""
+    (``lane``) or on the step's; ``gap_ms`` between rounds (a worker's step: a swap is
+    asked for once a step)."""
     mom = OptimizerSpec("momentum")
     specs = [
         TableSpec("w", rows=ROWS, cols=1, sparse=True, optimizer=mom),
@@ -76,6 +77,7 @@ def measure(keys: int, lane: bool, reps: int) -> dict[str, Any]:
             t_step = time.perf_counter() - t0
             fut.result()
             t_swap = time.perf_counter() - t0
+            time.sleep(gap_ms / 1e3)
             if i >= 3:
                 steps.append(t_step)
                 swaps.append(t_swap)
@@ -83,6 +85,7 @@ def measure(keys: int, lane: bool, reps: int) -> dict[str, Any]:
         on = client.net.swap_chans[0]
         return {
             "keys": keys,
+            "gap_ms": gap_ms,
             "own_connection": lane,
             "swap_connection": type(on).__name__ if on is not None else None,
             "step_alone_ms": 1e3 * statistics.median(alone),
@@ -98,6 +101,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", type=int, nargs="+", default=[16000, 66000])
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--gap-ms", type=float, default=20.0, help="between rounds (a step)")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
@@ -106,7 +110,7 @@ def main() -> None:
     try:
         for keys in args.keys:
             for lane in (False, True):
-                r = measure(keys, lane, args.reps)
+                r = measure(keys, lane, args.reps, args.gap_ms)
                 results.append(r)
                 print(
                     f"keys {keys:>6} swaps on {'their own' if lane else 'the step'} connection: "

@@ -6,52 +6,43 @@ data plane (:mod:`angelps.client.wire`, one connection per client process) and b
 recovery. It receives typed :class:`~angelps.options.ShardOptions`, never configuration keys.
 
 Invariants: one operation at a time touches the rows (an asyncio actor: the numpy work runs on
-the event loop, only clock waits yield), so socket calls and Ray calls interleave exactly as
-Ray calls interleave with each other; after a restart no update is silently dropped (see
-:class:`ShardServer`). A data-plane peer cannot take the shard down: at most
-``angel.ps.max.connections`` connections are open (the rest are closed at once and counted), a
-connection that has not sent the token within ``angel.ps.token.timeout.ms`` is closed, a frame
-longer than :class:`~angelps.client.wire.FrameLimits` allows closes its connection before anything is
-read, a malformed one is answered with an error, and replies a peer does not read stop its
-connection (not the shard) once :data:`MAX_UNREAD` bytes wait. Backups live in a directory only
-this user can read (0700), restored only from a ``LATEST`` naming a version inside it.
+the event loop; only clock waits, and a device tier's swap between its pieces, yield), so
+socket calls and Ray calls interleave exactly as Ray calls interleave with each other; after a
+restart no update is silently dropped (see :class:`ShardServer`); a data-plane peer cannot
+take the shard down (:mod:`angelps.server.data_plane`). Backups live in a directory only this
+user can read (0700), restored only from a ``LATEST`` naming a version inside it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import ray
 
 from angelps.checkpoint.backups import backup_version, private_dir
 from angelps.client import wire
-from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.actor_env import connection_cap, was_restarted
+from angelps.server.data_plane import AUTHENTICATED, MAX_UNREAD, DataPlane
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
 from angelps.server.shard_saves import ShardSaves
+from angelps.server.shard_swap import answer_steps, write_steps
 from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
 
 __all__ = ["MAX_UNREAD", "ShardServer", "backup_version", "private_dir"]
 
-#: Reply bytes a connection may leave unread before the shard stops reading its next calls.
-MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
-#: What the data plane passes as the secret of a call it has authenticated already: an object,
-#: so no Ray caller can present it (an argument sent through Ray arrives as a copy).
-_AUTHENTICATED = object()
+_AUTHENTICATED = AUTHENTICATED
 
 
-class ShardServer:
+class ShardServer(DataPlane):
     """Body of the Ray actor around a :class:`ParameterShard`.
 
     An asyncio actor: the numpy work runs on the event loop (one operation at a time, so no
@@ -218,25 +209,56 @@ class ShardServer:
         with the rows: a tier that sees it change knows the shard restarted from a backup
         that may predate its write-backs.
 
-        In pieces (:meth:`ParameterShard.swap_steps`): between two, the event loop serves
+        In pieces (:mod:`angelps.server.shard_swap`): between two, the event loop serves
         other calls (the worker's step call for its dense tables, on its own connection,
         need not wait for the whole swap). Saves and loads wait for the swaps in progress."""
         self._check_secret(secret, "swap")
-        served = self._served
-        async with self._swapping():
-            steps = self.shard.swap_steps(writes, reads)
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    rows: dict[str, np.ndarray] = done.value
-                    break
-                finally:
-                    served["swap_s"] += time.perf_counter() - t0
-                await asyncio.sleep(0)
-        served["swaps"] += 1
+        rows, rest = await self._swap_reads(writes, reads)
+        await rest()
         return os.getpid(), rows
+
+    async def _swap_reads(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+        lent: bool = False,
+    ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
+        """A swap's rows read, and the rest of it to await: the write-backs of rows it does
+        not read, which may follow the reads (:func:`split_writes`), which the
+        data plane awaits once it has sent the rows. The swap holds its lock until the rest
+        is done. ``lent``: the write-backs' arrays are the caller's again once it has the
+        answer (a body in memory shared with the client): copied first where written after."""
+        lock = self._swapping()
+        await lock.acquire()
+        try:
+            table = self.shard._table
+            rows, later = await self._pieces(answer_steps(table, writes, reads, lent))
+        except BaseException:
+            lock.release()
+            raise
+
+        async def rest() -> None:
+            try:
+                await self._pieces(write_steps(table, later))
+            finally:
+                lock.release()
+            self._served["swaps"] += 1
+
+        return rows, rest
+
+    async def _pieces(self, steps: Generator[None, None, Any]) -> Any:
+        """Run ``steps`` (a swap's pieces), letting the event loop serve other calls between
+        two; their seconds are counted as the swaps' work."""
+        served = self._served
+        while True:
+            t0 = time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            finally:
+                served["swap_s"] += time.perf_counter() - t0
+            await asyncio.sleep(0)
 
     def _swapping(self) -> asyncio.Lock:
         """The lock a swap holds while its pieces run (made on the actor's event loop)."""
@@ -331,144 +353,3 @@ class ShardServer:
             f"parameter shard {self.shard.shard_id}: {method}() refused: the call does not "
             "carry this job's secret (only the job's own clients may read or write its rows)"
         )
-
-    # --- the data plane ----------------------------------------------------------------------
-
-    async def serve(self, host: str) -> tuple[str, int]:
-        """Listen for ``step`` calls over TCP on ``host`` (angelps.client.wire); returns the address.
-
-        Idempotent: every client of the job connects to the same server. The server runs on
-        the actor's event loop, so its calls interleave with actor calls exactly as actor
-        calls interleave with each other (one at a time, waiting only for clocks).
-        """
-        if not self._token:
-            raise ValueError("this shard has no data-plane token (launched without one)")
-        if self._server is None:
-            if not host:  # a cluster: this node's address, reachable from other nodes
-                host = ray.util.get_node_ip_address()
-            self._server = await asyncio.start_server(self._serve_connection, host, 0)
-        addr = self._server.sockets[0].getsockname()
-        return str(addr[0]), int(addr[1])
-
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """One client's connection: the token, then its calls in order, each answered."""
-        conns = self._conns
-        if conns["open"] >= self._max_connections:
-            conns["refused"] += 1
-            writer.transport.abort()
-            return
-        conns["open"] += 1
-        try:
-            if await self._authenticate(reader):
-                writer.write(wire.ACK)
-                await self._serve_calls(reader, writer)
-            else:
-                conns["dropped"] += 1
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            conns["open"] -= 1
-            writer.close()
-
-    async def _authenticate(self, reader: asyncio.StreamReader) -> bool:
-        """The job's token within the deadline (a constant-time comparison)."""
-        try:
-            token = await asyncio.wait_for(
-                reader.readexactly(wire.TOKEN_BYTES), self._token_timeout_s
-            )
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
-            return False
-        return bool(self._token) and hmac.compare_digest(token, self._token[: wire.TOKEN_BYTES])
-
-    async def _serve_calls(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Calls until the peer goes away or announces a frame over the limits."""
-        shared = ShardSegment()
-        try:
-            await self._serve_loop(reader, writer, shared)
-        finally:
-            shared.close()
-
-    async def _serve_loop(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: ShardSegment
-    ) -> None:
-        while True:
-            try:
-                call = await self._read_call(reader)
-            except asyncio.IncompleteReadError:
-                return  # the client went away
-            if call is None:
-                self._conns["dropped"] += 1
-                return  # not a frame of ours: drop the connection, read no more of it
-            header, body = call
-            # No drain() per reply: the client may be sending its next call while this reply
-            # waits to be read; blocking here would stop reading and deadlock both. Only a
-            # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
-            writer.writelines(await self._answer(header, body, shared))
-            if writer.transport.get_write_buffer_size() > MAX_UNREAD:
-                await writer.drain()
-
-    async def _read_call(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
-        """One call's header and body (its frames joined), or None for a frame over the limits
-        (checked before each frame is read; a body is kept only as its frames arrive)."""
-        limits = self._limits
-        hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
-        if hlen > limits.max_header or blen > limits.max_frame:
-            return None
-        header = await reader.readexactly(hlen)
-        try:
-            total = wire.stream_length(header, blen)
-        except ValueError:
-            return None
-        if total > limits.max_body:
-            return None
-        chunks = [await reader.readexactly(blen) if blen else b""]
-        got = blen
-        while got < total:
-            hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
-            if hlen != 0 or not 0 < blen <= min(limits.max_frame, total - got):
-                return None
-            chunks.append(await reader.readexactly(blen))
-            got += blen
-        return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    async def _answer(
-        self, header: bytes, body: bytes, shared: ShardSegment
-    ) -> Sequence[bytes | memoryview]:
-        """The reply frame of one request frame: its rows, or its error."""
-        try:
-            into, out = shared_regions(header)
-            data: wire.Body = body
-            if into is not None:
-                if body:
-                    raise ValueError("a call with a body both in the frame and shared")
-                data = shared.segment().view(into[0], into[1])
-            region = None
-            if out is not None:
-                seg = shared.segment()
-                seg.view(out[0], out[1])  # (ValueError outside the segment)
-                region = (seg, out[0], out[1])
-            if wire.is_swap(header):  # a device tier's (checked by ParameterShard.swap)
-                writes, reads = wire.decode_swap(header, data)
-                pid, rows = await self.swap(writes, reads, secret=_AUTHENTICATED)
-                return wire.encode_reply(StepResult(rows, 0, pid), region)
-            if is_map(header):
-                shared.attach(*decode_map(header))
-                return wire.encode_reply(StepResult(None, 0))
-            # (a decoded call is never marked checked: the shard validates it)
-            call = wire.decode_request(header, data)
-            if into is not None and call.pushes and self.shard.keeps_pushes:
-                # Its region is the client's again once this is answered: a push kept until
-                # the other workers' pushes of its clock arrive is copied first.
-                pushes = {n: (k.copy(), g.copy()) for n, (k, g) in call.pushes.items()}
-                call = dataclasses.replace(call, pushes=pushes)
-            return wire.encode_reply(await self.step(call, secret=_AUTHENTICATED), region)
-        except ShardRestarted as e:
-            return wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
-        except (ValueError, TimeoutError, KeyError) as e:
-            return wire.encode_error(type(e).__name__, str(e), [])
-        except Exception as e:  # reported to the caller, not lost in the actor's log
-            return wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])

@@ -15,7 +15,7 @@ from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions, ShardOptions
 from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer
-from angelps.server.shard_swap import SWAP_PIECE_BYTES
+from angelps.server.shard_swap import SWAP_PIECE_BYTES, check_swap, split_writes
 from angelps.step_call import StepCall
 from angelps.table import OptimizerSpec, TableSpec
 
@@ -109,6 +109,68 @@ def test_the_shard_answers_a_step_between_the_pieces_of_a_swap(tmp_path):
     assert (served["steps"], served["swaps"]) == (1, 1)
     assert served["swap_s"] > 0 and served["step_s"] >= 0
     assert stats["rows"]["emb"] == len(np.union1d(writes["emb"][0], reads["emb"]))
+
+
+def test_only_the_rows_a_swap_also_reads_are_written_back_before_its_reads():
+    """The write-backs of rows the swap also reads (a row evicted, then read by the next batch
+    before its write-back went) go before the reads, and all may follow them; a table of
+    unknown id range, or a swap that reads nothing, writes everything first, only."""
+    shard = ParameterShard(0, 1, [EMB, LIN])
+    table = shard._table
+    blk = np.arange(6, dtype=np.float32).reshape(3, 2)
+    writes = {"lin": (np.array([9, 1, 5]), blk)}
+    first, later = split_writes(table, writes, check_swap(table, writes, {"lin": np.array([2, 3])}))
+    assert first == {} and list(later) == ["lin"] and later["lin"][0].tolist() == [9, 1, 5]
+    first, later = split_writes(table, writes, check_swap(table, writes, {"lin": np.array([1, 4])}))
+    assert first["lin"][0].tolist() == [1] and first["lin"][1].tolist() == [[2.0, 3.0]]
+    # (every write-back follows: the row read is written again, with the same values)
+    assert later["lin"][0].tolist() == [9, 1, 5] and later["lin"][1] is blk
+    assert split_writes(table, writes, {}) == (writes, {})  # (nothing read)
+    emb = {"emb": (np.array([1, 5, 9]), np.zeros((3, 16), np.float32))}
+    first, later = split_writes(table, emb, check_swap(table, emb, {"emb": np.array([2])}))
+    assert list(first) == ["emb"] and later == {}  # (rows=-1: no marks)
+
+
+def test_a_swap_answered_before_its_write_backs_leaves_the_same_rows(tmp_path):
+    """Over the data plane a swap is answered once its rows are read, the write-backs of rows
+    it does not read done after (before the connection's next call; a save waits for them):
+    the same rows and tables as the swap done whole, write-backs first."""
+    rng = np.random.default_rng(4)
+    srv = ShardServer(0, 1, [LIN], ShardOptions.from_config({}))
+    ref = ParameterShard(0, 1, [LIN])
+    order: list[str] = []
+
+    async def main() -> None:
+        table = srv.shard.tables["lin"]
+        for i in range(3):
+            back = np.unique(rng.integers(0, 1 << 19, 40_000))
+            # (some rows written back are read too: those are written before the reads)
+            read = np.union1d(np.unique(rng.integers(1 << 19, 1 << 20, 40_000)), back[::97])
+            writes = {"lin": (back, rng.standard_normal((len(back), 2)).astype(np.float32))}
+            want = ref.swap(writes, {"lin": read})
+            rows, rest = await srv._swap_reads(writes, {"lin": read}, lent=True)
+            order.append("answered")
+            if i == 0:  # (answered before the other write-backs: their rows are not there yet)
+                there = table.locate(back, create=False) >= 0
+                assert there[::97].all() and there.sum() == len(back[::97])
+            save = asyncio.create_task(srv.save(str(tmp_path / f"c{len(order)}")))
+            save.add_done_callback(lambda _: order.append("saved"))
+            await asyncio.sleep(0)
+            assert not save.done()  # (waits for the write-backs)
+            await rest()
+            order.append("written")
+            assert (table.locate(back, create=False) >= 0).all()
+            await save
+            np.testing.assert_array_equal(rows["lin"], want["lin"])
+
+    asyncio.run(main())
+    assert order == ["answered", "written", "saved"] * 3
+    for a, b in zip(ref.export("lin"), srv.shard.export("lin"), strict=True):
+        if isinstance(a, dict):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+        else:
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("cap", [1, 4096])

@@ -1,0 +1,227 @@
+"""The data plane's server half in a shard actor (:class:`DataPlane`, a part of
+:class:`angelps.server.shard_server.ShardServer`): a TCP server on the actor's event loop,
+guarded by the job's token, that reads each connection's calls (frames of
+:mod:`angelps.client.wire`, bodies possibly in memory shared with the client) in order and
+answers each: a step, a device tier's swap (answered once its rows are read, its write-backs
+done before the connection's next call), or a shared segment to map.
+
+Invariants: a data-plane peer cannot take the shard down: at most ``angel.ps.max.connections``
+connections are open (the rest are closed at once and counted), a connection that has not
+sent the token within ``angel.ps.token.timeout.ms`` is closed, a frame longer than
+:class:`~angelps.client.wire.FrameLimits` allows closes its connection before anything is
+read, a malformed one is answered with an error, and replies a peer does not read stop its
+connection (not the shard) once :data:`MAX_UNREAD` bytes wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+from angelps.client import wire
+from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
+from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.step_call import StepCall, StepResult
+
+__all__ = ["AUTHENTICATED", "MAX_UNREAD", "DataPlane"]
+
+#: Reply bytes a connection may leave unread before the shard stops reading its next calls.
+MAX_UNREAD = 16 * wire.MAX_FRAME_BYTES
+#: What the data plane passes as the secret of a call it has authenticated already: an object,
+#: so no Ray caller can present it (an argument sent through Ray arrives as a copy).
+AUTHENTICATED = object()
+
+
+class DataPlane:
+    """The TCP half of a shard actor; the actor provides the calls it serves."""
+
+    shard: ParameterShard
+    _token: bytes
+    _server: asyncio.Server | None
+    _limits: wire.FrameLimits
+    _token_timeout_s: float
+    _max_connections: int
+    _conns: dict[str, int]
+
+    async def step(self, call: StepCall, secret: Any = "") -> StepResult:
+        raise NotImplementedError
+
+    async def _swap_reads(
+        self,
+        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        reads: Mapping[str, np.ndarray],
+        lent: bool = False,
+    ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
+        raise NotImplementedError
+
+    async def serve(self, host: str) -> tuple[str, int]:
+        """Listen for ``step`` calls over TCP on ``host`` (angelps.client.wire); returns the address.
+
+        Idempotent: every client of the job connects to the same server. The server runs on
+        the actor's event loop, so its calls interleave with actor calls exactly as actor
+        calls interleave with each other (one at a time, waiting only for clocks).
+        """
+        if not self._token:
+            raise ValueError("this shard has no data-plane token (launched without one)")
+        if self._server is None:
+            if not host:  # a cluster: this node's address, reachable from other nodes
+                host = ray.util.get_node_ip_address()
+            self._server = await asyncio.start_server(self._serve_connection, host, 0)
+        addr = self._server.sockets[0].getsockname()
+        return str(addr[0]), int(addr[1])
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client's connection: the token, then its calls in order, each answered."""
+        conns = self._conns
+        if conns["open"] >= self._max_connections:
+            conns["refused"] += 1
+            writer.transport.abort()
+            return
+        conns["open"] += 1
+        try:
+            if await self._authenticate(reader):
+                writer.write(wire.ACK)
+                await self._serve_calls(reader, writer)
+            else:
+                conns["dropped"] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            conns["open"] -= 1
+            writer.close()
+
+    async def _authenticate(self, reader: asyncio.StreamReader) -> bool:
+        """The job's token within the deadline (a constant-time comparison)."""
+        try:
+            token = await asyncio.wait_for(
+                reader.readexactly(wire.TOKEN_BYTES), self._token_timeout_s
+            )
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return False
+        return bool(self._token) and hmac.compare_digest(token, self._token[: wire.TOKEN_BYTES])
+
+    async def _serve_calls(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Calls until the peer goes away or announces a frame over the limits."""
+        shared = ShardSegment()
+        try:
+            await self._serve_loop(reader, writer, shared)
+        finally:
+            shared.close()
+
+    async def _serve_loop(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: ShardSegment
+    ) -> None:
+        while True:
+            try:
+                call = await self._read_call(reader)
+            except asyncio.IncompleteReadError:
+                return  # the client went away
+            if call is None:
+                self._conns["dropped"] += 1
+                return  # not a frame of ours: drop the connection, read no more of it
+            header, body = call
+            # No drain() per reply: the client may be sending its next call while this reply
+            # waits to be read; blocking here would stop reading and deadlock both. Only a
+            # peer that leaves MAX_UNREAD bytes unread waits (and only on its connection).
+            frames, rest = await self._answer_first(header, body, shared)
+            writer.writelines(frames)
+            if rest is not None:  # (a swap's write-backs, once its rows are on their way)
+                try:
+                    await rest()
+                except Exception:
+                    # Answered, but not all written back: this connection ends, so that the
+                    # tier's next call fails (it restarts from its checkpoint), never silently.
+                    self._conns["dropped"] += 1
+                    return
+            if writer.transport.get_write_buffer_size() > MAX_UNREAD:
+                await writer.drain()
+
+    async def _read_call(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+        """One call's header and body (its frames joined), or None for a frame over the limits
+        (checked before each frame is read; a body is kept only as its frames arrive)."""
+        limits = self._limits
+        hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+        if hlen > limits.max_header or blen > limits.max_frame:
+            return None
+        header = await reader.readexactly(hlen)
+        try:
+            total = wire.stream_length(header, blen)
+        except ValueError:
+            return None
+        if total > limits.max_body:
+            return None
+        chunks = [await reader.readexactly(blen) if blen else b""]
+        got = blen
+        while got < total:
+            hlen, blen = wire.PREFIX.unpack(await reader.readexactly(wire.PREFIX.size))
+            if hlen != 0 or not 0 < blen <= min(limits.max_frame, total - got):
+                return None
+            chunks.append(await reader.readexactly(blen))
+            got += blen
+        return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _answer(
+        self, header: bytes, body: bytes, shared: ShardSegment
+    ) -> Sequence[bytes | memoryview]:
+        """The reply frame of one request frame: its rows, or its error (the call done)."""
+        frames, rest = await self._answer_first(header, body, shared)
+        if rest is not None:
+            await rest()
+        return frames
+
+    async def _answer_first(
+        self, header: bytes, body: bytes, shared: ShardSegment
+    ) -> tuple[Sequence[bytes | memoryview], Callable[[], Awaitable[None]] | None]:
+        """The reply frame of one request frame (its rows, or its error), and what is left of
+        the call to await once the reply is sent (a swap's write-backs: :meth:`_swap_reads`),
+        or None."""
+        rest = None
+        try:
+            into, out = shared_regions(header)
+            data: wire.Body = body
+            if into is not None:
+                if body:
+                    raise ValueError("a call with a body both in the frame and shared")
+                data = shared.segment().view(into[0], into[1])
+            region = None
+            if out is not None:
+                seg = shared.segment()
+                seg.view(out[0], out[1])  # (ValueError outside the segment)
+                region = (seg, out[0], out[1])
+            if wire.is_swap(header):  # a device tier's (checked by check_swap)
+                writes, reads = wire.decode_swap(header, data)
+                rows, rest = await self._swap_reads(writes, reads, lent=into is not None)
+                try:
+                    return wire.encode_reply(StepResult(rows, 0, os.getpid()), region), rest
+                except BaseException:
+                    await rest()
+                    raise
+            if is_map(header):
+                shared.attach(*decode_map(header))
+                return wire.encode_reply(StepResult(None, 0)), None
+            # (a decoded call is never marked checked: the shard validates it)
+            call = wire.decode_request(header, data)
+            if into is not None and call.pushes and self.shard.keeps_pushes:
+                # Its region is the client's again once this is answered: a push kept until
+                # the other workers' pushes of its clock arrive is copied first.
+                pushes = {n: (k.copy(), g.copy()) for n, (k, g) in call.pushes.items()}
+                call = dataclasses.replace(call, pushes=pushes)
+            return wire.encode_reply(await self.step(call, secret=AUTHENTICATED), region), None
+        except ShardRestarted as e:
+            err = wire.encode_error("ShardRestarted", str(e), [e.shard, e.worker, e.clock])
+        except (ValueError, TimeoutError, KeyError) as e:
+            err = wire.encode_error(type(e).__name__, str(e), [])
+        except Exception as e:  # reported to the caller, not lost in the actor's log
+            err = wire.encode_error("RuntimeError", f"{type(e).__name__}: {e}", [])
+        return err, None
