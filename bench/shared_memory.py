@@ -95,8 +95,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="rs"))  # fmt: skip
+    start_ray()
     results = []
     try:
         for shards in args.shards:
@@ -112,14 +111,25 @@ def main() -> None:
     finally:
         ray.shutdown()
     if args.json:
-        doc = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "argv": sys.argv[1:],
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"wrote {args.json}")
+        write_results(args.json, results)
+
+
+def start_ray() -> None:
+    """A local Ray over this machine's cores, quiet, in a short temp dir (socket paths)."""
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             _temp_dir=tempfile.mkdtemp(prefix="rs"))  # fmt: skip
+
+
+def write_results(path: str, results: list[dict[str, Any]]) -> None:
+    """``results`` as JSON at ``path``, with the machine and the command's arguments."""
+    doc = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "argv": sys.argv[1:],
+        "results": results,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

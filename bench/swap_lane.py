@@ -19,12 +19,9 @@ own swap time (its ``stats()["served"]``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -32,6 +29,9 @@ import numpy as np
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from shared_memory import start_ray, write_results
 
 from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
@@ -104,8 +104,7 @@ def main() -> None:
     p.add_argument("--gap-ms", type=float, default=20.0, help="between rounds (a step)")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="rs"))  # fmt: skip
+    start_ray()
     results = []
     try:
         for keys in args.keys:
@@ -121,14 +120,7 @@ def main() -> None:
     finally:
         ray.shutdown()
     if args.json:
-        doc = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "argv": sys.argv[1:],
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"wrote {args.json}")
+        write_results(args.json, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import asyncio
 import dataclasses
 import hmac
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import ray
 from angelps.client import wire
 from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.server.shard_swap import answer_steps, write_steps
 from angelps.step_call import StepCall, StepResult
 
 __all__ = ["AUTHENTICATED", "MAX_UNREAD", "DataPlane"]
@@ -40,7 +42,8 @@ AUTHENTICATED = object()
 
 
 class DataPlane:
-    """The TCP half of a shard actor; the actor provides the calls it serves."""
+    """The TCP half of a shard actor, with a device tier's swaps in pieces (served by the
+    actor's Ray method too); the actor provides the step calls it serves."""
 
     shard: ParameterShard
     _token: bytes
@@ -49,6 +52,9 @@ class DataPlane:
     _token_timeout_s: float
     _max_connections: int
     _conns: dict[str, int]
+    #: calls served and the seconds of their rows' work (the shard's stats)
+    _served: dict[str, Any]
+    _swap_lock: asyncio.Lock | None
 
     async def step(self, call: StepCall, secret: Any = "") -> StepResult:
         raise NotImplementedError
@@ -59,7 +65,48 @@ class DataPlane:
         reads: Mapping[str, np.ndarray],
         lent: bool = False,
     ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
-        raise NotImplementedError
+        """A swap's rows read, and the rest of it to await: the write-backs of rows it does
+        not read, which may follow the reads (:func:`split_writes`), which the
+        data plane awaits once it has sent the rows. The swap holds its lock until the rest
+        is done. ``lent``: the write-backs' arrays are the caller's again once it has the
+        answer (a body in memory shared with the client): copied first where written after."""
+        lock = self._swapping()
+        await lock.acquire()
+        try:
+            table = self.shard._table
+            rows, later = await self._pieces(answer_steps(table, writes, reads, lent))
+        except BaseException:
+            lock.release()
+            raise
+
+        async def rest() -> None:
+            try:
+                await self._pieces(write_steps(table, later))
+            finally:
+                lock.release()
+            self._served["swaps"] += 1
+
+        return rows, rest
+
+    async def _pieces(self, steps: Generator[None, None, Any]) -> Any:
+        """Run ``steps`` (a swap's pieces), letting the event loop serve other calls between
+        two; their seconds are counted as the swaps' work."""
+        served = self._served
+        while True:
+            t0 = time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            finally:
+                served["swap_s"] += time.perf_counter() - t0
+            await asyncio.sleep(0)
+
+    def _swapping(self) -> asyncio.Lock:
+        """The lock a swap holds while its pieces run (made on the actor's event loop)."""
+        if self._swap_lock is None:
+            self._swap_lock = asyncio.Lock()
+        return self._swap_lock
 
     async def serve(self, host: str) -> tuple[str, int]:
         """Listen for ``step`` calls over TCP on ``host`` (angelps.client.wire); returns the address.

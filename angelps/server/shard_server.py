@@ -19,7 +19,7 @@ import asyncio
 import hmac
 import os
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,6 @@ from angelps.server.data_plane import AUTHENTICATED, MAX_UNREAD, DataPlane
 from angelps.server.shard import ParameterShard, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
 from angelps.server.shard_saves import ShardSaves
-from angelps.server.shard_swap import answer_steps, write_steps
 from angelps.step_call import StepCall, StepResult
 from angelps.table import TableSpec
 
@@ -216,55 +215,6 @@ class ShardServer(DataPlane):
         rows, rest = await self._swap_reads(writes, reads)
         await rest()
         return os.getpid(), rows
-
-    async def _swap_reads(
-        self,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-        lent: bool = False,
-    ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
-        """A swap's rows read, and the rest of it to await: the write-backs of rows it does
-        not read, which may follow the reads (:func:`split_writes`), which the
-        data plane awaits once it has sent the rows. The swap holds its lock until the rest
-        is done. ``lent``: the write-backs' arrays are the caller's again once it has the
-        answer (a body in memory shared with the client): copied first where written after."""
-        lock = self._swapping()
-        await lock.acquire()
-        try:
-            table = self.shard._table
-            rows, later = await self._pieces(answer_steps(table, writes, reads, lent))
-        except BaseException:
-            lock.release()
-            raise
-
-        async def rest() -> None:
-            try:
-                await self._pieces(write_steps(table, later))
-            finally:
-                lock.release()
-            self._served["swaps"] += 1
-
-        return rows, rest
-
-    async def _pieces(self, steps: Generator[None, None, Any]) -> Any:
-        """Run ``steps`` (a swap's pieces), letting the event loop serve other calls between
-        two; their seconds are counted as the swaps' work."""
-        served = self._served
-        while True:
-            t0 = time.perf_counter()
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-            finally:
-                served["swap_s"] += time.perf_counter() - t0
-            await asyncio.sleep(0)
-
-    def _swapping(self) -> asyncio.Lock:
-        """The lock a swap holds while its pieces run (made on the actor's event loop)."""
-        if self._swap_lock is None:
-            self._swap_lock = asyncio.Lock()
-        return self._swap_lock
 
     async def run_backup(self, secret: Any = "") -> list[int]:
         self._check_secret(secret, "run_backup")
