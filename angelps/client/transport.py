@@ -152,7 +152,7 @@ class Transport:
 
     def _swap_channel(self, shard: int) -> Channel | None:
         """This process's connection for swaps with ``shard``, opened beside the first once
-        that one is (a tier's swap took 3-4 ms of a GPU node's shard; on the first
+        that one is (a tier's swap took 8-9 ms of an H200 node's shard; on the first
         connection the worker's step call waited behind it). None where there is no first
         connection (Ray calls) or no second can be opened (the shard's connection cap): the
         first carries the swaps then."""

@@ -1,6 +1,6 @@
 """A device tier's swap at a shard (learners/worker/device_tier.py): write back whole rows,
 then read whole rows, in pieces, so that the shard server answers a step call between two
-pieces instead of after the whole swap (on a GPU node a swap took 3-4 ms of the shard's time
+pieces instead of after the whole swap (on an H200 node a swap took 8-9 ms of the shard's time
 a step, and the worker's dense call waited for it: docs/device-tier.md); and the reads before
 the write-backs of rows they do not read (:func:`split_writes`), so that the server answers
 before it writes those back."""
