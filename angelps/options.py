@@ -175,6 +175,15 @@ MAX_CONNECTIONS = Key(
     "in the shard's stats; the shard also never uses more than half of its open-file limit.",
     check=_positive_int,
 )
+SWAP_THREADS = Key(
+    "angel.ps.swap.threads",
+    "int",
+    0,
+    "Threads a shard gives each device tier's swap (its key lookups, gathers and scatters of "
+    "whole rows, cut into parts run at once): 0 = a quarter of the shard's node's cores, 1 to 4; "
+    "1 = the shard's event loop alone.",
+    check=lambda v: None if v >= 0 else "an integer >= 0 (0: from the node's cores)",
+)
 TOKEN_TIMEOUT_MS = Key(
     "angel.ps.token.timeout.ms",
     "int",
@@ -226,6 +235,7 @@ KEYS = [
     TRANSPORT,
     SHARED_MIB,
     MAX_CONNECTIONS,
+    SWAP_THREADS,
     TOKEN_TIMEOUT_MS,
     NAN_POLICY,
     STALENESS,
@@ -243,6 +253,14 @@ def _check_storage(min_count: int, ttl: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             bad = f"{key.name}={value!r} is not valid"
             raise ValueError(f"{bad}: expected an integer >= 0 (0: off)")
+
+
+def _check_swap_threads(threads: int) -> None:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(
+            f"{SWAP_THREADS.name}={threads!r} is not valid: expected an integer >= 0 "
+            "(0: from the node's cores)"
+        )
 
 
 @dataclass(frozen=True)
@@ -266,6 +284,7 @@ class PSOptions:
     timeout_ms: int = field(metadata=keyed(TIMEOUT_MS))
     max_connections: int = field(metadata=keyed(MAX_CONNECTIONS))
     token_timeout_ms: int = field(metadata=keyed(TOKEN_TIMEOUT_MS))
+    swap_threads: int = key_field(SWAP_THREADS)
     admission_min_count: int = key_field(ADMISSION_MIN_COUNT)
     eviction_ttl_updates: int = key_field(EVICTION_TTL_UPDATES)
     shared_mib: int = key_field(SHARED_MIB)
@@ -282,6 +301,7 @@ class PSOptions:
             raise ValueError(f"angel.ps.max.connections={self.max_connections} must be >= 1")
         if self.token_timeout_ms < 1:
             raise ValueError(f"angel.ps.token.timeout.ms={self.token_timeout_ms} must be > 0")
+        _check_swap_threads(self.swap_threads)
         why = SHARED_MIB.check(self.shared_mib) if SHARED_MIB.check else None
         if isinstance(self.shared_mib, bool) or not isinstance(self.shared_mib, int) or why:
             raise ValueError(
@@ -332,9 +352,11 @@ class ShardOptions:
     admission_min_count: int = ADMISSION_MIN_COUNT.default
     eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default
     backup_async: bool = BACKUP_ASYNC.default
+    swap_threads: int = SWAP_THREADS.default
 
     def __post_init__(self) -> None:
         _check_storage(self.admission_min_count, self.eviction_ttl_updates)
+        _check_swap_threads(self.swap_threads)
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         object.__setattr__(
@@ -370,6 +392,7 @@ class ShardOptions:
             admission_min_count=ps.admission_min_count,
             eviction_ttl_updates=ps.eviction_ttl_updates,
             backup_async=ps.backup_async,
+            swap_threads=ps.swap_threads,
         )
 
     @classmethod

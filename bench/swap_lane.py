@@ -1,14 +1,16 @@
 """How long a worker's step call waits when it is sent while a device tier's swap is at the
-shard: the swap on the step's own connection (served first, whole: the data plane before) or
-on a connection of its own, served in pieces between which the shard answers the step
-(angelps/client/transport.py, angelps/server/shard_swap.py). Real shard actors; each round
-sends a swap (write back ``--keys`` whole rows, read ``--keys`` others, FM rank 8 with
-momentum: 2 tables, 72 bytes a row) and at once a step (push and pull a few rows of a small
-table), then waits for both, and for ``--gap-ms`` (a worker's step) before the next round.
+shard, and how long the swap takes: the swap on the step's own connection (served first,
+whole) or on a connection of its own (angelps/client/transport.py), run at the shard on a
+thread of its own beside the event loop that answers the step, its row work over
+``--threads`` threads (``angel.ps.swap.threads``: angelps/server/shard_swap.py,
+angelps/storage/row_threads.py). Real shard actors; each round sends a swap (write back
+``--keys`` whole rows, read ``--keys`` others, FM rank 8 with momentum: 2 tables, 72 bytes a
+row) and at once a step (push and pull a few rows of a small table), then waits for both, and
+for ``--gap-ms`` (a worker's step) before the next round.
 
 Usage:
     python bench/swap_lane.py --json bench/results/swap_lane_cpu.json
-    python bench/swap_lane.py --keys 66000 --reps 40
+    python bench/swap_lane.py --keys 66000 --reps 40 --threads 1 2 --lanes own step
 
 The CPU twin of the GPU figure this change is for: on an H200 the worker's dense call waited
 2.6-3.9 ms a step behind the tier's swap (docs/benchmarks-train.md). Reported: the median
@@ -40,17 +42,21 @@ from angelps.table import OptimizerSpec, TableSpec
 ROWS = 1_000_000  # the feed suite's ids
 
 
-def measure(keys: int, lane: bool, reps: int, gap_ms: float) -> dict[str, Any]:
+def measure(keys: int, lane: bool, reps: int, gap_ms: float, threads: int = 0) -> dict[str, Any]:
     """Medians over ``reps`` rounds (after three) with the swaps on their own connection
     (``lane``) or on the step's; ``gap_ms`` between rounds (a worker's step: a swap is
-    asked for once a step)."""
+    asked for once a step); ``threads``: ``angel.ps.swap.threads``."""
     mom = OptimizerSpec("momentum")
     specs = [
         TableSpec("w", rows=ROWS, cols=1, sparse=True, optimizer=mom),
         TableSpec("v", rows=ROWS, cols=8, sparse=True, init_std=0.01, optimizer=mom),
         TableSpec("bias", rows=64, cols=1, init="zeros", optimizer=mom),
     ]
-    conf = {"angel.job.name": f"swap-lane-{int(lane)}", "angel.ps.number": 1}
+    conf = {
+        "angel.job.name": f"swap-lane-{int(lane)}-{threads}",
+        "angel.ps.number": 1,
+        "angel.ps.swap.threads": threads,
+    }
     client = PSClient.launch(specs, PSOptions.from_config(conf))
     try:
         if not lane:  # (the step's connection carries the swaps, as before)
@@ -87,6 +93,7 @@ def measure(keys: int, lane: bool, reps: int, gap_ms: float) -> dict[str, Any]:
             "keys": keys,
             "gap_ms": gap_ms,
             "own_connection": lane,
+            "swap_threads": threads,
             "swap_connection": type(on).__name__ if on is not None else None,
             "step_alone_ms": 1e3 * statistics.median(alone),
             "step_ms": 1e3 * statistics.median(steps),
@@ -102,17 +109,24 @@ def main() -> None:
     p.add_argument("--keys", type=int, nargs="+", default=[16000, 66000])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--gap-ms", type=float, default=20.0, help="between rounds (a step)")
+    p.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="angel.ps.swap.threads (0: auto)"
+    )
+    p.add_argument(
+        "--lanes", nargs="+", choices=["own", "step"], default=["own"], help="swap connections"
+    )
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
     start_ray()
     results = []
     try:
         for keys in args.keys:
-            for lane in (False, True):
-                r = measure(keys, lane, args.reps, args.gap_ms)
+            for lane, threads in ((la == "own", t) for la in args.lanes for t in args.threads):
+                r = measure(keys, lane, args.reps, args.gap_ms, threads)
                 results.append(r)
                 print(
-                    f"keys {keys:>6} swaps on {'their own' if lane else 'the step'} connection: "
+                    f"keys {keys:>6} threads {threads} "
+                    f"swaps on {'their own' if lane else 'the step'} connection: "
                     f"step {r['step_ms']:.2f} ms (alone {r['step_alone_ms']:.2f}), swap answered {r['swap_answer_ms']:.2f} ms "
                     f"(the shard's work {r['shard_swap_ms']:.2f} ms)",
                     flush=True,

@@ -106,6 +106,10 @@ VARIANTS: dict[str, list[str]] = {
 # table), in the background and inline
 VARIANTS["tier10bk50"] = [*VARIANTS["tier10"], *VARIANTS["bk50"]]
 VARIANTS["tier10bk50inline"] = [*VARIANTS["tier10"], *VARIANTS["bk50inline"]]
+# the tier with its swaps' row work at the shard on 1, 2 or 4 threads (angel.ps.swap.threads;
+# the default, 0, takes a quarter of the shard's node's cores)
+for _n in (1, 2, 4):
+    VARIANTS[f"tier10t{_n}"] = [*VARIANTS["tier10"], f"angel.ps.swap.threads={_n}"]
 BASELINE_SYSTEMS = ("torch", "torch_sparse", "ray_train", "ray_ps")
 
 

@@ -20,7 +20,8 @@ import dataclasses
 import hmac
 import os
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ import ray
 from angelps.client import wire
 from angelps.client.shared import ShardSegment, decode_map, is_map, shared_regions
 from angelps.server.shard import ParameterShard, ShardRestarted
-from angelps.server.shard_swap import answer_steps, write_steps
+from angelps.server.shard_swap import answer, write_back
 from angelps.step_call import StepCall, StepResult
 
 __all__ = ["AUTHENTICATED", "MAX_UNREAD", "DataPlane"]
@@ -42,8 +43,8 @@ AUTHENTICATED = object()
 
 
 class DataPlane:
-    """The TCP half of a shard actor, with a device tier's swaps in pieces (served by the
-    actor's Ray method too); the actor provides the step calls it serves."""
+    """The TCP half of a shard actor, with a device tier's swaps on a thread of their own
+    (served by the actor's Ray method too); the actor provides the step calls it serves."""
 
     shard: ParameterShard
     _token: bytes
@@ -55,6 +56,10 @@ class DataPlane:
     #: calls served and the seconds of their rows' work (the shard's stats)
     _served: dict[str, Any]
     _swap_lock: asyncio.Lock | None
+    #: the tables of the swap holding the lock (empty: none)
+    _swap_tables: frozenset[str]
+    #: the thread swaps run on (made at the first)
+    _swap_thread: ThreadPoolExecutor | None
 
     async def step(self, call: StepCall, secret: Any = "") -> StepResult:
         raise NotImplementedError
@@ -66,44 +71,77 @@ class DataPlane:
         lent: bool = False,
     ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
         """A swap's rows read, and the rest of it to await: the write-backs of rows it does
-        not read, which may follow the reads (:func:`split_writes`), which the
-        data plane awaits once it has sent the rows. The swap holds its lock until the rest
-        is done. ``lent``: the write-backs' arrays are the caller's again once it has the
-        answer (a body in memory shared with the client): copied first where written after."""
+        not read, which may follow the reads (:func:`split_writes`), which the data plane
+        awaits once it has sent the rows. Both run on the swaps' thread, off the event loop,
+        which serves other calls meanwhile (:meth:`_swap_clear`). The swap holds its lock
+        until the rest is done. ``lent``: the write-backs' arrays are the caller's again once
+        it has the answer (a body in memory shared with the client): copied first where
+        written after."""
         lock = self._swapping()
         await lock.acquire()
+        par = self.shard.swap_par
+        self._swap_tables = frozenset(writes) | frozenset(reads)
         try:
             table = self.shard._table
-            rows, later = await self._pieces(answer_steps(table, writes, reads, lent))
+            rows, later = await self._off_loop(answer, table, writes, reads, lent, par)
         except BaseException:
+            self._swap_tables = frozenset()
             lock.release()
             raise
 
         async def rest() -> None:
             try:
-                await self._pieces(write_steps(table, later))
+                await self._off_loop(write_back, table, later, par)
             finally:
+                self._swap_tables = frozenset()
                 lock.release()
             self._served["swaps"] += 1
 
         return rows, rest
 
-    async def _pieces(self, steps: Generator[None, None, Any]) -> Any:
-        """Run ``steps`` (a swap's pieces), letting the event loop serve other calls between
-        two; their seconds are counted as the swaps' work."""
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the swaps' thread, its seconds counted as the swaps' work. A
+        caller cancelled meanwhile still waits for the thread to end (its rows are being
+        written: the swap's lock is not released under it), then is cancelled."""
         served = self._served
-        while True:
+
+        def timed() -> Any:
             t0 = time.perf_counter()
             try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+                return fn(*args)
             finally:
                 served["swap_s"] += time.perf_counter() - t0
-            await asyncio.sleep(0)
+
+        if self._swap_thread is None:
+            self._swap_thread = ThreadPoolExecutor(1, thread_name_prefix="angelps-swap")
+        done = asyncio.get_running_loop().run_in_executor(self._swap_thread, timed)
+        cancelled = False
+        while True:
+            try:
+                result = await asyncio.shield(done)
+                break
+            except asyncio.CancelledError:
+                if done.done():
+                    raise
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
+
+    async def _swap_clear(self, names: Iterable[str], backup: bool = False) -> None:
+        """Wait for a swap in progress if it holds any of the tables ``names`` (or any table
+        at all, for ``backup``: a backup or a save expires rows in every table). A caller
+        touches its tables right after this, with no await in between, so no swap starts
+        under it."""
+        lock = self._swap_lock
+        while lock is not None and lock.locked():
+            if not backup and self._swap_tables.isdisjoint(names):
+                return
+            async with lock:  # (the swap's end; queued swaps come after this caller)
+                pass
 
     def _swapping(self) -> asyncio.Lock:
-        """The lock a swap holds while its pieces run (made on the actor's event loop)."""
+        """The lock a swap holds until its write-backs are done (made on the actor's loop)."""
         if self._swap_lock is None:
             self._swap_lock = asyncio.Lock()
         return self._swap_lock

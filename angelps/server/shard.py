@@ -15,7 +15,7 @@ from all workers are summed and applied as one optimizer update.
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,8 @@ from angelps.partition import Partitioner
 from angelps.push_checks import check_keys, check_lr, check_push
 from angelps.rates import Step, rate_of
 from angelps.server.consistency import ClockTable
-from angelps.server.shard_swap import SWAP_PIECE_BYTES, swap_steps
+from angelps.server.shard_swap import swap
+from angelps.storage.row_threads import auto_threads, row_threads
 from angelps.storage.table_rows import FrozenTable, Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
@@ -71,6 +72,7 @@ class ParameterShard:
         device: str | None = None,
         admission_min_count: int = ADMISSION_MIN_COUNT.default,
         eviction_ttl_updates: int = EVICTION_TTL_UPDATES.default,
+        swap_threads: int = 1,
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard id {shard_id} is out of range for {num_shards} shards")
@@ -94,6 +96,9 @@ class ParameterShard:
         self.device = device
         self.min_count = _count_option(ADMISSION_MIN_COUNT.name, admission_min_count)
         self.ttl = _count_option(EVICTION_TTL_UPDATES.name, eviction_ttl_updates)
+        #: the threads a device tier's swap runs on (``angel.ps.swap.threads``; 0: from the
+        #: node's cores): None for one
+        self.swap_par = row_threads(swap_threads or auto_threads()) if device is None else None
         self.clocks: ClockTable = ClockTable(num_workers, staleness)
         #: Tables left out of backups: the device tiers' (their owner writes rows back outside
         #: the clocks, so a restart from a backup restarts the job from its checkpoint anyway:
@@ -261,22 +266,7 @@ class ParameterShard:
         (``writes``: table -> (unique keys, rows with their optimizer slots)), then return the
         whole rows of ``reads`` (table -> unique keys; rows missing are created). Everything
         is checked before any row is written."""
-        steps = self.swap_steps(writes, reads, piece_bytes=1 << 62)  # (one piece a table)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-
-    def swap_steps(
-        self,
-        writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-        reads: Mapping[str, np.ndarray],
-        piece_bytes: int = SWAP_PIECE_BYTES,
-    ) -> Generator[None, None, dict[str, np.ndarray]]:
-        """:meth:`swap` in pieces of about ``piece_bytes``, pausing (``yield``) after each
-        (:func:`angelps.server.shard_swap.swap_steps`); returns the rows read."""
-        return swap_steps(self._table, writes, reads, piece_bytes)
+        return swap(self._table, writes, reads, self.swap_par)
 
     def evict(self) -> dict[str, int]:
         """Remove the rows that expiry (``angel.ps.eviction.ttl.updates``) says are stale, and

@@ -95,6 +95,10 @@ class ShardBackups:
         self._done(meta, t0)
         return self.clocks
 
+    def due(self) -> bool:
+        """Whether the next update applied starts (or writes) a backup."""
+        return self.interval > 0 and not self._stopped and self._since + 1 >= self.interval
+
     def after_update(self) -> None:
         """One more update applied: a backup when the interval is reached."""
         if self.interval <= 0 or self._stopped:

@@ -5,9 +5,10 @@ It adds what needs a process of its own: waiting for other workers' clocks (BSP/
 data plane (:mod:`angelps.client.wire`, one connection per client process) and backups with restart
 recovery. It receives typed :class:`~angelps.options.ShardOptions`, never configuration keys.
 
-Invariants: one operation at a time touches the rows (an asyncio actor: the numpy work runs on
-the event loop; only clock waits, and a device tier's swap between its pieces, yield), so
-socket calls and Ray calls interleave exactly as Ray calls interleave with each other; after a
+Invariants: one operation at a time touches a table's rows (an asyncio actor: the numpy work
+runs on the event loop, only clock waits yield; a device tier's swap runs on a thread of its own,
+and a call touching its tables, or starting a backup, waits for it), so socket calls and Ray
+calls interleave exactly as Ray calls interleave with each other; after a
 restart no update is silently dropped (see :class:`ShardServer`); a data-plane peer cannot
 take the shard down (:mod:`angelps.server.data_plane`). Backups live in a directory only this
 user can read (0700), restored only from a ``LATEST`` naming a version inside it.
@@ -20,6 +21,7 @@ import hmac
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -79,6 +81,7 @@ class ShardServer(DataPlane):
             device=options.device,
             admission_min_count=options.admission_min_count,
             eviction_ttl_updates=options.eviction_ttl_updates,
+            swap_threads=options.swap_threads,
         )
         self.timeout_s = options.timeout_s
         self.backups = ShardBackups(self.shard, options)
@@ -87,6 +90,8 @@ class ShardServer(DataPlane):
         self._awaiting_replay: set[int] = set()
         self._cond: asyncio.Condition | None = None
         self._swap_lock: asyncio.Lock | None = None
+        self._swap_tables: frozenset[str] = frozenset()
+        self._swap_thread: ThreadPoolExecutor | None = None
         # The data plane (angelps.client.wire): a TCP server opened by serve(), guarded by the token.
         self._token = options.token.encode()
         self._server: asyncio.Server | None = None
@@ -163,6 +168,9 @@ class ShardServer(DataPlane):
                 lambda: shard.clocks.pushed[worker] >= clock,
                 f"worker {worker}'s push for clock {clock}",
             )
+            # (a push applies the pending pushes of its clock too, and may start a backup)
+            pushed = {n for pending in shard._pending.values() for n in pending}
+            await self._swap_clear(pushed.union(call.pushes), backup=self.backups.due())
             if shard.clocks.can_push(worker, clock):
                 before = shard.clocks.applied if shard.clocks.bsp else -1
                 t0 = time.perf_counter()
@@ -188,6 +196,7 @@ class ShardServer(DataPlane):
                 lambda: shard.clocks.can_pull(worker, clock),
                 f"worker {worker}'s pull at clock {clock}",
             )
+        await self._swap_clear(call.pulls)
         t0 = time.perf_counter()
         rows = shard.pull(call.pulls, call.checked)
         self._served["step_s"] += time.perf_counter() - t0
@@ -208,9 +217,10 @@ class ShardServer(DataPlane):
         with the rows: a tier that sees it change knows the shard restarted from a backup
         that may predate its write-backs.
 
-        In pieces (:mod:`angelps.server.shard_swap`): between two, the event loop serves
-        other calls (the worker's step call for its dense tables, on its own connection,
-        need not wait for the whole swap). Saves and loads wait for the swaps in progress."""
+        On the swaps' thread (:mod:`angelps.server.shard_swap`): meanwhile the event loop
+        serves other calls (the worker's step call for its dense tables, on its own
+        connection, need not wait for the swap) but those of the swap's tables. Saves, loads
+        and backups wait for the swaps in progress."""
         self._check_secret(secret, "swap")
         rows, rest = await self._swap_reads(writes, reads)
         await rest()

@@ -1,52 +1,48 @@
 """A device tier's swap at a shard (learners/worker/device_tier.py): write back whole rows,
-then read whole rows, in pieces, so that the shard server answers a step call between two
-pieces instead of after the whole swap (on an H200 node a swap took 8-9 ms of the shard's time
-a step, and the worker's dense call waited for it: docs/device-tier.md); and the reads before
-the write-backs of rows they do not read (:func:`split_writes`), so that the server answers
-before it writes those back."""
+then read whole rows. The data plane runs a swap on a thread of its own, off the shard's event
+loop (:mod:`angelps.server.data_plane`), its lookups, gathers and scatters cut into parts over
+``angel.ps.swap.threads`` threads (:mod:`angelps.storage.row_threads`): on an H200 node a
+swap took 8-9 ms of the shard's time a step, bound by memory latency (docs/device-tier.md).
+It reads before it writes back the rows it does not read (:func:`split_writes`), so that the
+server answers before it writes those back (:func:`answer`, then :func:`write_back`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from angelps.push_checks import check_keys
+from angelps.storage.row_threads import RowThreads
 from angelps.storage.table_rows import Table
 
 __all__ = [
     "MARKS_MAX",
-    "SWAP_PIECE_BYTES",
-    "answer_steps",
+    "answer",
     "check_swap",
-    "read_steps",
+    "read_rows",
     "split_writes",
-    "swap_steps",
-    "write_steps",
+    "swap",
+    "write_back",
 ]
 
-#: Bytes of rows a swap moves between two pauses: a step call that arrives during a swap waits
-#: for about one piece (bench/swap_lane.py on 2 cores, 66,000 rows each way of FM's two tables:
-#: 3.1 ms behind a swap, with 1 MiB pieces 5.1 ms, whole 13.6 ms; 64 KiB pieces made the swap
-#: 1.6x slower).
-SWAP_PIECE_BYTES = 1 << 18
 #: The largest id range whose swaps :func:`split_writes` checks (a byte an id, for the check).
 MARKS_MAX = 1 << 26
 
 
-def swap_steps(
+def swap(
     table: Callable[[str], Table],
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
     reads: Mapping[str, np.ndarray],
-    piece_bytes: int = SWAP_PIECE_BYTES,
-) -> Generator[None, None, dict[str, np.ndarray]]:
+    par: RowThreads | None = None,
+) -> dict[str, np.ndarray]:
     """Write ``writes`` (table -> (unique keys, whole rows with their optimizer slots)), then
-    read the whole rows of ``reads`` (table -> unique keys; rows missing are created), in
-    pieces of about ``piece_bytes``, pausing (``yield``) after each; returns the rows read.
-    Everything is checked before any row is written (:func:`check_swap`)."""
+    read the whole rows of ``reads`` (table -> unique keys; rows missing are created), over
+    ``par``'s threads; returns the rows read. Everything is checked before any row is written
+    (:func:`check_swap`)."""
     checked = check_swap(table, writes, reads)
-    yield from write_steps(table, writes, piece_bytes)
-    return (yield from read_steps(table, checked, piece_bytes))
+    write_back(table, writes, par)
+    return read_rows(table, checked, par)
 
 
 def check_swap(
@@ -74,42 +70,23 @@ def check_swap(
     return checked
 
 
-def write_steps(
+def write_back(
     table: Callable[[str], Table],
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    piece_bytes: int = SWAP_PIECE_BYTES,
-) -> Generator[None, None, None]:
-    """A swap's write-backs (checked), in pieces, pausing after each. No slot is held across
-    a pause: each piece looks its keys up, so work that moves rows during a pause (expiry at
-    a backup) leaves the swap correct."""
+    par: RowThreads | None = None,
+) -> None:
+    """A swap's write-backs (checked), over ``par``'s threads."""
     for name, (keys, block) in writes.items():
-        t = table(name)
-        rows = _piece_rows(t, piece_bytes)
-        for a in range(0, len(keys), rows):
-            t.put_rows(keys[a : a + rows], block[a : a + rows])
-            yield
+        table(name).put_rows(keys, block, par)
 
 
-def read_steps(
+def read_rows(
     table: Callable[[str], Table],
     checked: Mapping[str, np.ndarray],
-    piece_bytes: int = SWAP_PIECE_BYTES,
-) -> Generator[None, None, dict[str, np.ndarray]]:
-    """A swap's reads (keys checked), in pieces, pausing after each; returns the rows."""
-    out = {}
-    for name, k in checked.items():
-        t = table(name)
-        rows = _piece_rows(t, piece_bytes)
-        if len(k) <= rows:
-            out[name] = t.take_rows(k)
-            yield
-            continue
-        got = np.empty((len(k), t.width), dtype=t.dtype)
-        for a in range(0, len(k), rows):
-            got[a : a + rows] = t.take_rows(k[a : a + rows])
-            yield
-        out[name] = got
-    return out
+    par: RowThreads | None = None,
+) -> dict[str, np.ndarray]:
+    """A swap's reads (keys checked), over ``par``'s threads; returns the rows."""
+    return {name: table(name).take_rows(k, par) for name, k in checked.items()}
 
 
 def split_writes(
@@ -147,22 +124,20 @@ def split_writes(
     return first, later
 
 
-def answer_steps(
+def answer(
     table: Callable[[str], Table],
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
     reads: Mapping[str, np.ndarray],
     lent: bool = False,
-    piece_bytes: int = SWAP_PIECE_BYTES,
-) -> Generator[None, None, tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]]:
-    """A swap up to its answer, in pieces, pausing after each: checked, its write-backs split
-    (:func:`split_writes`), those of rows it reads written, its rows read; returns the rows
-    and the write-backs left to write once the answer is sent (:func:`write_steps`).
-    ``lent``: the write-backs' arrays are the caller's again once it has the answer (a body
-    in memory shared with the client): those left are copied first."""
+    par: RowThreads | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """A swap up to its answer: checked, its write-backs split (:func:`split_writes`), those
+    of rows it reads written, its rows read; returns the rows and the write-backs left to
+    write once the answer is sent (:func:`write_back`). ``lent``: the write-backs' arrays are
+    the caller's again once it has the answer (a body in memory shared with the client):
+    those left are copied first."""
     checked = check_swap(table, writes, reads)
-    yield
     first, later = split_writes(table, writes, checked)
-    yield
     if lent:
         for name, (keys, block) in list(later.items()):
             # (a subset split off is a copy already; the arrays of the body are views of it)
@@ -170,12 +145,5 @@ def answer_steps(
                 keys if keys.flags.owndata else keys.copy(),
                 block if block.flags.owndata else block.copy(),
             )
-            yield
-    yield from write_steps(table, first, piece_bytes)
-    rows = yield from read_steps(table, checked, piece_bytes)
-    return rows, later
-
-
-def _piece_rows(t: Table, piece_bytes: int) -> int:
-    """Rows of ``t`` in a piece of about ``piece_bytes`` (at least 1,024)."""
-    return max(1024, piece_bytes // (t.width * t.dtype.itemsize))
+    write_back(table, first, par)
+    return read_rows(table, checked, par), later

@@ -57,6 +57,11 @@ class RowStore(Protocol):
 
     def scatter(self, slots: np.ndarray, values: np.ndarray) -> None: ...
 
+    def gather_into(self, slots: np.ndarray, out: np.ndarray) -> None:
+        """``out[:] = rows[slots]`` (whole rows; ``out`` contiguous): a part of a gather split
+        over threads (:mod:`angelps.storage.row_threads`) writes its own slice."""
+        ...
+
     def write(self, start: int, values: np.ndarray) -> None: ...
 
     def read(self, start: int, end: int, cols: int | None = None) -> np.ndarray: ...
@@ -154,14 +159,21 @@ class PagedRows:
             out = self.pages[0].take(slots, axis=0)
         else:
             out = np.empty((len(slots), self.width), dtype=self.dtype)
-            order, runs = self._by_page(slots)
-            flat = _as_rows(out)
-            for p, a, b in runs:
-                sel = order[a:b]
-                np.put(flat, sel, _as_rows(self.pages[p].take(slots[sel] & self.mask, axis=0)))
+            self.gather_into(slots, out)
         if cols is None or cols == self.width:
             return out
         return np.ascontiguousarray(out[:, :cols])
+
+    def gather_into(self, slots: np.ndarray, out: np.ndarray) -> None:
+        if len(self.pages) == 1:
+            # (mode "clip": with "raise" numpy copies through a buffer the size of ``out``)
+            self.pages[0].take(slots, axis=0, out=out, mode="clip")
+            return
+        order, runs = self._by_page(slots)
+        flat = _as_rows(out)
+        for p, a, b in runs:
+            sel = order[a:b]
+            np.put(flat, sel, _as_rows(self.pages[p].take(slots[sel] & self.mask, axis=0)))
 
     def take1(self, slots: np.ndarray) -> np.ndarray:
         """Column 0 of rows ``slots`` as a 1-D array (a one-column store such as a table's
@@ -281,6 +293,9 @@ class TorchRows:
 
     def scatter(self, slots: np.ndarray, values: np.ndarray) -> None:
         self.scatter_t(slots, self.tensor(values))
+
+    def gather_into(self, slots: np.ndarray, out: np.ndarray) -> None:
+        out[:] = self.gather(slots)
 
     def tensor(self, values: np.ndarray) -> torch.Tensor:
         return self._torch.from_numpy(np.ascontiguousarray(values)).to(self.device)

@@ -38,6 +38,7 @@ from angelps.optim import apply, slot_columns, slot_widths
 from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
 from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
+from angelps.storage.row_threads import RowThreads
 from angelps.storage.rows import PagedRows, RowStore, TorchRows
 from angelps.table import TableSpec, init_rows
 
@@ -310,14 +311,31 @@ class Table:
             {k: np.concatenate([p[2][k] for p in parts]) for k in self.slots},
         )
 
-    def take_rows(self, keys: np.ndarray) -> np.ndarray:
+    def take_rows(self, keys: np.ndarray, par: RowThreads | None = None) -> np.ndarray:
         """Whole rows (weights, then the optimizer slots) of unique ``keys``, a new array; rows
         missing are created (initialised) as a pull creates them. A worker's device tier
-        fetches its misses with their optimizer state this way."""
+        fetches its misses with their optimizer state this way. ``par``: the keys cut into
+        parts, each looked up and gathered by a thread of its own
+        (:mod:`angelps.storage.row_threads`); the rows missing made after, by this thread."""
         self._last = None
-        if not self.spec.sparse:
-            return self.rows.gather(keys - self.lo)
-        return self.rows.gather(self.locate(keys, create=True))
+        if par is None or not self.n:
+            return self.rows.gather(self.locate(keys, create=True))
+        out = np.empty((len(keys), self.width), dtype=self.dtype)
+        slots = np.empty(len(keys), dtype=np.int64)
+
+        def part(a: int, b: int) -> None:
+            s = self.locate(keys[a:b], create=False)
+            slots[a:b] = s
+            if len(s) and s.min() < 0:
+                s = np.maximum(s, 0)  # (row 0 read for now: the rows made below replace it)
+            self.rows.gather_into(s, out[a:b])
+
+        par.run(len(keys), part)
+        missing = slots < 0
+        if missing.any():
+            made = self._create(keys[missing])
+            out[missing] = self.rows.gather(made)
+        return out
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Overwrite rows (and state) of unique ``keys`` (checkpoint restore); rows missing are
@@ -328,11 +346,16 @@ class Table:
             block[:, a:b] = state[k]
         self.put_rows(keys, block)
 
-    def put_rows(self, keys: np.ndarray, block: np.ndarray) -> None:
+    def put_rows(self, keys: np.ndarray, block: np.ndarray, par: RowThreads | None = None) -> None:
         """Overwrite whole rows (weights and slots, as :meth:`take_rows` returns them) of
-        unique ``keys``; rows missing are created with these values."""
+        unique ``keys``; rows missing are created with these values. ``par``: the keys cut
+        into parts, each looked up and written by a thread of its own; the rows missing made
+        after, by this thread."""
         block = np.ascontiguousarray(block, dtype=self.dtype)
         self._last = None
+        if par is not None and self.n:
+            self._put_parts(keys, block, par)
+            return
         if not self.spec.sparse:
             self.rows.scatter(keys - self.lo, block)
             return
@@ -347,6 +370,23 @@ class Table:
             slots, block = slots[held], block[held]
         if len(slots):
             self.rows.scatter(slots, block)
+
+    def _put_parts(self, keys: np.ndarray, block: np.ndarray, par: RowThreads) -> None:
+        """:meth:`put_rows` over ``par``'s threads."""
+        missing = np.zeros(len(keys), dtype=bool)
+
+        def part(a: int, b: int) -> None:
+            s = self.locate(keys[a:b], create=False)
+            held = s >= 0
+            if held.all():
+                self.rows.scatter(s, block[a:b])
+                return
+            missing[a:b] = ~held
+            self.rows.scatter(s[held], block[a:b][held])
+
+        par.run(len(keys), part)
+        if missing.any():
+            self._create(keys[missing], block[missing])
 
     def reserve(self, rows: int) -> None:
         """Expect about ``rows`` rows (a restore): size an empty hash index for them once

@@ -1,7 +1,9 @@
-"""A device tier's swap at the shard in pieces (angelps/server/shard_swap.py) and on a
-connection of its own (angelps/client/transport.py): the same rows as the swap done whole,
-a step call answered between two pieces, saves waiting for a swap in progress, the second
-connection's fallback to the first, and the shard's account of the calls it served."""
+"""A device tier's swap at the shard, on a thread of its own and over row threads
+(angelps/server/shard_swap.py, angelps/server/data_plane.py, angelps/storage/row_threads.py),
+and on a connection of its own (angelps/client/transport.py): the same rows as on one thread,
+a step call for other tables answered while a swap runs, those of its tables and saves
+waiting for it, the second connection's fallback to the first, and the shard's account of
+the calls it served."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions, ShardOptions
 from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer
-from angelps.server.shard_swap import SWAP_PIECE_BYTES, check_swap, split_writes
-from angelps.step_call import StepCall
+from angelps.server.shard_swap import check_swap, split_writes
+from angelps.step_call import StepCall, StepResult
+from angelps.storage.row_threads import MIN_PART_ROWS, RowThreads, auto_threads
 from angelps.table import OptimizerSpec, TableSpec
 
 MOM = OptimizerSpec("momentum")
@@ -37,76 +40,121 @@ def _swap_args(rng: np.random.Generator, n: int) -> tuple[dict, dict]:
     return writes, {"emb": read, "lin": read}
 
 
-def test_a_swap_in_pieces_leaves_the_rows_of_the_swap_done_whole():
-    """Pieces of 1,024 rows (the least) against one piece a table: the same rows read (those
-    written back in the same swap among them) and the same tables after three swaps."""
+def _assert_same_tables(a: ParameterShard, b: ParameterShard, names: list[str]) -> None:
+    for name in names:
+        for x, y in zip(a.export(name), b.export(name), strict=True):
+            if isinstance(x, dict):
+                for k in x:
+                    np.testing.assert_array_equal(x[k], y[k])
+            else:
+                np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_swap_over_threads_leaves_the_rows_of_a_swap_on_one_thread(threads):
+    """Lookups, gathers and scatters cut into parts over threads: the same rows read and the
+    same tables (rows created in the same order) as on one thread, for a table of unknown id
+    range (open addressing), one of known range (a direct index) and a dense one, with rows
+    new to the shard among those written back and read."""
     rng = np.random.default_rng(0)
-    whole, pieces = (ParameterShard(0, 1, [EMB, LIN]) for _ in range(2))
-    n_pauses = 0
-    for _ in range(3):
-        writes, reads = _swap_args(rng, 5000)
-        reads = {k: np.union1d(v, writes[k][0][:100]) for k, v in reads.items()}
-        want = whole.swap(writes, reads)
-        steps = pieces.swap_steps(writes, reads, piece_bytes=1)
-        while True:
-            try:
-                next(steps)
-                n_pauses += 1
-            except StopIteration as done:
-                got = done.value
-                break
+    dense = TableSpec("dense", rows=1 << 20, cols=2, optimizer=MOM)
+    specs = [EMB, LIN, dense]
+    one = ParameterShard(0, 1, specs)
+    many = ParameterShard(0, 1, specs, swap_threads=threads)
+    assert one.swap_par is None and many.swap_par is not None
+    assert many.swap_par.threads == threads
+    for _ in range(4):
+        writes, reads = _swap_args(rng, 3 * MIN_PART_ROWS + 1000)
+        writes["dense"] = (writes["lin"][0], rng.standard_normal((len(writes["lin"][0]), 4)))
+        writes["dense"] = (writes["dense"][0], writes["dense"][1].astype(np.float32))
+        reads["dense"] = reads["lin"]
+        # (a few rows written back are read too: written first, then read as written)
+        reads = {k: np.union1d(v, writes[k][0][:50]) for k, v in reads.items()}
+        want = one.swap(writes, reads)
+        got = many.swap(writes, reads)
         for name in reads:
             np.testing.assert_array_equal(got[name], want[name])
-    # (each table's write-back and read, in pieces of 1,024 rows)
-    assert n_pauses >= 3 * 4 * 4
-    for name in ("emb", "lin"):
-        for a, b in zip(whole.export(name), pieces.export(name), strict=False):
-            if isinstance(a, dict):
-                for k in a:
-                    np.testing.assert_array_equal(a[k], b[k])
-            else:
-                np.testing.assert_array_equal(a, b)
+    assert many.tables["emb"].num_rows() == one.tables["emb"].num_rows() > 8 * MIN_PART_ROWS
+    _assert_same_tables(one, many, ["emb", "lin", "dense"])
 
 
-def test_a_bad_swap_is_refused_before_any_piece_is_written():
-    shard = ParameterShard(0, 1, [EMB, LIN])
+def test_row_threads_run_every_part_and_raise_a_part_s_error():
+    par = RowThreads(3)
+    seen: list[tuple[int, int]] = []
+    par.run(3 * MIN_PART_ROWS + 5, lambda a, b: seen.append((a, b)))
+    assert sorted(seen) == [
+        (0, MIN_PART_ROWS + 1),
+        (MIN_PART_ROWS + 1, 2 * MIN_PART_ROWS + 3),
+        (2 * MIN_PART_ROWS + 3, 3 * MIN_PART_ROWS + 5),
+    ]
+    seen.clear()
+    par.run(MIN_PART_ROWS, lambda a, b: seen.append((a, b)))  # (too few rows to cut)
+    assert seen == [(0, MIN_PART_ROWS)]
+
+    def fail(a: int, b: int) -> None:
+        if a > 0:
+            raise ValueError(f"part {a}:{b}")
+
+    with pytest.raises(ValueError, match=r"part 4096:8192"):
+        RowThreads(2).run(2 * MIN_PART_ROWS, fail)
+    with pytest.raises(ValueError, match="row threads must be >= 1, got 0"):
+        RowThreads(0)
+    assert auto_threads(2) == 1 and auto_threads(16) == 4 and auto_threads(64) == 4
+
+
+def test_a_bad_swap_is_refused_before_any_row_is_written():
+    shard = ParameterShard(0, 1, [EMB, LIN], swap_threads=2)
     keys = np.arange(5000, dtype=np.int64)
     good = (keys, np.ones((5000, 16), np.float32))
     bad = (keys, np.ones((5000, 3), np.float32))
     with pytest.raises(
         ValueError, match=r"table 'lin': a write-back of 5000 rows needs a \[5000, 2\]"
     ):
-        next(shard.swap_steps({"emb": good, "lin": bad}, {}, piece_bytes=1))
+        shard.swap({"emb": good, "lin": bad}, {})
     assert shard.tables["emb"].num_rows() == 0  # (nothing written)
 
 
-def test_the_shard_answers_a_step_between_the_pieces_of_a_swap(tmp_path):
-    """A step call that arrives while a swap runs is answered before the swap ends (the swap
-    pauses between pieces); a save that arrives then waits for the swap (it holds every row
-    the swap wrote back); the shard counts both calls and the swap's seconds."""
+def test_the_shard_answers_other_tables_while_a_swap_runs_on_its_thread(tmp_path):
+    """While a swap runs on its thread (held there until the step is answered), a step call
+    for another table is answered; a pull of a table the swap writes, and a save, wait for
+    it: the pull reads the rows as written back. The shard counts the calls and the swap's
+    seconds."""
     srv = ShardServer(0, 1, [EMB, LIN, BIAS], ShardOptions.from_config({}))
     rng = np.random.default_rng(1)
-    # (about 200,000 rows each way: 48 pieces of EMB's at the default size)
-    writes, reads = _swap_args(rng, 200_000)
-    assert len(reads["emb"]) * ROW_BYTES > 20 * SWAP_PIECE_BYTES
-    done: list[str] = []
+    writes, reads = _swap_args(rng, 20_000)
+    table = srv.shard.tables["emb"]
+    put_rows = table.put_rows
+    step_answered = threading.Event()
 
-    async def main() -> dict:
+    def held_put_rows(*args: object) -> None:
+        assert step_answered.wait(30), "the step was not answered during the swap"
+        put_rows(*args)  # type: ignore[arg-type]
+
+    table.put_rows = held_put_rows  # type: ignore[method-assign]
+    done: list[str] = []
+    back = writes["emb"][0][:5]
+
+    async def main() -> tuple[dict, StepResult]:
         swap = asyncio.create_task(srv.swap(writes, reads))
         swap.add_done_callback(lambda _: done.append("swap"))
-        await asyncio.sleep(0)  # (the swap has started: it pauses after its first piece)
+        await asyncio.sleep(0.05)  # (the swap is on its thread, held in its write-backs)
         assert not swap.done()
-        step = asyncio.create_task(srv.step(StepCall(0, 0, None, {"bias": None}, 0)))
-        step.add_done_callback(lambda _: done.append("step"))
+        step = await srv.step(StepCall(0, 0, pulls={"bias": None}))
+        assert step.rows is not None and step.rows["bias"].shape == (4, 1)
+        done.append("step")
+        step_answered.set()
+        pull = asyncio.create_task(srv.step(StepCall(0, 0, pulls={"emb": back})))
+        pull.add_done_callback(lambda _: done.append("pull"))
         save = asyncio.create_task(srv.save(str(tmp_path / "ckpt")))
         save.add_done_callback(lambda _: done.append("save"))
-        await asyncio.gather(swap, step, save)
-        return await srv.stats()
+        pulled, *_ = await asyncio.gather(pull, swap, save)
+        return await srv.stats(), pulled
 
-    stats = asyncio.run(main())
-    assert done == ["step", "swap", "save"]
+    stats, pulled = asyncio.run(main())
+    assert done == ["step", "swap", "pull", "save"]
+    np.testing.assert_array_equal(pulled.rows["emb"], writes["emb"][1][:5, :8])
     served = stats["served"]
-    assert (served["steps"], served["swaps"]) == (1, 1)
+    assert (served["steps"], served["swaps"]) == (2, 1)
     assert served["swap_s"] > 0 and served["step_s"] >= 0
     assert stats["rows"]["emb"] == len(np.union1d(writes["emb"][0], reads["emb"]))
 
@@ -223,3 +271,41 @@ def test_swaps_from_several_threads_open_one_connection_for_them(ray_local):
     assert conns["open"] == 2 and conns["refused"] == 0
     for i in range(8):
         np.testing.assert_array_equal(got[i][0], want[i])
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_a_push_that_starts_a_backup_waits_for_a_swap(tmp_path, interval):
+    """A backup expires rows in every table, so a push whose update starts one waits for a
+    swap in progress (interval 1: the first push), while a push that starts none is applied
+    at once (interval 3)."""
+    ps = PSOptions.from_config(
+        {"angel.ps.backup.interval": interval, "angel.ps.backup.async": False}
+    )
+    opts = ShardOptions.of(ps, 1, backup_dir=str(tmp_path / "backups"))
+    srv = ShardServer(0, 1, [EMB, BIAS], opts)
+    table = srv.shard.tables["emb"]
+    put_rows = table.put_rows
+    release = threading.Event()
+
+    def held_put_rows(*args: object) -> None:
+        assert release.wait(30)
+        put_rows(*args)  # type: ignore[arg-type]
+
+    table.put_rows = held_put_rows  # type: ignore[method-assign]
+    keys = np.arange(10, dtype=np.int64)
+    done: list[str] = []
+
+    async def main() -> None:
+        swap = asyncio.create_task(srv.swap({"emb": (keys, np.ones((10, 16), np.float32))}, {}))
+        swap.add_done_callback(lambda _: done.append("swap"))
+        await asyncio.sleep(0.05)
+        grads = {"bias": (np.arange(4), np.ones((4, 1), np.float32))}
+        push = asyncio.create_task(srv.step(StepCall(0, 0, pushes=grads, step=0.1)))
+        push.add_done_callback(lambda _: done.append("push"))
+        await asyncio.sleep(0.2)
+        release.set()
+        await asyncio.gather(swap, push)
+
+    asyncio.run(main())
+    assert done == (["swap", "push"] if interval == 1 else ["push", "swap"])
+    assert srv.backups.stats()["count"] == (1 if interval == 1 else 0)
