@@ -104,6 +104,9 @@ def split_writes(
         return dict(writes), {}
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     later: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # (the tables of a tier's book are written back and read with the same ids: their rows
+    # both written and read are found once)
+    last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     for name, (keys, block) in writes.items():
         read = checked.get(name)
         if read is None or not len(read) or not len(keys):
@@ -113,15 +116,23 @@ def split_writes(
         if not 0 < rows <= MARKS_MAX:
             first[name] = (keys, block)
             continue
-        marks = np.zeros(rows, dtype=bool)  # (calloc: only the pages marked are touched)
-        marks[read] = True
-        at = np.flatnonzero(marks[keys])
+        if last is not None and _same(last[0], keys) and _same(last[1], read):
+            at = last[2]
+        else:
+            marks = np.zeros(rows, dtype=bool)  # (calloc: only the pages marked are touched)
+            marks[read] = True
+            at = np.flatnonzero(marks[keys])
+            last = (keys, read, at)
         if len(at):
             first[name] = (keys.take(at), block.take(at, axis=0))
         # Every write-back follows (those also read, again: the same rows, a small share of
         # them), rather than the rest split off (two copies of the block, 2 ms a swap).
         later[name] = (keys, block)
     return first, later
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (len(a) == len(b) and bool(np.array_equal(a, b)))
 
 
 def answer(

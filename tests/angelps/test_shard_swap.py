@@ -8,6 +8,7 @@ the calls it served."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import numpy as np
@@ -177,6 +178,15 @@ def test_only_the_rows_a_swap_also_reads_are_written_back_before_its_reads():
     emb = {"emb": (np.array([1, 5, 9]), np.zeros((3, 16), np.float32))}
     first, later = split_writes(table, emb, check_swap(table, emb, {"emb": np.array([2])}))
     assert list(first) == ["emb"] and later == {}  # (rows=-1: no marks)
+    # Two tables keyed alike (a tier's book) share the search; one read with other ids not.
+    two = ParameterShard(0, 1, [LIN, dataclasses.replace(LIN, name="lin2")])._table
+    keys = np.array([1, 5, 9])
+    both = {"lin": (keys, blk), "lin2": (keys.copy(), blk + 1)}
+    first, _ = split_writes(two, both, {"lin": np.array([5, 7]), "lin2": np.array([5, 7])})
+    assert first["lin"][0].tolist() == first["lin2"][0].tolist() == [5]
+    assert first["lin2"][1].tolist() == [[3.0, 4.0]]
+    first, _ = split_writes(two, both, {"lin": np.array([5, 7]), "lin2": np.array([1, 9])})
+    assert first["lin"][0].tolist() == [5] and first["lin2"][0].tolist() == [1, 9]
 
 
 def test_a_swap_answered_before_its_write_backs_leaves_the_same_rows(tmp_path):
