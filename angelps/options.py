@@ -179,9 +179,9 @@ SWAP_THREADS = Key(
     "angel.ps.swap.threads",
     "int",
     0,
-    "Threads a shard gives each device tier's swap (its key lookups, gathers and scatters of "
-    "whole rows, cut into parts run at once): 0 = a quarter of the shard's node's cores, 1 to 4; "
-    "1 = the shard's event loop alone.",
+    "Threads a shard gives each device tier's swap, which runs beside its event loop (its key "
+    "lookups, gathers and scatters of whole rows, cut into parts run at once): 0 = a quarter of "
+    "the shard's node's cores, 1 to 4; 1 = the swap's own thread alone.",
     check=lambda v: None if v >= 0 else "an integer >= 0 (0: from the node's cores)",
 )
 TOKEN_TIMEOUT_MS = Key(

@@ -11,6 +11,7 @@ for ``--gap-ms`` (a worker's step) before the next round.
 Usage:
     python bench/swap_lane.py --json bench/results/swap_lane_cpu.json
     python bench/swap_lane.py --keys 66000 --reps 40 --threads 1 2 --lanes own step
+    python bench/swap_lane.py --keys 66000 --threads 1 2 4 --alone   # and the shard alone
 
 The CPU twin of the GPU figure this change is for: on an H200 the worker's dense call waited
 2.6-3.9 ms a step behind the tier's swap (docs/benchmarks-train.md). Reported: the median
@@ -104,6 +105,49 @@ def measure(keys: int, lane: bool, reps: int, gap_ms: float, threads: int = 0) -
         client.shutdown()
 
 
+@ray.remote
+class _AloneShard:
+    """A shard's tables in a Ray actor of their own, swapped without a client: the shard's
+    work for a swap and nothing else."""
+
+    def __init__(self, threads: list[int]) -> None:
+        from angelps.server.shard import ParameterShard
+
+        specs = [
+            TableSpec("w", rows=ROWS, cols=1, sparse=True, optimizer=OptimizerSpec("momentum")),
+            TableSpec("v", rows=ROWS, cols=8, sparse=True, optimizer=OptimizerSpec("momentum")),
+        ]
+        self.shards = {t: ParameterShard(0, 1, specs, swap_threads=t) for t in threads}
+        order = np.random.default_rng(0).permutation(ROWS)  # (rows made in a random order)
+        for a in range(0, ROWS, 100_000):
+            k = np.sort(order[a : a + 100_000])
+            for sh in self.shards.values():
+                sh.swap({}, {"w": k, "v": k})
+
+    def run(self, keys: int, reps: int) -> dict[int, float]:
+        """Median ms of a swap (``keys`` rows written back, ``keys`` others read) a thread
+        count, the counts alternated."""
+        rng = np.random.default_rng(1)
+        took: dict[int, list[float]] = {t: [] for t in self.shards}
+        for i in range(reps + 3):
+            back = np.sort(rng.choice(ROWS, keys, replace=False))
+            read = np.sort(rng.choice(ROWS, keys, replace=False))
+            writes = {n: (back, np.zeros((keys, w), np.float32)) for n, w in (("w", 2), ("v", 16))}
+            for t in sorted(self.shards, reverse=bool(i % 2)):
+                t0 = time.perf_counter()
+                self.shards[t].swap(writes, {"w": read, "v": read})
+                if i >= 3:
+                    took[t].append(time.perf_counter() - t0)
+        return {t: 1e3 * statistics.median(v) for t, v in took.items()}
+
+
+def measure_alone(keys: int, threads: list[int], reps: int) -> list[dict[str, Any]]:
+    """The shard's work for a swap alone (``--alone``), on each of ``threads`` threads."""
+    actor = _AloneShard.remote(threads)  # type: ignore[attr-defined]
+    ms = ray.get(actor.run.remote(keys, reps))
+    return [{"keys": keys, "alone": True, "swap_threads": t, "shard_swap_ms": ms[t]} for t in ms]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", type=int, nargs="+", default=[16000, 66000])
@@ -113,7 +157,12 @@ def main() -> None:
         "--threads", type=int, nargs="+", default=[1, 2], help="angel.ps.swap.threads (0: auto)"
     )
     p.add_argument(
-        "--lanes", nargs="+", choices=["own", "step"], default=["own"], help="swap connections"
+        "--lanes", nargs="*", choices=["own", "step"], default=["own"], help="swap connections"
+    )
+    p.add_argument(
+        "--alone",
+        action="store_true",
+        help="also the shard's work for a swap alone, in an actor, on each --threads count",
     )
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
@@ -121,6 +170,14 @@ def main() -> None:
     results = []
     try:
         for keys in args.keys:
+            if args.alone:
+                for r in measure_alone(keys, [max(1, t) for t in args.threads], args.reps):
+                    results.append(r)
+                    print(
+                        f"keys {keys:>6} threads {r['swap_threads']} the shard alone: "
+                        f"{r['shard_swap_ms']:.2f} ms a swap",
+                        flush=True,
+                    )
             for lane, threads in ((la == "own", t) for la in args.lanes for t in args.threads):
                 r = measure(keys, lane, args.reps, args.gap_ms, threads)
                 results.append(r)

@@ -62,3 +62,19 @@ def test_optimizer_spec_reads_the_declared_keys():
     assert OptimizerSpec.from_conf({}, "ml.embedding.optimizer") == OptimizerSpec("momentum")
     with pytest.raises(ValueError, match=r"'ml.nope.optimizer' is not one of"):
         OptimizerSpec.from_conf({}, "ml.nope.optimizer")
+
+
+def test_swap_threads_are_checked_and_reach_the_shard():
+    """angel.ps.swap.threads: an integer >= 0 (0: from the node's cores), in the words of the
+    key, from a job file's string as from a direct construction; the shard's options carry it."""
+    assert PSOptions.from_config({}).swap_threads == 0
+    assert ShardOptions.from_config({"angel.ps.swap.threads": "3"}).swap_threads == 3
+    bad = r"angel.ps.swap.threads=-1 is not valid: expected an integer >= 0 \(0: from the node's"
+    with pytest.raises(ValueError, match=bad):
+        PSOptions.from_config({"angel.ps.swap.threads": -1})
+    with pytest.raises(ValueError, match=bad):
+        ShardOptions.from_config({}).__class__(
+            **{**ShardOptions.from_config({}).__dict__, "swap_threads": -1}
+        )
+    with pytest.raises(ValueError, match="angel.ps.swap.threads"):
+        load_config(None, ["angel.ps.swap.threads=many"], KEYS)
