@@ -373,11 +373,12 @@ def _check_fits(off: int, need: int, size: int) -> None:
 
 
 def encode_reply(
-    result: StepResult, region: tuple[Any, int, int] | None = None
+    result: StepResult, region: tuple[Any, int, int] | None = None, placed: bool = False
 ) -> list[bytes | memoryview]:
     """The frames of a successful ``step``: its rows (or none) and the backup clock. With
     ``region`` (a shared segment, an offset and a size: a swap's ``"out"``) rows that fit are
-    copied there and the header says where (``"at": [offset, bytes]``)."""
+    copied there and the header says where (``"at": [offset, bytes]``); ``placed``: the rows
+    are there already (arrays over the region, one after another from its start)."""
     arrays = {n: np.ascontiguousarray(r) for n, r in (result.rows or {}).items()}
     bufs: list[bytes | memoryview] = [a.data for a in arrays.values()]
     rows_h = [[n, int(a.shape[0]), int(a.shape[1]), a.dtype.str] for n, a in arrays.items()]
@@ -390,7 +391,8 @@ def encode_reply(
         views = [byte_view(b) for b in bufs]
         total = sum(v.nbytes for v in views)
         if total <= size:
-            segment.write(off, views)
+            if not placed:
+                segment.write(off, views)
             head["at"] = [off, total]
             bufs = []
     return frames(head, bufs)

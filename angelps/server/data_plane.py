@@ -69,6 +69,7 @@ class DataPlane:
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
         reads: Mapping[str, np.ndarray],
         lent: bool = False,
+        outs: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[dict[str, np.ndarray], Callable[[], Awaitable[None]]]:
         """A swap's rows read, and the rest of it to await: the write-backs of rows it does
         not read, which may follow the reads (:func:`split_writes`), which the data plane
@@ -76,14 +77,14 @@ class DataPlane:
         which serves other calls meanwhile (:meth:`_swap_clear`). The swap holds its lock
         until the rest is done. ``lent``: the write-backs' arrays are the caller's again once
         it has the answer (a body in memory shared with the client): copied first where
-        written after."""
+        written after. ``outs``: where to gather the rows (:meth:`_reply_rows`)."""
         lock = self._swapping()
         await lock.acquire()
         par = self.shard.swap_par
         self._swap_tables = frozenset(writes) | frozenset(reads)
         try:
             table = self.shard._table
-            rows, later = await self._off_loop(answer, table, writes, reads, lent, par)
+            rows, later = await self._off_loop(answer, table, writes, reads, lent, par, outs)
         except BaseException:
             self._swap_tables = frozenset()
             lock.release()
@@ -139,6 +140,33 @@ class DataPlane:
                 return
             async with lock:  # (the swap's end; queued swaps come after this caller)
                 pass
+
+    def _reply_rows(
+        self, reads: Mapping[str, np.ndarray], region: tuple[Any, int, int] | None
+    ) -> dict[str, np.ndarray] | None:
+        """Arrays over a swap's reply region in memory shared with the client, laid out as
+        :func:`wire.encode_reply` lays out rows there, for the swap to gather its rows into
+        (no copy of them into the region after); None without a region, for a table this
+        shard does not hold (the swap fails on it), or rows that do not fit."""
+        if region is None:
+            return None
+        segment, off, size = region
+        tables = self.shard.tables
+        if any(name not in tables for name in reads):
+            return None
+        shapes = [
+            (name, len(k), tables[name].width, tables[name].dtype) for name, k in reads.items()
+        ]
+        total = sum(n * width * dtype.itemsize for _, n, width, dtype in shapes)
+        if total > size:
+            return None
+        buf = segment.view(off, total)
+        outs, pos = {}, 0
+        for name, n, width, dtype in shapes:
+            nbytes = n * width * dtype.itemsize
+            outs[name] = buf[pos : pos + nbytes].view(dtype).reshape(n, width)
+            pos += nbytes
+        return outs
 
     def _swapping(self) -> asyncio.Lock:
         """The lock a swap holds until its write-backs are done (made on the actor's loop)."""
@@ -286,9 +314,12 @@ class DataPlane:
                 region = (seg, out[0], out[1])
             if wire.is_swap(header):  # a device tier's (checked by check_swap)
                 writes, reads = wire.decode_swap(header, data)
-                rows, rest = await self._swap_reads(writes, reads, lent=into is not None)
+                outs = self._reply_rows(reads, region)
+                lent = into is not None
+                rows, rest = await self._swap_reads(writes, reads, lent, outs)
                 try:
-                    return wire.encode_reply(StepResult(rows, 0, os.getpid()), region), rest
+                    result = StepResult(rows, 0, os.getpid())
+                    return wire.encode_reply(result, region, placed=outs is not None), rest
                 except BaseException:
                     await rest()
                     raise

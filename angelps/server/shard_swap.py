@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from angelps.dedup import strictly_increasing
 from angelps.push_checks import check_keys
 from angelps.storage.row_threads import RowThreads
 from angelps.storage.table_rows import Table
@@ -51,12 +52,14 @@ def check_swap(
     reads: Mapping[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
     """Check a swap before any row is written (``table``: a table by name, KeyError for an
-    unknown one): the keys of every write-back and read, the write-backs' blocks; returns the
-    keys read, checked (int64)."""
+    unknown one): the keys of every write-back and read (in range, held by this shard, each
+    once: the threads of a swap write rows of distinct keys), the write-backs' blocks; returns
+    the keys read, checked (int64)."""
     for name, (keys, block) in writes.items():
         t = table(name)
         k = check_keys(t.spec, keys)
         t.check_owned(k)
+        _check_unique(name, "write-back", k)
         if block.shape != (len(k), t.width) or block.dtype != t.dtype:
             raise ValueError(
                 f"table {name!r}: a write-back of {len(k)} rows needs a "
@@ -67,7 +70,19 @@ def check_swap(
         t = table(name)
         checked[name] = check_keys(t.spec, keys)
         t.check_owned(checked[name])
+        _check_unique(name, "read", checked[name])
     return checked
+
+
+def _check_unique(name: str, what: str, keys: np.ndarray) -> None:
+    if strictly_increasing(keys):  # (what a tier sends: its ids sorted)
+        return
+    ordered = np.sort(keys)
+    same = ordered[1:] == ordered[:-1]
+    if same.any():
+        raise ValueError(
+            f"table {name!r}: a swap's {what} names key {int(ordered[1:][same][0])} more than once"
+        )
 
 
 def write_back(
@@ -84,9 +99,12 @@ def read_rows(
     table: Callable[[str], Table],
     checked: Mapping[str, np.ndarray],
     par: RowThreads | None = None,
+    outs: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """A swap's reads (keys checked), over ``par``'s threads; returns the rows."""
-    return {name: table(name).take_rows(k, par) for name, k in checked.items()}
+    """A swap's reads (keys checked), over ``par``'s threads; returns the rows, gathered
+    into ``outs[table]`` where given (the reply's place in memory shared with the client)."""
+    outs = outs or {}
+    return {name: table(name).take_rows(k, par, outs.get(name)) for name, k in checked.items()}
 
 
 def split_writes(
@@ -141,12 +159,13 @@ def answer(
     reads: Mapping[str, np.ndarray],
     lent: bool = False,
     par: RowThreads | None = None,
+    outs: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """A swap up to its answer: checked, its write-backs split (:func:`split_writes`), those
     of rows it reads written, its rows read; returns the rows and the write-backs left to
     write once the answer is sent (:func:`write_back`). ``lent``: the write-backs' arrays are
     the caller's again once it has the answer (a body in memory shared with the client):
-    those left are copied first."""
+    those left are copied first. ``outs``: as for :func:`read_rows`."""
     checked = check_swap(table, writes, reads)
     first, later = split_writes(table, writes, checked)
     if lent:
@@ -157,4 +176,4 @@ def answer(
                 block if block.flags.owndata else block.copy(),
             )
     write_back(table, first, par)
-    return read_rows(table, checked, par), later
+    return read_rows(table, checked, par, outs), later

@@ -311,24 +311,33 @@ class Table:
             {k: np.concatenate([p[2][k] for p in parts]) for k in self.slots},
         )
 
-    def take_rows(self, keys: np.ndarray, par: RowThreads | None = None) -> np.ndarray:
-        """Whole rows (weights, then the optimizer slots) of unique ``keys``, a new array; rows
-        missing are created (initialised) as a pull creates them. A worker's device tier
-        fetches its misses with their optimizer state this way. ``par``: the keys cut into
-        parts, each looked up and gathered by a thread of its own
-        (:mod:`angelps.storage.row_threads`); the rows missing made after, by this thread."""
+    def take_rows(
+        self, keys: np.ndarray, par: RowThreads | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Whole rows (weights, then the optimizer slots) of unique ``keys``, a new array (or
+        ``out``, a contiguous ``[len(keys), width]`` array of the table's dtype); rows missing
+        are created (initialised) as a pull creates them. A worker's device tier fetches its
+        misses with their optimizer state this way. ``par``: the keys cut into parts, each
+        looked up and gathered by a thread of its own (:mod:`angelps.storage.row_threads`);
+        the rows missing made after, by this thread."""
         self._last = None
         if par is None or not self.n:
-            return self.rows.gather(self.locate(keys, create=True))
-        out = np.empty((len(keys), self.width), dtype=self.dtype)
+            slots = self.locate(keys, create=True)
+            if out is None:
+                return self.rows.gather(slots)
+            self.rows.gather_into(slots, out)
+            return out
+        if out is None:
+            out = np.empty((len(keys), self.width), dtype=self.dtype)
         slots = np.empty(len(keys), dtype=np.int64)
+        rows = out
 
         def part(a: int, b: int) -> None:
             s = self.locate(keys[a:b], create=False)
             slots[a:b] = s
             if len(s) and s.min() < 0:
                 s = np.maximum(s, 0)  # (row 0 read for now: the rows made below replace it)
-            self.rows.gather_into(s, out[a:b])
+            self.rows.gather_into(s, rows[a:b])
 
         par.run(len(keys), part)
         missing = slots < 0

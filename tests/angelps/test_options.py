@@ -76,5 +76,5 @@ def test_swap_threads_are_checked_and_reach_the_shard():
         ShardOptions.from_config({}).__class__(
             **{**ShardOptions.from_config({}).__dict__, "swap_threads": -1}
         )
-    with pytest.raises(ValueError, match="angel.ps.swap.threads"):
+    with pytest.raises(ValueError, match=r"angel\.ps\.swap\.threads"):
         load_config(None, ["angel.ps.swap.threads=many"], KEYS)

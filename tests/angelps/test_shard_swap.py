@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 
 import numpy as np
 import pytest
 
+from angelps.client import wire
 from angelps.client.ps_client import PSClient
+from angelps.client.shared import Segment
 from angelps.options import PSOptions, ShardOptions
 from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer
@@ -319,3 +322,54 @@ def test_a_push_that_starts_a_backup_waits_for_a_swap(tmp_path, interval):
     asyncio.run(main())
     assert done == (["swap", "push"] if interval == 1 else ["push", "swap"])
     assert srv.backups.stats()["count"] == (1 if interval == 1 else 0)
+
+
+def test_a_swap_s_rows_are_gathered_into_its_reply_region(tmp_path):
+    """With a reply region in memory shared with the client, the shard gathers a swap's rows
+    straight into it, laid out as the reply says (no copy there after): the client decodes the
+    rows a swap without a region returns; rows that would not fit, or a table the shard does
+    not hold, get no arrays there."""
+    srv = ShardServer(0, 1, [EMB, LIN], ShardOptions.from_config({}))
+    ref = ParameterShard(0, 1, [EMB, LIN])
+    rng = np.random.default_rng(5)
+    segment = Segment.create(4 << 20)
+    try:
+        for _ in range(2):
+            writes, reads = _swap_args(rng, 3000)
+            want = ref.swap(writes, reads)
+            need = len(reads["emb"]) * (64 + 8)  # (EMB's whole rows, then LIN's)
+            assert srv._reply_rows(reads, (segment, 4096, need - 1)) is None
+            assert srv._reply_rows({"nope": reads["emb"]}, (segment, 4096, need)) is None
+            segment.buf[:] = 0
+            region = (segment, 4096, need + 100)
+            outs = srv._reply_rows(reads, region)
+
+            async def swap(writes: dict, reads: dict, outs: dict, region: tuple) -> list:
+                rows, rest = await srv._swap_reads(writes, reads, outs=outs)
+                await rest()
+                return wire.encode_reply(StepResult(rows, 0, 7), region, placed=True)
+
+            frames = asyncio.run(swap(writes, reads, outs, region))
+            header = bytes(frames[1])
+            ok, got = wire.decode_reply(header, b"", lambda a, n: segment.view(a, n))
+            assert ok and got.pid == 7 and json.loads(header)["at"] == [4096, need]
+            for name in reads:
+                np.testing.assert_array_equal(got.rows[name], want[name])
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_a_swap_naming_a_key_twice_is_refused_before_any_row_is_written():
+    shard = ParameterShard(0, 1, [EMB, LIN], swap_threads=2)
+    twice = np.array([7, 3, 9, 3], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"table 'emb': a swap's read names key 3 more than once"):
+        shard.swap({}, {"emb": twice})
+    block = np.zeros((4, 2), np.float32)
+    with pytest.raises(
+        ValueError, match=r"table 'lin': a swap's write-back names key 3 more than once"
+    ):
+        shard.swap({"lin": (twice, block)}, {"emb": np.array([1, 2])})
+    assert shard.tables["emb"].num_rows() == shard.tables["lin"].num_rows() == 0
+    # (keys once each in any order are fine)
+    assert shard.swap({}, {"emb": np.array([9, 3, 7])})["emb"].shape == (3, 16)
