@@ -12,6 +12,7 @@ Usage:
     python bench/swap_lane.py --json bench/results/swap_lane_cpu.json
     python bench/swap_lane.py --keys 66000 --reps 40 --threads 1 2 --lanes own step
     python bench/swap_lane.py --keys 66000 --threads 1 2 4 --alone   # and the shard alone
+    python bench/swap_lane.py --keys 66000 --placed --lanes          # the reply's rows placed
 
 The CPU twin of the GPU figure this change is for: on an H200 the worker's dense call waited
 2.6-3.9 ms a step behind the tier's swap (docs/benchmarks-train.md). Reported: the median
@@ -141,6 +142,61 @@ class _AloneShard:
         return {t: 1e3 * statistics.median(v) for t, v in took.items()}
 
 
+@ray.remote
+class _ServedShard:
+    """A shard actor's own side of a swap over the data plane with its body and reply in
+    memory shared with a client (``--placed``): to its answer, with the rows gathered into
+    the reply's region or copied there after."""
+
+    def __init__(self) -> None:
+        from angelps.client.shared import Segment
+        from angelps.options import ShardOptions
+        from angelps.server.shard_server import ShardServer
+
+        specs = [
+            TableSpec("w", rows=ROWS, cols=1, sparse=True, optimizer=OptimizerSpec("momentum")),
+            TableSpec("v", rows=ROWS, cols=8, sparse=True, optimizer=OptimizerSpec("momentum")),
+        ]
+        conf = {"angel.ps.swap.threads": 1}
+        self.server = ShardServer(0, 1, specs, ShardOptions.from_config(conf))
+        self.segment = Segment.create(16 << 20)
+        order = np.random.default_rng(0).permutation(ROWS)
+        for a in range(0, ROWS, 100_000):
+            k = np.sort(order[a : a + 100_000])
+            self.server.shard.swap({}, {"w": k, "v": k})
+
+    async def run(self, keys: int, reps: int) -> dict[bool, float]:
+        """Median ms to a swap's answer, rows placed or copied, alternated."""
+        from angelps.client import wire
+        from angelps.step_call import StepResult
+
+        srv, rng = self.server, np.random.default_rng(1)
+        region = (self.segment, 4096, keys * 72)
+        took: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(reps + 3):
+            back = np.sort(rng.choice(ROWS, keys, replace=False))
+            read = np.sort(rng.choice(ROWS, keys, replace=False))
+            writes = {n: (back, np.zeros((keys, w), np.float32)) for n, w in (("w", 2), ("v", 16))}
+            reads = {"w": read, "v": read}
+            for placed in (True, False) if i % 2 else (False, True):
+                t0 = time.perf_counter()
+                outs = srv._reply_rows(reads, region) if placed else None
+                rows, rest = await srv._swap_reads(writes, reads, True, outs)
+                wire.encode_reply(StepResult(rows, 0, 1), region, placed=placed)
+                if i >= 3:
+                    took[placed].append(time.perf_counter() - t0)
+                await rest()
+        return {p: 1e3 * statistics.median(v) for p, v in took.items()}
+
+
+def measure_placed(keys: int, reps: int) -> list[dict[str, Any]]:
+    """A shard's time to a swap's answer with the rows gathered into the reply's region in
+    shared memory, against gathered then copied there (``--placed``)."""
+    actor = _ServedShard.remote()  # type: ignore[attr-defined]
+    ms = ray.get(actor.run.remote(keys, reps))
+    return [{"keys": keys, "served": True, "placed": p, "answer_ms": ms[p]} for p in ms]
+
+
 def measure_alone(keys: int, threads: list[int], reps: int) -> list[dict[str, Any]]:
     """The shard's work for a swap alone (``--alone``), on each of ``threads`` threads."""
     actor = _AloneShard.remote(threads)  # type: ignore[attr-defined]
@@ -164,12 +220,27 @@ def main() -> None:
         action="store_true",
         help="also the shard's work for a swap alone, in an actor, on each --threads count",
     )
+    p.add_argument(
+        "--placed",
+        action="store_true",
+        help="also a shard's time to a swap's answer, its rows gathered into the reply's "
+        "shared memory or copied there",
+    )
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
     start_ray()
     results = []
     try:
         for keys in args.keys:
+            if args.placed:
+                for r in measure_placed(keys, args.reps):
+                    results.append(r)
+                    print(
+                        f"keys {keys:>6} the shard's answer, rows "
+                        f"{'gathered into' if r['placed'] else 'copied to'} the reply's shared "
+                        f"memory: {r['answer_ms']:.2f} ms",
+                        flush=True,
+                    )
             if args.alone:
                 for r in measure_alone(keys, [max(1, t) for t in args.threads], args.reps):
                     results.append(r)
