@@ -23,6 +23,7 @@ own swap time (its ``stats()["served"]``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -165,36 +166,46 @@ class _ServedShard:
             k = np.sort(order[a : a + 100_000])
             self.server.shard.swap({}, {"w": k, "v": k})
 
-    async def run(self, keys: int, reps: int) -> dict[bool, float]:
-        """Median ms to a swap's answer, rows placed or copied, alternated."""
+    async def run(self, keys: int, reps: int) -> dict[str, float]:
+        """Median ms to a swap's answer in each way, alternated: ``copied`` (the rows
+        gathered, then copied into the reply's region; the write-backs read after the answer
+        copied first), ``placed`` (the rows gathered into the region), ``kept`` (placed, and
+        the body kept by the client until the next reply: no copy of the write-backs)."""
         from angelps.client import wire
         from angelps.step_call import StepResult
 
         srv, rng = self.server, np.random.default_rng(1)
         region = (self.segment, 4096, keys * 72)
-        took: dict[bool, list[float]] = {True: [], False: []}
+        ways = {"copied": (False, True), "placed": (True, True), "kept": (True, False)}
+        took: dict[str, list[float]] = {w: [] for w in ways}
         for i in range(reps + 3):
             back = np.sort(rng.choice(ROWS, keys, replace=False))
             read = np.sort(rng.choice(ROWS, keys, replace=False))
             writes = {n: (back, np.zeros((keys, w), np.float32)) for n, w in (("w", 2), ("v", 16))}
-            reads = {"w": read, "v": read}
-            for placed in (True, False) if i % 2 else (False, True):
+            # (as the data plane reads them: views of the call's body)
+            head, bufs = wire.swap_parts(writes, {"w": read, "v": read})
+            body = bytearray(b"".join(bytes(b) for b in bufs))
+            writes, reads = wire.decode_swap(json.dumps(head).encode(), memoryview(body))
+            order = list(ways)
+            for way in order[i % 3 :] + order[: i % 3]:
+                placed, lent = ways[way]
                 t0 = time.perf_counter()
                 outs = srv._reply_rows(reads, region) if placed else None
-                rows, rest = await srv._swap_reads(writes, reads, True, outs)
+                rows, rest = await srv._swap_reads(writes, reads, lent, outs)
                 wire.encode_reply(StepResult(rows, 0, 1), region, placed=placed)
                 if i >= 3:
-                    took[placed].append(time.perf_counter() - t0)
+                    took[way].append(time.perf_counter() - t0)
                 await rest()
-        return {p: 1e3 * statistics.median(v) for p, v in took.items()}
+        return {w: 1e3 * statistics.median(v) for w, v in took.items()}
 
 
 def measure_placed(keys: int, reps: int) -> list[dict[str, Any]]:
     """A shard's time to a swap's answer with the rows gathered into the reply's region in
-    shared memory, against gathered then copied there (``--placed``)."""
+    shared memory, and the body kept by the client, against gathered then copied there, the
+    body copied (``--placed``)."""
     actor = _ServedShard.remote()  # type: ignore[attr-defined]
     ms = ray.get(actor.run.remote(keys, reps))
-    return [{"keys": keys, "served": True, "placed": p, "answer_ms": ms[p]} for p in ms]
+    return [{"keys": keys, "served": True, "way": w, "answer_ms": ms[w]} for w in ms]
 
 
 def measure_alone(keys: int, threads: list[int], reps: int) -> list[dict[str, Any]]:
@@ -236,9 +247,7 @@ def main() -> None:
                 for r in measure_placed(keys, args.reps):
                     results.append(r)
                     print(
-                        f"keys {keys:>6} the shard's answer, rows "
-                        f"{'gathered into' if r['placed'] else 'copied to'} the reply's shared "
-                        f"memory: {r['answer_ms']:.2f} ms",
+                        f"keys {keys:>6} the shard's answer, {r['way']}: {r['answer_ms']:.2f} ms",
                         flush=True,
                     )
             if args.alone:

@@ -65,6 +65,8 @@ class Channel:
         self.arena: Arena | None = None
         # seq -> the regions of a call in flight (their arena, its request's, its reply's)
         self._regions: dict[int, Regions] = {}
+        # a swap's request region kept past its reply, freed at the next reply (Regions.keep)
+        self._kept: Regions | None = None
         self._no_share = False  # the shard cannot map a segment, or /dev/shm has no room
         self.sent = 0
         self.received = 0
@@ -135,7 +137,7 @@ class Channel:
             if placed is None or arena is None:
                 return self.send(wire.frames(head, bufs))
             frame, (req, out) = placed
-            regions = Regions(arena, req, out)
+            regions = Regions(arena, req, out, keep=bool(head.get("keep")))
             try:
                 return self.send(frame, regions)
             except ChannelDown:
@@ -204,7 +206,15 @@ class Channel:
                 try:
                     reply = wire.decode_reply(header, body, placed)
                 finally:
+                    # (the shard has served the call before this one whole: a region it
+                    # still read from after answering is free now)
+                    self._free_kept()
                     if regions is not None:
+                        if regions.keep and regions.req is not None:
+                            kept = Regions(regions.arena, regions.req, None)
+                            regions.req = None
+                            with self._cond:
+                                self._kept = kept
                         regions.free(placed.used)
             except (OSError, ValueError) as e:
                 self._die(str(e) or type(e).__name__)
@@ -217,12 +227,19 @@ class Channel:
             # freed when their last reader lets go)
             del reply, body
 
+    def _free_kept(self) -> None:
+        with self._cond:
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.free_request()
+
     def _die(self, why: str) -> None:
         with self._cond:
             if not self.dead:
                 self.dead = True
                 self._why = why
             self._cond.notify_all()
+        self._free_kept()
 
     def close(self) -> None:
         self._die("closed")

@@ -257,22 +257,30 @@ class Arena:
 
 class Regions:
     """A call's regions in a shared segment: its request's and its reply's (offsets in
-    ``arena``, None where it has none)."""
+    ``arena``, None where it has none). ``keep``: the request's region outlives the reply, up
+    to the connection's next reply (a device tier's swap: the shard writes back rows from it
+    after answering, before it reads the connection's next call)."""
 
-    __slots__ = ("arena", "out", "req")
+    __slots__ = ("arena", "keep", "out", "req")
 
-    def __init__(self, arena: Arena, req: int | None, out: int | None) -> None:
+    def __init__(self, arena: Arena, req: int | None, out: int | None, keep: bool = False) -> None:
         self.arena = arena
         self.req = req
         self.out = out
+        self.keep = keep
 
     def free(self, used: int | None) -> None:
         """Free the request's region, and the reply's unless the reply was read from it
         (``used``: then the arrays over it free it)."""
-        if self.req is not None:
-            self.arena.free(self.req)
+        self.free_request()
         if self.out is not None and used is None:
             self.arena.free(self.out)
+
+    def free_request(self) -> None:
+        """Free the request's region (once)."""
+        req, self.req = self.req, None
+        if req is not None:
+            self.arena.free(req)
 
 
 class Placed:

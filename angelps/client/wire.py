@@ -81,6 +81,7 @@ __all__ = [
     "request_parts",
     "send_buffers",
     "stream_length",
+    "swap_keeps_body",
     "swap_parts",
 ]
 
@@ -296,12 +297,23 @@ def swap_parts(
         k = np.ascontiguousarray(keys, dtype=np.int64)
         rd.append([name, int(k.size)])
         bufs.append(k.data)
-    return {"swap": 1, "wr": wr, "rd": rd}, bufs
+    # "keep": a body in memory shared with the shard stays the shard's to read until the
+    # connection's next reply (the shard writes back rows from it after answering)
+    return {"swap": 1, "keep": 1, "wr": wr, "rd": rd}, bufs
 
 
 def is_swap(header: bytes) -> bool:
     """A swap's header (:func:`encode_swap` writes its ``"swap"`` key first)."""
     return header.startswith(b'{"swap"')
+
+
+def swap_keeps_body(header: bytes) -> bool:
+    """Whether a swap's client keeps a body in shared memory until its connection's next
+    reply (:func:`swap_parts`), so the shard may read it after answering without a copy."""
+    try:
+        return bool(json.loads(header).get("keep"))
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
 
 
 def decode_swap(

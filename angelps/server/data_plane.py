@@ -315,7 +315,9 @@ class DataPlane:
             if wire.is_swap(header):  # a device tier's (checked by check_swap)
                 writes, reads = wire.decode_swap(header, data)
                 outs = self._reply_rows(reads, region)
-                lent = into is not None
+                # (a body in shared memory that its client frees once answered is copied
+                # where read after the answer; a swap's client keeps it until the next reply)
+                lent = into is not None and not wire.swap_keeps_body(header)
                 rows, rest = await self._swap_reads(writes, reads, lent, outs)
                 try:
                     result = StepResult(rows, 0, os.getpid())

@@ -247,12 +247,16 @@ def test_a_clients_swaps_use_shared_memory_with_a_shard_on_its_node(ray_local):
                 assert all(a.in_use > 0 for a in arenas)  # (rows still read)
                 del rows, again
                 gc.collect()
-                assert [a.in_use for a in arenas] == [0, 0]
+                # the swap's body (each row's key and whole row written back, its key read:
+                # 68 bytes a row, a region a shard, aligned) kept until the connection's next
+                # reply: the shard writes rows back from it after answering, with no copy
+                body = sum(a.in_use for a in arenas)
+                assert len(keys) * 68 <= body <= len(keys) * 68 + 2 * ALIGN, body
                 # 5.2 MB a shard: more than a 1 MiB segment holds, so on the socket
                 big = np.arange(-100_000, 100_000, dtype=np.int64)
                 out = c.swap_async({}, {"emb": big}).result()["emb"]
                 assert out.shape == (len(big), WIDTH)
-                assert [a.in_use for a in arenas] == [0, 0]
+                assert [a.in_use for a in arenas] == [0, 0]  # (freed at that reply)
             assert _segment_files() == before  # names removed once the shards mapped them
             got[mib] = first
         finally:
@@ -363,7 +367,7 @@ def test_a_segment_grows_for_a_larger_call_and_calls_in_flight_keep_the_old_one(
     """A connection starts with a 4 MiB segment; a call that does not fit grows it to the
     power of two that holds it (the shard maps the new one in order, after serving the calls
     written to the old one), so a swap still in flight reads its rows from the old segment;
-    every region of both is freed."""
+    every region of both is freed (a swap's body once its connection's next reply is in)."""
     c = _client("shm-grow", 64)
     try:
         keys = np.arange(-5000, 5000, dtype=np.int64)
@@ -380,6 +384,10 @@ def test_a_segment_grows_for_a_larger_call_and_calls_in_flight_keep_the_old_one(
         np.testing.assert_array_equal(rows[195_000:205_000], want)
         del small, rows
         gc.collect()
-        assert [a.in_use for a in old + new] == [0] * 4
+        # (the last swap's body is kept until its connection's next reply: a small swap's,
+        # whose own few keys stay in turn)
+        assert [a.in_use for a in old] == [0, 0] and all(a.in_use > ALIGN for a in new)
+        c.swap_async({}, {"emb": keys[:10]}).result()
+        assert [a.in_use for a in old + new] == [0, 0, ALIGN, ALIGN]
     finally:
         c.shutdown()
