@@ -9,12 +9,13 @@ server answers before it writes those back (:func:`answer`, then :func:`write_ba
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import numpy as np
 
 from angelps.dedup import strictly_increasing
 from angelps.push_checks import check_keys
-from angelps.storage.row_threads import RowThreads
+from angelps.storage.row_threads import RowThreads, each
 from angelps.storage.table_rows import Table
 
 __all__ = [
@@ -41,7 +42,7 @@ def swap(
     read the whole rows of ``reads`` (table -> unique keys; rows missing are created), over
     ``par``'s threads; returns the rows read. Everything is checked before any row is written
     (:func:`check_swap`)."""
-    checked = check_swap(table, writes, reads)
+    checked = check_swap(table, writes, reads, par)
     write_back(table, writes, par)
     return read_rows(table, checked, par)
 
@@ -50,13 +51,18 @@ def check_swap(
     table: Callable[[str], Table],
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
     reads: Mapping[str, np.ndarray],
+    par: RowThreads | None = None,
 ) -> dict[str, np.ndarray]:
-    """Check a swap before any row is written (``table``: a table by name, KeyError for an
+    """Check a swap before any row is written (``table``: a table by name, ValueError for an
     unknown one): the keys of every write-back and read (in range, held by this shard, each
-    once: the threads of a swap write rows of distinct keys), the write-backs' blocks; returns
-    the keys read, checked (int64)."""
-    for name, (keys, block) in writes.items():
-        t = table(name)
+    once: the threads of a swap write rows of distinct keys), the write-backs' blocks, each
+    array on a thread of ``par`` where given (the first error in order raised); returns the
+    keys read, checked (int64)."""
+    wt = {name: table(name) for name in writes}
+    rt = {name: table(name) for name in reads}
+
+    def check_write(name: str, keys: np.ndarray, block: np.ndarray) -> None:
+        t = wt[name]
         k = check_keys(t.spec, keys)
         t.check_owned(k)
         _check_unique(name, "write-back", k)
@@ -65,13 +71,20 @@ def check_swap(
                 f"table {name!r}: a write-back of {len(k)} rows needs a "
                 f"[{len(k)}, {t.width}] {t.dtype} block, got {block.shape} {block.dtype}"
             )
-    checked = {}
-    for name, keys in reads.items():
-        t = table(name)
-        checked[name] = check_keys(t.spec, keys)
-        t.check_owned(checked[name])
-        _check_unique(name, "read", checked[name])
-    return checked
+
+    def read(name: str, keys: np.ndarray) -> np.ndarray:
+        t = rt[name]
+        k = check_keys(t.spec, keys)
+        t.check_owned(k)
+        _check_unique(name, "read", k)
+        return k
+
+    tasks: list[Callable[[], np.ndarray | None]] = [
+        partial(check_write, name, keys, block) for name, (keys, block) in writes.items()
+    ]
+    tasks += [partial(read, name, keys) for name, keys in reads.items()]
+    done = each(par, tasks)[len(writes) :]
+    return {name: k for name, k in zip(reads, done, strict=True) if k is not None}
 
 
 def _check_unique(name: str, what: str, keys: np.ndarray) -> None:
@@ -111,6 +124,7 @@ def split_writes(
     table: Callable[[str], Table],
     writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
     checked: Mapping[str, np.ndarray],
+    par: RowThreads | None = None,
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """A swap's write-backs split into those to write before its reads and those that may
     follow them (the server answers in between): a row both written back and read (a tier
@@ -137,9 +151,7 @@ def split_writes(
         if last is not None and _same(last[0], keys) and _same(last[1], read):
             at = last[2]
         else:
-            marks = np.zeros(rows, dtype=bool)  # (calloc: only the pages marked are touched)
-            marks[read] = True
-            at = np.flatnonzero(marks[keys])
+            at = _both(rows, keys, read, par)
             last = (keys, read, at)
         if len(at):
             first[name] = (keys.take(at), block.take(at, axis=0))
@@ -147,6 +159,27 @@ def split_writes(
         # them), rather than the rest split off (two copies of the block, 2 ms a swap).
         later[name] = (keys, block)
     return first, later
+
+
+def _both(rows: int, keys: np.ndarray, read: np.ndarray, par: RowThreads | None) -> np.ndarray:
+    """Positions in ``keys`` of those also in ``read`` (ids below ``rows``), with a mark per
+    id, in parts over ``par``'s threads (each marks or tests its own slice)."""
+    marks = np.zeros(rows, dtype=bool)  # (calloc: only the pages marked are touched)
+    hit = np.empty(len(keys), dtype=bool)
+
+    def mark(a: int, b: int) -> None:
+        marks[read[a:b]] = True
+
+    def test(a: int, b: int) -> None:
+        np.take(marks, keys[a:b], out=hit[a:b], mode="clip")
+
+    if par is None:
+        mark(0, len(read))
+        test(0, len(keys))
+    else:
+        par.run(len(read), mark)
+        par.run(len(keys), test)
+    return np.flatnonzero(hit)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -166,8 +199,8 @@ def answer(
     write once the answer is sent (:func:`write_back`). ``lent``: the write-backs' arrays are
     the caller's again once it has the answer (a body in memory shared with the client):
     those left are copied first. ``outs``: as for :func:`read_rows`."""
-    checked = check_swap(table, writes, reads)
-    first, later = split_writes(table, writes, checked)
+    checked = check_swap(table, writes, reads, par)
+    first, later = split_writes(table, writes, checked, par)
     if lent:
         for name, (keys, block) in list(later.items()):
             # (a subset split off is a copy already; the arrays of the body are views of it)

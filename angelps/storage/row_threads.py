@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-__all__ = ["MIN_PART_ROWS", "RowThreads", "auto_threads", "row_threads"]
+__all__ = ["MIN_PART_ROWS", "RowThreads", "auto_threads", "each", "row_threads"]
+
+T = TypeVar("T")
 
 #: The fewest rows a part gets: below this a thread's hand-off (tens of microseconds) costs
 #: more than it saves.
@@ -64,6 +67,28 @@ class RowThreads:
         for e in errors:
             if e is not None:
                 raise e
+
+
+def each(par: RowThreads | None, tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """``[task() for task in tasks]``, at once on ``par``'s threads where given (the calling
+    thread runs the first); the first task's error in order is raised, once all have ended."""
+    if par is None or par._pool is None or len(tasks) < 2:
+        return [task() for task in tasks]
+    futures = [par._pool.submit(task) for task in tasks[1:]]
+    first: BaseException | None = None
+    out: list[T] = []
+    try:
+        out.append(tasks[0]())
+    except BaseException as e:  # (raised once the others have ended)
+        first = e
+    errors = [f.exception() for f in futures]
+    if first is not None:
+        raise first
+    for f, err in zip(futures, errors, strict=True):
+        if err is not None:
+            raise err
+        out.append(f.result())
+    return out
 
 
 def row_threads(threads: int) -> RowThreads | None:

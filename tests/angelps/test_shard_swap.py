@@ -23,7 +23,7 @@ from angelps.server.shard import ParameterShard
 from angelps.server.shard_server import ShardServer
 from angelps.server.shard_swap import check_swap, split_writes
 from angelps.step_call import StepCall, StepResult
-from angelps.storage.row_threads import MIN_PART_ROWS, RowThreads, auto_threads
+from angelps.storage.row_threads import MIN_PART_ROWS, RowThreads, auto_threads, each
 from angelps.table import OptimizerSpec, TableSpec
 
 MOM = OptimizerSpec("momentum")
@@ -373,3 +373,42 @@ def test_a_swap_naming_a_key_twice_is_refused_before_any_row_is_written():
     assert shard.tables["emb"].num_rows() == shard.tables["lin"].num_rows() == 0
     # (keys once each in any order are fine)
     assert shard.swap({}, {"emb": np.array([9, 3, 7])})["emb"].shape == (3, 16)
+
+
+def test_a_swap_s_checks_and_search_over_threads_equal_those_on_one():
+    """The checks of every array at once on the row threads raise the error the checks in
+    order raise first; the search for rows both written back and read, in parts, finds the
+    same rows."""
+    par = RowThreads(3)
+    shard = ParameterShard(0, 1, [EMB, LIN])
+    table = shard._table
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        writes, reads = _swap_args(rng, 3 * MIN_PART_ROWS)
+        reads = {k: np.union1d(v, writes[k][0][::5]) for k, v in reads.items()}
+        checked = check_swap(table, writes, reads, par)
+        assert {k: v.tolist() for k, v in checked.items()} == {
+            k: v.tolist() for k, v in check_swap(table, writes, reads).items()
+        }
+        one, many = split_writes(table, writes, checked), split_writes(table, writes, checked, par)
+        assert one[0].keys() == many[0].keys() and one[1].keys() == many[1].keys()
+        pairs = zip(
+            (*one[0].values(), *one[1].values()),
+            (*many[0].values(), *many[1].values()),
+            strict=True,
+        )
+        for a, b in pairs:
+            np.testing.assert_array_equal(a[0], b[0])
+            np.testing.assert_array_equal(a[1], b[1])
+    bad_block = {"lin": (np.arange(3), np.zeros((3, 5), np.float32))}
+    bad_read = {"emb": np.array([4, 4])}
+    for p in (None, par):
+        with pytest.raises(ValueError, match=r"table 'lin': a write-back of 3 rows needs"):
+            check_swap(table, bad_block, bad_read, p)
+        with pytest.raises(ValueError, match=r"table 'emb': a swap's read names key 4"):
+            check_swap(table, {}, bad_read, p)
+        with pytest.raises(ValueError, match=r"table 'lin': key 2097152 is outside"):
+            check_swap(table, {}, {"lin": np.array([1 << 21]), **bad_read}, p)
+        with pytest.raises(ValueError, match=r"unknown table 'nope'; tables: emb, lin"):
+            check_swap(table, {}, {"nope": np.array([1])}, p)
+    assert each(par, [lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
