@@ -25,7 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PAGE_BYTES", "PagedRows", "RowStore", "TorchRows"]
+__all__ = ["PAGE_BYTES", "PagedRows", "RowStore", "TorchRows", "as_rows"]
 
 #: Bytes of one page of rows (the page holds the largest power-of-two rows that fit).
 PAGE_BYTES = 1 << 28
@@ -170,10 +170,10 @@ class PagedRows:
             self.pages[0].take(slots, axis=0, out=out, mode="clip")
             return
         order, runs = self._by_page(slots)
-        flat = _as_rows(out)
+        flat = as_rows(out)
         for p, a, b in runs:
             sel = order[a:b]
-            np.put(flat, sel, _as_rows(self.pages[p].take(slots[sel] & self.mask, axis=0)))
+            np.put(flat, sel, as_rows(self.pages[p].take(slots[sel] & self.mask, axis=0)))
 
     def take1(self, slots: np.ndarray) -> np.ndarray:
         """Column 0 of rows ``slots`` as a 1-D array (a one-column store such as a table's
@@ -192,13 +192,13 @@ class PagedRows:
         """``rows[slots] = values`` (``np.put`` of whole rows: 3x faster than ``a[i] = v``)."""
         values = np.ascontiguousarray(values, dtype=self.dtype)
         if len(self.pages) == 1:
-            np.put(_as_rows(self.pages[0]), slots, _as_rows(values))
+            np.put(as_rows(self.pages[0]), slots, as_rows(values))
             return
         order, runs = self._by_page(slots)
         for p, a, b in runs:
             sel = order[a:b]
             np.put(
-                _as_rows(self.pages[p]), slots[sel] & self.mask, _as_rows(values.take(sel, axis=0))
+                as_rows(self.pages[p]), slots[sel] & self.mask, as_rows(values.take(sel, axis=0))
             )
 
     def write(self, start: int, values: np.ndarray) -> None:
@@ -319,7 +319,7 @@ class TorchRows:
         self.scatter_t(slots, block)
 
 
-def _as_rows(a: np.ndarray) -> np.ndarray:
+def as_rows(a: np.ndarray) -> np.ndarray:
     """A contiguous 2-D array as a 1-D array of opaque rows (one element a row)."""
     return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
 

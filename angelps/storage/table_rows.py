@@ -39,7 +39,7 @@ from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
 from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
 from angelps.storage.row_threads import RowThreads
-from angelps.storage.rows import PagedRows, RowStore, TorchRows
+from angelps.storage.rows import PagedRows, RowStore, TorchRows, as_rows
 from angelps.table import TableSpec, init_rows
 
 __all__ = ["CHUNK_ROWS", "DIRECT_MAX", "FrozenTable", "Table", "new_table"]
@@ -342,8 +342,10 @@ class Table:
         par.run(len(keys), part)
         missing = slots < 0
         if missing.any():
-            made = self._create(keys[missing])
-            out[missing] = self.rows.gather(made)
+            # (by position, not by mask: a boolean mask's assignment of rows is 5x slower)
+            at = np.flatnonzero(missing)
+            made = self._create(keys.take(at))
+            np.put(as_rows(out), at, as_rows(self.rows.gather(made)))
         return out
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
@@ -395,7 +397,8 @@ class Table:
 
         par.run(len(keys), part)
         if missing.any():
-            self._create(keys[missing], block[missing])
+            at = np.flatnonzero(missing)
+            self._create(keys.take(at), block.take(at, axis=0))
 
     def reserve(self, rows: int) -> None:
         """Expect about ``rows`` rows (a restore): size an empty hash index for them once
