@@ -10,10 +10,11 @@
 # 3. the feed suite's FM on the GPU (bench/train_throughput.py --device cuda): plain PyTorch
 #    with its table on the GPU, every row on a shard, the tables on the GPU, a device tier at
 #    10%; where py-spy is on the PATH, profiles of the worker and shard (every thread, idle
-#    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS).
+#    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS);
+# 4. a device tier's host work a step on this node's CPU (bench/tier_host.py).
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
-# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed to skip parts; FEED_BASE to a copy of
+# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed,host to skip parts; FEED_BASE to a copy of
 # the code before a change to measure it against this tree on the same GPU (feed_ab.json);
 # PROFILE_GIL to profile the worker's thread holding the GIL as well; TORCH_PROFILE to run
 # torch's profiler over 40 updates of held and tier10 (feed_torch_profile.json: operators and
@@ -187,6 +188,19 @@ PY
       echo "profile $system: at $(since)"
     done
   fi
+fi
+
+if [[ $skip != *,host,* ]]; then
+  # The device tier's host work a step on this node's CPU (bench/tier_host.py: the update
+  # thread's ask, room and placement, the shard's own swap work on 1 and 4 threads, the staged
+  # read): how much of the tier's chain between two swaps is the worker's host work here.
+  for t in 1 4; do
+    python3 bench/tier_host.py --steps 60 --warm 15 --threads "$t" \
+      --json "$out/tier_host_t$t.json" > /dev/null 2>&1
+    echo "tier host work, $t swap threads: rc=$? at $(since)"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v, 2) for k, v in d['ms'].items()})" \
+      "$out/tier_host_t$t.json" || true
+  done
 fi
 
 # Everything above in one archive, where only a few files can be taken off the machine.
