@@ -195,7 +195,7 @@ if [[ $skip != *,host,* ]]; then
   # thread's ask, room and placement, the shard's own swap work on 1 and 4 threads, the staged
   # read): how much of the tier's chain between two swaps is the worker's host work here.
   for t in 1 4; do
-    python3 bench/tier_host.py --steps 60 --warm 15 --threads "$t" \
+    python3 bench/tier_host.py --threads "$t" \
       --json "$out/tier_host_t$t.json" > /dev/null 2>&1
     echo "tier host work, $t swap threads: rc=$? at $(since)"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v, 2) for k, v in d['ms'].items()})" \

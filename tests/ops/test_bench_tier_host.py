@@ -16,7 +16,7 @@ from learners.worker.device_tier import TierBook  # noqa: E402
 
 def test_a_few_steps_measure_every_phase_and_leave_the_tier_as_it_was() -> None:
     before = (TierBook.prefetch, TierBook.make_room, TierBook.place_ahead)
-    out = tier_host.measure(steps=6, warm=2, batch=256, capacity=20_000, eviction="lru")
+    out = tier_host.measure(steps=4, warm=1, batch=256, capacity=8_000, eviction="lru")
     assert (TierBook.prefetch, TierBook.make_room, TierBook.place_ahead) == before
     ms = out["ms"]
     for phase in ("ask", "room", "place", "shard", "update", "read", "step"):
