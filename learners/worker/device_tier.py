@@ -139,7 +139,9 @@ class TierBook:
             self.index = DirectSlots(self.rows)
         else:
             self.index = HashSlots(self.capacity, self.key_at, self.live)
-        self.used = np.zeros(self.capacity, dtype=np.int64)  # the clock of a row's last read
+        # a row's last read's clock; slot -1 (a miss) writes a spare entry: no mask to pin hits
+        self._used = np.zeros(self.capacity + 1, dtype=np.int64)
+        self.used = self._used[: self.capacity]
         self.rare = np.zeros(self.capacity, dtype=bool)  # not admitted: evicted first
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # a stack
         self.n_free = self.capacity
@@ -285,9 +287,8 @@ class TierBook:
         slots = self.lookup(ids)
         at = self._clock if clock is None else clock
         self._read = (ids, slots, at, -1)
-        held = slots >= 0
-        self.used[slots[held]] = at  # the next update's
-        miss = ids[~held]
+        self._used[slots] = at  # the next update's (the misses' -1: the spare entry)
+        miss = ids.take(np.flatnonzero(slots < 0))
         self._room = len(miss)
         # A row written back earlier may be read again now: the swap that carried it lands
         # first (a shard is an async actor: Ray does not keep the order of its calls); the
@@ -337,7 +338,7 @@ class TierBook:
         if len(miss_ids):
             new = self._place(miss_ids, rows)
             slots = slots.copy()
-            slots[slots < 0] = new
+            slots[np.flatnonzero(slots < 0)] = new  # (by position: a mask's is 2x slower)
             self._admitted(new, miss_ids, clock)
         self._read = (ids, slots, clock, len(miss_ids))
         self._placed = (ids, slots, clock)  # (a staged read's update: the ask after resets _read)
@@ -372,9 +373,8 @@ class TierBook:
         miss = slots < 0
         n_miss = int(miss.sum())
         self._sighted(ids)
-        if not pinned:
-            # pin the hits first: the eviction must not take a row this read also needs
-            self.used[slots[~miss] if n_miss else slots] = self._clock
+        if not pinned:  # (the hits first: the eviction must not take a row this read needs)
+            self._used[slots] = self._clock  # (the misses' -1: the spare entry)
         if n_miss:
             new = self._fetch(ids[miss])
             slots[miss] = new

@@ -696,3 +696,21 @@ def test_the_training_thread_s_waits_for_the_shards_are_told_from_the_update_thr
     waited, ahead = link.take_waited()
     assert waited == 0.0 and 0.1 <= ahead < 2.0
     assert link.take_waited() == (0.0, 0.0)
+
+
+def test_a_prefetch_pins_its_hits_and_nothing_for_its_misses() -> None:
+    """The next read's rows held are pinned at its clock; its misses (slot -1) pin no row
+    (they write a spare entry past the last slot, not the last slot)."""
+    spec = TableSpec("e", 100, 2, sparse=True, optimizer=OptimizerSpec("sgd"))
+    shards = _Shards([spec], 1)
+    held = HeldTables(
+        [spec], 0, 1, "hash", torch.device("cpu"), "gloo", {"e": 4}, TierPolicy(), lambda: shards
+    )
+    book = held.books[0]
+    slots, hits = book.read(np.arange(4))
+    assert slots is not None and hits == 0
+    assert book.key_at[3] == 3  # (id 3 in the last slot)
+    book.end_update()
+    book.settled()
+    book.prefetch(np.array([0, 50]))  # (0 held, 50 missing)
+    assert book.used.tolist() == [2, 1, 1, 1]
