@@ -3,9 +3,10 @@ batch's ids up, choose the rows to evict and take them, place the misses, index 
 training thread's reads, with the feed suite's power-law ids (10^6 ids, FM's two tables with
 momentum, a tier of ``--capacity`` rows), in one process: the shard is a real
 :class:`angelps.server.shard.ParameterShard` called in place (its time is measured and taken
-out), so no transport, no Ray. On a GPU node this work sits in the chain from one swap's answer
-to the next swap's send (learners/worker/device_tier.py): the update thread places batch k's
-misses, then asks for k+1's; the time of each phase here is that of the CPU's share of it.
+out), so no transport, no Ray. On a GPU node this work is the update thread's, beside the
+training thread's (learners/worker/device_tier.py); the time of each phase here is that of the
+CPU's share of it. It is run in the order of one swap in flight (the update thread places
+batch k's misses, then asks for k+1's), each step settled before the next.
 
 Usage:
     python bench/tier_host.py --json bench/results/tier_host_cpu.json

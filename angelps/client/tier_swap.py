@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from ray import ObjectRef
 from ray.exceptions import RayActorError, RayTaskError
 
 from angelps.client.transport import ChannelDown, Transport, get_refs, remote_error
@@ -69,6 +70,9 @@ class SwapFuture:
         self._lock = threading.Lock()
         #: shard -> the process id that served this swap (set by :meth:`result`)
         self.pids: dict[int, int] = {}
+        #: every part sent over a data plane connection, served in order with the process's
+        #: later swaps to its shard (write-backs included), not as a Ray call
+        self.ordered = not any(isinstance(r, ObjectRef) for r in self._refs.values())
 
     def result(self) -> dict[str, np.ndarray]:
         with self._lock:

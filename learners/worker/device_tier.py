@@ -31,18 +31,18 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from angelconf.config import ConfigError
 from angelps import TableSpec
 from angelps.client.tier_swap import SwapFuture
 from angelps.partition import Partitioner
-from learners.worker.tier_link import Ready, TierLink
+from learners.worker.tier_evict import TierEvictions
+from learners.worker.tier_link import TierLink
 from learners.worker.tier_slots import (
     DIRECT_MAX,
     DirectSlots,
@@ -53,17 +53,16 @@ from learners.worker.tier_slots import (
     TierPolicy,
     ids_of,
     same,
-    smallest,
     sorted_ids,
     staged_source,
 )
 from learners.worker.tier_table import TierTable
 from learners.worker.tier_through import ThroughReads
 
-__all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
+__all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable", "fill", "make_room"]
 
 
-class TierBook:
+class TierBook(TierEvictions):
     """The slots of one worker's device tier over a group of tables keyed alike: at most
     ``capacity`` ids, each with its row of every table of the group on ``device``; which ids
     are held (the index), when each was read (recency) and how often its id was seen
@@ -110,10 +109,12 @@ class TierBook:
         self._read: tuple[np.ndarray, np.ndarray, int, int] | None = None
         #: slots uploaded to the device once for every table of the book: (host, device)
         self._on: tuple[np.ndarray, Tensor | None] | None = None
-        #: the next read as :meth:`prefetch` asked for it ahead (ids, its blocks' source,
-        #: clock), which :meth:`read` serves without the state the update thread changes
-        self._staged: tuple[np.ndarray, Source, int] | None = None
+        #: the reads :meth:`prefetch` asked for ahead, by clock (ids, their blocks' source),
+        #: which :meth:`read` serves without the state the update thread changes; two at once
+        #: where the ask after the next one comes before the next one's rows are put
+        self._staged: dict[int, tuple[np.ndarray, Source]] = {}
         self._src: Source | None = None
+        self._filling: tuple[np.ndarray, SwapFuture] | None = None
         #: training reads served from :attr:`_staged`, their misses placed by the update thread
         self.reads_staged = 0
         self.through = ThroughReads(self)  # (reads outside training)
@@ -128,8 +129,11 @@ class TierBook:
         flight land first, the write-backs not sent yet are dropped."""
         self.drain()
         self.link.forget()
-        self._read = self._last = self._staged = self._src = None
+        self._read = self._last = self._src = None
+        self._staged = {}
         self._placed: tuple[np.ndarray, np.ndarray, int] | None = None
+        #: misses indexed whose rows are not put yet (:meth:`index_ahead`): slots, swap
+        self._filling = None
         self._on = None
         self._room = 0
         self.key_at = np.zeros(self.capacity, dtype=np.int64)
@@ -209,68 +213,10 @@ class TierBook:
         pending, self._pending = self._pending, None
         if pending is not None:
             self.link.drop(pending[1])
-        self.link.settle()
-
-    # --- eviction ------------------------------------------------------------------------------
-
-    def _choose(self, need: int, below: int) -> np.ndarray:
-        """The slots of ``need`` rows or more to evict (as many as there are, if fewer), among
-        those last read before clock ``below``: the least recently or frequently used, rows
-        not admitted first."""
-        old = self.used < below
-        # (a full tier, the usual case at an eviction: every slot is live)
-        free = np.flatnonzero(old if self.n_free == 0 else old & self.live)
-        if not len(free):
-            return free
-        if self.policy.eviction == "lfu":
-            score = self.seen.of(self.key_at[free]).astype(np.int64)
-        else:
-            score = self.used[free]
-        if self.policy.admit > 1:  # (no row is marked rare otherwise)
-            score = np.where(self.rare[free], score.min(initial=0) - 1, score)
-        # Evict a little more than needed, so that steps do not each pay a selection.
-        k = min(len(free), max(need, self.capacity // 64))
-        return free[smallest(score, k)] if k < len(free) else free
-
-    def _release(
-        self, victims: np.ndarray, wait: bool = True
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], Ready]:
-        """Free the slots ``victims``: their keys and whole rows of each table, to write
-        back, and the CUDA event to wait for before reading the rows (None: ready; always so
-        with ``wait``). Their copy down is queued after every update queued so far, so no
-        later write of their slots (a placement) can reach it."""
-        blocks: dict[str, np.ndarray] = {}
-        ready: Ready = None
-        on = self.slots_on(victims)
-        for n, t in self.tables.items():
-            blocks[n], ready = t.rows.take_host_async(victims, on)
-        if wait and ready is not None:
-            ready.synchronize()
-            ready = None
-        keys = self.key_at[victims]
-        self.index.remove(keys)
-        self.live[victims] = False
-        self.rare[victims] = False
-        self.free[self.n_free : self.n_free + len(victims)] = victims
-        self.n_free += len(victims)
-        for t in self.tables.values():
-            t.counts.writebacks += len(keys)
-        return keys, blocks, ready
-
-    def _evict(self, need: int) -> tuple[np.ndarray, dict[str, np.ndarray], Ready]:
-        """Free ``need`` slots or more, never of a row pinned (read by the update in
-        progress): the evicted keys and their whole rows of each table, to write back."""
-        victims = self._choose(need, self._floor)
-        if need > len(victims):
-            live = int(self.live.sum())
-            # (the rows this update reads: those held (pinned) and those to place)
-            reads = live - len(victims) + need + self.n_free
-            raise ConfigError(
-                f"table {self.label}: angel.worker.table.capacity={self.capacity} rows is "
-                f"below the {reads} rows one update reads on this worker; "
-                "raise it (or lower the batch size)"
-            )
-        return self._release(victims)  # (waited for: these rows may be sent at once)
+        filling, self._filling = self._filling, None
+        if filling is not None:  # (its rows are not put: the index is reset or was filled)
+            self.link.drop(filling[1])
+        self.link.settle(every=True)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -296,25 +242,13 @@ class TierBook:
         self.link.settle(timed=clock is None)
         fut = self.link.swap({}, miss)
         self._pending = (miss, fut)
-        self._staged = None
-        if clock is not None:
+        if clock is None:
+            self._staged.clear()
+        else:
             # (its slots sent up here, in the update thread: 37% of a staged read's time on the
             # training thread, profiled on an H200; one stream, queued before the read's takes)
             rows = next(iter(self.tables.values())).rows
-            self._staged = (ids, staged_source(rows, slots, fut), at)
-
-    def make_room(self) -> None:
-        """Free the slots the prefetched misses need, among the rows the next read does not
-        read (the update in progress must be applied: its rows may go); the victims go back
-        with the tier's next swap. One CPU worker runs this in its update thread, after the update
-        (learners/worker/held_tables.py), while the next batch is prepared."""
-        need, self._room = self._room - self.n_free, 0
-        if need <= 0:
-            return
-        victims = self._choose(need, self._clock)
-        if len(victims):
-            keys, blocks, ready = self._release(victims, wait=False)
-            self.link.write_back({n: (keys, b) for n, b in blocks.items()}, ready)
+            self._staged[at] = (ids, staged_source(rows, slots, fut))
 
     def place_ahead(self, staged: bool = False) -> None:
         """Place the prefetched misses in the slots :meth:`make_room` freed, once their rows
@@ -322,6 +256,14 @@ class TierBook:
         this after make_room, beside the next batch's preparation); nothing where the tier
         has too few free slots (the read evicts then, unless it is ``staged``: it reads
         without placing) or the prefetch was read already."""
+        self.index_ahead(staged)
+        self.fill()
+
+    def index_ahead(self, staged: bool = False) -> None:
+        """:meth:`place_ahead` but for the rows: the misses get their slots and are indexed
+        now, so that an ask made next finds them held (pinned, not asked of the shards again:
+        the shards' rows are not updated by this update); :meth:`fill` puts their rows, before
+        the update that reads them."""
         read, pending = self._read, self._pending
         if read is None or pending is None or read[2] != self._clock or read[3] >= 0:
             return
@@ -333,15 +275,21 @@ class TierBook:
             keys, blocks, _ = self._evict(len(miss_ids) - self.n_free)  # (or its error)
             self.link.write_back({n: (keys, b) for n, b in blocks.items()})
         self._pending = None
-        rows = self.link.rows_on(fut, self._up)
         self._sighted(ids)  # (the read's sighting, counted here for it)
         if len(miss_ids):
-            new = self._place(miss_ids, rows)
+            new = self._assign(miss_ids)
+            self._filling = (new, fut)
             slots = slots.copy()
             slots[np.flatnonzero(slots < 0)] = new  # (by position: a mask's is 2x slower)
             self._admitted(new, miss_ids, clock)
         self._read = (ids, slots, clock, len(miss_ids))
         self._placed = (ids, slots, clock)  # (a staged read's update: the ask after resets _read)
+
+    def fill(self) -> None:
+        """Put the rows of the misses :meth:`index_ahead` indexed, once they came."""
+        filling, self._filling = self._filling, None
+        if filling is not None:
+            self._put(filling[0], self.link.rows_on(filling[1], self._up))
 
     def _sighted(self, ids: np.ndarray) -> None:
         """Count a read's ids where the policy needs their counts."""
@@ -362,7 +310,7 @@ class TierBook:
         last = self._last
         if last is not None and last[3] == self._clock and same(last[0], ids):
             return last[1], last[2]
-        staged, self._staged = self._staged, None
+        staged = self._staged.pop(self._clock, None)
         if staged is not None:
             return self._read_staged(ids, staged)
         slots, pinned, placed = self._known(ids)
@@ -384,19 +332,19 @@ class TierBook:
 
     def unstage(self) -> None:
         """The next read is not staged (read after the room and placement)."""
-        self._staged = None
+        for c in [c for c in self._staged if c <= self._clock]:
+            del self._staged[c]
 
-    def _read_staged(
-        self, ids: np.ndarray, staged: tuple[np.ndarray, Source, int]
-    ) -> tuple[None, int]:
+    def _read_staged(self, ids: np.ndarray, staged: tuple[np.ndarray, Source]) -> tuple[None, int]:
         """A read one worker's update thread asked for ahead (:meth:`prefetch` with its
         clock), served while that thread may still make room and place its misses: its rows
         held (pinned by the ask) and its misses' rows as the shards sent them make each
         table's block (:meth:`staged_block`), touching nothing that thread changes; the
         update finds the placed slots (:meth:`slots_for_update`)."""
-        sids, src, clock = staged
-        if clock != self._clock or not same(sids, ids):  # (HeldTables stages only this read)
-            raise RuntimeError(f"table {self.label}: a staged read of other ids or clock")
+        sids, src = staged
+        clock = self._clock
+        if not same(sids, ids):  # (HeldTables stages only this read)
+            raise RuntimeError(f"table {self.label}: a staged read of other ids")
         self._src, n_miss = src, len(src[1])
         self.reads_staged += 1
         self._last = (ids, None, len(ids) - n_miss, clock)
@@ -453,15 +401,23 @@ class TierBook:
 
     def _place(self, miss: np.ndarray, got: Mapping[str, np.ndarray | Tensor]) -> np.ndarray:
         """Put the rows ``got`` (of every table) of ids ``miss`` in free slots; the slots."""
+        slots = self._assign(miss)
+        self._put(slots, got)
+        return slots
+
+    def _assign(self, miss: np.ndarray) -> np.ndarray:
+        """Free slots for the ids ``miss``, indexed (their rows not put yet); the slots."""
         slots = self.free[self.n_free - len(miss) : self.n_free][::-1].copy()
         self.n_free -= len(miss)
-        on = self.slots_on(slots)
-        for n, t in self.tables.items():
-            t.rows.put(slots, got[n], on)
         self.key_at[slots] = miss
         self.live[slots] = True
         self.index.insert(miss, slots)
         return slots
+
+    def _put(self, slots: np.ndarray, got: Mapping[str, np.ndarray | Tensor]) -> None:
+        on = self.slots_on(slots)
+        for n, t in self.tables.items():
+            t.rows.put(slots, got[n], on)
 
     def read_through(self, name: str, ids: np.ndarray) -> Tensor:
         """Outside training: the weights of ``ids`` of table ``name`` (:class:`ThroughReads`)."""
@@ -488,6 +444,7 @@ class TierBook:
         the shards' files hold the whole table. The rows written (of every table). Every
         shard answers, even with nothing to write: one restarted unseen (from a backup,
         which leaves the tier's table out) would save a table that lost its rows."""
+        self.fill()
         self.drain()
         live = np.flatnonzero(self.live)
         keys = self.key_at[live]
@@ -498,3 +455,26 @@ class TierBook:
     def held_ids(self) -> np.ndarray:
         """The ids on the device now, ascending."""
         return np.sort(self.key_at[self.live])
+
+
+def make_room(
+    books: Sequence[TierBook], place: bool = False, staged: bool = False, put: bool = True
+) -> None:
+    """Free the slots of the device tiers' prefetched misses (the update in progress was
+    applied); with ``place``, place the misses there as they come (one worker's update
+    thread: the next read then finds its rows held, or, ``staged``, reads meanwhile); without
+    ``put``, only index them there (:func:`fill` puts their rows)."""
+    for b in books:
+        b.make_room()
+    if place:
+        for b in books:
+            if put:
+                b.place_ahead(staged)
+            else:
+                b.index_ahead(staged)
+
+
+def fill(books: Sequence[TierBook]) -> None:
+    """Put the rows of the misses :func:`make_room` indexed without them, as they come."""
+    for b in books:
+        b.fill()

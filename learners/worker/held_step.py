@@ -106,15 +106,28 @@ class HoldsTables:
             stats.compute_s += time.perf_counter() - t0
         return out
 
-    def _peek(self) -> None:
+    def _peek(self) -> Any:
         """One worker with device tiers, the batch after the next one of this epoch: take it
         and its ids now, so that its misses are asked for while the next update computes
-        (:meth:`_ask_ahead`); ``_next_batch`` and the next fetch take it from there."""
+        (:meth:`_ask_ahead`); ``_next_batch`` and the next fetch take it from there. Its
+        request (None: none taken)."""
         if ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and self.held.books:
             batch = self._next_batch()
             with self._side.scope():
                 slots, req = self.inputs.request(batch)
             self._peeked = (batch, slots, req, False)
+            return req
+        return None
+
+    def _prefetch_held(self, req: Any, peek: bool) -> bool:
+        """Start the device tiers' prefetch of the next batch's ``req``; with ``peek``, take
+        the batch after now (:meth:`_peek`) and ask for its misses with it where the next
+        one's were asked for ahead (two swaps in flight: learners/worker/held_tables.py).
+        False: no peek is left to make after it."""
+        after = self._peek() if peek else None
+        if self.held.prefetch(req, after) and self._peeked is not None:
+            self._peeked = (*self._peeked[:3], True)
+        return False
 
     def _take_next(self) -> tuple[Batch, Any, Any]:
         """The next batch, its slots and request: the peeked one, or the iterator's."""

@@ -43,7 +43,7 @@ from angelps.partition import Partitioner
 from angelps.rates import Step
 from angelps.storage.table_rows import FrozenTable
 from learners.worker.device import to_device
-from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
+from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable, fill, make_room
 from learners.worker.held_table import HeldTable
 from learners.worker.table_exchange import Exchange
 from learners.worker.tier_slots import ids_of
@@ -62,15 +62,10 @@ def _ids_on(ids: np.ndarray | Tensor, device: torch.device) -> Tensor:
     return ids.to(device) if isinstance(ids, Tensor) else to_device(ids, device)
 
 
-def _make_room(books: Sequence[TierBook], place: bool = False, staged: bool = False) -> None:
-    """Free the slots of the device tiers' prefetched misses (the update in progress was
-    applied); with ``place``, place the misses there as they come (one worker's update
-    thread: the next read then finds its rows held, or, ``staged``, reads meanwhile)."""
-    for b in books:
-        b.make_room()
-    if place:
-        for b in books:
-            b.place_ahead(staged)
+#: Whether one worker's update thread asks for the misses of the batch after the next before it
+#: puts the next one's rows (two swaps in flight): the next one's misses are indexed first, so
+#: the ask finds them held. False: it asks once they are placed (tests compare both).
+TWO_AHEAD = True
 
 
 class HeldTables:
@@ -136,12 +131,14 @@ class HeldTables:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="held-update") if solo else None
         self._pending: Future[None] | None = None
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
+        self._fills: list[Future[None]] = []  # (the next batch's rows put: two in flight)
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
         #: (ask_ahead: the request, the books asked, whether its read is staged)
         self._asked: tuple[Mapping[str, Any], list[TierBook], bool] | None = None
-        self._asks: list[Future[Any]] = []  # (asked in the update thread)
+        self._asks: list[tuple[object, Future[Any]]] = []  # (asked in the update thread: req)
         self._staged: Mapping[str, Any] | None = None  # (the read staged: rows)
         self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
+        self.asked_two = 0  # (prefetches that asked for the batch after: two swaps in flight)
         self._waited = 0.0  # (seconds settle waited for the device tiers' room and placement)
 
     @property
@@ -150,17 +147,26 @@ class HeldTables:
         exchanged with the shards (ids, rows written back, rows read)."""
         return self._moved + sum(b.bytes_moved for b in self.books)
 
-    def settle(self, rooms: bool = True, asks: bool = True) -> None:
+    def settle(
+        self, rooms: bool = True, asks: bool = True, ahead: bool = True, fills: bool = True
+    ) -> None:
         """Wait for an update still running (its error, if any, is raised here) and, with
-        ``asks`` and ``rooms``, for the device tiers' asks and their room and placement."""
+        ``asks`` and ``rooms``, for the device tiers' asks and their room and placement;
+        without ``ahead``, not for the ask of a batch not prefetched yet (:attr:`_asked`);
+        without ``fills``, not for the rows of the last prefetch put (the update thread puts
+        them before it runs the next update)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
         waits: list[Future[Any]] = []
         if asks:
-            waits, self._asks = self._asks, []
+            later = self._asked[0] if self._asked is not None and not ahead else None
+            waits = [f for r, f in self._asks if r is not later]
+            self._asks = [(r, f) for r, f in self._asks if r is later]
         if rooms:
             waits, self._rooms = waits + self._rooms, []
+            if fills:
+                waits, self._fills = waits + self._fills, []
         if waits:
             t0 = time.perf_counter()
             for w in waits:
@@ -189,7 +195,7 @@ class HeldTables:
         # A read staged by the update thread's ask (prefetch) waits for the update before it
         # only: that thread makes room for its misses and places them meanwhile.
         staged, self._staged = req is self._staged, None
-        self.settle(rooms=not staged)
+        self.settle(rooms=not staged, ahead=not staged)
         if not staged:
             for b in self.books:
                 b.unstage()
@@ -207,10 +213,14 @@ class HeldTables:
             got |= dict(zip(group, rows, strict=True))
         return got
 
-    def prefetch(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
+    def prefetch(
+        self, req: Mapping[str, np.ndarray | Tensor], ahead: Mapping[str, Any] | None = None
+    ) -> bool:
         """Start fetching the device tiers' misses of the next batch's unique ids. Several
         workers route the ids to their owners now (every worker calls this at the same point
-        of a step: it is a collective), and each owner prefetches the ids it will serve."""
+        of a step: it is a collective), and each owner prefetches the ids it will serve.
+        ``ahead``: the request of the batch after (one worker), asked for now where the next
+        one's was asked ahead (:meth:`ask_ahead`): True if it was."""
         if self.exchange is not None:
             names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
             for group in self._groups(names):
@@ -222,9 +232,9 @@ class HeldTables:
                 self._moved += sent
                 for b in alike:
                     b.prefetch(serve)
-                _make_room(alike)  # (the update was applied: apply waits)
+                make_room(alike)  # (the update was applied: apply waits)
             self._ahead_req = req
-            return
+            return False
         if self.num_workers == 1:
             early, self._asked = self._asked, None
             asked = early is not None and early[0] is req
@@ -234,18 +244,30 @@ class HeldTables:
             else:
                 books, staged = self._ask(req), False
             if not books:
-                return
+                return False
             assert self._pool is not None  # (one worker holding device tiers has one)
             if staged:  # (the update thread asked: it places them, the read need not wait)
                 self._staged = req
-                self._rooms.append(self._pool.submit(_make_room, books, True, True))
-                return
+                if ahead is None or not TWO_AHEAD:
+                    self._rooms.append(self._pool.submit(make_room, books, True, True))
+                    return False
+                # In the update thread's order: room for the next batch's misses, indexed
+                # there; the batch after asked for (it finds them held); their rows put as
+                # they come, before the next update. The ask no longer waits for the answer
+                # of the swap before it.
+                self._rooms += self._fills  # (waited for by the next update handed over)
+                self._rooms.append(self._pool.submit(make_room, books, True, True, False))
+                self.ask_ahead(ahead)
+                self._fills = [self._pool.submit(fill, books)]
+                self.asked_two += self._asked is not None
+                return self._asked is not None
             # The update thread frees the misses' slots after the update in progress (its rows
             # may go then) and places the misses as they come, while this thread prepares the
             # next batch; the next read waits for it (settle). On a GPU the victims' copy down
             # and the placements are queued after the update, in the order of the stream.
             place = self.device.type == "cuda" if PLACE_AHEAD is None else PLACE_AHEAD
-            self._rooms.append(self._pool.submit(_make_room, books, place))
+            self._rooms.append(self._pool.submit(make_room, books, place))
+        return False
 
     def ask_ahead(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
         """One worker, as soon as this update's reads are done: look up the device tiers' ids
@@ -263,7 +285,7 @@ class HeldTables:
         # stages the next read (:meth:`TierBook.read`), unless a book's tables read ids of
         # their own (a union is asked for): that read waits for the room.
         clocks = [b.clock + 1 for b in books]
-        self._asks.append(self._pool.submit(self._ask, req, clocks))
+        self._asks.append((req, self._pool.submit(self._ask, req, clocks)))
         alike = all(len({id(req[n]) for n in b.tables if n in req}) == 1 for b in books)
         self._asked = (req, books, alike)
 
@@ -290,8 +312,8 @@ class HeldTables:
             b.training = on
 
     def tier_counts(self) -> TierCounts:
-        """The device tiers' hits, misses and write-backs since the last call."""
-        self.settle()  # (the update thread counts write-backs)
+        """The device tiers' hits, misses and write-backs since the last call (not waiting for
+        the update thread: a settle here, each chunk of steps, stopped the swaps in flight)."""
         total = TierCounts()
         for t in self.tiers.values():
             total.add(t.take_counts())
@@ -369,8 +391,9 @@ class HeldTables:
         grads = self.merged()
         self._parts = {}
         # (not the ask made during this update: it changes nothing the update reads, and the
-        # update thread runs it first; on a GPU the forward and backward may be queued sooner)
-        self.settle(asks=False)
+        # update thread runs it first; on a GPU the forward and backward may be queued sooner;
+        # nor the rows of the prefetch put after the ask after it: that thread puts them first)
+        self.settle(asks=False, fills=False)
         if self.exchange is None:
             for name, (ids, _) in grads.items():
                 t = self.tables[name]

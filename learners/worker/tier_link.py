@@ -48,6 +48,10 @@ def _merged(parts: list[Writes]) -> Writes:
     return out
 
 
+#: Swaps over ordered connections that :meth:`TierLink.settle` leaves in flight, at most.
+ORDERED_KEPT = 4
+
+
 class TierLink:
     """The calls of one tier (``label``: its tables, for errors; ``row_bytes``: the bytes of
     a whole row of each of its tables) to the shards (``shards``: a function giving the
@@ -65,6 +69,7 @@ class TierLink:
         #: the update thread in the others (TierCounts.ahead_wait_s)
         self.waited_s = 0.0
         self.ahead_s = 0.0
+        self._taken = (0.0, 0.0)  # (at the last take_waited)
         self._pids: dict[int, int] = {}
         #: swaps that wrote rows back, not waited for yet (and swaps dropped)
         self._writes: list[SwapFuture] = []
@@ -100,6 +105,9 @@ class TierLink:
         rows = fut.result()
         self._waited(timed, time.perf_counter() - t0)
         self._check_restarts(fut)
+        if self._writes and getattr(fut, "ordered", False):
+            with self._up_lock:  # (answered: no later read need wait for it; both threads read)
+                self._writes = [w for w in self._writes if w is not fut]
         return rows
 
     def rows_on(
@@ -139,11 +147,19 @@ class TierLink:
         """A swap whose rows will not be read: waited for with the write-backs."""
         self._writes.append(fut)
 
-    def settle(self, timed: bool = False) -> None:
+    def settle(self, timed: bool = False, every: bool = False) -> None:
         """Wait for the swaps that wrote rows back (and dropped swaps) still in flight: their
         errors, a shard's restart. A shard is an async actor: over a Ray call it may run calls
-        out of order, so a read of rows written back earlier waits for them first."""
-        writes, self._writes = self._writes, []
+        out of order, so a read of rows written back earlier waits for them first. Not for
+        swaps sent over the data plane's connections (``every``: those too, the last few
+        always): a connection's calls are served in order, a swap's write-backs before the
+        next call (angelps/server/data_plane.py), so a swap may be sent before the last one
+        is answered (two swaps in flight: learners/worker/held_tables.py)."""
+        with self._up_lock:
+            writes, self._writes = self._writes, []
+            if not every:  # (the ordered ones are checked when read, or here later)
+                self._writes = [w for w in writes if getattr(w, "ordered", False)][-ORDERED_KEPT:]
+                writes = [w for w in writes if not any(w is k for k in self._writes)]
         t0 = time.perf_counter()
         for fut in writes:
             fut.result()
@@ -159,10 +175,11 @@ class TierLink:
             self.ahead_s += seconds
 
     def take_waited(self) -> tuple[float, float]:
-        """:attr:`waited_s` and :attr:`ahead_s`, then zero."""
-        out = (self.waited_s, self.ahead_s)
-        self.waited_s = self.ahead_s = 0.0
-        return out
+        """:attr:`waited_s` and :attr:`ahead_s` since the last call (each thread adds to its
+        own; neither is reset under the other)."""
+        now = (self.waited_s, self.ahead_s)
+        last, self._taken = self._taken, now
+        return now[0] - last[0], now[1] - last[1]
 
     def _count(self, writes: Writes, reads: np.ndarray | None) -> None:
         for keys, block in writes.values():

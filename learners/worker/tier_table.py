@@ -3,6 +3,7 @@ read for a step and updated by their owner with the shards' optimizer code."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import numpy as np
@@ -59,7 +60,10 @@ class TierTable:
             (book.capacity, self.width), dtype=torch_dtype(spec.dtype), device=book.device
         )
         self.rows = RowBlock(self.data)
+        #: counted since the start (the update thread counts write-backs); and at the last
+        #: :meth:`take_counts`
         self.counts = TierCounts()
+        self._taken = TierCounts()
         #: the last training read (ids, slots (None: staged), whole rows, clock) and the
         #: update's
         self._read: tuple[np.ndarray, np.ndarray | None, Tensor, int] | None = None
@@ -76,8 +80,16 @@ class TierTable:
         return self.book.rows_held()
 
     def take_counts(self) -> TierCounts:
-        out, self.counts = self.counts, TierCounts()
-        return out
+        """The counts since the last call, without waiting for the update thread: what it
+        counts after this comes with the next call."""
+        now = dataclasses.replace(self.counts)  # (each count read once)
+        last, self._taken = self._taken, now
+        return TierCounts(
+            now.lookups - last.lookups,
+            now.hits - last.hits,
+            now.misses - last.misses,
+            now.writebacks - last.writebacks,
+        )
 
     def gather(self, keys: np.ndarray | Tensor) -> Tensor:
         """The weights of ``keys`` (owned; repeated ids allowed: an owner serving several

@@ -441,7 +441,7 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
         """Push ``update`` and pull the next micro-batch's rows in one fused call per shard,
         then (SSP, the first update of a chunk) pull more batches until ``want`` are in flight.
         With ``peek`` (the batch after is of this epoch), one worker with device tiers also
-        takes that batch and its ids now (:meth:`_accumulate` asks for its misses).
+        takes that batch and its ids now and asks for its misses (else :meth:`_accumulate`).
 
         The next micro-batch is of this chunk, or (``last``) of the next ``run_steps``: of this
         epoch, or of ``next_epoch``, whose iterator starts here. A batch ``k`` places down the
@@ -470,8 +470,8 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             else:
                 fut = self.ps.pull_many_async(pull)
             rows: Rows = fut if sp is None else fut.map(partial(self._cache_fill, sp))
-            if not queue:  # the device tiers' misses of the next batch come meanwhile
-                self.held.prefetch(n_req)
+            if not queue:  # the device tiers' misses of this batch (and the next) come meanwhile
+                peek = self._prefetch_held(n_req, peek and want == 1)
             # While the calls are in flight: the next batch's input minus its rows.
             with self._side.scope():
                 nx, ny = self.inputs.prepare(nb, n_slots)

@@ -123,13 +123,17 @@ def _pair(
     ask: bool = False,
     skip: frozenset[int] = frozenset(),
     flush: bool = True,
+    two: bool = False,
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
     prefetched (``ask``: its misses asked for as soon as the update's reads are done, as one
     worker's training does; the updates numbered in ``skip`` skipped, as a non-finite gradient
     makes the worker do, its next read a request of its own); every row after 10 updates
-    (``flush`` False: none, the tier's write-backs left as they are)."""
+    (``flush`` False: none, the tier's write-backs left as they are). ``two`` (with ``ask``):
+    the batch after the next one asked for as the next one is prefetched, as the worker does
+    once its reads are staged (two swaps in flight; not at the last update, as at an epoch's
+    end)."""
     specs = [
         TableSpec("w", 3000, 1, sparse=True, optimizer=OptimizerSpec("momentum", l2=0.01)),
         TableSpec(
@@ -166,11 +170,13 @@ def _pair(
 
     nxt = batch()
     after = batch()
+    asked = False  # (``after`` asked for by the last prefetch: two)
     for step in range(10):
         req = nxt
         got = held.rows(req)
-        if ask:
+        if ask and not asked:
             held.ask_ahead(after)
+        asked = False
         if step in skip:
             held.clear()
             nxt, after = dict(after), batch()
@@ -181,7 +187,9 @@ def _pair(
             held.add_grad(n, req[n], torch.from_numpy(g).to(device))
         held.apply(1.0, 0.05)
         nxt, after = after, batch()
-        if ask:
+        if ask and two:
+            asked = held.prefetch(nxt, after if step < 9 else None)
+        elif ask:
             held.prefetch(nxt)  # (the same request: its misses were asked for already)
         elif prefetch:
             # astray: a prefetch for other ids than the next read's (the read must not lose
@@ -242,6 +250,11 @@ def test_a_gpu_tier_evicting_and_placing_in_its_update_thread_is_exact(eviction:
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-6)
     assert held.books[0].reads_placed_ahead > 0
+    # staged reads, the batch after asked for before the next one's rows are put
+    got, held = _pair(160, True, True, TierPolicy(eviction), device="cuda", ask=True, two=True)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-6)
+    assert held.asked_two == 9 and held.books[0].reads_staged == 9
 
 
 @pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
@@ -284,7 +297,9 @@ def test_misses_asked_for_during_the_update_before_are_exact(
     after the update (and the rows those of the whole table), on the CPU's row path and on
     the GPU's (run on the CPU). Asked so, the update thread asks, makes room and places the
     misses while the read goes on (staged: its blocks assembled from the rows held and the
-    shards' answer); without, the misses are placed ahead of the read or at the read."""
+    shards' answer); without, the misses are placed ahead of the read or at the read. With
+    ``two``, the batch after is asked for before the next one's rows are put (its misses
+    indexed first): two swaps in flight, the same rows, hits, misses and write-backs."""
     from learners.worker import device, held_tables
 
     monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", rows == "numpy")
@@ -292,24 +307,27 @@ def test_misses_asked_for_during_the_update_before_are_exact(
     for place in (True, False):
         monkeypatch.setattr(held_tables, "PLACE_AHEAD", place)
         runs = {}
-        for ask in (True, False):
-            got, held = _pair(160, True, True, policy, ask=ask)
+        for ask, two in ((True, False), (True, True), (False, False)):
+            got, held = _pair(160, True, True, policy, ask=ask, two=two)
             for n in ("w", "v"):
                 np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
             c = held.tier_counts()
-            runs[ask] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
+            runs[ask, two] = (got, (c.lookups, c.hits, c.misses, c.writebacks))
             assert held.asked_ahead == (10 if ask else 0)
+            assert held.asked_two == (9 if two else 0)  # (not at the last update)
             book = held.books[0]
             assert book.reads_staged == (9 if ask else 0)  # (the 10th is not read)
             assert (book.reads_placed_ahead > 0) == (place and not ask)
-        for n in ("w", "v"):
-            np.testing.assert_array_equal(runs[True][0][n], runs[False][0][n])
-        assert runs[True][1] == runs[False][1]
-        assert runs[True][1][3] > 0  # (the tier evicted: 160 rows of 3000)
+        for key in ((True, True), (False, False)):
+            for n in ("w", "v"):
+                np.testing.assert_array_equal(runs[True, False][0][n], runs[key][0][n])
+            assert runs[True, False][1] == runs[key][1]
+        assert runs[True, False][1][3] > 0  # (the tier evicted: 160 rows of 3000)
 
 
+@pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
 def test_a_staged_read_and_the_placement_of_its_misses_send_their_rows_up_once(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, two: bool
 ) -> None:
     """On the GPU's row path (run on the CPU), the update thread placing a staged read's
     misses and the training thread assembling that read's blocks use one upload of the
@@ -327,7 +345,7 @@ def test_a_staged_read_and_the_placement_of_its_misses_send_their_rows_up_once(
             return real(a, d)
 
         monkeypatch.setattr(mod, "to_device", counted)
-    got, held = _pair(160, True, True, ask=True)
+    got, held = _pair(160, True, True, ask=True, two=two)
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
     book = held.books[0]
@@ -338,14 +356,15 @@ def test_a_staged_read_and_the_placement_of_its_misses_send_their_rows_up_once(
     assert ups["learners.worker.device"] == 2
 
 
+@pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
 @pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
-def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy) -> None:
+def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy, two: bool) -> None:
     """A skipped update (a non-finite gradient) unpins its rows while the update thread may
     still be making room for and placing the misses of its staged read: the rows stay those
     of the whole table, and the read after it (not staged) finds the rows asked for."""
     skip = frozenset({2, 3, 7})
     want, _ = _pair(None, True, True, skip=skip)
-    got, held = _pair(160, True, True, policy, ask=True, skip=skip)
+    got, held = _pair(160, True, True, policy, ask=True, skip=skip, two=two)
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
     c = held.tier_counts()
@@ -353,12 +372,13 @@ def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy) -> 
     assert 0 < held.books[0].reads_staged < 9  # (the reads after a skip are not staged)
 
 
-def test_evicted_rows_go_back_with_the_next_ask_one_call_per_shard_an_update() -> None:
+@pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
+def test_evicted_rows_go_back_with_the_next_ask_one_call_per_shard_an_update(two: bool) -> None:
     """The rows an update's room evicts are held until the tier's next swap, which writes
     them before it reads: one call per shard an update (not a write-back call beside the
     ask), exact even where the ask reads a row it writes back."""
     want, _ = _pair(None, True, True)
-    got, held = _pair(160, True, True, ask=True)
+    got, held = _pair(160, True, True, ask=True, two=two)
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
     assert held.tier_counts().writebacks > 0
