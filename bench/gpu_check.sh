@@ -11,10 +11,12 @@
 #    with its table on the GPU, every row on a shard, the tables on the GPU, a device tier at
 #    10%; where py-spy is on the PATH, profiles of the worker and shard (every thread, idle
 #    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS);
-# 4. a device tier's host work a step on this node's CPU (bench/tier_host.py).
+# 4. a device tier's host work a step on this node's CPU (bench/tier_host.py);
+# 5. a device tier's pipeline under a GPU's step without Ray (bench/tier_pipeline.py --device
+#    cuda): one swap in flight against two, alternated.
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
-# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed,host to skip parts; FEED_BASE to a copy of
+# Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed,host,pipeline to skip parts; FEED_BASE to a copy of
 # the code before a change to measure it against this tree on the same GPU (feed_ab.json);
 # PROFILE_GIL to profile the worker's thread holding the GIL as well; TORCH_PROFILE to run
 # torch's profiler over 40 updates of held and tier10 (feed_torch_profile.json: operators and
@@ -148,7 +150,8 @@ for r in json.load(open(sys.argv[1])).get("results", []):
     # (of the tier's wait, the shards' answers waited for by the training thread itself; the
     # update thread's own waits for them beside it)
     parts += "" if wait is None else (f"; tier_wait {wait:.2f} (shards {r.get('tier_wait_shards_ms', 0):.2f}),"
-                                      f" update thread's wait for the shards {r.get('tier_ahead_wait_ms', 0):.2f}")
+                                      f" update thread's wait for the shards {r.get('tier_ahead_wait_ms', 0):.2f},"
+                                      f" wait for the update thread's queue {r.get('tier_wait_update_ms', 0):.2f}")
     if r.get("shard_swap_ms"):  # (the shards' own work for the tier's swaps, an update)
         parts += f"; the shards' swap work {r['shard_swap_ms']:.2f}"
     print(f"{n}: ms a step {parts}")
@@ -200,6 +203,18 @@ if [[ $skip != *,host,* ]]; then
     echo "tier host work, $t swap threads: rc=$? at $(since)"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v, 2) for k, v in d['ms'].items()})" \
       "$out/tier_host_t$t.json" || true
+  done
+fi
+
+if [[ $skip != *,pipeline,* ]]; then
+  # The tier's rows on this GPU, the shard on a thread beside, the training thread's forward
+  # and backward a wait of 6 ms (2.5 of it host work): how long a step takes with one swap in
+  # flight and with two (learners/worker/held_tables.py), and what the training thread waits for.
+  for t in 1 4; do
+    python3 bench/tier_pipeline.py --device cuda --threads "$t" --host-ms 2.5 --rounds 2 \
+      --json "$out/tier_pipeline_t$t.json" > "$out/tier_pipeline_t$t.txt" 2>&1
+    echo "tier pipeline, $t swap threads: rc=$? at $(since)"
+    tail -4 "$out/tier_pipeline_t$t.txt"
   done
 fi
 

@@ -312,7 +312,8 @@ def _feed_metrics(path: Path, served: list[dict[str, Any]] | None = None) -> dic
         if tier and all("tier_wait_s" in x for x in later):
             # ms a step the training thread waited for the tier's work elsewhere
             out["tier_wait_ms"] = 1000 * sum(x["tier_wait_s"] for x in later) / max(updates, 1)
-            for k in ("tier_wait_shards_s", "tier_ahead_wait_s"):  # (its parts, where recorded)
+            # (its parts, and the wait for the update thread's queue, where recorded)
+            for k in ("tier_wait_shards_s", "tier_ahead_wait_s", "tier_wait_update_s"):
                 if all(k in x for x in later):
                     out[k[:-2] + "_ms"] = 1000 * sum(x[k] for x in later) / max(updates, 1)
         out["phase_ms"] = {

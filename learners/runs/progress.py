@@ -74,6 +74,7 @@ _SUMMED = (
     "tier_wait_s",
     "tier_wait_shards_s",
     "tier_ahead_wait_s",
+    "tier_wait_update_s",
 )
 
 

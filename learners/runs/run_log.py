@@ -321,6 +321,7 @@ def feed_record(updates: int, outs: Sequence[StepStats]) -> dict[str, Any]:
         rec["tier_wait_s"] = outs[0].tier_wait_s
         rec["tier_wait_shards_s"] = outs[0].tier_wait_shards_s
         rec["tier_ahead_wait_s"] = outs[0].tier_ahead_wait_s
+        rec["tier_wait_update_s"] = outs[0].tier_wait_update_s
     return rec
 
 

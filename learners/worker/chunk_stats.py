@@ -48,3 +48,5 @@ class StepStats:
     #: of it, waiting for the shards' answers itself; the update thread's own waits for them
     tier_wait_shards_s: float = 0.0
     tier_ahead_wait_s: float = 0.0
+    #: the training thread's wait for the update thread to have run the update before
+    tier_wait_update_s: float = 0.0

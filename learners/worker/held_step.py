@@ -153,7 +153,7 @@ class HoldsTables:
             stats.tier_on, stats.tier_lookups, stats.tier_hits = True, tc.lookups, tc.hits
             stats.tier_misses, stats.tier_writebacks = tc.misses, tc.writebacks
             stats.tier_wait_s, stats.tier_wait_shards_s = tc.wait_s, tc.wait_shards_s
-            stats.tier_ahead_wait_s = tc.ahead_wait_s
+            stats.tier_ahead_wait_s, stats.tier_wait_update_s = tc.ahead_wait_s, tc.wait_update_s
 
     def _rounds(self) -> Rounds | None:
         """With tables held by several workers, each chunk of a prediction is a collective:

@@ -140,6 +140,7 @@ class HeldTables:
         self.asked_ahead = 0  # (prefetches whose misses ask_ahead asked for)
         self.asked_two = 0  # (prefetches that asked for the batch after: two swaps in flight)
         self._waited = 0.0  # (seconds settle waited for the device tiers' room and placement)
+        self._waited_update = 0.0  # (and for the update before)
 
     @property
     def bytes_moved(self) -> int:
@@ -157,7 +158,9 @@ class HeldTables:
         them before it runs the next update)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
+            t0 = time.perf_counter()
             pending.result()
+            self._waited_update += time.perf_counter() - t0
         waits: list[Future[Any]] = []
         if asks:
             later = self._asked[0] if self._asked is not None and not ahead else None
@@ -321,7 +324,7 @@ class HeldTables:
         total.wait_shards_s = sum(w for w, _ in waits)
         total.ahead_wait_s = sum(a for _, a in waits)
         total.wait_s = self._waited + total.wait_shards_s
-        self._waited = 0.0
+        total.wait_update_s, self._waited, self._waited_update = self._waited_update, 0.0, 0.0
         return total
 
     def flush_tiers(self) -> int:

@@ -62,6 +62,9 @@ class TierCounts:
     #: seconds the update thread waited for the shards' answers while it asked ahead and placed
     #: (beside the training thread: a wait only where that thread then waited for it)
     ahead_wait_s: float = 0.0
+    #: seconds the training thread waited for the update thread to have run the update before
+    #: (one worker: that thread's queue up to it, the tier's work before it included)
+    wait_update_s: float = 0.0
 
     def add(self, other: TierCounts) -> None:
         self.lookups += other.lookups
@@ -71,6 +74,7 @@ class TierCounts:
         self.wait_s += other.wait_s
         self.wait_shards_s += other.wait_shards_s
         self.ahead_wait_s += other.ahead_wait_s
+        self.wait_update_s += other.wait_update_s
 
 
 #: The largest id range a tier indexes with a plain array (int32 slots: 128 MiB at most);

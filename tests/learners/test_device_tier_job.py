@@ -68,6 +68,7 @@ def test_a_device_tier_trains_as_the_shards(tmp_path, census, conf):
     # of it, the part spent on the shards' answers themselves (the rest: the update thread)
     assert all(0.0 < r["tier_wait_shards_s"] <= r["tier_wait_s"] for r in steps)
     assert all(r["tier_ahead_wait_s"] >= 0.0 for r in steps)
+    assert all(r["tier_wait_update_s"] >= 0.0 for r in steps)
     # the tier's traffic with the shards is the step's (ids 8 B, a row 4 B a column at least)
     assert all(r["bytes_per_step"] >= 12 * r["tier_misses_per_step"] for r in steps)
     assert "tier_hit_rate" not in _steps(tmp_path / "ps" / "log")[0]
