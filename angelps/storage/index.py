@@ -116,7 +116,7 @@ class DirectIndex:
         return slots
 
     def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        self.index[keys - self.base] = slots + 1
+        self.index[keys - self.base if self.base else keys] = slots + 1
 
     def rebuild(self, keys: np.ndarray) -> None:
         self.index[:] = 0

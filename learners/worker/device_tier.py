@@ -234,7 +234,8 @@ class TierBook(TierEvictions):
         at = self._clock if clock is None else clock
         self._read = (ids, slots, at, -1)
         self._used[slots] = at  # the next update's (the misses' -1: the spare entry)
-        miss = ids.take(np.flatnonzero(slots < 0))
+        pos = np.flatnonzero(slots < 0)
+        miss = ids.take(pos)
         self._room = len(miss)
         # A row written back earlier may be read again now: the swap that carried it lands
         # first (a shard is an async actor: Ray does not keep the order of its calls); the
@@ -248,7 +249,7 @@ class TierBook(TierEvictions):
             # (its slots sent up here, in the update thread: 37% of a staged read's time on the
             # training thread, profiled on an H200; one stream, queued before the read's takes)
             rows = next(iter(self.tables.values())).rows
-            self._staged[at] = (ids, staged_source(rows, slots, fut))
+            self._staged[at] = (ids, staged_source(rows, slots, fut, pos))
 
     def place_ahead(self, staged: bool = False) -> None:
         """Place the prefetched misses in the slots :meth:`make_room` freed, once their rows

@@ -12,7 +12,14 @@ import numpy as np
 
 from angelconf.config import ConfigError
 from learners.worker.tier_link import Ready, TierLink
-from learners.worker.tier_slots import DirectSlots, HashSlots, IdCounts, TierPolicy, smallest
+from learners.worker.tier_slots import (
+    DirectSlots,
+    HashSlots,
+    IdCounts,
+    TierPolicy,
+    lru_victims,
+    smallest,
+)
 
 __all__ = ["TierEvictions"]
 
@@ -57,6 +64,8 @@ class TierEvictions:
         """The slots of ``need`` rows or more to evict (as many as there are, if fewer), among
         those last read before clock ``below``: the least recently or frequently used, rows
         not admitted first."""
+        if self.n_free == 0 and self.policy.eviction == "lru" and self.policy.admit <= 1:
+            return lru_victims(self.used, below, max(need, self.capacity // 64))
         old = self.used < below
         # (a full tier, the usual case at an eviction: every slot is live)
         free = np.flatnonzero(old if self.n_free == 0 else old & self.live)

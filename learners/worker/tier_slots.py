@@ -24,6 +24,7 @@ __all__ = [
     "TierCounts",
     "TierPolicy",
     "ids_of",
+    "lru_victims",
     "same",
     "smallest",
     "sorted_ids",
@@ -177,6 +178,27 @@ def smallest(score: np.ndarray, k: int) -> np.ndarray:
     return np.concatenate([below, at])
 
 
+def lru_victims(used: np.ndarray, below: int, k: int) -> np.ndarray:
+    """The slots of the ``k`` rows read longest ago among those whose clock in ``used`` (every
+    slot's) is below ``below``, all of them if fewer: :func:`smallest` of those clocks, ties by
+    slot, in its order, from one histogram of every slot's clock rather than a gather of the
+    old rows' clocks first (a full tier's eviction, the usual one)."""
+    low = int(used.min())
+    if low >= below:
+        return np.zeros(0, dtype=np.int64)
+    if below - low >= 1 << 22:  # (clocks too far apart for a histogram)
+        old = np.flatnonzero(used < below)
+        return old[smallest(used[old], k)] if k < len(old) else old
+    shifted = used - low
+    cum = np.cumsum(np.bincount(shifted, minlength=below - low)[: below - low])
+    if k >= int(cum[-1]):
+        return np.flatnonzero(shifted < below - low)
+    edge = int(np.searchsorted(cum, k))  # the clock (shifted) at which the k-th oldest lies
+    lower = np.flatnonzero(shifted < edge)
+    at = np.flatnonzero(shifted == edge)[: k - len(lower)]
+    return np.concatenate([lower, at])
+
+
 def ids_of(keys: np.ndarray | Tensor) -> np.ndarray:
     if isinstance(keys, Tensor):
         return keys.detach().cpu().numpy().astype(np.int64, copy=False)
@@ -192,15 +214,17 @@ def sorted_ids(keys: np.ndarray | Tensor) -> np.ndarray:
     return ids if strictly_increasing(ids) else np.unique(ids)
 
 
-def split_misses(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``slots`` (-1: not held) as a read assembles them: every slot to take (a miss's any
-    slot, its row replaced) and the positions of the misses (ascending)."""
-    miss = slots < 0
-    return np.where(miss, 0, slots), np.flatnonzero(miss)
+def split_misses(slots: np.ndarray, pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``slots`` (-1: not held) as a read assembles them: every slot to take (a miss's slot 0,
+    its row replaced) and the positions of the misses (ascending; ``pos``: found already)."""
+    return np.maximum(slots, 0), np.flatnonzero(slots < 0) if pos is None else pos
 
 
-def staged_source(rows: RowBlock, slots: np.ndarray, fut: SwapFuture) -> Source:
-    """The source of a staged read of ``slots`` whose misses come with ``fut``; its slots go
-    up to the device once, for every table of the book (``rows``: one table's)."""
-    take, pos = split_misses(slots)
+def staged_source(
+    rows: RowBlock, slots: np.ndarray, fut: SwapFuture, pos: np.ndarray | None = None
+) -> Source:
+    """The source of a staged read of ``slots`` whose misses (at ``pos``, where found already)
+    come with ``fut``; its slots go up to the device once, for every table of the book
+    (``rows``: one table's)."""
+    take, pos = split_misses(slots, pos)
     return take, pos, fut, (rows.slots(take), rows.slots(pos))

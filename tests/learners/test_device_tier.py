@@ -734,3 +734,22 @@ def test_a_prefetch_pins_its_hits_and_nothing_for_its_misses() -> None:
     book.settled()
     book.prefetch(np.array([0, 50]))  # (0 held, 50 missing)
     assert book.used.tolist() == [2, 1, 1, 1]
+
+
+@pytest.mark.parametrize("spread", [40, 1 << 23], ids=["histogram", "far-apart"])
+def test_a_full_tier_s_lru_victims_are_the_oldest_rows_ties_by_slot(spread: int) -> None:
+    """The eviction's choice from one histogram of every slot's clock is the counting
+    selection over the old rows' clocks gathered first (the same slots, in the same order):
+    rows pinned at ``below`` or later never, ties by slot, all the old rows where too few."""
+    from learners.worker.tier_slots import lru_victims, smallest
+
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 400))
+        below = int(rng.integers(2, 60)) + (spread if spread > 40 else 0)
+        used = rng.integers(below - min(spread, below), below + 3, n).astype(np.int64)
+        old = np.flatnonzero(used < below)
+        for k in (1, 7, max(1, len(old) - 1), len(old), len(old) + 5):
+            want = old[smallest(used[old], k)] if k < len(old) else old
+            np.testing.assert_array_equal(lru_victims(used, below, k), want)
+    assert lru_victims(np.full(5, 9, np.int64), 9, 3).size == 0  # (every row pinned)
