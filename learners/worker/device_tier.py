@@ -185,8 +185,9 @@ class TierBook(TierEvictions):
         hits were pinned then, so no eviction since has taken them); whether the hits are
         pinned at this update's clock already; how many misses :meth:`place_ahead` placed
         (-1: none was)."""
-        read, self._read = self._read, None
+        read = self._read
         if read is not None and same(read[0], ids):
+            self._read = None  # (another's stays: a read between may come before its own)
             if read[2] == self._clock:
                 return read[1], True, read[3]
             return read[1], False, -1
@@ -323,7 +324,11 @@ class TierBook(TierEvictions):
         n_miss = int(miss.sum())
         self._sighted(ids)
         if not pinned:  # (the hits first: the eviction must not take a row this read needs)
-            self._used[slots] = self._clock  # (the misses' -1: the spare entry)
+            if any(c > self._clock for c in self._staged):
+                # (a later read was asked for already, its rows pinned later: kept so)
+                self._used[slots] = np.maximum(self._used[slots], self._clock)
+            else:
+                self._used[slots] = self._clock  # (the misses' -1: the spare entry)
         if n_miss:
             new = self._fetch(ids[miss])
             slots[miss] = new
@@ -445,8 +450,10 @@ class TierBook(TierEvictions):
         the shards' files hold the whole table. The rows written (of every table). Every
         shard answers, even with nothing to write: one restarted unseen (from a backup,
         which leaves the tier's table out) would save a table that lost its rows."""
+        # (a prefetch in flight stays: its misses are rows not held, which this leaves as they
+        # are on the shards; its rows are read or placed as if no save came between)
         self.fill()
-        self.drain()
+        self.link.settle(every=True)
         live = np.flatnonzero(self.live)
         keys = self.key_at[live]
         writes = {n: (keys, t.rows.take_host(live)) for n, t in self.tables.items()}

@@ -124,6 +124,7 @@ def _pair(
     skip: frozenset[int] = frozenset(),
     flush: bool = True,
     two: bool = False,
+    between: frozenset[int] = frozenset(),
 ) -> tuple[dict, HeldTables]:
     """Two tables keyed alike (FM's weights and factors: one book of slots in a tier), read
     with the same ids (or each with its own), updated in a thread while the next batch is
@@ -133,7 +134,8 @@ def _pair(
     (``flush`` False: none, the tier's write-backs left as they are). ``two`` (with ``ask``):
     the batch after the next one asked for as the next one is prefetched, as the worker does
     once its reads are staged (two swaps in flight; not at the last update, as at an epoch's
-    end)."""
+    end). After the prefetch of the updates numbered in ``between``, a save's flush and a read
+    outside training come before the next read."""
     specs = [
         TableSpec("w", 3000, 1, sparse=True, optimizer=OptimizerSpec("momentum", l2=0.01)),
         TableSpec(
@@ -195,6 +197,11 @@ def _pair(
             # astray: a prefetch for other ids than the next read's (the read must not lose
             # a row the prefetch chose to evict)
             held.prefetch(batch() if astray and rng.random() < 0.5 else nxt)
+        if step in between:
+            held.flush_tiers()
+            held.train(False)
+            held.rows({"w": np.arange(0, 3000, 7), "v": np.arange(0, 3000, 7)})
+            held.train(True)
     held.settle()
     keys = np.arange(3000)
     if capacity is None:
@@ -370,6 +377,22 @@ def test_updates_skipped_between_staged_reads_stay_exact(policy: TierPolicy, two
     c = held.tier_counts()
     assert c.lookups == c.hits + c.misses and c.writebacks > 0
     assert 0 < held.books[0].reads_staged < 9  # (the reads after a skip are not staged)
+
+
+@pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
+@pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
+def test_a_flush_and_a_read_outside_training_between_two_updates_stay_exact(
+    policy: TierPolicy, two: bool
+) -> None:
+    """A save's flush and a validation's read between an update's prefetch and the next read
+    (a mid-epoch checkpoint, a read of the rows trained so far), with the batch after the next
+    one asked for already: the rows stay those of the whole table; the asks are kept."""
+    between = frozenset({1, 4, 5})
+    want, _ = _pair(None, True, True, between=between)
+    got, held = _pair(160, True, True, policy, ask=True, two=two, between=between)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    assert held.asked_two == (9 if two else 0)
 
 
 @pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
