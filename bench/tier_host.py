@@ -52,6 +52,26 @@ from learners.worker.held_tables import HeldTables
 IDS = 1_000_000  # the feed suite's
 
 
+def fm_specs() -> list[TableSpec]:
+    """FM's two tables over the feed suite's ids, with momentum (as the feed suite trains)."""
+    mom = OptimizerSpec("momentum")
+    return [
+        TableSpec("w", rows=IDS, cols=1, sparse=True, optimizer=mom),
+        TableSpec("v", rows=IDS, cols=8, sparse=True, init_std=0.01, optimizer=mom),
+    ]
+
+
+def feed_epoch(batch: int, steps: int) -> list[dict[str, np.ndarray]]:
+    """The requests of one epoch of the feed suite's power-law ids: ``steps`` batches of
+    ``batch`` rows, each batch's unique ids (one array for both tables: the read is staged)."""
+    data = generate(SyntheticSpec(num_ids=IDS), rows=batch * steps, seed=1)
+    epoch = []
+    for k in range(steps):
+        ids = np.unique(data.ids[k * batch : (k + 1) * batch])
+        epoch.append({"w": ids, "v": ids})
+    return epoch
+
+
 class Timers:
     """Seconds spent in each timed call, by name, since the last :meth:`take`."""
 
@@ -106,11 +126,7 @@ def measure(
 ) -> dict[str, Any]:
     """Medians a step over the last of ``epochs`` epochs of ``steps`` updates, after its first
     ``warm`` (``threads``: the shard's swap threads, angel.ps.swap.threads)."""
-    mom = OptimizerSpec("momentum")
-    specs = [
-        TableSpec("w", rows=IDS, cols=1, sparse=True, optimizer=mom),
-        TableSpec("v", rows=IDS, cols=8, sparse=True, init_std=0.01, optimizer=mom),
-    ]
+    specs = fm_specs()
     timers = Timers()
     shard = InPlaceShard(specs, timers, threads)
     # The update thread's phases, timed where it runs them (the book's methods, put back after).
@@ -148,11 +164,7 @@ def _steps(
         shards=lambda: shard,
     )
     held._update = timers.wrap("update", held._update)  # type: ignore[method-assign]
-    data = generate(SyntheticSpec(num_ids=IDS), rows=batch * steps, seed=1)
-    epoch = []
-    for k in range(steps):
-        ids = np.unique(data.ids[k * batch : (k + 1) * batch])
-        epoch.append({"w": ids, "v": ids})  # (one array: the read is staged)
+    epoch = feed_epoch(batch, steps)
     reqs = epoch * epochs + epoch[:1]  # (the last step asks for the next epoch's first)
     first = (epochs - 1) * steps + warm  # (the first step measured)
     per: list[dict[str, float]] = []

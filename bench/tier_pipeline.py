@@ -6,9 +6,9 @@ learners/worker/held_tables.py).
 On a GPU the training thread's forward and backward are a few ms of host work, then waits for
 the device (the GIL released); the tier's update thread and the shard's swaps run beside it, and
 the step is as long as the longest of the three chains. Here: the feed suite's power-law ids and
-FM's two tables as in bench/tier_host.py; the real :class:`HeldTables` with its update thread;
-the training thread's forward and backward replaced by ``--host-ms`` of Python work (the GIL
-held) and a wait to ``--step-ms``; a real :class:`angelps.server.shard.ParameterShard` served on
+FM's two tables (bench/tier_host.py's); the real :class:`HeldTables` with its update thread; the
+training thread's forward and backward replaced by ``--host-ms`` of Python work (the GIL held)
+and a wait to ``--step-ms``; a real :class:`angelps.server.shard.ParameterShard` served on
 a thread of its own (a shard is a process of its own, and its row work releases the GIL), one
 swap after another, in order. Reported, ms a step over the last epoch after ``--warm`` steps:
 the step (median and mean), the training thread's waits for the tier (for the shard's answers in
@@ -37,17 +37,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from synthetic import SyntheticSpec, generate
+from tier_host import feed_epoch, fm_specs
 
-from angelps import OptimizerSpec, TableSpec
+from angelps import TableSpec
 from angelps.client.tier_swap import swap_async
 from angelps.partition import Partitioner
 from angelps.server.shard import ParameterShard
 from learners.worker import held_tables
 from learners.worker.device_tier import TierPolicy
 from learners.worker.held_tables import HeldTables
-
-IDS = 1_000_000  # the feed suite's
 
 
 class ThreadShard:
@@ -99,11 +97,7 @@ def run(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """One run of ``len(reqs) - 2`` updates; the figures of the last ``steps - warm``."""
-    mom = OptimizerSpec("momentum")
-    specs = [
-        TableSpec("w", rows=IDS, cols=1, sparse=True, optimizer=mom),
-        TableSpec("v", rows=IDS, cols=8, sparse=True, init_std=0.01, optimizer=mom),
-    ]
+    specs = fm_specs()
     shard = ThreadShard(specs, threads)
     held = HeldTables(
         specs,
@@ -173,11 +167,7 @@ def measure(
 ) -> dict[str, Any]:
     """Each mode (one swap in flight, two) ``rounds`` times, alternated; the figures of each
     run (:func:`run`)."""
-    data = generate(SyntheticSpec(num_ids=IDS), rows=batch * steps, seed=1)
-    epoch = []
-    for k in range(steps):
-        ids = np.unique(data.ids[k * batch : (k + 1) * batch])
-        epoch.append({"w": ids, "v": ids})  # (one array: the read is staged)
+    epoch = feed_epoch(batch, steps)
     reqs = epoch * epochs + epoch[:2]  # (the last steps ask for the next epoch's first)
     out: dict[str, Any] = {
         "batch": batch,
