@@ -395,6 +395,24 @@ def test_a_flush_and_a_read_outside_training_between_two_updates_stay_exact(
     assert held.asked_two == (9 if two else 0)
 
 
+@pytest.mark.parametrize("rows", ["numpy", "torch"])
+@pytest.mark.parametrize("policy", [TierPolicy("lru"), TierPolicy("lfu", 2)], ids=str)
+def test_skips_flushes_and_reads_between_mixed_with_two_swaps_in_flight_stay_exact(
+    monkeypatch: pytest.MonkeyPatch, policy: TierPolicy, rows: str
+) -> None:
+    """Skipped updates, saves' flushes and reads outside training in one run with two swaps in
+    flight, on the CPU's row path and the GPU's (run on the CPU): the rows of the whole table."""
+    from learners.worker import device
+
+    monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", rows == "numpy")
+    skip, between = frozenset({2, 6}), frozenset({1, 3, 4, 7})
+    want, _ = _pair(None, True, True, skip=skip, between=between)
+    got, held = _pair(160, True, True, policy, ask=True, two=True, skip=skip, between=between)
+    for n in ("w", "v"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    assert 0 < held.asked_two < 9 and held.tier_counts().writebacks > 0
+
+
 @pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
 def test_evicted_rows_go_back_with_the_next_ask_one_call_per_shard_an_update(two: bool) -> None:
     """The rows an update's room evicts are held until the tier's next swap, which writes
