@@ -120,11 +120,9 @@ class HeldTables:
         self.exchange = Exchange(num_workers, device, backend) if num_workers > 1 else None
         self._parts: dict[str, list[tuple[np.ndarray | Tensor, Tensor]]] = {}
         self._moved = 0
-        # One worker: an update runs in a thread while the worker prepares the next batch
-        # (reads wait for it: BSP). Collectives (several workers) need none, nor a CUDA
-        # worker without device tiers (its own queue runs the update); with tiers the thread
-        # also frees their slots and places the next batch's misses, host work that would
-        # otherwise hold up the next batch (learners/worker/device_tier.py).
+        # One worker: an update runs in a thread while the next batch is prepared (reads wait
+        # for it: BSP). Not with collectives, nor on a GPU without device tiers (its own queue
+        # runs the update); with tiers the thread also does their host work (device_tier.py).
         solo = (
             num_workers == 1 and bool(self.tables) and (device.type != "cuda" or bool(self.books))
         )
@@ -149,14 +147,19 @@ class HeldTables:
         return self._moved + sum(b.bytes_moved for b in self.books)
 
     def settle(
-        self, rooms: bool = True, asks: bool = True, ahead: bool = True, fills: bool = True
+        self,
+        rooms: bool = True,
+        asks: bool = True,
+        ahead: bool = True,
+        fills: bool = True,
+        update: bool = True,
     ) -> None:
         """Wait for an update still running (its error, if any, is raised here) and, with
         ``asks`` and ``rooms``, for the device tiers' asks and their room and placement;
         without ``ahead``, not for the ask of a batch not prefetched yet (:attr:`_asked`);
         without ``fills``, not for the rows of the last prefetch put (the update thread puts
-        them before it runs the next update)."""
-        if self._pending is not None:
+        them before it runs the next update); without ``update``, not for the update."""
+        if update and self._pending is not None:
             pending, self._pending = self._pending, None
             t0 = time.perf_counter()
             pending.result()
@@ -175,7 +178,7 @@ class HeldTables:
             for w in waits:
                 w.result()
             self._waited += time.perf_counter() - t0
-        if rooms:
+        if rooms and update:  # (every update handed over was applied)
             for b in self.books:
                 b.settled()
 
@@ -245,6 +248,9 @@ class HeldTables:
                 books, staged = early[1], early[2]  # (looked up and asked for: ask_ahead)
                 self.asked_ahead += 1
             else:
+                # (the update thread's asks, room and placement first: this lookup changes
+                # what they change; the update may go on beside it)
+                self.settle(update=False)
                 books, staged = self._ask(req), False
             if not books:
                 return False
@@ -255,9 +261,8 @@ class HeldTables:
                     self._rooms.append(self._pool.submit(make_room, books, True, True))
                     return False
                 # In the update thread's order: room for the next batch's misses, indexed
-                # there; the batch after asked for (it finds them held); their rows put as
-                # they come, before the next update. The ask no longer waits for the answer
-                # of the swap before it.
+                # there; the batch after asked for (it finds them held, and need not wait for
+                # the swap before it); their rows put as they come, before the next update.
                 self._rooms += self._fills  # (waited for by the next update handed over)
                 self._rooms.append(self._pool.submit(make_room, books, True, True, False))
                 self.ask_ahead(ahead)

@@ -413,6 +413,37 @@ def test_skips_flushes_and_reads_between_mixed_with_two_swaps_in_flight_stay_exa
     assert 0 < held.asked_two < 9 and held.tier_counts().writebacks > 0
 
 
+def test_a_second_prefetch_while_the_update_thread_makes_room_stays_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prefetch from the training thread (a request of its own) right after one the update
+    thread serves (its room and placement may still run): the lookup waits for that work, so
+    the rows stay those of the whole table (without the wait they went wrong)."""
+    import threading
+
+    from learners.worker.tier_evict import TierEvictions
+
+    real, release = HeldTables.prefetch, TierEvictions._release
+
+    def twice(self: HeldTables, req: Any, ahead: Any = None) -> bool:
+        out = real(self, req, ahead)
+        real(self, req)  # (the same ids, asked again from this thread)
+        return out
+
+    def slow_release(self: Any, victims: np.ndarray, wait: bool = True) -> Any:
+        if threading.current_thread().name.startswith("held-update"):
+            time.sleep(0.02)  # (the victims chosen, not yet released: the other thread runs)
+        return release(self, victims, wait)
+
+    want, _ = _pair(None, True, True)
+    monkeypatch.setattr(HeldTables, "prefetch", twice)
+    monkeypatch.setattr(TierEvictions, "_release", slow_release)
+    for _ in range(3):
+        got, _ = _pair(160, True, True, ask=True)
+        for n in ("w", "v"):
+            np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("two", [False, True], ids=["one-swap", "two-swaps"])
 def test_evicted_rows_go_back_with_the_next_ask_one_call_per_shard_an_update(two: bool) -> None:
     """The rows an update's room evicts are held until the tier's next swap, which writes
