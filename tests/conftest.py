@@ -50,6 +50,16 @@ def ray_local_gpu() -> Iterator[None]:
 
 HEAVY = ("numpy", "torch", "ray", "pyarrow", "pandas")
 ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "faults"
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/faults is of the ``e2e`` tier (whole jobs under injected faults:
+    CI runs them after the default suite, which leaves them out to stay near 10 minutes)."""
+    for item in items:
+        if FAULTS in Path(item.path).parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture

@@ -17,6 +17,9 @@ from tests.angelps.test_recovery import _launch, _train
 from tests.learners.store_jobs import local_ray
 from tests.object_store import make_bucket, s3_server
 
+# (whole jobs on the S3 emulator: the e2e tier, which CI runs after the default suite)
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def ray_s3() -> Iterator[str]:

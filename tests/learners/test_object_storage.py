@@ -35,6 +35,9 @@ from learners.runs.retention import Checkpoints
 from tests.learners.store_jobs import ROWS, bad, job, local_ray, metrics, predict, sample, train
 from tests.object_store import make_bucket, require_auth, s3_server, upload_tree
 
+# (whole jobs on the S3 emulator: the e2e tier, which CI runs after the default suite)
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory) -> Iterator[dict[str, str]]:

@@ -21,6 +21,9 @@ from angelps import fs
 from tests.learners.store_jobs import bad, job, local_ray, metrics, predict, sample, train
 from tests.object_store import gcs_server, make_bucket, upload_tree
 
+# (whole jobs on the GCS emulator: the e2e tier, which CI runs after the default suite)
+pytestmark = pytest.mark.e2e
+
 DATA = "gs://angel/data/a9a"
 
 
