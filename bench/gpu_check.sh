@@ -5,8 +5,9 @@
 #   bash bench/gpu_check.sh [OUT_DIR]          # default runs/gpu-check
 #
 # 1. the gpu-marked tests (tests/**: `pytest -m gpu`);
-# 2. the whole default suite, in parallel where pytest-xdist is installed (-n 4), else the
-#    test files whose code paths change on a CUDA machine;
+# 2. the whole suite but the slow tier (the default suite and the e2e tier), in parallel where
+#    pytest-xdist is installed (-n 6), else the test files whose code paths change on a CUDA
+#    machine;
 # 3. the feed suite's FM on the GPU (bench/train_throughput.py --device cuda): plain PyTorch
 #    with its table on the GPU, every row on a shard, the tables on the GPU, a device tier at
 #    10%; where py-spy is on the PATH, profiles of the worker and shard (every thread, idle
@@ -64,7 +65,7 @@ if [[ $skip != *,suite,* ]]; then
     # (each test module starts its own Ray: 14 at once on 16 cores ended in errors and
     # failures, 7 passed (304 s on an H200 machine); 2 on 2 cores pass, 372 s against 602 s
     # one after another)
-    args=(-n 6 --dist loadfile "${ignore[@]}" tests)
+    args=(-m "not slow and not gpu" -n 6 --dist loadfile "${ignore[@]}" tests)
   else
     args=(tests/learners/test_device_tier.py tests/learners/test_sparse_placement.py
       tests/learners/test_device.py tests/learners/test_device_dedup.py tests/angelps/test_gpu.py
