@@ -100,12 +100,15 @@ class SwapFuture:
             dtype = np.dtype(self._client.specs[name].dtype)
             if len(parts) == 1 and order is None:
                 block = parts[0]
-            else:
+            elif order is None:
                 block = np.concatenate(parts) if parts else np.zeros((0, width), dtype)
-            if order is not None:  # back from shard order to the keys' order
-                full = np.empty_like(block)
-                full[order] = block
-                block = full
+            else:  # each shard's rows put back in the keys' order, as whole rows
+                block = np.empty((self._counts[name], width), dtype)
+                _, offsets = self._routed[name]
+                at = [s for s in range(len(offsets) - 1) if offsets[s] < offsets[s + 1]]
+                for s, part in zip(at, parts, strict=True):
+                    rows = _opaque(np.ascontiguousarray(part, dtype=dtype))
+                    np.put(_opaque(block), order[offsets[s] : offsets[s + 1]], rows)
             assert len(block) == self._counts[name]
             out[name] = block
         self._out = out
@@ -130,25 +133,67 @@ def swap_async(
     per: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     if every:  # (every shard answers, with its process id: none restarted unseen)
         per = {s: ({}, {}) for s in range(client.num_shards)}
+    split = _Splits(client)
     for name, (keys, block) in writes.items():
-        part = client.parts[name]
-        order, offsets = part.split(keys)
-        for s in range(client.num_shards):
-            a, b = int(offsets[s]), int(offsets[s + 1])
-            if a < b:
-                idx = slice(a, b) if order is None else order[a:b]
-                per.setdefault(s, ({}, {}))[0][name] = (keys[idx], block[idx])
+        order, _, parts = split(name, keys)
+        for s, (idx, k) in parts.items():
+            per.setdefault(s, ({}, {}))[0][name] = (k, _rows_at(block, idx))
     routed: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
     for name, keys in reads.items():
-        order, offsets = client.parts[name].split(keys)
+        order, offsets, parts = split(name, keys)
         routed[name] = (order, offsets)
-        for s in range(client.num_shards):
+        for s, (_, k) in parts.items():
+            per.setdefault(s, ({}, {}))[1][name] = k
+    refs = {s: client.swap_call(s, w, r) for s, (w, r) in sorted(per.items())}
+    return SwapFuture(client, refs, routed, {n: len(k) for n, k in reads.items()})
+
+
+def _opaque(a: np.ndarray) -> np.ndarray:
+    """A contiguous 2-D array as a 1-D array of opaque rows: a row gathered or put as one
+    element, several times faster than numpy's 2-D fancy indexing."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.dtype.itemsize))).reshape(-1)
+
+
+def _rows_at(block: np.ndarray, idx: slice | np.ndarray) -> np.ndarray:
+    """``block[idx]``: a view for a slice, else the rows gathered whole."""
+    if isinstance(idx, slice) or not block.flags.c_contiguous or block.shape[1] == 0:
+        return block[idx]
+    return _opaque(block).take(idx).view(block.dtype).reshape(len(idx), block.shape[1])
+
+
+#: A swap's keys of one table grouped by shard (:class:`_Splits`)
+_Split = tuple[np.ndarray | None, np.ndarray, dict[int, tuple[Any, np.ndarray]]]
+
+
+class _Splits:
+    """The keys of a swap's tables grouped by shard, each array once: the tables of a tier's
+    book write back and read the same ids (one array for all of them), and grouping them is a
+    hash and a sort of every key (1-3 ms a swap of 33k ids with 2 shards or more, in the
+    update thread, measured before this grouped them once)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._done: list[tuple[np.ndarray, tuple[Any, ...], _Split]] = []
+
+    def __call__(self, name: str, keys: np.ndarray) -> _Split:
+        """``(order, offsets, {shard: (its positions in keys, its keys)})`` of table
+        ``name``'s ``keys`` (shards with none left out)."""
+        part = self.client.parts[name]
+        # (the same grouping wherever the partition does: kind, shards, and for range the rows)
+        how = (part.kind, part.num_shards, part.spec.rows if part.kind == "range" else None)
+        for k, h, got in self._done:
+            if k is keys and h == how:
+                return got
+        order, offsets = part.split(keys)
+        parts: dict[int, tuple[Any, np.ndarray]] = {}
+        for s in range(self.client.num_shards):
             a, b = int(offsets[s]), int(offsets[s + 1])
             if a < b:
                 idx = slice(a, b) if order is None else order[a:b]
-                per.setdefault(s, ({}, {}))[1][name] = keys[idx]
-    refs = {s: client.swap_call(s, w, r) for s, (w, r) in sorted(per.items())}
-    return SwapFuture(client, refs, routed, {n: len(k) for n, k in reads.items()})
+                parts[s] = (idx, keys[idx])
+        got = (order, offsets, parts)
+        self._done.append((keys, how, got))
+        return got
 
 
 class TierSwaps:
