@@ -28,8 +28,9 @@ __all__ = [
     "write_back",
 ]
 
-#: The largest id range whose swaps :func:`split_writes` checks (a byte an id, for the check).
-MARKS_MAX = 1 << 26
+#: The most marks :func:`split_writes` makes for a swap (a byte each): ids of a larger range
+#: are hashed to that many.
+MARKS_MAX = 1 << 22
 
 
 def swap(
@@ -61,11 +62,12 @@ def check_swap(
     wt = {name: table(name) for name in writes}
     rt = {name: table(name) for name in reads}
 
-    def check_write(name: str, keys: np.ndarray, block: np.ndarray) -> None:
+    def check_write(name: str, keys: np.ndarray, block: np.ndarray, unique: bool) -> None:
         t = wt[name]
         k = check_keys(t.spec, keys)
         t.check_owned(k)
-        _check_unique(name, "write-back", k)
+        if unique:
+            _check_unique(name, "write-back", k, t.spec.rows)
         if block.shape != (len(k), t.width) or block.dtype != t.dtype:
             raise ValueError(
                 f"table {name!r}: a write-back of {len(k)} rows needs a "
@@ -76,20 +78,45 @@ def check_swap(
         t = rt[name]
         k = check_keys(t.spec, keys)
         t.check_owned(k)
-        _check_unique(name, "read", k)
+        _check_unique(name, "read", k, t.spec.rows)
         return k
 
+    # A tier's book writes its tables back with one key array (equal arrays once decoded): its
+    # keys' uniqueness, a sort of 35,000 keys in 0.5 ms, is checked for the first table only.
+    firsts = _firsts([keys for keys, _ in writes.values()])
     tasks: list[Callable[[], np.ndarray | None]] = [
-        partial(check_write, name, keys, block) for name, (keys, block) in writes.items()
+        partial(check_write, name, keys, block, first)
+        for (name, (keys, block)), first in zip(writes.items(), firsts, strict=True)
     ]
     tasks += [partial(read, name, keys) for name, keys in reads.items()]
     done = each(par, tasks)[len(writes) :]
     return {name: k for name, k in zip(reads, done, strict=True) if k is not None}
 
 
-def _check_unique(name: str, what: str, keys: np.ndarray) -> None:
-    if strictly_increasing(keys):  # (what a tier sends: its ids sorted)
+def _firsts(arrays: list[np.ndarray]) -> list[bool]:
+    """For each array, whether no array before it is equal to it."""
+    seen: list[np.ndarray] = []
+    out = []
+    for a in arrays:
+        first = not any(_same(b, a) for b in seen)
+        if first:
+            seen.append(a)
+        out.append(first)
+    return out
+
+
+def _check_unique(name: str, what: str, keys: np.ndarray, rows: int = 0) -> None:
+    """ValueError naming a key that ``keys`` (checked: in ``[0, rows)`` where ``rows`` > 0)
+    holds more than once."""
+    if strictly_increasing(keys):  # (what a tier reads: its ids sorted)
         return
+    if 0 < rows <= min(32 * len(keys), MARKS_MAX):
+        # A mark per id is cheaper than a sort where the ids are dense enough: 0.19 against
+        # 0.47 ms for 35,000 of 10^6 ids (a tier's write-backs, in the order it evicts them).
+        marks = np.zeros(rows, dtype=bool)
+        marks[keys] = True
+        if np.count_nonzero(marks) == len(keys):
+            return
     ordered = np.sort(keys)
     same = ordered[1:] == ordered[:-1]
     if same.any():
@@ -130,8 +157,9 @@ def split_writes(
     follow them (the server answers in between): a row both written back and read (a tier
     evicts a row the next batch does not read, but its write-back waits for the next swap,
     whose batch may read it) goes first, and is written again with the others after (the same
-    values); every write-back of a table of unknown id range or one over :data:`MARKS_MAX` ids
-    (found with a mark per id), and of a swap that reads nothing, goes first only."""
+    values); every write-back of a swap that reads nothing follows. Those rows are found with
+    a mark per id where the table's id range is small, else through a filter of at most
+    :data:`MARKS_MAX` marks (:func:`_both`), for any id range."""
     if not checked:
         return dict(writes), {}
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -144,14 +172,10 @@ def split_writes(
         if read is None or not len(read) or not len(keys):
             later[name] = (keys, block)
             continue
-        rows = table(name).spec.rows
-        if not 0 < rows <= MARKS_MAX:
-            first[name] = (keys, block)
-            continue
         if last is not None and _same(last[0], keys) and _same(last[1], read):
             at = last[2]
         else:
-            at = _both(rows, keys, read, par)
+            at = _both(table(name).spec.rows, keys, read, par)
             last = (keys, read, at)
         if len(at):
             first[name] = (keys.take(at), block.take(at, axis=0))
@@ -162,16 +186,28 @@ def split_writes(
 
 
 def _both(rows: int, keys: np.ndarray, read: np.ndarray, par: RowThreads | None) -> np.ndarray:
-    """Positions in ``keys`` of those also in ``read`` (ids below ``rows``), with a mark per
-    id, in parts over ``par``'s threads (each marks or tests its own slice)."""
-    marks = np.zeros(rows, dtype=bool)  # (calloc: only the pages marked are touched)
+    """Positions in ``keys`` (unique) of those also in ``read`` (unique), both in ``[0,
+    rows)`` where ``rows`` > 0: with a mark per id where the range has at most :func:`_marks`
+    ids, else with that many marks of the ids' hashes, whose hits are then looked for in
+    ``read`` (a filter: about one in 30 of the others hits). Marking and testing run in parts
+    over ``par``'s threads (each marks or tests its own slice)."""
+    size = _marks(len(read))
+    exact = 0 < rows <= size
+    if exact:
+        size, hk, hr = rows, keys, read
+    else:
+        # (a multiplicative hash: ids routed to one shard by their low bits fill every mark)
+        shift = np.uint64(64 - (size.bit_length() - 1))
+        hk = _hash(keys, shift)
+        hr = _hash(read, shift)
+    marks = np.zeros(size, dtype=bool)  # (calloc: only the pages marked are touched)
     hit = np.empty(len(keys), dtype=bool)
 
     def mark(a: int, b: int) -> None:
-        marks[read[a:b]] = True
+        marks[hr[a:b]] = True
 
     def test(a: int, b: int) -> None:
-        np.take(marks, keys[a:b], out=hit[a:b], mode="clip")
+        np.take(marks, hk[a:b], out=hit[a:b], mode="clip")
 
     if par is None:
         mark(0, len(read))
@@ -179,7 +215,30 @@ def _both(rows: int, keys: np.ndarray, read: np.ndarray, par: RowThreads | None)
     else:
         par.run(len(read), mark)
         par.run(len(keys), test)
-    return np.flatnonzero(hit)
+    at = np.flatnonzero(hit)
+    if exact or not len(at):
+        return at
+    maybe = keys.take(at)
+    ordered = read if strictly_increasing(read) else np.sort(read)
+    pos = np.searchsorted(ordered, maybe)
+    np.minimum(pos, len(ordered) - 1, out=pos)
+    return at[ordered.take(pos) == maybe]
+
+
+def _hash(keys: np.ndarray, shift: np.uint64) -> np.ndarray:
+    """Fibonacci hashing of ``keys`` into ``64 - shift`` bits (ids of any range and sign)."""
+    return ((np.asarray(keys, dtype=np.int64).view(np.uint64) * _GOLDEN) >> shift).view(np.int64)
+
+
+#: Fibonacci hashing's multiplier (2^64 / the golden ratio), for :func:`_both`'s filter.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _marks(n: int) -> int:
+    """The marks of :func:`_both`'s filter for ``n`` ids read: a power of two, about 32 for
+    each id, at least 2^16 and at most :data:`MARKS_MAX` (a byte each, zeroed pages only
+    where marked)."""
+    return 1 << min(max((32 * max(n, 1) - 1).bit_length(), 16), MARKS_MAX.bit_length() - 1)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -165,8 +165,8 @@ def test_the_shard_answers_other_tables_while_a_swap_runs_on_its_thread(tmp_path
 
 def test_only_the_rows_a_swap_also_reads_are_written_back_before_its_reads():
     """The write-backs of rows the swap also reads (a row evicted, then read by the next batch
-    before its write-back went) go before the reads, and all may follow them; a table of
-    unknown id range, or a swap that reads nothing, writes everything first, only."""
+    before its write-back went) go before the reads, and all may follow them, for a table of
+    any id range; a swap that reads nothing writes everything after, only."""
     shard = ParameterShard(0, 1, [EMB, LIN])
     table = shard._table
     blk = np.arange(6, dtype=np.float32).reshape(3, 2)
@@ -179,8 +179,11 @@ def test_only_the_rows_a_swap_also_reads_are_written_back_before_its_reads():
     assert later["lin"][0].tolist() == [9, 1, 5] and later["lin"][1] is blk
     assert split_writes(table, writes, {}) == (writes, {})  # (nothing read)
     emb = {"emb": (np.array([1, 5, 9]), np.zeros((3, 16), np.float32))}
+    # (rows=-1: the ids' hashes marked, their hits looked for among the reads)
     first, later = split_writes(table, emb, check_swap(table, emb, {"emb": np.array([2])}))
-    assert list(first) == ["emb"] and later == {}  # (rows=-1: no marks)
+    assert first == {} and later["emb"][0].tolist() == [1, 5, 9]
+    first, later = split_writes(table, emb, check_swap(table, emb, {"emb": np.array([9, 2, 1])}))
+    assert first["emb"][0].tolist() == [1, 9] and later["emb"][0].tolist() == [1, 5, 9]
     # Two tables keyed alike (a tier's book) share the search; one read with other ids not.
     two = ParameterShard(0, 1, [LIN, dataclasses.replace(LIN, name="lin2")])._table
     keys = np.array([1, 5, 9])
@@ -190,6 +193,31 @@ def test_only_the_rows_a_swap_also_reads_are_written_back_before_its_reads():
     assert first["lin2"][1].tolist() == [[3.0, 4.0]]
     first, _ = split_writes(two, both, {"lin": np.array([5, 7]), "lin2": np.array([1, 9])})
     assert first["lin"][0].tolist() == [5] and first["lin2"][0].tolist() == [1, 9]
+
+
+@pytest.mark.parametrize("rows", [1 << 20, 1 << 40, -1])
+@pytest.mark.parametrize("par", [None, RowThreads(3)])
+def test_the_rows_both_written_back_and_read_are_found_for_any_id_range(rows, par):
+    """The search for rows both written back and read (a mark per id of a small range, else a
+    filter of the ids' hashes whose hits are then looked up among the reads) finds exactly
+    those of a set intersection, in the write-backs' order: ids spread over 2^40 or the
+    whole int64 range (negative ones too), ids a shard holds by their low bits (multiples of
+    8), reads sorted or not."""
+    rng = np.random.default_rng(5)
+    spec = dataclasses.replace(LIN, rows=rows)
+    table = ParameterShard(0, 1, [spec])._table
+    hi = 1 << 62 if rows < 0 else rows
+    for step in (1, 8):
+        ids = np.unique(rng.integers(-hi if rows < 0 else 0, hi // step, 80_000) * step)
+        ids = rng.permutation(ids)
+        back, read = ids[:40_000], ids[30_000:70_000]  # (10,000 in both)
+        for reads in (np.sort(read), read):
+            writes = {"lin": (back, np.zeros((len(back), 2), np.float32))}
+            first, later = split_writes(table, writes, {"lin": reads}, par)
+            expect = np.flatnonzero(np.isin(back, read))
+            assert len(expect) == 10_000
+            np.testing.assert_array_equal(first["lin"][0], back[expect])
+            assert later["lin"][0] is back
 
 
 def test_a_swap_answered_before_its_write_backs_leaves_the_same_rows(tmp_path):
@@ -368,6 +396,37 @@ def test_a_swap_naming_a_key_twice_is_refused_before_any_row_is_written():
     assert shard.tables["emb"].num_rows() == shard.tables["lin"].num_rows() == 0
     # (keys once each in any order are fine)
     assert shard.swap({}, {"emb": np.array([9, 3, 7])})["emb"].shape == (3, 16)
+
+
+@pytest.mark.parametrize("par", [None, RowThreads(2)])
+def test_a_write_back_naming_a_key_twice_is_found_once_per_key_array(par):
+    """A book's tables written back with one key array have its uniqueness checked once (the
+    first table named in the error); unequal arrays each on their own; many keys of a dense id
+    range with a mark per id rather than a sort: a duplicate found either way, and a
+    permutation of distinct keys accepted."""
+    shard = ParameterShard(0, 1, [EMB, LIN, dataclasses.replace(LIN, name="lin2")])
+    rng = np.random.default_rng(11)
+    keys = rng.permutation(1 << 20)[:40_000]  # (dense: 40,000 of 2^20 ids, the marks' case)
+    twice = keys.copy()
+    twice[-1] = twice[7]
+    dup = int(twice[7])
+    lin = np.zeros((len(keys), 2), np.float32)
+    emb = np.zeros((len(keys), 16), np.float32)
+    good = {"lin": (keys, lin), "lin2": (keys.copy(), lin)}
+    assert check_swap(shard._table, good, {}, par) == {}
+    for first, second in (("lin", "lin2"), ("lin2", "lin")):
+        shared = {first: (twice, lin), second: (twice.copy(), lin)}
+        with pytest.raises(
+            ValueError, match=rf"table '{first}': a swap's write-back names key {dup} more"
+        ):
+            check_swap(shard._table, shared, {}, par)
+    # (unequal arrays: the second's duplicate found too, by a sort for the unbounded table)
+    for name, block in (("lin2", lin), ("emb", emb)):
+        with pytest.raises(
+            ValueError, match=rf"table '{name}': a swap's write-back names key {dup} more"
+        ):
+            check_swap(shard._table, {"lin": (keys, lin), name: (twice, block)}, {}, par)
+    assert all(t.num_rows() == 0 for t in shard.tables.values())
 
 
 def test_a_swap_s_checks_and_search_over_threads_equal_those_on_one():
