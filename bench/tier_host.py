@@ -18,7 +18,8 @@ steps, when the shard has every row (the first epoch creates rows, which a shard
 Reported, in ms a step (medians over the steps measured): the update thread's phases
 (``ask``: look up and send, ``room``: choose and take the victims, ``place``: put the misses
 and index them, ``update``: the optimizer on the rows), the shard's own work (taken out of
-``ask``), and the training thread's read.
+``ask``), and the training thread's read; then the shard's work for the swaps of the steps
+measured, replayed as a shard server serves them, in parts (``shard_parts_ms``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from angelps import OptimizerSpec, TableSpec
 from angelps.client.tier_swap import swap_async
 from angelps.partition import Partitioner
 from angelps.server.shard import ParameterShard
+from angelps.server.shard_swap import check_swap, read_rows, split_writes, write_back
 from learners.worker.device_tier import TierBook, TierPolicy
 from learners.worker.held_tables import HeldTables
 
@@ -104,8 +106,13 @@ class InPlaceShard:
         self.parts = {s.name: Partitioner(s, 1, "hash") for s in specs}
         self.shard_pids: dict[int, int] = {}
         self.swap_call = timers.wrap("shard", self._swap_call)
+        #: the swaps asked for while set to a list (the steps measured, for :func:`shard_parts`)
+        self.kept: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
 
     def _swap_call(self, shard: int, writes: Any, reads: Any) -> Any:
+        if self.kept is not None:  # (copies: the tier reuses its arrays)
+            kept_w = {n: (k.copy(), b.copy()) for n, (k, b) in writes.items()}
+            self.kept.append((kept_w, {n: k.copy() for n, k in reads.items()}))
         return 1, self.shard.swap(writes, reads)
 
     def swap_answers(self, refs: list[Any]) -> list[Any]:
@@ -187,6 +194,8 @@ def _steps(
         spent["step"] = time.perf_counter() - t0
         spent["settle"] = time.perf_counter() - t1
         spent["ask"] = spent.get("ask", 0.0) - spent.get("shard", 0.0)  # (the shard's out)
+        if k + 1 == first:
+            shard.kept = []
         if k >= first:
             per.append(spent)
             tc = held.tier_counts()
@@ -205,7 +214,36 @@ def _steps(
         "ms": {p: 1000 * statistics.median(s.get(p, 0.0) for s in per) for p in names},
     }
     out["ms"]["host_update_thread"] = sum(out["ms"].get(p, 0.0) for p in ("ask", "room", "place"))
+    out["shard_parts_ms"] = shard_parts(shard.shard, shard.kept or [])
     return out
+
+
+def shard_parts(shard: ParameterShard, swaps: list[tuple[Any, Any]]) -> dict[str, float]:
+    """The shard's work for ``swaps`` (those of the steps measured) replayed as a shard server
+    serves them (angelps/server/data_plane.py: checked, the write-backs split, those of rows
+    also read written, the rows read, the answer, then the other write-backs), in ms a swap
+    (medians): ``check``, ``split``, ``first``, ``read``, ``later`` and their sum ``swap``.
+    The rows written back are those the swap wrote then (the shard's rows change; nothing is
+    measured after)."""
+    table, par = shard._table, shard.swap_par
+    per: list[dict[str, float]] = []
+    for writes, reads in swaps:
+        t = [time.perf_counter()]
+        checked = check_swap(table, writes, reads, par)
+        t.append(time.perf_counter())
+        first, later = split_writes(table, writes, checked, par)
+        t.append(time.perf_counter())
+        write_back(table, first, par)
+        t.append(time.perf_counter())
+        read_rows(table, checked, par)
+        t.append(time.perf_counter())
+        write_back(table, later, par)
+        t.append(time.perf_counter())
+        parts = ("check", "split", "first", "read", "later")
+        per.append({p: t[i + 1] - t[i] for i, p in enumerate(parts)} | {"swap": t[-1] - t[0]})
+    if not per:
+        return {}
+    return {p: 1000 * statistics.median(s[p] for s in per) for p in per[0]}
 
 
 def main() -> None:

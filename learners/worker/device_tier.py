@@ -52,6 +52,7 @@ from learners.worker.tier_slots import (
     TierCounts,
     TierPolicy,
     ids_of,
+    request_ids,
     same,
     sorted_ids,
     staged_source,
@@ -173,6 +174,11 @@ class TierBook(TierEvictions):
         """Release the rows read in this update (it was skipped: none of them is updated)."""
         self._clock += 1
         self._floor = self._clock
+
+    def ids_in(self, req: Mapping[str, np.ndarray | Tensor]) -> np.ndarray | None:
+        """The unique ids ``req`` reads of this book's tables (their union where they differ),
+        None where it reads none."""
+        return request_ids([req[n] for n in self.tables if n in req])
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slots of ``keys`` held now, -1 for the others."""
@@ -466,14 +472,19 @@ class TierBook(TierEvictions):
 
 
 def make_room(
-    books: Sequence[TierBook], place: bool = False, staged: bool = False, put: bool = True
+    books: Sequence[TierBook],
+    place: bool = False,
+    staged: bool = False,
+    put: bool = True,
+    soon: Mapping[str, np.ndarray | Tensor] | None = None,
 ) -> None:
     """Free the slots of the device tiers' prefetched misses (the update in progress was
     applied); with ``place``, place the misses there as they come (one worker's update
     thread: the next read then finds its rows held, or, ``staged``, reads meanwhile); without
-    ``put``, only index them there (:func:`fill` puts their rows)."""
+    ``put``, only index them there (:func:`fill` puts their rows). ``soon``: the request of
+    the read after the next one, whose rows held are evicted last."""
     for b in books:
-        b.make_room()
+        b.make_room(None if soon is None else b.ids_in(soon))
     if place:
         for b in books:
             if put:

@@ -264,7 +264,7 @@ class HeldTables:
                 # there; the batch after asked for (it finds them held, and need not wait for
                 # the swap before it); their rows put as they come, before the next update.
                 self._rooms += self._fills  # (waited for by the next update handed over)
-                self._rooms.append(self._pool.submit(make_room, books, True, True, False))
+                self._rooms.append(self._pool.submit(make_room, books, True, True, False, ahead))
                 self.ask_ahead(ahead)
                 self._fills = [self._pool.submit(fill, books)]
                 self.asked_two += self._asked is not None
@@ -304,12 +304,8 @@ class HeldTables:
         asked, given from the update thread); the books asked."""
         books: list[TierBook] = []
         for b in self.books:
-            asked = [req[n] for n in b.tables if n in req]
-            if asked:
-                ids = asked[0]
-                for other in asked[1:]:  # (tables keyed alike are read with the same ids)
-                    if other is not ids:
-                        ids = np.union1d(ids_of(ids), ids_of(other))
+            ids = b.ids_in(req)
+            if ids is not None:
                 b.prefetch(ids, None if clocks is None else clocks[len(books)])
                 books.append(b)
         return books

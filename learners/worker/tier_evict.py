@@ -47,24 +47,45 @@ class TierEvictions:
 
     def slots_on(self, slots: np.ndarray) -> Any: ...
 
-    def make_room(self) -> None:
+    def make_room(self, soon: np.ndarray | None = None) -> None:
         """Free the slots the prefetched misses need, among the rows the next read does not
         read (the update in progress must be applied: its rows may go); the victims go back
         with the tier's next swap. One CPU worker runs this in its update thread, after the update
-        (learners/worker/held_tables.py), while the next batch is prepared."""
+        (learners/worker/held_tables.py), while the next batch is prepared. ``soon``: the ids
+        of the read after the next one (asked for next), whose rows held go last."""
         need, self._room = self._room - self.n_free, 0
         if need <= 0:
             return
-        victims = self._choose(need, self._clock)
+        keep = None
+        if soon is not None and len(soon):
+            keep = self.index.lookup(soon)
+            keep = keep[keep >= 0]
+        victims = self._choose(need, self._clock, keep)
         if len(victims):
             keys, blocks, ready = self._release(victims, wait=False)
             self.link.write_back({n: (keys, b) for n, b in blocks.items()}, ready)
 
-    def _choose(self, need: int, below: int) -> np.ndarray:
+    def _choose(self, need: int, below: int, keep: np.ndarray | None = None) -> np.ndarray:
         """The slots of ``need`` rows or more to evict (as many as there are, if fewer), among
         those last read before clock ``below``: the least recently or frequently used, rows
-        not admitted first."""
-        if self.n_free == 0 and self.policy.eviction == "lru" and self.policy.admit <= 1:
+        not admitted first, the slots ``keep`` (rows a read after the next one reads) last.
+
+        Without ``keep`` about one row in eight evicted went back in the same swap that asked
+        for it again (the feed suite, a tier of 10%: the read after the next one was asked
+        for right after this eviction); they are not pinned, so a tier that needs their slots
+        still has them."""
+        if keep is not None and len(keep):
+            if self.policy.eviction == "lru":
+                # (as recent as the rows of the update just applied: the last of the rows
+                # that may go; the ask that follows sets their clock to its own)
+                self.used[keep] = np.maximum(self.used[keep], below - 1)
+                keep = None
+        if (
+            keep is None
+            and self.n_free == 0
+            and self.policy.eviction == "lru"
+            and self.policy.admit <= 1
+        ):
             return lru_victims(self.used, below, max(need, self.capacity // 64))
         old = self.used < below
         # (a full tier, the usual case at an eviction: every slot is live)
@@ -77,6 +98,10 @@ class TierEvictions:
             score = self.used[free]
         if self.policy.admit > 1:  # (no row is marked rare otherwise)
             score = np.where(self.rare[free], score.min(initial=0) - 1, score)
+        if keep is not None and len(keep):
+            soon = np.zeros(len(self.used), dtype=bool)
+            soon[keep] = True
+            score = np.where(soon[free], score.max(initial=0) + 1, score)
         # Evict a little more than needed, so that steps do not each pay a selection.
         k = min(len(free), max(need, self.capacity // 64))
         return free[smallest(score, k)] if k < len(free) else free

@@ -25,6 +25,7 @@ __all__ = [
     "TierPolicy",
     "ids_of",
     "lru_victims",
+    "request_ids",
     "same",
     "smallest",
     "sorted_ids",
@@ -212,6 +213,18 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def sorted_ids(keys: np.ndarray | Tensor) -> np.ndarray:
     ids = ids_of(keys)
     return ids if strictly_increasing(ids) else np.unique(ids)
+
+
+def request_ids(asked: list[np.ndarray | Tensor]) -> np.ndarray | None:
+    """The unique ids of a book's tables in a request (``asked``: their key arrays; the
+    union where they differ: tables keyed alike are read with the same ids), None for none."""
+    if not asked:
+        return None
+    ids = sorted_ids(asked[0])
+    for other in asked[1:]:
+        if other is not asked[0]:
+            ids = np.union1d(ids, ids_of(other))
+    return ids
 
 
 def split_misses(slots: np.ndarray, pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

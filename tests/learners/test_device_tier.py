@@ -306,7 +306,8 @@ def test_misses_asked_for_during_the_update_before_are_exact(
     misses while the read goes on (staged: its blocks assembled from the rows held and the
     shards' answer); without, the misses are placed ahead of the read or at the read. With
     ``two``, the batch after is asked for before the next one's rows are put (its misses
-    indexed first): two swaps in flight, the same rows, hits, misses and write-backs."""
+    indexed first): two swaps in flight, the same rows, and as many hits or more (its room,
+    knowing the batch after, evicts that batch's rows last: tests/learners/test_tier_lookahead.py)."""
     from learners.worker import device, held_tables
 
     monkeypatch.setattr(device, "NUMPY_ROWS_ON_CPU", rows == "numpy")
@@ -328,7 +329,9 @@ def test_misses_asked_for_during_the_update_before_are_exact(
         for key in ((True, True), (False, False)):
             for n in ("w", "v"):
                 np.testing.assert_array_equal(runs[True, False][0][n], runs[key][0][n])
-            assert runs[True, False][1] == runs[key][1]
+        assert runs[True, False][1] == runs[False, False][1]
+        one, two = runs[True, False][1], runs[True, True][1]
+        assert two[0] == one[0] and two[1] >= one[1] and two[1] + two[2] == two[0]
         assert runs[True, False][1][3] > 0  # (the tier evicted: 160 rows of 3000)
 
 

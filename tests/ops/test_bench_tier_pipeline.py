@@ -25,7 +25,8 @@ def test_a_few_steps_of_each_mode_make_the_same_choices() -> None:
     runs = {r["swaps_in_flight"]: r for r in out["runs"]}
     assert set(runs) == {1, 2}
     assert runs[1]["asked_two"] == 0 and runs[2]["asked_two"] == 10  # (2 epochs of 5)
-    assert runs[1]["hit_rate"] == runs[2]["hit_rate"] and 0.0 < runs[1]["hit_rate"] < 1.0
+    # (two in flight: the room knows the batch after the next one, whose rows go last)
+    assert runs[2]["hit_rate"] >= runs[1]["hit_rate"] and 0.0 < runs[1]["hit_rate"] < 1.0
     for r in runs.values():
         assert r["step_ms_median"] >= 2.0  # (the step is never shorter than its wait)
         assert r["tier_wait_ms"] >= r["tier_wait_shards_ms"] >= 0.0
