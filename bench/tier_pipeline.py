@@ -1,7 +1,8 @@
 """A device tier's pipeline under a GPU's short step, on the CPU: how long a step takes when the
 training thread's own work is short, with one swap in flight (the update thread asks for batch
 k+1's misses once batch k's are placed) and with two (it asks for k+1's before k's rows are put:
-learners/worker/held_tables.py).
+learners/worker/held_tables.py; its room then knows the batch after the next one and evicts
+that batch's rows last, so fewer rows miss).
 
 On a GPU the training thread's forward and backward are a few ms of host work, then waits for
 the device (the GIL released); the tier's update thread and the shard's swaps run beside it, and
@@ -18,6 +19,7 @@ it) and for the update thread's queue, the shard's own work, for each mode, alte
 Usage:
     python bench/tier_pipeline.py --json bench/results/tier_pipeline_cpu.json
     python bench/tier_pipeline.py --step-ms 6 --host-ms 2 --rounds 3
+    python bench/tier_pipeline.py --eviction lfu --rounds 1
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def run(
     capacity: int,
     threads: int,
     device: str = "cpu",
+    eviction: str = "lru",
 ) -> dict[str, Any]:
     """One run of ``len(reqs) - 2`` updates; the figures of the last ``steps - warm``."""
     specs = fm_specs()
@@ -106,7 +109,7 @@ def run(
         "hash",
         torch.device(device),
         tiers={"w": capacity, "v": capacity},
-        policy=TierPolicy(),
+        policy=TierPolicy(eviction),
         shards=lambda: shard,
     )
     cols = {s.name: s.cols for s in specs}
@@ -164,6 +167,7 @@ def measure(
     rounds: int = 2,
     epochs: int = 2,
     device: str = "cpu",
+    eviction: str = "lru",
 ) -> dict[str, Any]:
     """Each mode (one swap in flight, two) ``rounds`` times, alternated; the figures of each
     run (:func:`run`)."""
@@ -176,6 +180,7 @@ def measure(
         "host_ms": host_ms,
         "shard_swap_threads": threads,
         "device": device,
+        "eviction": eviction,
         "unique_ids_per_step": statistics.mean(len(r["w"]) for r in epoch),
         "runs": [],
     }
@@ -193,6 +198,7 @@ def measure(
                     capacity,
                     threads,
                     device,
+                    eviction,
                 )
                 r = {"swaps_in_flight": 2 if two else 1, "round": rnd + 1, **r}
                 out["runs"].append(r)
@@ -218,6 +224,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="the shard's swap threads")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cpu", help="the tier's device (cuda: a GPU's rows)")
+    p.add_argument("--eviction", choices=["lru", "lfu"], default="lru")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     if args.host_ms > args.step_ms:
@@ -233,6 +240,7 @@ def main() -> None:
         args.rounds,
         args.epochs,
         args.device,
+        args.eviction,
     )
     if args.json:
         with open(args.json, "w") as f:

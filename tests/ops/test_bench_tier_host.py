@@ -24,5 +24,9 @@ def test_a_few_steps_measure_every_phase_and_leave_the_tier_as_it_was() -> None:
     assert ms["shard"] > 0.0 and ms["place"] > 0.0 and ms["step"] > ms["read"]
     assert ms["host_update_thread"] == ms["ask"] + ms["room"] + ms["place"]
     assert 0.0 < out["hit_rate"] < 1.0
+    # the shard's swaps of the steps measured, replayed in parts (medians: about their sum)
+    parts = out["shard_parts_ms"]
+    assert set(parts) == {"check", "split", "first", "read", "later", "swap"}
+    assert parts["read"] > 0.0 and parts["later"] > 0.0 and parts["swap"] > 0.0
     # 256 rows of 26 fields: at most 6,656 unique ids a step
     assert 0 < out["unique_ids_per_step"] <= 256 * 26
