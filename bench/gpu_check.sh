@@ -12,9 +12,9 @@
 #    with its table on the GPU, every row on a shard, the tables on the GPU, a device tier at
 #    10%; where py-spy is on the PATH, profiles of the worker and shard (every thread, idle
 #    included) of the tier and of the tables held whole while they train (PROFILE_SYSTEMS);
-# 4. a device tier's host work a step on this node's CPU (bench/tier_host.py);
+# 4. a device tier's host work a step on this node's CPU, and the shard's (bench/tier_host.py);
 # 5. a device tier's pipeline under a GPU's step without Ray (bench/tier_pipeline.py --device
-#    cuda): one swap in flight against two, alternated.
+#    cuda): one swap in flight against two, alternated; then eviction by frequency.
 #
 # Logs, the results' JSON and the profiles go to OUT_DIR; the last lines of each are printed.
 # Set GPU_CHECK_SKIP to a comma list of gpu,suite,feed,host,pipeline to skip parts; FEED_BASE to a copy of
@@ -202,7 +202,9 @@ if [[ $skip != *,host,* ]]; then
     python3 bench/tier_host.py --threads "$t" \
       --json "$out/tier_host_t$t.json" > /dev/null 2>&1
     echo "tier host work, $t swap threads: rc=$? at $(since)"
-    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v, 2) for k, v in d['ms'].items()})" \
+    # (the update thread's phases, then the shard's swaps replayed in parts: checks, split,
+    # the write-backs before the answer, the reads, those after)
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v, 2) for k, v in d['ms'].items()}); print('shard parts', {k: round(v, 2) for k, v in d.get('shard_parts_ms', {}).items()})" \
       "$out/tier_host_t$t.json" || true
   done
 fi
@@ -217,6 +219,12 @@ if [[ $skip != *,pipeline,* ]]; then
     echo "tier pipeline, $t swap threads: rc=$? at $(since)"
     tail -4 "$out/tier_pipeline_t$t.txt"
   done
+  # (eviction by frequency: fewer misses, so less of the shard's work a step, for the count
+  # of each read in the update thread: whether lfu should be a GPU node's default)
+  python3 bench/tier_pipeline.py --device cuda --threads 4 --host-ms 2.5 --rounds 1 \
+    --eviction lfu --json "$out/tier_pipeline_t4_lfu.json" > "$out/tier_pipeline_t4_lfu.txt" 2>&1
+  echo "tier pipeline, lfu, 4 swap threads: rc=$? at $(since)"
+  tail -2 "$out/tier_pipeline_t4_lfu.txt"
 fi
 
 # Everything above in one archive, where only a few files can be taken off the machine.
