@@ -16,6 +16,7 @@ from angelps import TableSpec
 from learners.data import Batch
 from learners.job.loop_options import TrainPlan
 from learners.models.table_decl import TableDecl
+from learners.worker import tier_routes
 from learners.worker.batch_rows import BatchInput
 from learners.worker.device import free_bytes
 from learners.worker.device_step import SideStream, dedup_on_device
@@ -107,11 +108,18 @@ class HoldsTables:
         return out
 
     def _peek(self) -> Any:
-        """One worker with device tiers, the batch after the next one of this epoch: take it
-        and its ids now, so that its misses are asked for while the next update computes
-        (:meth:`_ask_ahead`); ``_next_batch`` and the next fetch take it from there. Its
-        request (None: none taken)."""
-        if ASK_AHEAD and self.num_workers == 1 and self.plan.accum == 1 and self.held.books:
+        """Device tiers, the batch after the next one of this epoch: take it and its ids now,
+        so that one worker asks for its misses while the next update computes
+        (:meth:`_ask_ahead`), and several route them to their owners with the next batch's
+        (every worker peeks alike: learners/worker/tier_routes.py); ``_next_batch`` and the
+        next fetch take it from there. Its request (None: none taken)."""
+        alone = self.num_workers == 1
+        if (
+            ASK_AHEAD
+            and (alone or tier_routes.ROUTE_AFTER)
+            and self.plan.accum == 1
+            and self.held.books
+        ):
             batch = self._next_batch()
             with self._side.scope():
                 slots, req = self.inputs.request(batch)

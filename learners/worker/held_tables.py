@@ -46,7 +46,7 @@ from learners.worker.device import to_device
 from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable, fill, make_room
 from learners.worker.held_table import HeldTable
 from learners.worker.table_exchange import Exchange
-from learners.worker.tier_slots import ids_of
+from learners.worker.tier_routes import Routed, prefetch_routed
 
 __all__ = ["HeldTables", "write_held"]
 
@@ -131,6 +131,7 @@ class HeldTables:
         self._rooms: list[Future[None]] = []  # (device tiers: learners/worker/device_tier.py)
         self._fills: list[Future[None]] = []  # (the next batch's rows put: two in flight)
         self._ahead_req: Mapping[str, Any] | None = None  # (several workers' prefetch)
+        self._routed: Routed | None = None  # (and the read after it, routed with it)
         #: (ask_ahead: the request, the books asked, whether its read is staged)
         self._asked: tuple[Mapping[str, Any], list[TierBook], bool] | None = None
         self._asks: list[tuple[object, Future[Any]]] = []  # (asked in the update thread: req)
@@ -211,6 +212,8 @@ class HeldTables:
         # The read a prefetch routed ahead: the same request object on every worker (never a
         # comparison of ids, which could differ between workers and split the collectives).
         ahead, self._ahead_req = req is self._ahead_req, None
+        if not ahead:  # (the routes made ahead are dropped: the next prefetch routes anew)
+            self._routed = None
         for group in self._groups(names):
             ids = req[group[0]]
             tables = [self.tables[n] for n in group]
@@ -225,20 +228,21 @@ class HeldTables:
         """Start fetching the device tiers' misses of the next batch's unique ids. Several
         workers route the ids to their owners now (every worker calls this at the same point
         of a step: it is a collective), and each owner prefetches the ids it will serve.
-        ``ahead``: the request of the batch after (one worker), asked for now where the next
-        one's was asked ahead (:meth:`ask_ahead`): True if it was."""
+        ``ahead``: the request of the batch after, asked for now where the next one's was
+        asked ahead (:meth:`ask_ahead`; one worker): True if it was; several workers route it
+        now (learners/worker/tier_routes.py)."""
         if self.exchange is not None:
             names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
-            for group in self._groups(names):
-                tables = [self.tables[n] for n in group]
-                alike = [b for b in self.books if any(n in b.tables for n in group)]
-                if not alike:  # (the same tables on every worker)
-                    continue
-                serve, sent = self.exchange.route_ahead(ids_of(req[group[0]]), tables)
-                self._moved += sent
-                for b in alike:
-                    b.prefetch(serve)
-                make_room(alike)  # (the update was applied: apply waits)
+            self._routed, sent = prefetch_routed(
+                self.exchange,
+                self._groups(names),
+                self.tables,
+                self.books,
+                req,
+                ahead,
+                self._routed,
+            )
+            self._moved += sent
             self._ahead_req = req
             return False
         if self.num_workers == 1:

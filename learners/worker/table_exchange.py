@@ -38,7 +38,10 @@ class HeldTable(Protocol):
     def update(self, keys: Tensor, grads: Tensor, step: Step) -> None: ...
 
 
-__all__ = ["Exchange"]
+__all__ = ["AHEAD", "Exchange"]
+
+#: The routes made ahead kept for a group of tables: the next read's and the one after it.
+AHEAD = 2
 
 
 class _Route:
@@ -69,8 +72,9 @@ class Exchange:
         # gloo moves host tensors: CUDA tensors (workers sharing a GPU) make the round trip.
         self.via_host = device.type == "cuda" and backend != "nccl"
         self._last: _Route | None = None
-        #: routes of the next reads, made ahead (device tiers' prefetch), by their tables
-        self._ahead: dict[tuple[str, ...], _Route] = {}
+        #: routes of the next reads, made ahead (device tiers' prefetch), by their tables, in
+        #: the order of the reads (the next one, and the one after where it was peeked at)
+        self._ahead: dict[tuple[str, ...], list[_Route]] = {}
 
     def _a2a(self, t: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
         src = (t.cpu() if self.via_host else t).contiguous()
@@ -90,13 +94,19 @@ class Exchange:
         route = _Route(ids, order_t, send.tolist(), recv, recv_ids)
         return route, int(send.nbytes + grouped.nbytes)
 
-    def route_ahead(self, ids: np.ndarray, tables: Sequence[HeldTable]) -> tuple[np.ndarray, int]:
-        """Send the next read's unique ``ids`` of ``tables`` to their owners now (every
-        worker at once, as for a read); the ids this worker will serve (sorted, unique) and
-        the bytes sent. The next :meth:`fetch` of the same ids reuses the route."""
+    def route_ahead(
+        self, ids: np.ndarray, tables: Sequence[HeldTable], after: bool = False
+    ) -> tuple[np.ndarray, int]:
+        """Send a coming read's unique ``ids`` of ``tables`` to their owners now (every
+        worker at once, as for a read): the next read's (routes kept before are dropped), or
+        with ``after`` the read after it (kept behind the next one's: at most :data:`AHEAD`);
+        the ids this worker will serve (sorted, unique) and the bytes sent. The
+        :meth:`fetch` of those ids, in that order, reuses the route."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         route, sent = self._route(ids, tables[0].part)
-        self._ahead[tuple(t.spec.name for t in tables)] = route
+        key = tuple(t.spec.name for t in tables)
+        kept = self._ahead.get(key, []) if after else []
+        self._ahead[key] = [*kept, route][-AHEAD:]
         return np.unique(route.recv_ids.cpu().numpy()), sent
 
     def fetch(
@@ -104,13 +114,17 @@ class Exchange:
     ) -> tuple[list[Tensor], int]:
         """The rows of unique ``ids`` of ``tables`` (routed alike) from their owners, in the
         order of ``ids``; and the bytes this worker sent. ``ahead``: these are the ids of
-        the last :meth:`route_ahead` of ``tables`` (every worker says so alike), whose route
-        is used; otherwise that route is dropped."""
+        the next read :meth:`route_ahead` routed (every worker says so alike), whose route is
+        used; otherwise the routes made ahead are dropped."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        route = self._ahead.pop(tuple(t.spec.name for t in tables), None)
-        if ahead and route is not None:
+        key = tuple(t.spec.name for t in tables)
+        kept = self._ahead.pop(key, [])
+        route = kept.pop(0) if ahead and kept else None
+        if route is not None:
             if len(route.ids) != len(ids) or not np.array_equal(route.ids, ids):
                 raise RuntimeError("a read routed ahead was asked for other ids")
+            if kept:  # (the read after this one, routed too: kept for it)
+                self._ahead[key] = kept
             sent = 0
         else:
             route, sent = self._route(ids, tables[0].part)
