@@ -278,7 +278,7 @@ class HeldTables:
             # next batch; the next read waits for it (settle). On a GPU the victims' copy down
             # and the placements are queued after the update, in the order of the stream.
             place = self.device.type == "cuda" if PLACE_AHEAD is None else PLACE_AHEAD
-            self._rooms.append(self._pool.submit(make_room, books, place))
+            self._rooms.append(self._pool.submit(make_room, books, place, False, True, ahead))
         return False
 
     def ask_ahead(self, req: Mapping[str, np.ndarray | Tensor]) -> None:
