@@ -161,7 +161,8 @@ def test_a_tier_fed_ids_deduplicated_on_the_device_trains_as_the_shards(tmp_path
 def test_several_workers_with_tiers_train_deepfm_as_the_shards(
     tmp_path, census, workers, batch, capacity
 ):
-    """A share of 74 (37) ids a worker, tiers of 70 (30) rows: every owner evicts."""
+    """A share of 74 (37) ids a worker, tiers of 70 (30) rows: every owner evicts (each room
+    keeping its rows of the read after the next last: learners/worker/tier_routes.py)."""
     sets = {
         **SMALL,
         "ml.minibatch.size": batch,
