@@ -31,7 +31,7 @@ when it is rebuilt from the live rows, so an eviction never moves rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,7 @@ from learners.worker.tier_slots import (
 from learners.worker.tier_table import TierTable
 from learners.worker.tier_through import ThroughReads
 
-__all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable", "fill", "make_room"]
+__all__ = ["TierBook", "TierCounts", "TierPolicy", "TierTable"]
 
 
 class TierBook(TierEvictions):
@@ -132,7 +132,7 @@ class TierBook(TierEvictions):
         self.link.forget()
         self._read = self._last = self._src = None
         self._staged = {}
-        self._placed: tuple[np.ndarray, np.ndarray, int] | None = None
+        self._placed: tuple[np.ndarray, np.ndarray, int, int] | None = None
         #: misses indexed whose rows are not put yet (:meth:`index_ahead`): slots, swap
         self._filling = None
         self._on = None
@@ -197,6 +197,9 @@ class TierBook(TierEvictions):
             if read[2] == self._clock:
                 return read[1], True, read[3]
             return read[1], False, -1
+        placed = self._placed  # (placed ahead; the read after asked for since)
+        if placed is not None and placed[2] == self._clock and same(placed[0], ids):
+            return placed[1], True, placed[3]
         return self.lookup(ids), False, -1
 
     def slots_on(self, slots: np.ndarray) -> Tensor | None:
@@ -227,12 +230,15 @@ class TierBook(TierEvictions):
 
     # --- the step ------------------------------------------------------------------------------
 
-    def prefetch(self, keys: np.ndarray | Tensor, clock: int | None = None) -> None:
+    def prefetch(
+        self, keys: np.ndarray | Tensor, clock: int | None = None, stage: bool = True
+    ) -> None:
         """While the current update runs: look up the next read's ``keys`` (unique), pin the
         rows held and start one read per shard of the misses; :meth:`make_room` frees their
         slots once the update is applied. ``clock``: the next read's, from one worker's update
         thread asking as the reads of the update before it ended (the training thread's clock
-        moves meanwhile); that read may then be staged (:meth:`read`)."""
+        moves meanwhile); that read may then be staged (:meth:`read`), unless not ``stage``
+        (several workers ask for the read after the next in their training thread)."""
         ids = sorted_ids(keys)
         if self._pending is not None:  # (never read: drop its rows)
             self.link.drop(self._pending[1])
@@ -247,12 +253,12 @@ class TierBook(TierEvictions):
         # A row written back earlier may be read again now: the swap that carried it lands
         # first (a shard is an async actor: Ray does not keep the order of its calls); the
         # write-backs held since go with this swap.
-        self.link.settle(timed=clock is None)
+        self.link.settle(timed=clock is None or not stage)
         fut = self.link.swap({}, miss)
         self._pending = (miss, fut)
         if clock is None:
             self._staged.clear()
-        else:
+        elif stage:
             # (its slots sent up here, in the update thread: 37% of a staged read's time on the
             # training thread, profiled on an H200; one stream, queued before the read's takes)
             rows = next(iter(self.tables.values())).rows
@@ -291,13 +297,15 @@ class TierBook(TierEvictions):
             slots[np.flatnonzero(slots < 0)] = new  # (by position: a mask's is 2x slower)
             self._admitted(new, miss_ids, clock)
         self._read = (ids, slots, clock, len(miss_ids))
-        self._placed = (ids, slots, clock)  # (a staged read's update: the ask after resets _read)
+        # (a staged read's update, and the read several workers ask for the read after)
+        self._placed = (ids, slots, clock, len(miss_ids))
 
-    def fill(self) -> None:
-        """Put the rows of the misses :meth:`index_ahead` indexed, once they came."""
+    def fill(self, timed: bool = False) -> None:
+        """Put the rows of the misses :meth:`index_ahead` indexed, once they came (``timed``:
+        by the training thread, its wait counted)."""
         filling, self._filling = self._filling, None
         if filling is not None:
-            self._put(filling[0], self.link.rows_on(filling[1], self._up))
+            self._put(filling[0], self.link.rows_on(filling[1], self._up, timed))
 
     def _sighted(self, ids: np.ndarray) -> None:
         """Count a read's ids where the policy needs their counts."""
@@ -469,31 +477,3 @@ class TierBook(TierEvictions):
     def held_ids(self) -> np.ndarray:
         """The ids on the device now, ascending."""
         return np.sort(self.key_at[self.live])
-
-
-def make_room(
-    books: Sequence[TierBook],
-    place: bool = False,
-    staged: bool = False,
-    put: bool = True,
-    soon: Mapping[str, np.ndarray | Tensor] | None = None,
-) -> None:
-    """Free the slots of the device tiers' prefetched misses (the update in progress was
-    applied); with ``place``, place the misses there as they come (one worker's update
-    thread: the next read then finds its rows held, or, ``staged``, reads meanwhile); without
-    ``put``, only index them there (:func:`fill` puts their rows). ``soon``: the request of
-    the read after the next one, whose rows held are evicted last."""
-    for b in books:
-        b.make_room(None if soon is None else b.ids_in(soon))
-    if place:
-        for b in books:
-            if put:
-                b.place_ahead(staged)
-            else:
-                b.index_ahead(staged)
-
-
-def fill(books: Sequence[TierBook]) -> None:
-    """Put the rows of the misses :func:`make_room` indexed without them, as they come."""
-    for b in books:
-        b.fill()

@@ -43,9 +43,10 @@ from angelps.partition import Partitioner
 from angelps.rates import Step
 from angelps.storage.table_rows import FrozenTable
 from learners.worker.device import to_device
-from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable, fill, make_room
+from learners.worker.device_tier import TierBook, TierCounts, TierPolicy, TierTable
 from learners.worker.held_table import HeldTable
 from learners.worker.table_exchange import Exchange
+from learners.worker.tier_rooms import fill, make_room
 from learners.worker.tier_routes import Routed, prefetch_routed
 
 __all__ = ["HeldTables", "write_held"]
@@ -233,15 +234,8 @@ class HeldTables:
         now (learners/worker/tier_routes.py)."""
         if self.exchange is not None:
             names = sorted(n for n in req if n in self.names)  # (the same order everywhere)
-            self._routed, sent = prefetch_routed(
-                self.exchange,
-                self._groups(names),
-                self.tables,
-                self.books,
-                req,
-                ahead,
-                self._routed,
-            )
+            route = (self.exchange, self._groups(names), self.tables, self.books)
+            self._routed, sent = prefetch_routed(*route, req, ahead, self._routed)
             self._moved += sent
             self._ahead_req = req
             return False

@@ -1,8 +1,9 @@
 """Several workers' device tiers routing the read after the next one with the next
 (learners/worker/tier_routes.py), in two processes joined over gloo as the workers are: the
 room an owner makes keeps the rows it serves in that read last, the hit rate rises, a step
-still routes once, and every row read and trained is as when one table holds them all, with
-a save's flush and a read outside training between two steps."""
+still routes once, the owners ask for that read's misses a step early (two swaps in flight:
+the next read finds its misses placed), and every row read and trained is as when one table
+holds them all, with a save's flush and a read outside training between two steps."""
 
 from __future__ import annotations
 
@@ -41,11 +42,12 @@ def _grads(rank: int, step: int, req: dict[str, np.ndarray]) -> dict[str, torch.
     }
 
 
-def _train(rank: int) -> tuple[float, int]:
+def _train(rank: int) -> tuple[float, int, int]:
     """12 updates of both workers' batches, the batch after the next one given with each
     prefetch (not at the last two, as at an epoch's end); after the 5th, a save's flush and a
     read outside training. Each read and the rows at the end checked against one table
-    holding every row in this process; the tier's hit rate and the routes made."""
+    holding every row in this process; the tier's hit rate, the routes made and the reads
+    that found their misses placed ahead."""
     from learners.worker.device_tier import TierPolicy
     from learners.worker.held_tables import HeldTables
     from tests.learners.test_device_tier import _Shards
@@ -94,7 +96,8 @@ def _train(rank: int) -> tuple[float, int]:
     for n in ("w", "v"):
         np.testing.assert_allclose(got[n].numpy(), want[n].numpy(), rtol=1e-5, atol=1e-7)
     assert counts.writebacks > 0
-    return counts.hits / counts.lookups, routes[0]
+    placed = sum(b.reads_placed_ahead for b in held.books)
+    return counts.hits / counts.lookups, routes[0], placed
 
 
 def _run(rank: int, port: int) -> None:
@@ -103,15 +106,20 @@ def _run(rank: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         runs = {}
-        for after in (True, False):
-            tier_routes.ROUTE_AFTER = after
-            runs[after] = _train(rank)
+        for route, ask in ((True, True), (True, False), (False, False)):
+            tier_routes.ROUTE_AFTER, tier_routes.ASK_AFTER = route, ask
+            runs[route, ask] = _train(rank)
+        both, routed, blind = runs[True, True], runs[True, False], runs[False, False]
         # The read after's route is made a step early and reused: one route a step, but two
         # at the first prefetch and at the one after the read outside training (their batch
         # was not routed ahead), and none at the first prefetch given no batch after (its
         # batch was routed with the one before).
-        assert runs[True][1] == runs[False][1] + 1, runs
-        assert runs[True][0] > runs[False][0], runs
+        assert both[1] == routed[1] == blind[1] + 1, runs
+        assert both[0] == routed[0] > blind[0], runs  # (the same rooms, asked earlier)
+        # The next read's misses are placed before it (asked for a step early, or at once
+        # where they were not): every read but the first (never prefetched) and the last (no
+        # batch after it, so its room only is made ahead, as with one swap in flight).
+        assert both[2] == STEPS - 2 and routed[2] == blind[2] == 0, runs
     finally:
         dist.destroy_process_group()
 
