@@ -335,6 +335,7 @@ class HeldTables:
         """Empty the device tiers (after a restore: the shards hold the restored rows)."""
         self.settle()
         self._asked = self._staged = None
+        self._routed = None  # (several workers: a read routed ahead has no misses asked now)
         for b in self.books:
             b.reset()
 
