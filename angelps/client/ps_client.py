@@ -17,6 +17,7 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -24,7 +25,7 @@ import numpy as np
 import ray
 from numpy.typing import ArrayLike
 from ray.actor import ActorHandle
-from ray.exceptions import RayTaskError
+from ray.exceptions import ActorUnavailableError, RayTaskError
 
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.backups import remove_launch
@@ -52,6 +53,10 @@ __all__ = ["HeldWriter", "PSClient", "PSFuture"]
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+#: Seconds between the asks of :meth:`PSClient.stats` where a shard Ray restarted answers
+#: "unavailable" (then once more, its error raised).
+STATS_RETRIES = (0.1, 0.3, 1.0)
 
 #: Rows returned by one shard for one call (None for a push alone).
 Rows = dict[str, np.ndarray] | None
@@ -388,8 +393,16 @@ class PSClient(TierSwaps):
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
-        refs: list[ray.ObjectRef[dict[str, Any]]] = [h.stats.remote() for h in self.handles]
-        return self._get(refs)
+        for wait in STATS_RETRIES:
+            refs: list[ray.ObjectRef[dict[str, Any]]] = [h.stats.remote() for h in self.handles]
+            try:
+                return self._get(refs)
+            except ActorUnavailableError:
+                # A handle's first Ray call to a shard Ray restarted (the steps went over the
+                # data plane since) can fail with "the actor was restarted" though the new one
+                # is up; the stats read nothing they change, so they are asked again.
+                time.sleep(wait)
+        return self._get([h.stats.remote() for h in self.handles])
 
     def save(
         self,
