@@ -65,6 +65,27 @@ class _Counting(_Shards):
         return super().swap_call(shard, writes, reads)
 
 
+def _with_and_without(
+    same_ids: bool, capacity: int, eviction: str, monkeypatch: pytest.MonkeyPatch
+) -> dict[bool, tuple[HeldTables, int]]:
+    """:func:`_pair`'s run with the batch after the next one asked for as the next one is
+    prefetched, with the room knowing that read (True) and blind to it (False), each checked
+    against the tables held whole; the tables of each run, and the rows both written back and
+    read by one swap (counted where the shards are :class:`_Counting`)."""
+    want, _ = _pair(None, same_ids, True)
+    runs = {}
+    blind = TierBook.make_room
+    for lookahead in (True, False):
+        if not lookahead:
+            monkeypatch.setattr(TierBook, "make_room", lambda self, soon=None: blind(self))
+        _Counting.both = []
+        got, held = _pair(capacity, same_ids, True, TierPolicy(eviction), ask=True, two=True)
+        for n in ("w", "v"):
+            np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+        runs[lookahead] = (held, sum(_Counting.both))
+    return runs
+
+
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 def test_fewer_rows_go_back_and_come_again_in_one_swap_and_training_stays_exact(
     eviction: str, monkeypatch: pytest.MonkeyPatch
@@ -76,19 +97,11 @@ def test_fewer_rows_go_back_and_come_again_in_one_swap_and_training_stays_exact(
     import tests.learners.test_device_tier as dt
 
     monkeypatch.setattr(dt, "_Shards", _Counting)
-    want, _ = _pair(None, True, True)
     runs = {}
-    blind = TierBook.make_room
-    for lookahead in (True, False):
-        if not lookahead:
-            monkeypatch.setattr(TierBook, "make_room", lambda self, soon=None: blind(self))
-        _Counting.both = []
-        got, held = _pair(160, True, True, TierPolicy(eviction), ask=True, two=True)
-        for n in ("w", "v"):
-            np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    for lookahead, (held, both) in _with_and_without(True, 160, eviction, monkeypatch).items():
         counts = held.tier_counts()
         assert held.asked_two > 0 and counts.writebacks > 0
-        runs[lookahead] = (sum(_Counting.both), counts.hits / counts.lookups)
+        runs[lookahead] = (both, counts.hits / counts.lookups)
     assert runs[False][0] > 0
     assert runs[True][0] < runs[False][0]
     assert runs[True][1] > runs[False][1]
@@ -102,15 +115,8 @@ def test_a_book_read_with_ids_of_its_own_tables_keeps_the_read_after_last_too(
     (its union is asked for) and one swap is in flight, but the batch after is peeked at all
     the same; the room made for the next read keeps that batch's rows last: a higher hit rate
     than with the room blind to it, and every row as when the tables are held whole."""
-    want, _ = _pair(None, False, True)
     hits = {}
-    blind = TierBook.make_room
-    for lookahead in (True, False):
-        if not lookahead:
-            monkeypatch.setattr(TierBook, "make_room", lambda self, soon=None: blind(self))
-        got, held = _pair(200, False, True, TierPolicy(eviction), ask=True, two=True)
-        for n in ("w", "v"):
-            np.testing.assert_allclose(got[n], want[n], rtol=1e-5, atol=1e-7)
+    for lookahead, (held, _) in _with_and_without(False, 200, eviction, monkeypatch).items():
         counts = held.tier_counts()
         assert held.asked_two == 0 and held.asked_ahead > 0 and counts.writebacks > 0
         hits[lookahead] = counts.hits / counts.lookups
