@@ -17,7 +17,6 @@ on the sum of the W pushes, so workers pre-scale their gradients by 1/W to push 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -25,12 +24,19 @@ import numpy as np
 import ray
 from numpy.typing import ArrayLike
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.backups import remove_launch
 from angelps.client.pending_save import HeldWriter, PendingSave, start_save
-from angelps.client.recovery import FAILURES, Call, ReplayLog, is_restart
+from angelps.client.recovery import (
+    FAILURES,
+    UNAVAILABLE_WAITS,
+    Call,
+    ReplayLog,
+    ask_available,
+    is_restart,
+)
 from angelps.client.routing import Routed, assemble
 from angelps.client.tier_swap import TierSwaps
 from angelps.client.transport import (
@@ -54,9 +60,10 @@ __all__ = ["HeldWriter", "PSClient", "PSFuture"]
 T = TypeVar("T")
 U = TypeVar("U")
 
-#: Seconds between the asks of :meth:`PSClient.stats` where a shard Ray restarted answers
-#: "unavailable" (then once more, its error raised).
-STATS_RETRIES = (0.1, 0.3, 1.0)
+#: Seconds between the asks of :meth:`PSClient.stats` and :meth:`PSClient.catch_up` while a
+#: shard Ray restarts answers "unavailable", up to the client's timeout
+#: (angelps.client.recovery.ask_available).
+STATS_RETRIES = UNAVAILABLE_WAITS
 
 #: Rows returned by one shard for one call (None for a push alone).
 Rows = dict[str, np.ndarray] | None
@@ -393,16 +400,19 @@ class PSClient(TierSwaps):
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""
-        for wait in STATS_RETRIES:
-            refs: list[ray.ObjectRef[dict[str, Any]]] = [h.stats.remote() for h in self.handles]
-            try:
-                return self._get(refs)
-            except ActorUnavailableError:
-                # A handle's first Ray call to a shard Ray restarted (the steps went over the
-                # data plane since) can fail with "the actor was restarted" though the new one
-                # is up; the stats read nothing they change, so they are asked again.
-                time.sleep(wait)
-        return self._get([h.stats.remote() for h in self.handles])
+        timeout_s = self.options.shard.timeout_s
+        ask = lambda: [h.stats.remote() for h in self.handles]  # noqa: E731
+        return ask_available(ask, self._get, timeout_s, STATS_RETRIES)
+
+    def catch_up(self) -> int:
+        """Wait for this worker's pushes, then make every shard hold all of them: a shard
+        Ray restarted from its backup since the last step gets the pushes it lacks replayed
+        (a step would find the restart and do so). Call it on each worker's own client
+        before a checkpoint that no step follows: a restarted shard refuses to save until
+        every worker has caught up (NotReplayed), rather than write a checkpoint without
+        them. :meth:`save` calls it for a client that pushed. Returns the pushes replayed."""
+        self.flush()
+        return self._log.catch_up(self.net, self._clock, STATS_RETRIES)
 
     def save(
         self,
@@ -422,6 +432,8 @@ class PSClient(TierSwaps):
         ``held``: tables held outside the shards (by the workers), written into the same
         commit by ``held.start(tmp, ...)``, one file per owner each (the manifest's
         ``table_shards``)."""
+        if self._clock:  # (a worker's client: its pushes are held, or the save refused)
+            self.catch_up()
         start_save(self, path, extra, files, held).result()
 
     def save_async(
@@ -435,6 +447,8 @@ class PSClient(TierSwaps):
         (and ``held``'s owners) has copied its rows, so training may go on; the result's
         ``result()`` waits for the files and commits (:mod:`angelps.client.pending_save`).
         One at a time: finish (or discard) it before the next save or load."""
+        if self._clock:
+            self.catch_up()
         return start_save(self, path, extra, files, held, background=True)
 
     def load(self, path: str, held: Sequence[TableSpec] = ()) -> dict[str, Any]:

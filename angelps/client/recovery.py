@@ -19,11 +19,12 @@ from __future__ import annotations
 import collections
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from angelps.client.transport import (
     ChannelDown,
@@ -36,10 +37,56 @@ from angelps.client.transport import (
 from angelps.server.shard import ShardRestarted
 from angelps.step_call import Pulls, StepCall, StepResult
 
-__all__ = ["FAILURES", "Call", "ReplayLog", "dead_for_good", "is_restart"]
+__all__ = [
+    "FAILURES",
+    "UNAVAILABLE_WAITS",
+    "Call",
+    "ReplayLog",
+    "ask_available",
+    "dead_for_good",
+    "is_restart",
+]
 
 #: Errors of a call whose shard died (or was restarted): recovered, not raised.
 FAILURES = (RayActorError, ShardRestarted, ChannelDown)
+
+
+#: Seconds between the asks of :func:`ask_available` (then once more, its error raised).
+UNAVAILABLE_WAITS = (0.1, 0.3, 1.0)
+
+T = TypeVar("T")
+
+
+def ask_available(
+    ask: Callable[[], Sequence[ray.ObjectRef[T]]],
+    get: Callable[[Sequence[ray.ObjectRef[T]]], list[T]],
+    timeout_s: float,
+    waits: Sequence[float] = UNAVAILABLE_WAITS,
+) -> list[T]:
+    """``get`` of the calls ``ask`` makes, made again while a shard answers "unavailable": one
+    Ray is restarting ("the actor is restarting"), or a handle's first Ray call to one it
+    restarted (the steps went over the data plane since), which can fail so though the new
+    one is up. Asked again after each of ``waits`` seconds, then every last one of them,
+    until ``timeout_s`` seconds have passed (then its error is raised). For calls that change
+    nothing, or nothing more when made again."""
+    deadline = time.monotonic() + timeout_s
+    k = 0
+    while True:
+        try:
+            return get(ask())
+        except ActorUnavailableError:
+            wait = waits[min(k, len(waits) - 1)] if waits else 0.0
+            if time.monotonic() + wait > deadline:
+                raise
+            time.sleep(wait)
+            k += 1
+
+
+def _get_all(refs: Sequence[ray.ObjectRef[T]]) -> list[T]:
+    try:
+        return ray.get(list(refs))  # type: ignore[no-any-return]
+    except RayTaskError as e:
+        raise remote_error(e) from None
 
 
 class Call:
@@ -133,15 +180,7 @@ class ReplayLog:
         for s in sorted(failed):
             net.reconnect(s)
             start, replayed = self._replay(s, clock)
-            # What failed and what was done, on the console (a worker's stderr reaches the
-            # driver's through Ray).
-            print(
-                f"angelps: warning: parameter shard {s} died; Ray restarted it and it restored "
-                f"its backup at clock {start} of worker {self.worker_id}, which replayed "
-                f"{replayed} push(es) since; training goes on",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._warn(s, start, replayed)
         out: list[Reply] = []
         for c, r in zip(calls, results, strict=True):
             if r is None and c.pulls:
@@ -154,6 +193,53 @@ class ReplayLog:
                 r = self._retry_get(c.shard, ref)
             out.append(StepResult(None, 0) if r is None else r)
         return out
+
+    def _warn(self, shard: int, start: int, replayed: int) -> None:
+        """What failed and what was done, on the console (a worker's stderr reaches the
+        driver's through Ray)."""
+        print(
+            f"angelps: warning: parameter shard {shard} died; Ray restarted it and it restored "
+            f"its backup at clock {start} of worker {self.worker_id}, which replayed "
+            f"{replayed} push(es) since; training goes on",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def catch_up(self, net: Transport, clock: int, waits: Sequence[float]) -> int:
+        """Make every shard hold this worker's ``clock`` pushes (all answered): a shard Ray
+        restarted from a backup since gets the pushes it lacks replayed (as after a failed
+        call); every shard notes that the worker has nothing left to replay, so that a
+        checkpoint may be written (a shard refuses one before: it would lack those pushes).
+        Before a save, as no step of this worker may come to find the restart first.
+        ``waits``: as :func:`ask_available`'s (a shard being restarted is waited for, up to
+        the client's timeout). Returns the pushes replayed."""
+
+        def ask() -> list[ray.ObjectRef[int]]:
+            return [
+                h.catch_up.remote(self.worker_id, clock, secret=self.secret) for h in self.handles
+            ]
+
+        replayed = 0
+        for s, held in enumerate(ask_available(ask, _get_all, self.timeout_s, waits)):
+            if held > clock:
+                raise RuntimeError(
+                    f"parameter shard {s} holds {held} pushes of worker {self.worker_id} but "
+                    f"this client made {clock}: it is not that worker's client"
+                )
+            if held == clock:
+                continue
+            if not self.enabled:
+                raise RuntimeError(
+                    f"parameter shard {s} restarted without the {clock - held} push(es) of "
+                    f"worker {self.worker_id} since and shard backups are off "
+                    f"(angel.ps.backup.interval=0): its rows are lost; set "
+                    f"angel.ps.backup.interval > 0 to let shards restart and recover"
+                )
+            net.reconnect(s)  # (the data plane's connection went with the old process)
+            start, n = self._replay(s, clock)
+            self._warn(s, start, n)
+            replayed += n
+        return replayed
 
     def _retry_get(self, shard: int, ref: ray.ObjectRef[Reply]) -> Reply:
         try:

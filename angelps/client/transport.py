@@ -45,6 +45,7 @@ from angelps.client.channel import (
     SockRef,
 )
 from angelps.options import ClientOptions
+from angelps.server.shard import NotReplayed
 from angelps.step_call import Pulls, Pushes, StepCall
 from angelps.table import TableSpec
 
@@ -314,6 +315,6 @@ def call_bytes(
 def remote_error(e: RayTaskError) -> BaseException:
     """The user-facing error of a failed remote call: the remote ValueError/TimeoutError itself."""
     cause = getattr(e, "cause", None)
-    if isinstance(cause, (ValueError, TimeoutError, KeyError)):
+    if isinstance(cause, (ValueError, TimeoutError, KeyError, NotReplayed)):
         return cause
     return e

@@ -49,7 +49,7 @@ from angelps.storage.row_threads import auto_threads, row_threads
 from angelps.storage.table_rows import FrozenTable, Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
-__all__ = ["ParameterShard", "SaveStopped", "ShardImage", "ShardRestarted"]
+__all__ = ["NotReplayed", "ParameterShard", "SaveStopped", "ShardImage", "ShardRestarted"]
 
 
 class ParameterShard:
@@ -455,6 +455,26 @@ def _count_option(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{key}={value!r} is not valid: expected an integer >= 0 (0: off)")
     return int(value)
+
+
+class NotReplayed(RuntimeError):
+    """Raised to a save asked of a restarted shard before every worker replayed its pushes
+    since the backup it restored: a checkpoint then would silently lack them."""
+
+    def __init__(self, shard: int, workers: Sequence[int], clocks: Sequence[int]) -> None:
+        at = ", ".join(f"worker {w} at clock {c}" for w, c in zip(workers, clocks, strict=True))
+        super().__init__(
+            f"parameter shard {shard} was restarted and restored its backup ({at}); those "
+            f"workers have not replayed their pushes since, so a checkpoint now would lack them "
+            f"and none is written: each worker's client replays them at its next step or "
+            f"PSClient.catch_up(), then save again"
+        )
+        self.shard = shard
+        self.workers = list(workers)
+        self.clocks = list(clocks)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NotReplayed, (self.shard, self.workers, self.clocks))
 
 
 class ShardRestarted(Exception):

@@ -32,7 +32,7 @@ from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.actor_env import connection_cap, was_restarted
 from angelps.server.data_plane import AUTHENTICATED, MAX_UNREAD, DataPlane
-from angelps.server.shard import ParameterShard, ShardRestarted
+from angelps.server.shard import NotReplayed, ParameterShard, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
 from angelps.server.shard_saves import ShardSaves
 from angelps.step_call import StepCall, StepResult
@@ -206,6 +206,18 @@ class ShardServer(DataPlane):
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""
         return self.shard.clocks.pushed[worker]
 
+    async def catch_up(self, worker: int, clock: int, secret: Any = "") -> int:
+        """``worker``'s client, whose pushes are all answered, made ``clock`` of them: the
+        next clock this shard expects from it. Equal, the worker has nothing to replay (after
+        a restart: its backup held every push), and saves no longer wait for it; lower, the
+        client replays its pushes from there (:meth:`step`, ``call.recovering``)."""
+        self._check_secret(secret, "catch_up")
+        self.shard.clocks.check_worker(worker)
+        held = self.shard.clocks.pushed[worker]
+        if held == clock:
+            self._awaiting_replay.discard(worker)
+        return held
+
     async def swap(
         self,
         writes: Mapping[str, tuple[np.ndarray, np.ndarray]],
@@ -261,6 +273,11 @@ class ShardServer(DataPlane):
         ``background``, start it from a copy made now and answer None (:meth:`saved` waits
         for the files, :mod:`angelps.server.shard_saves`)."""
         self._check_secret(secret, "save")
+        if self._awaiting_replay:
+            # (restored from a backup: the pushes since are still in the workers' logs)
+            waiting = sorted(self._awaiting_replay)
+            pushed = self.shard.clocks.pushed
+            raise NotReplayed(self.shard.shard_id, waiting, [pushed[w] for w in waiting])
         async with self._swapping():  # (a tier's rows written back whole, not half a swap)
             if not background:
                 return self.shard.save(root)

@@ -120,8 +120,9 @@ def save(
     copied, its files being written meanwhile; the result's ``result()`` commits
     (angelps.client.pending_save)."""
     info = dict(section)
-    # A device tier's rows go back to the shards first: the shards' files hold whole tables.
-    workers.execute("flush_tiers")
+    # A device tier's rows go back to the shards first: the shards' files hold whole tables;
+    # so do the pushes a shard restarted since the last step lacks (it refuses a save before).
+    workers.execute("before_save")
     # The worker-side layers go to dense.safetensors beside the tables, inside the PS
     # checkpoint's atomic commit; its SHA-256 is in the manifest, which checks itself.
     blob = workers.execute_single(0, "dense_state")

@@ -183,8 +183,12 @@ class HoldsTables:
         free = free_bytes(self.device)
         return free if self.device.type == "cuda" else free // max(self.num_workers, 1)
 
-    def flush_tiers(self) -> int:
-        """Write the device tiers' rows back to the shards (before a checkpoint); the rows."""
+    def before_save(self) -> int:
+        """Before a checkpoint: write the device tiers' rows back to the shards, and make the
+        shards hold every push of this worker (a shard restarted since the last step gets
+        them replayed: PSClient.catch_up); the tiers' rows written."""
+        if self.ps is not None:
+            self.ps.catch_up()
         return self.held.flush_tiers()
 
     def reset_tiers(self) -> None:

@@ -1,0 +1,134 @@
+"""A checkpoint asked for right after a shard restart, before any step found it: on a real
+local Ray, the shard restored its last backup, so the pushes since are only in the workers'
+logs. Before, the save wrote the backup's rows (a checkpoint silently missing those pushes);
+now the saving client replays its pushes first (PSClient.catch_up), and a shard still waiting
+for another worker's refuses to save (NotReplayed) until that worker catches up."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from angelps.client.ps_client import PSClient
+from angelps.options import PSOptions
+from angelps.server.launch import actor_name
+from angelps.server.shard import NotReplayed
+from tests.angelps.test_recovery import X, _data, _launch, _train
+
+
+def kill_shard(job: str, shard: int, pid: int, back: bool = False) -> None:
+    """Kill ``shard`` of ``job`` (process ``pid``) by Ray, which restarts it; wait for the
+    process to be gone, and with ``back`` for the new one to answer."""
+    handle = ray.get_actor(actor_name(job, shard), namespace="angelps")
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"shard {shard} (pid {pid}) did not die")
+    while back and time.monotonic() < deadline:
+        try:
+            ray.get(handle.ping.remote(), timeout=5)
+            return
+        except ray.exceptions.RayError:
+            time.sleep(0.1)
+
+
+def _pulled(path: str, keys: np.ndarray, tmp: str) -> dict[str, np.ndarray]:
+    """The rows of ``keys`` (and the bias) in the checkpoint at ``path``, through a fresh PS."""
+    c = _launch("reload", tmp)
+    try:
+        c.load(path)
+        return c.pull_many({"w": keys, "b": np.array([0])})
+    finally:
+        c.shutdown()
+
+
+def test_a_save_right_after_a_shard_restart_holds_every_push(ray_local, tmp_path, capsys):
+    keys = np.unique(_data()[0])
+    ref_c = _launch("saveref", tmp_path / "ref")
+    try:
+        ref, _ = _train(ref_c)
+    finally:
+        ref_c.shutdown()
+    job = "saverestart"
+    # Inline backups every 5 updates: the last at clock 20 of the 24 pushes.
+    c = _launch(job, tmp_path / "backups", interval=5, background=False)
+    try:
+        _train(c)  # (its last call, a pull, answered: nothing is in flight)
+        capsys.readouterr()
+        kill_shard(job, 1, c.stats()[1]["pid"])
+        c.save(str(tmp_path / "ckpt"))
+        assert [s["restarted"] for s in c.stats()] == [False, True]
+    finally:
+        c.shutdown()
+    err = capsys.readouterr().err
+    assert re.search(
+        r"parameter shard 1 died; Ray restarted it and it restored its backup at clock 20 of "
+        r"worker 0, which replayed 4 push\(es\) since",
+        err,
+    ), err
+    got = _pulled(str(tmp_path / "ckpt"), keys, str(tmp_path / "reload"))
+    np.testing.assert_array_equal(got["w"], ref["w"])
+    np.testing.assert_array_equal(got["b"], ref["b"])
+
+
+def test_a_restarted_shard_refuses_to_save_until_every_worker_caught_up(ray_local, tmp_path):
+    job = "saverestart2"
+    c = PSClient.launch(
+        [X],
+        PSOptions.from_config(
+            {
+                "angel.job.name": job,
+                "angel.ps.number": 2,
+                "angel.ps.backup.interval": 3,
+                "angel.ps.backup.async": False,
+                "angel.ps.backup.path": str(tmp_path / "backups"),
+            }
+        ),
+        num_workers=2,
+    )
+    ckpt = tmp_path / "ckpt"
+    try:
+        ws = [c.for_worker(0), c.for_worker(1)]
+        keys = np.arange(4)
+        for _ in range(8):  # BSP: each update is both workers' -1, so +2 a row with sgd at 1.0
+            for w in ws:
+                w.push_many({"x": (keys, -np.ones((4, 1)))}, 1.0)
+        for w in ws:
+            w.flush()
+        kill_shard(
+            job, 1, c.stats()[1]["pid"]
+        )  # (its backup at clock 6: the pushes of clocks 6 and 7 are lost)
+        with pytest.raises(
+            NotReplayed,
+            match=r"^parameter shard 1 was restarted and restored its backup \(worker 1 at "
+            r"clock 6\); those workers have not replayed their pushes since, so a checkpoint "
+            r"now would lack them and none is written: each worker's client replays them at "
+            r"its next step or PSClient.catch_up\(\), then save again$",
+        ):
+            ws[0].save(str(ckpt))  # (worker 0 replays its own first)
+        assert not ckpt.exists()
+        assert sorted(os.listdir(tmp_path)) == ["backups"]  # (no temporary left)
+        assert ws[1].catch_up() == 2
+        assert ws[1].catch_up() == 0  # (nothing more)
+        ws[0].save(str(ckpt))
+        for w in ws:
+            w.shutdown()
+    finally:
+        c.shutdown()
+    back = PSClient.launch([X], PSOptions.from_config({"angel.job.name": "saverestart3"}))
+    try:
+        back.load(str(ckpt))
+        np.testing.assert_array_equal(back.pull("x", np.arange(4))[:, 0], [16.0] * 4)
+    finally:
+        back.shutdown()

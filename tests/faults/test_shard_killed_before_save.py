@@ -1,0 +1,68 @@
+"""A shard killed between the last step of an epoch and its checkpoint, on a real local Ray:
+Ray restarts it from its last backup, and no step comes to find that out before the save. Each
+worker's client replays the pushes the shard lacks before the save (``before_save``:
+PSClient.catch_up), so the checkpoint holds every update, bit for bit the uninterrupted run's.
+Before, the save failed while the shard was restarting ("the actor is restarting": the job
+stopped) and, once it was back, wrote the backup's rows without the updates since."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.angelps.test_save_after_restart import kill_shard
+from tests.faults.test_failover import _metrics, _run, _sets
+from tests.learners.test_worker_tables import _tables
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+# Inline backups every 20 updates: a9a's epoch is 58 updates with two workers, so the shard
+# comes back at clock 40 and each worker replays 18 pushes.
+BACKUPS = {"angel.ps.backup.interval": 20, "angel.ps.backup.async": False}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    d = tmp_path_factory.mktemp("ref")
+    history, _, _ = _run(d, {**_sets(d, "presave-ref", 2, 1), **BACKUPS}, None)
+    return _metrics(history), d / "model"
+
+
+@pytest.mark.parametrize(
+    "back",
+    [
+        pytest.param(False, id="saved while the shard restarts"),
+        pytest.param(True, id="saved once the shard is back"),
+    ],
+)
+def test_a_shard_killed_just_before_the_save_leaves_a_checkpoint_with_every_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: tuple[Any, Path], back: bool
+) -> None:
+    from learners.job import saved_model
+
+    job, real_save, killed = f"presave{back:d}", saved_model.save, []
+
+    def save(path: str, ps: Any, *args: Any, **kwargs: Any) -> Any:
+        pid = ps.stats()[0]["pid"]
+        kill_shard(job, 0, pid, back)
+        killed.append(pid)
+        return real_save(path, ps, *args, **kwargs)
+
+    monkeypatch.setattr(saved_model, "save", save)
+    d = tmp_path / "run"
+    history, stats, _ = _run(d, {**_sets(d, job, 2, 1), **BACKUPS}, None)
+    assert len(killed) == 1
+    assert [s["restarted"] for s in stats] == [True]
+    assert stats[0]["clocks"]["pushed"] == [58, 58]
+    assert _metrics(history) == reference[0]
+    want, got = _tables(str(reference[1])), _tables(str(d / "model"))
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name][0], want[name][0])
+        np.testing.assert_array_equal(got[name][1], want[name][1])
+        assert got[name][2].keys() == want[name][2].keys()
+        for k in want[name][2]:
+            np.testing.assert_array_equal(got[name][2][k], want[name][2][k])
