@@ -34,11 +34,12 @@ from angelps.client.transport import (
     get_refs,
     remote_error,
 )
-from angelps.server.shard import ShardRestarted
+from angelps.server.shard import NotReplayed, ShardRestarted
 from angelps.step_call import Pulls, StepCall, StepResult
 
 __all__ = [
     "FAILURES",
+    "SHARD_LOST",
     "UNAVAILABLE_WAITS",
     "Call",
     "ReplayLog",
@@ -49,6 +50,11 @@ __all__ = [
 
 #: Errors of a call whose shard died (or was restarted): recovered, not raised.
 FAILURES = (RayActorError, ShardRestarted, ChannelDown)
+
+#: Errors of a control call (a save) whose shard died, or was restarted from a backup without
+#: every worker's pushes since (NotReplayed): nothing was written; the workers catch up
+#: (:meth:`ReplayLog.catch_up`) and the call may be made again.
+SHARD_LOST = (RayActorError, NotReplayed)
 
 
 #: Seconds between the asks of :func:`ask_available` (then once more, its error raised).

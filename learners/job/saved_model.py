@@ -39,6 +39,7 @@ from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.files import CheckpointDamaged
 from angelps.checkpoint.store import store_for
 from angelps.client.pending_save import PendingSave
+from angelps.client.recovery import SHARD_LOST
 from learners.data.problems import printable
 from learners.models.angel_json import check_saved_graph
 from learners.models.registry import model_name
@@ -130,12 +131,23 @@ def save(
     rngs = workers.execute("rng_state")
     info["worker_rng_b64"] = [base64.b64encode(r).decode("ascii") for r in rngs]
     how = ps.save_async if background else ps.save
-    return how(
-        path,
-        {"learner": info},
-        files={DENSE_FILE: blob},
-        held=_HeldFiles(held, workers) if held else None,
-    )
+    files = {DENSE_FILE: blob}
+    try:
+        return how(path, {"learner": info}, files, _HeldFiles(held, workers) if held else None)
+    except SHARD_LOST as e:
+        # A shard died (or Ray restarted one) since the workers caught up: nothing was
+        # committed, and training has not moved on (it waits for the rows' copies), so the
+        # workers catch up again (replaying what the restarted shard lacks) and the same
+        # checkpoint is written once more; a second failure is the save's error.
+        print(
+            f"angelps: warning: a parameter shard failed while the checkpoint was written "
+            f"({type(e).__name__}); the workers replay their pushes to it and it is written "
+            "again",
+            file=sys.stderr,
+            flush=True,
+        )
+    workers.execute("before_save")
+    return how(path, {"learner": info}, files, _HeldFiles(held, workers) if held else None)
 
 
 def restore(
