@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.angelps.test_save_after_restart import kill_shard
+from tests.angelps.test_before_replay import kill_shard
 from tests.faults.test_failover import _metrics, _run, _sets
 from tests.learners.test_worker_tables import _tables
 
