@@ -34,7 +34,7 @@ from angelps.client.transport import (
     get_refs,
     remote_error,
 )
-from angelps.server.shard import NotReplayed, ShardRestarted
+from angelps.server.shard import NotReplayed, SaveLost, ShardRestarted
 from angelps.step_call import Pulls, StepCall, StepResult
 
 __all__ = [
@@ -51,10 +51,11 @@ __all__ = [
 #: Errors of a call whose shard died (or was restarted): recovered, not raised.
 FAILURES = (RayActorError, ShardRestarted, ChannelDown)
 
-#: Errors of a control call (a save) whose shard died, or was restarted from a backup without
-#: every worker's pushes since (NotReplayed): nothing was written; the workers catch up
-#: (:meth:`ReplayLog.catch_up`) and the call may be made again.
-SHARD_LOST = (RayActorError, NotReplayed)
+#: Errors of a control call (a save) whose shard died, was restarted from a backup without
+#: every worker's pushes since (NotReplayed), or was restarted while it wrote its part
+#: (SaveLost): nothing was committed; the workers catch up (:meth:`ReplayLog.catch_up`) and
+#: the save may be made again.
+SHARD_LOST = (RayActorError, NotReplayed, SaveLost)
 
 
 #: Seconds between the asks of :func:`ask_available` (then once more, its error raised).

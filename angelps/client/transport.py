@@ -45,7 +45,7 @@ from angelps.client.channel import (
     SockRef,
 )
 from angelps.options import ClientOptions
-from angelps.server.shard import NotReplayed
+from angelps.server.shard import NotReplayed, SaveLost
 from angelps.step_call import Pulls, Pushes, StepCall
 from angelps.table import TableSpec
 
@@ -315,6 +315,6 @@ def call_bytes(
 def remote_error(e: RayTaskError) -> BaseException:
     """The user-facing error of a failed remote call: the remote ValueError/TimeoutError itself."""
     cause = getattr(e, "cause", None)
-    if isinstance(cause, (ValueError, TimeoutError, KeyError, NotReplayed)):
+    if isinstance(cause, (ValueError, TimeoutError, KeyError, NotReplayed, SaveLost)):
         return cause
     return e

@@ -49,7 +49,14 @@ from angelps.storage.row_threads import auto_threads, row_threads
 from angelps.storage.table_rows import FrozenTable, Table, new_table
 from angelps.table import TableSpec, check_unique_names, table_named
 
-__all__ = ["NotReplayed", "ParameterShard", "SaveStopped", "ShardImage", "ShardRestarted"]
+__all__ = [
+    "NotReplayed",
+    "ParameterShard",
+    "SaveLost",
+    "SaveStopped",
+    "ShardImage",
+    "ShardRestarted",
+]
 
 
 class ParameterShard:
@@ -475,6 +482,21 @@ class NotReplayed(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NotReplayed, (self.shard, self.workers, self.clocks))
+
+
+class SaveLost(RuntimeError):
+    """Raised to the client that waits for a checkpoint's files (``saved``) from a shard that
+    Ray restarted after the save began: the process writing its part is gone."""
+
+    def __init__(self, shard: int) -> None:
+        super().__init__(
+            f"parameter shard {shard} was restarted while it wrote its part of the checkpoint: "
+            f"that checkpoint is lost (the one before stays)"
+        )
+        self.shard = shard
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SaveLost, (self.shard,))
 
 
 class ShardRestarted(Exception):

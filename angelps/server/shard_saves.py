@@ -36,6 +36,11 @@ class ShardSaves:
         #: saves written inline for want of memory for the copy
         self.inline = 0
 
+    @property
+    def started(self) -> bool:
+        """A save was started in this process and its result not taken yet."""
+        return self._task is not None
+
     def start(self, root: str) -> None:
         """Copy the tables now and write the copy under ``root`` in a thread (on the running
         event loop); without the memory for the copy, write the files now."""

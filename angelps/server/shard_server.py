@@ -32,7 +32,7 @@ from angelps.malloc import keep_freed_memory
 from angelps.options import ShardOptions
 from angelps.server.actor_env import connection_cap, was_restarted
 from angelps.server.data_plane import AUTHENTICATED, MAX_UNREAD, DataPlane
-from angelps.server.shard import NotReplayed, ParameterShard, ShardRestarted
+from angelps.server.shard import NotReplayed, ParameterShard, SaveLost, ShardRestarted
 from angelps.server.shard_backups import ShardBackups
 from angelps.server.shard_saves import ShardSaves
 from angelps.step_call import StepCall, StepResult
@@ -292,6 +292,9 @@ class ShardServer(DataPlane):
     async def saved(self, secret: Any = "") -> dict[str, Any]:
         """The manifest info of the checkpoint written in the background, once written."""
         self._check_secret(secret, "saved")
+        if self.restarted and not self.saves.started:
+            # (the save began in the process Ray replaced: its copy and files went with it)
+            raise SaveLost(self.shard.shard_id)
         return await self.saves.result()
 
     async def mark_tiers(self, names: Sequence[str], secret: Any = "") -> None:

@@ -255,7 +255,10 @@ SAVE_FAILURE = Key(
     "stop",
     "When a checkpoint cannot be written (disk full, path unwritable): stop (end the job, "
     "naming the last good checkpoint) or continue (warn and train on; the previous "
-    "checkpoint stays). Either way the previous checkpoint is kept.",
+    "checkpoint stays). Either way the previous checkpoint is kept. A parameter shard lost "
+    "while it writes a checkpoint is not such a failure: written inline, the checkpoint is "
+    "written again; in the background, that one is lost, said on the console, and training "
+    "goes on.",
     choices=("stop", "continue"),
 )
 SEED = Key("ml.seed", "int", 0, "Seed of shuffling, table initialisation and worker-side layers.")

@@ -46,6 +46,7 @@ from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.errors import CheckpointDamaged, CheckpointError
 from angelps.checkpoint.store import store_for
 from angelps.client.pending_save import PendingSave
+from angelps.client.recovery import SHARD_LOST
 from learners.worker.group import WorkerDied
 
 __all__ = ["CheckpointWriteError", "Checkpoints", "Kept", "kept_summary"]
@@ -258,6 +259,19 @@ class Checkpoints:
                 return False
             why = f"{e.reason}, while the checkpoint of epoch {writing.epoch + 1} was written"
             raise WorkerDied(e.index, why) from e
+        if isinstance(e, SHARD_LOST):
+            # Not the disk: a shard died while writing it, and Ray restarted it (training went
+            # on, its workers replaying their pushes). This epoch's rows are gone with the
+            # copy; the next save writes the next epoch's as usual (the job's last is inline,
+            # written again after such a failure: learners/job/saved_model.py).
+            self.failures += 1
+            self.warn(
+                f"angelps: warning: the checkpoint of epoch {writing.epoch + 1} was not "
+                f"written: a parameter shard failed while it wrote it in the background "
+                f"({_reason(e)}); training goes on and the next checkpoint is written as "
+                f"usual; {self.last_good_text()}"
+            )
+            return False
         self._failed(writing.epoch, e)
         return False
 
