@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,21 +88,24 @@ def test_a_save_right_after_a_shard_restart_holds_every_push(ray_local, tmp_path
     np.testing.assert_array_equal(got["b"], ref["b"])
 
 
+def _launch_x(
+    job: str, backups: Path, more: dict[str, Any] | None = None, num_workers: int = 1
+) -> PSClient:
+    """Two shards of table X, inline backups every 3 updates under ``backups``."""
+    conf = {
+        "angel.job.name": job,
+        "angel.ps.number": 2,
+        "angel.ps.backup.interval": 3,
+        "angel.ps.backup.async": False,
+        "angel.ps.backup.path": str(backups),
+        **(more or {}),
+    }
+    return PSClient.launch([X], PSOptions.from_config(conf), num_workers=num_workers)
+
+
 def test_a_restarted_shard_refuses_to_save_until_every_worker_caught_up(ray_local, tmp_path):
     job = "saverestart2"
-    c = PSClient.launch(
-        [X],
-        PSOptions.from_config(
-            {
-                "angel.job.name": job,
-                "angel.ps.number": 2,
-                "angel.ps.backup.interval": 3,
-                "angel.ps.backup.async": False,
-                "angel.ps.backup.path": str(tmp_path / "backups"),
-            }
-        ),
-        num_workers=2,
-    )
+    c = _launch_x(job, tmp_path / "backups", num_workers=2)
     ckpt = tmp_path / "ckpt"
     try:
         ws = [c.for_worker(0), c.for_worker(1)]
@@ -140,19 +145,7 @@ def test_a_restarted_shard_refuses_to_save_until_every_worker_caught_up(ray_loca
 
 def test_a_read_by_the_launching_client_leaves_the_worker_to_replay(ray_local, tmp_path):
     job = "drvread"
-    c = PSClient.launch(
-        [X],
-        PSOptions.from_config(
-            {
-                "angel.job.name": job,
-                "angel.ps.number": 2,
-                "angel.ps.backup.interval": 3,
-                "angel.ps.backup.async": False,
-                "angel.ps.backup.path": str(tmp_path),
-                "angel.matrixtransfer.request.timeout.ms": 20000,
-            }
-        ),
-    )
+    c = _launch_x(job, tmp_path, {"angel.matrixtransfer.request.timeout.ms": 20000})
     try:
         w, keys = c.for_worker(0), np.arange(4)
         for _ in range(8):  # sgd at 1.0: +1 a row a push
