@@ -11,7 +11,8 @@ client has replayed its logged pushes from the restored clock; then the failed p
 redone (:meth:`ReplayLog.recover`).
 
 Invariant: updates are redone, never silently dropped: a log that does not reach back to the
-restored clock is an error, as is a second failure during recovery.
+restored clock is an error. A shard that dies again during its recovery is recovered again
+(it restored its backup once more), as long as Ray restarts it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from angelps.step_call import Pulls, StepCall, StepResult
 
 __all__ = [
     "FAILURES",
+    "RECOVERY_ROUNDS",
     "SHARD_LOST",
     "UNAVAILABLE_WAITS",
     "Call",
@@ -57,6 +59,11 @@ FAILURES = (RayActorError, ShardRestarted, ChannelDown)
 #: the save may be made again.
 SHARD_LOST = (RayActorError, NotReplayed, SaveLost)
 
+
+#: Times a worker's recovery of one shard (its replay, then its pulls redone) is made when the
+#: shard dies again during it (Ray restarts it from its backup each time, up to
+#: angel.ps.max-attempts).
+RECOVERY_ROUNDS = 8
 
 #: Seconds between the asks of :func:`ask_available` (then once more, its error raised).
 UNAVAILABLE_WAITS = (0.1, 0.3, 1.0)
@@ -185,21 +192,47 @@ class ReplayLog:
                 f"angel.ps.backup.interval > 0 to let shards restart and recover"
             )
         for s in sorted(failed):
-            net.reconnect(s)
-            start, replayed = self._replay(s, clock)
-            self._warn(s, start, replayed)
-        out: list[Reply] = []
-        for c, r in zip(calls, results, strict=True):
-            if r is None and c.pulls:
-                redo = StepCall(
-                    self.worker_id, c.clock, pulls=c.pulls, recovering=True, checked=True
-                )
-                ref: ray.ObjectRef[Reply] = self.handles[c.shard].step.remote(
-                    redo, secret=self.secret
-                )
-                r = self._retry_get(c.shard, ref)
-            out.append(StepResult(None, 0) if r is None else r)
-        return out
+            self._recover_shard(s, clock, net, calls, results)
+        return [StepResult(None, 0) if r is None else r for r in results]
+
+    def _recover_shard(
+        self,
+        shard: int,
+        clock: int,
+        net: Transport,
+        calls: Sequence[Call],
+        results: list[Reply | None],
+    ) -> int:
+        """Replay this worker's pushes to ``shard`` (restarted), then redo the pulls of its
+        failed ``calls`` into ``results``; the pushes replayed. A shard that dies again meanwhile is restarted by
+        Ray from its backup once more: all of it is done again, up to :data:`RECOVERY_ROUNDS`
+        times; one Ray will not restart fails at once (naming the key that bounds it)."""
+        for _ in range(RECOVERY_ROUNDS):
+            net.reconnect(shard)
+            try:
+                start, replayed = self._replay(shard, clock)
+                self._warn(shard, start, replayed)
+                for i, c in enumerate(calls):
+                    if c.shard == shard and results[i] is None and c.pulls:
+                        redo = StepCall(
+                            self.worker_id, c.clock, pulls=c.pulls, recovering=True, checked=True
+                        )
+                        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(
+                            redo, secret=self.secret
+                        )
+                        results[i] = ray.get(ref)
+                return replayed
+            except ActorDiedError as e:
+                raise RuntimeError(dead_for_good(shard, e)) from None
+            except RayActorError:
+                continue  # (died again: restored from its backup again)
+            except RayTaskError as e:
+                if not is_restart(e):
+                    raise remote_error(e) from None
+        raise RuntimeError(
+            f"parameter shard {shard} died again during each of {RECOVERY_ROUNDS} recoveries; "
+            "giving up"
+        )
 
     def _warn(self, shard: int, start: int, replayed: int) -> None:
         """What failed and what was done, on the console (a worker's stderr reaches the
@@ -242,27 +275,8 @@ class ReplayLog:
                     f"(angel.ps.backup.interval=0): its rows are lost; set "
                     f"angel.ps.backup.interval > 0 to let shards restart and recover"
                 )
-            net.reconnect(s)  # (the data plane's connection went with the old process)
-            start, n = self._replay(s, clock)
-            self._warn(s, start, n)
-            replayed += n
+            replayed += self._recover_shard(s, clock, net, (), [])
         return replayed
-
-    def _retry_get(self, shard: int, ref: ray.ObjectRef[Reply]) -> Reply:
-        try:
-            return ray.get(ref)  # type: ignore[no-any-return]
-        except RayTaskError as e:
-            if is_restart(e):
-                raise RuntimeError(
-                    f"parameter shard {shard} failed again during recovery; giving up"
-                ) from e
-            raise remote_error(e) from None
-        except ActorDiedError as e:
-            raise RuntimeError(dead_for_good(shard, e)) from None
-        except RayActorError as e:
-            raise RuntimeError(
-                f"parameter shard {shard} failed again during recovery; giving up"
-            ) from e
 
     def _restored_clock(self, shard: int) -> int:
         """The clock of this worker that the restarted shard came back at (waits for it).

@@ -131,6 +131,41 @@ def test_killed_shard_recovers_and_training_is_unchanged(
     assert losses[-1] < losses[0]
 
 
+def test_a_shard_that_dies_again_while_a_worker_replays_is_recovered_again(
+    uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """Killed mid-training, then again once the worker has found out where it came back and
+    replays (its replayed calls fail): the worker recovers it again (before: the second
+    failure was raised, and the job failed although Ray restarted the shard)."""
+    from angelps.client.recovery import ReplayLog
+    from tests.angelps.test_before_replay import kill_shard
+
+    ref, ref_losses = uninterrupted
+    job, real, again = "twice", ReplayLog._restored_clock, []
+
+    def restored_clock(self: ReplayLog, shard: int) -> int:
+        start = real(self, shard)
+        if not again:
+            again.append(start)
+            pid = ray.get(ray.get_actor(actor_name(job, shard), namespace="angelps").pid.remote())
+            kill_shard(job, shard, pid)  # (its replay, next, goes to the dead process)
+        return start
+
+    monkeypatch.setattr(ReplayLog, "_restored_clock", restored_clock)
+    c = _launch(job, tmp_path, background=False)
+    try:
+        got, losses = _train(c, kill_at=13, job=job)
+        assert [s["restarted"] for s in c.stats()] == [False, True]
+    finally:
+        c.shutdown()
+    assert len(again) == 1
+    warned = re.findall(r"angelps: warning: parameter shard 1 died; .*\n", capsys.readouterr().err)
+    assert len(warned) == 1, warned  # (said once: for the recovery that went through)
+    np.testing.assert_array_equal(got["w"], ref["w"])
+    np.testing.assert_array_equal(got["b"], ref["b"])
+    assert losses == ref_losses
+
+
 def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
     c = PSClient.launch(
         [W, B],
