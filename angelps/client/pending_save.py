@@ -24,11 +24,12 @@ from ray.exceptions import RayTaskError
 from angelps import fs
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.store import store_for, write_durably
+from angelps.client.recovery import SHARD_LOST
 from angelps.client.transport import remote_error
 from angelps.options import ClientOptions
 from angelps.table import TableSpec
 
-__all__ = ["HeldWriter", "PendingSave", "start_save"]
+__all__ = ["HeldWriter", "PendingSave", "save_caught_up", "start_save"]
 
 
 class HeldWriter(Protocol):
@@ -60,7 +61,41 @@ class SavingClient(Protocol):
     @property
     def options(self) -> ClientOptions: ...
 
+    @property
+    def step_count(self) -> int: ...
+
     def flush(self) -> None: ...
+
+    def catch_up(self) -> int: ...
+
+
+def save_caught_up(
+    client: SavingClient,
+    path: str,
+    extra: Mapping[str, Any] | None = None,
+    files: Mapping[str, bytes] | None = None,
+    held: HeldWriter | None = None,
+    background: bool = False,
+) -> PendingSave:
+    """:func:`start_save` (and, inline, its commit) by a client that pushed once it caught up
+    (a shard restarted since its last step gets its pushes replayed first, rather than refuse
+    to save: :meth:`PSClient.catch_up`); where a shard dies before anything is committed
+    (``SHARD_LOST``: nothing has moved on, the caller waiting) it catches up again and the
+    save is made once more. A client that never pushed (the launching one of a job whose
+    workers push) saves as it is: each worker catches up itself."""
+    pushed = client.step_count > 0
+    for again in (False, True):
+        if pushed:
+            client.catch_up()
+        try:
+            pending = start_save(client, path, extra, files, held, background)
+            if not background:
+                pending.result()
+            return pending
+        except SHARD_LOST:
+            if again or not pushed:
+                raise
+    raise AssertionError("unreachable")
 
 
 class PendingSave:

@@ -28,7 +28,7 @@ from ray.exceptions import RayTaskError
 
 from angelps.checkpoint import files as checkpoint
 from angelps.checkpoint.backups import remove_launch
-from angelps.client.pending_save import HeldWriter, PendingSave, start_save
+from angelps.client.pending_save import HeldWriter, PendingSave, save_caught_up
 from angelps.client.recovery import (
     FAILURES,
     UNAVAILABLE_WAITS,
@@ -431,10 +431,9 @@ class PSClient(TierSwaps):
         directory of other files is refused (CheckpointError) before anything is written.
         ``held``: tables held outside the shards (by the workers), written into the same
         commit by ``held.start(tmp, ...)``, one file per owner each (the manifest's
-        ``table_shards``)."""
-        if self._clock:  # (a worker's client: its pushes are held, or the save refused)
-            self.catch_up()
-        start_save(self, path, extra, files, held).result()
+        ``table_shards``). A client that pushed catches up first (:meth:`catch_up`), and
+        again, the save made once more, where a shard dies before anything is committed."""
+        save_caught_up(self, path, extra, files, held)
 
     def save_async(
         self,
@@ -447,9 +446,7 @@ class PSClient(TierSwaps):
         (and ``held``'s owners) has copied its rows, so training may go on; the result's
         ``result()`` waits for the files and commits (:mod:`angelps.client.pending_save`).
         One at a time: finish (or discard) it before the next save or load."""
-        if self._clock:
-            self.catch_up()
-        return start_save(self, path, extra, files, held, background=True)
+        return save_caught_up(self, path, extra, files, held, background=True)
 
     def load(self, path: str, held: Sequence[TableSpec] = ()) -> dict[str, Any]:
         """Restore the checkpoint at ``path`` into the shards (bit-identical rows and optimizer
@@ -464,10 +461,13 @@ class PSClient(TierSwaps):
         checkpoint.check_layout(manifest, [*self.specs.values(), *held])
         self.flush()
         root = manifest["root"]
-        refs: list[ray.ObjectRef[tuple[int, dict[str, int]]]] = [
-            h.load.remote(root, manifest, secret=self.options.shard.token) for h in self.handles
-        ]
-        self.shard_pids = {s: pid for s, (pid, _) in enumerate(self._get(refs))}
+        token = self.options.shard.token
+        ask = lambda: [h.load.remote(root, manifest, secret=token) for h in self.handles]  # noqa: E731
+        # (a shard Ray is restarting is waited for: a load made again restores the same rows)
+        got: list[tuple[int, dict[str, int]]] = ask_available(
+            ask, self._get, self.options.shard.timeout_s, STATS_RETRIES
+        )
+        self.shard_pids = {s: pid for s, (pid, _) in enumerate(got)}
         self._clock = 0
         self._log.clear()  # the shards backed up the loaded model at clock 0
         return dict(manifest.get("extra", {}))

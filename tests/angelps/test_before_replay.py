@@ -159,3 +159,57 @@ def test_a_read_by_the_launching_client_leaves_the_worker_to_replay(ray_local, t
         w.shutdown()
     finally:
         c.shutdown()
+
+
+def test_a_shard_killed_after_the_client_caught_up_is_caught_up_again_and_saved(
+    ray_local, tmp_path, monkeypatch
+):
+    """The shard dies between the catch-up and the save's own calls: those fail before
+    anything is committed, the client catches up again (replaying what the restarted shard
+    lacks) and saves once more; the checkpoint holds every push."""
+    keys = np.unique(_data()[0])
+    ref_c = _launch("saveref2", tmp_path / "ref")
+    try:
+        ref, _ = _train(ref_c)
+    finally:
+        ref_c.shutdown()
+    job, real, calls = "saveagain", PSClient.catch_up, []
+
+    def catch_up(self: PSClient) -> int:
+        out = real(self)
+        calls.append(out)
+        if len(calls) == 1:
+            kill_shard(job, 1, self.stats()[1]["pid"])
+        return out
+
+    monkeypatch.setattr(PSClient, "catch_up", catch_up)
+    c = _launch(job, tmp_path / "backups", interval=5, background=False)
+    try:
+        _train(c)
+        c.save(str(tmp_path / "ckpt"))
+    finally:
+        c.shutdown()
+    assert calls == [0, 4]  # (nothing to replay, then the 4 pushes since the backup at 20)
+    got = _pulled(str(tmp_path / "ckpt"), keys, str(tmp_path / "reload"))
+    np.testing.assert_array_equal(got["w"], ref["w"])
+    np.testing.assert_array_equal(got["b"], ref["b"])
+
+
+def test_a_load_waits_for_a_shard_ray_is_restarting(ray_local, tmp_path):
+    job = "loadrestart"
+    c = _launch_x(job, tmp_path / "backups")
+    try:
+        w, keys = c.for_worker(0), np.arange(4)
+        for _ in range(5):
+            w.push_many({"x": (keys, -np.ones((4, 1)))}, 1.0)
+        w.flush()
+        c.save(str(tmp_path / "ckpt"))  # (by the launching client: x = 5)
+        for _ in range(2):
+            w.push_many({"x": (keys, -np.ones((4, 1)))}, 1.0)
+        w.flush()
+        w.shutdown()
+        kill_shard(job, 1, c.stats()[1]["pid"])  # (not waited for: the load meets it restarting)
+        c.load(str(tmp_path / "ckpt"))
+        np.testing.assert_array_equal(c.pull("x", keys)[:, 0], [5.0] * 4)
+    finally:
+        c.shutdown()
