@@ -58,13 +58,17 @@ def _pulled(path: str, keys: np.ndarray, tmp: str) -> dict[str, np.ndarray]:
         c.shutdown()
 
 
-def test_a_save_right_after_a_shard_restart_holds_every_push(ray_local, tmp_path, capsys):
-    keys = np.unique(_data()[0])
-    ref_c = _launch("saveref", tmp_path / "ref")
+def _uninterrupted(job: str, tmp_path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The keys of :func:`_train`'s data and its rows at the end of a run never interrupted."""
+    c = _launch(job, tmp_path / "ref")
     try:
-        ref, _ = _train(ref_c)
+        return np.unique(_data()[0]), _train(c)[0]
     finally:
-        ref_c.shutdown()
+        c.shutdown()
+
+
+def test_a_save_right_after_a_shard_restart_holds_every_push(ray_local, tmp_path, capsys):
+    keys, ref = _uninterrupted("saveref", tmp_path)
     job = "saverestart"
     # Inline backups every 5 updates: the last at clock 20 of the 24 pushes.
     c = _launch(job, tmp_path / "backups", interval=5, background=False)
@@ -148,12 +152,7 @@ def test_a_shard_killed_after_the_client_caught_up_is_caught_up_again_and_saved(
     """The shard dies between the catch-up and the save's own calls: those fail before
     anything is committed, the client catches up again (replaying what the restarted shard
     lacks) and saves once more; the checkpoint holds every push."""
-    keys = np.unique(_data()[0])
-    ref_c = _launch("saveref2", tmp_path / "ref")
-    try:
-        ref, _ = _train(ref_c)
-    finally:
-        ref_c.shutdown()
+    keys, ref = _uninterrupted("saveref2", tmp_path)
     job, real, calls = "saveagain", PSClient.catch_up, []
 
     def catch_up(self: PSClient) -> int:
