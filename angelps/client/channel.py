@@ -189,6 +189,18 @@ class Channel:
         exc = {"ValueError": ValueError, "TimeoutError": TimeoutError, "KeyError": KeyError}
         raise exc.get(kind, RuntimeError)(msg)
 
+    def wait_reply(self, seq: int, timeout_s: float) -> bool:
+        """Whether call ``seq``'s reply came (or the connection broke) within ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: seq in self.replies or self.dead, timeout_s)
+
+    def failed(self, seq: int) -> bool:
+        """Whether call ``seq`` is known to have failed (its reply is an error, or the
+        connection broke before it came), without waiting."""
+        with self._cond:
+            got = self.replies.get(seq)
+            return self.dead if got is None else not got[0]
+
     def drain(self) -> None:
         """Wait for the replies of every call sent so far (kept for their refs): after this,
         the shard has served them all (or the connection broke)."""
@@ -265,6 +277,14 @@ class SockRef:
         self.settled = False
         self.value: Reply | None = None
         self.error: BaseException | None = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the reply is here (or the call failed) within ``timeout_s``."""
+        return self.settled or self.channel.wait_reply(self.seq, timeout_s)
+
+    def failed(self) -> bool:
+        """Whether :meth:`get` would raise, known without waiting."""
+        return self.error is not None if self.settled else self.channel.failed(self.seq)
 
     def get(self) -> Reply:
         # Kept: recovery asks again for calls whose replies were already read.

@@ -392,11 +392,11 @@ class PSClient(TierSwaps):
         self._wait([])
 
     def backup(self) -> None:
-        """Make every shard write its recovery backup now (e.g. at the end of an epoch)."""
-        refs: list[ray.ObjectRef[list[int]]] = [
-            h.run_backup.remote(secret=self.options.shard.token) for h in self.handles
-        ]
-        self._get(refs)
+        """Make every shard write its recovery backup now (e.g. at the end of an epoch); asked
+        again of a shard Ray restarts, up to the client's timeout."""
+        token = self.options.shard.token
+        ask = lambda: [h.run_backup.remote(secret=token) for h in self.handles]  # noqa: E731
+        ask_available(ask, self._get, self.options.shard.timeout_s, STATS_RETRIES)
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard statistics: rows held, updates applied, skipped pushes, clocks."""

@@ -28,12 +28,14 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from angelps.client.transport import (
+    WATCH_S,
     ChannelDown,
     Ref,
     Reply,
     Transport,
     get_refs,
     remote_error,
+    settled,
 )
 from angelps.server.shard import NotReplayed, SaveLost, ShardRestarted
 from angelps.step_call import Pulls, StepCall, StepResult
@@ -115,6 +117,12 @@ class Call:
         self.pulls = pulls
 
 
+def _again(shard: int) -> str:
+    return (
+        f"parameter shard {shard} died again during each of {RECOVERY_ROUNDS} recoveries; giving up"
+    )
+
+
 def dead_for_good(shard: int, e: ActorDiedError) -> str:
     """The one line that reports a shard Ray will not restart again, with Ray's reason."""
     why = next(
@@ -173,55 +181,63 @@ class ReplayLog:
     def recover(self, calls: Sequence[Call], net: Transport, clock: int) -> list[Reply]:
         """Some shard died. Wait for Ray to restart it (it restores its latest backup), replay
         this worker's logged pushes from the clock the shard came back at, then redo the
-        pulls of the failed calls. ``clock``: this worker's next clock."""
+        pulls of the failed calls. ``clock``: this worker's next clock.
+
+        A shard is replayed as soon as its own calls are answered or failed, whatever the
+        other shards' calls wait for: under BSP the call to another shard may wait for a
+        worker that itself waits for this replay (it redoes a pull that needs this worker's
+        pushes the restored shard lacks). The pulls are redone as calls in flight like the
+        others, so no wait here holds up another shard's replay."""
         results: list[Reply | None] = [None] * len(calls)
-        failed: set[int] = set()
-        for i, c in enumerate(calls):
-            try:
-                results[i] = get_refs([c.ref])[0]
-            except FAILURES:
-                failed.add(c.shard)
-            except RayTaskError as e:
-                if not is_restart(e):
-                    raise remote_error(e) from None
-                failed.add(c.shard)
-        if not self.enabled:
-            raise RuntimeError(
-                f"parameter shard(s) {sorted(failed)} died and shard backups are off "
-                f"(angel.ps.backup.interval=0): their rows are lost; set "
-                f"angel.ps.backup.interval > 0 to let shards restart and recover"
-            )
-        for s in sorted(failed):
-            self._recover_shard(s, clock, net, calls, results)
+        waiting = {i: c.ref for i, c in enumerate(calls)}  # calls (or redone pulls) in flight
+        lost: set[int] = set()  # shards with a failed call, not replayed since
+        rounds: collections.Counter[int] = collections.Counter()
+        while waiting or lost:
+            for i, ref in list(waiting.items()):
+                if not settled(ref):
+                    continue
+                del waiting[i]
+                try:
+                    results[i] = get_refs([ref])[0]
+                except FAILURES:
+                    lost.add(calls[i].shard)
+                except RayTaskError as e:
+                    if not is_restart(e):
+                        raise remote_error(e) from None
+                    lost.add(calls[i].shard)
+            if lost and not self.enabled:
+                raise RuntimeError(
+                    f"parameter shard(s) {sorted(lost)} died and shard backups are off "
+                    f"(angel.ps.backup.interval=0): their rows are lost; set "
+                    f"angel.ps.backup.interval > 0 to let shards restart and recover"
+                )
+            # (a shard's calls still in flight are failing too: its replay waits for them)
+            for s in sorted(lost - {calls[i].shard for i in waiting}):
+                lost.discard(s)
+                rounds[s] += 1
+                if rounds[s] > RECOVERY_ROUNDS:
+                    raise RuntimeError(_again(s))
+                self._recover_shard(s, clock, net)
+                for i, c in enumerate(calls):
+                    if c.shard == s and results[i] is None and c.pulls:
+                        redo = StepCall(
+                            self.worker_id, c.clock, pulls=c.pulls, recovering=True, checked=True
+                        )
+                        waiting[i] = self.handles[s].step.remote(redo, secret=self.secret)
+            if waiting:  # (a lost shard's call first: it fails at once)
+                first = min(waiting, key=lambda i: calls[i].shard not in lost)
+                settled(waiting[first], WATCH_S)
         return [StepResult(None, 0) if r is None else r for r in results]
 
-    def _recover_shard(
-        self,
-        shard: int,
-        clock: int,
-        net: Transport,
-        calls: Sequence[Call],
-        results: list[Reply | None],
-    ) -> int:
-        """Replay this worker's pushes to ``shard`` (restarted), then redo the pulls of its
-        failed ``calls`` into ``results``; the pushes replayed. A shard that dies again meanwhile is restarted by
-        Ray from its backup once more: all of it is done again, up to :data:`RECOVERY_ROUNDS`
-        times; one Ray will not restart fails at once (naming the key that bounds it)."""
+    def _recover_shard(self, shard: int, clock: int, net: Transport) -> int:
+        """Replay this worker's pushes to ``shard`` (restarted); the pushes replayed. A shard
+        that dies again meanwhile is restarted by Ray from its backup once more: the replay is
+        made again, up to :data:`RECOVERY_ROUNDS` times; one Ray will not restart fails at
+        once (naming the key that bounds it)."""
         for _ in range(RECOVERY_ROUNDS):
             net.reconnect(shard)
             try:
                 start, replayed = self._replay(shard, clock)
-                self._warn(shard, start, replayed)
-                for i, c in enumerate(calls):
-                    if c.shard == shard and results[i] is None and c.pulls:
-                        redo = StepCall(
-                            self.worker_id, c.clock, pulls=c.pulls, recovering=True, checked=True
-                        )
-                        ref: ray.ObjectRef[Reply] = self.handles[shard].step.remote(
-                            redo, secret=self.secret
-                        )
-                        results[i] = ray.get(ref)
-                return replayed
             except ActorDiedError as e:
                 raise RuntimeError(dead_for_good(shard, e)) from None
             except RayActorError:
@@ -229,10 +245,10 @@ class ReplayLog:
             except RayTaskError as e:
                 if not is_restart(e):
                     raise remote_error(e) from None
-        raise RuntimeError(
-            f"parameter shard {shard} died again during each of {RECOVERY_ROUNDS} recoveries; "
-            "giving up"
-        )
+                continue
+            self._warn(shard, start, replayed)
+            return replayed
+        raise RuntimeError(_again(shard))
 
     def _warn(self, shard: int, start: int, replayed: int) -> None:
         """What failed and what was done, on the console (a worker's stderr reaches the
@@ -275,7 +291,7 @@ class ReplayLog:
                     f"(angel.ps.backup.interval=0): its rows are lost; set "
                     f"angel.ps.backup.interval > 0 to let shards restart and recover"
                 )
-            replayed += self._recover_shard(s, clock, net, (), [])
+            replayed += self._recover_shard(s, clock, net)
         return replayed
 
     def _restored_clock(self, shard: int) -> int:

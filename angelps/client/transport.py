@@ -26,7 +26,7 @@ from __future__ import annotations
 import socket
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -52,6 +52,7 @@ from angelps.table import TableSpec
 __all__ = [
     "FIRST_SEGMENT",
     "SHARE_FROM",
+    "WATCH_S",
     "Channel",
     "ChannelDown",
     "Pulls",
@@ -62,19 +63,58 @@ __all__ = [
     "Transport",
     "call_bytes",
     "get_refs",
+    "raise_failed",
     "remote_error",
     "reply_bytes",
+    "settled",
 ]
 
 #: A call in flight: a Ray ObjectRef of a ``step`` reply, or a socket reply.
 Ref: TypeAlias = "ray.ObjectRef[Reply] | SockRef"
 
 
+#: How long a wait for one reply lasts before the other calls are looked at for a failure.
+#: A worker whose call to one shard waits for another worker (BSP) must still see at once
+#: that its call to another shard failed: the other worker may be waiting for its replay
+#: to that shard (docs/checkpoints.md, "Recovery from a dead shard").
+WATCH_S = 0.2
+
+
 def get_refs(refs: Sequence[Ref]) -> list[Reply]:
-    """Values of Ray ObjectRefs and socket replies (one ``ray.get`` for all the Ray ones)."""
+    """Values of Ray ObjectRefs and socket replies (one ``ray.get`` for all the Ray ones).
+    Raises the error of the first call known to have failed, without waiting for the
+    replies of the others (looked at every :data:`WATCH_S` of a wait)."""
+    for r in refs:
+        if isinstance(r, SockRef):
+            while not r.wait(WATCH_S):
+                raise_failed(refs)
     ray_refs = [r for r in refs if not isinstance(r, SockRef)]
-    got = iter(ray.get(ray_refs)) if ray_refs else iter(())
+    got: Iterator[Reply] = iter(())
+    while ray_refs:
+        try:
+            got = iter(ray.get(ray_refs, timeout=WATCH_S))
+            break
+        except GetTimeoutError:
+            raise_failed(refs)
     return [r.get() if isinstance(r, SockRef) else next(got) for r in refs]
+
+
+def settled(ref: Ref, timeout_s: float = 0.0) -> bool:
+    """Whether ``ref``'s reply came, or its call failed, within ``timeout_s``."""
+    if isinstance(ref, SockRef):
+        return ref.wait(timeout_s)
+    ready, _ = ray.wait([ref], timeout=timeout_s)
+    return bool(ready)
+
+
+def raise_failed(refs: Sequence[Ref]) -> None:
+    """Raise the error of the first of ``refs`` known to have failed (none waited for)."""
+    for r in refs:
+        if isinstance(r, SockRef):
+            if r.failed():
+                r.get()
+        elif settled(r):
+            ray.get(r)  # (a value here is a served call: nothing to raise)
 
 
 class Transport:

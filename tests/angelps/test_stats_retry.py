@@ -1,4 +1,4 @@
-"""PSClient.stats while a shard Ray restarts: a call fails with "the actor is restarting", and a
+"""PSClient.stats (and backup) while a shard Ray restarts: a call fails with "the actor is restarting", and a
 handle's first Ray call to it after may fail with "the actor was restarted" though the new one
 is up (the steps went over the data plane); the stats, which change nothing, are asked again,
 and an error that stays past the client's timeout is raised."""
@@ -17,12 +17,13 @@ from angelps.options import ClientOptions, ShardOptions
 
 
 class _Method:
-    def remote(self) -> str:
+    def remote(self, **kw: Any) -> str:
         return "ref"
 
 
 class _Handle:
     stats = _Method()
+    run_backup = _Method()
 
 
 def _client(
@@ -50,6 +51,15 @@ def test_stats_are_asked_again_while_a_restarted_shard_answers_unavailable(
 ) -> None:
     client, calls = _client(2, monkeypatch)
     assert client.stats() == [{"shard": 0}, {"shard": 1}]
+    assert calls[0] == 3
+
+
+def test_a_backup_asked_of_a_restarting_shard_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(A backup written twice is the same backup: before, Ray's error reached the caller.)"""
+    client, calls = _client(2, monkeypatch)
+    client.backup()
     assert calls[0] == 3
 
 
