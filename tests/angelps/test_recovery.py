@@ -199,6 +199,14 @@ def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
 X = TableSpec("x", rows=4, cols=1, init="zeros", optimizer=OptimizerSpec("sgd"))
 
 
+def _pid_of(handle: ray.actor.ActorHandle) -> int:
+    """The shard's process id; 0 while Ray restarts it."""
+    try:
+        return int(ray.get(handle.pid.remote(), timeout=30))
+    except ray.exceptions.RayActorError:
+        return 0
+
+
 @ray.remote(num_cpus=0)
 class Worker:
     def run(self, client: PSClient, steps: int, kill: tuple[str, int] | None) -> list[float]:
@@ -208,7 +216,13 @@ class Worker:
         seen = [float(client.pull("x", keys)[0, 0])]
         for step in range(steps):
             if kill is not None and step == kill[1]:
-                ray.kill(ray.get_actor(kill[0], namespace="angelps"), no_restart=False)
+                victim = ray.get_actor(kill[0], namespace="angelps")
+                pid = ray.get(victim.pid.remote())
+                ray.kill(victim, no_restart=False)
+                # (ray.kill returns before the process dies: under load it died after both
+                # workers' last steps, and nothing was left to replay to it)
+                while _pid_of(victim) == pid:
+                    time.sleep(0.05)
             r = client.push_pull({"x": (keys, -np.ones((4, 1)))}, 1.0, {"x": keys})
             seen.append(float(r["x"][0, 0]))
         client.flush()

@@ -17,11 +17,9 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from angelps.client.ps_client import PSClient
-from angelps.options import PSOptions
 from angelps.server.launch import actor_name
-from angelps.table import OptimizerSpec, TableSpec
+from tests.angelps.test_before_replay import _launch_x
 
-X = TableSpec("x", rows=4, cols=1, init="zeros", optimizer=OptimizerSpec("sgd"))
 KEYS = np.arange(4)
 BEFORE = 5  # steps both workers make before the shard is killed (backups every 3 pushes)
 
@@ -43,19 +41,7 @@ def test_a_worker_replays_a_restarted_shard_while_its_other_call_waits_for_a_pee
     ray_local, tmp_path, capsys
 ):
     job = "peers-bsp"
-    c = PSClient.launch(
-        [X],
-        PSOptions.from_config(
-            {
-                "angel.job.name": job,
-                "angel.ps.number": 2,
-                "angel.ps.backup.interval": 3,
-                "angel.ps.backup.async": False,  # (the backup's clock is known: 3)
-                "angel.ps.backup.path": str(tmp_path),
-            }
-        ),
-        num_workers=2,
-    )
+    c = _launch_x(job, tmp_path, num_workers=2)  # (inline backups: the last at clock 3)
     w0, w1 = c.for_worker(0), c.for_worker(1)
     try:
         for _ in range(BEFORE):
