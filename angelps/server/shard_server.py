@@ -152,7 +152,8 @@ class ShardServer(DataPlane):
         After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
         arrives that its client sent knowing of the restart (``call.recovering``: a replayed
         push or a redone pull; Ray may deliver those out of order, so they wait for their clock
-        instead) or that is not ahead of the restored clock."""
+        instead) or that is at the restored clock (a call behind it, from a client that is not
+        the worker's own, is served and leaves it waiting)."""
         self._check_secret(secret, "step")
         if self.backups.error is not None:
             raise RuntimeError(self.backups.error)
@@ -160,9 +161,13 @@ class ShardServer(DataPlane):
         worker, clock = call.worker, call.clock
         shard.clocks.check_worker(worker)
         if worker in self._awaiting_replay:
-            if not call.recovering and clock > shard.clocks.pushed[worker]:
-                raise ShardRestarted(shard.shard_id, worker, shard.clocks.pushed[worker])
-            self._awaiting_replay.discard(worker)
+            held = shard.clocks.pushed[worker]
+            if not call.recovering and clock > held:
+                raise ShardRestarted(shard.shard_id, worker, held)
+            if call.recovering or clock == held:
+                self._awaiting_replay.discard(worker)
+            # (else a client behind this worker's pushes, as the launching client at clock 0
+            # is: served, but the worker itself still has its pushes since to replay)
         if call.pushes is not None:
             await self._wait(
                 lambda: shard.clocks.pushed[worker] >= clock,

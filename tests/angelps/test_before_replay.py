@@ -5,7 +5,10 @@ A checkpoint asked for then: before, the save wrote the backup's rows (a checkpo
 missing those pushes); now the saving client replays its pushes first (PSClient.catch_up), and
 a shard still waiting for another worker's refuses to save (NotReplayed) until that worker
 catches up. A save whose shard dies after the client caught up is made again once it caught
-up again; a load waits for a shard Ray is restarting."""
+up again; a load waits for a shard Ray is restarting. A read by the launching client (at
+clock 0, behind every worker): before, it made the shard forget that worker 0 had pushes to
+replay, so that worker's next push waited for them until it timed out; now it is served and
+the worker replays at its next step."""
 
 from __future__ import annotations
 
@@ -144,6 +147,24 @@ def test_a_restarted_shard_refuses_to_save_until_every_worker_caught_up(ray_loca
         np.testing.assert_array_equal(back.pull("x", np.arange(4))[:, 0], [16.0] * 4)
     finally:
         back.shutdown()
+
+
+def test_a_read_by_the_launching_client_leaves_the_worker_to_replay(ray_local, tmp_path):
+    job = "drvread"
+    c = _launch_x(job, tmp_path, {"angel.matrixtransfer.request.timeout.ms": 20000})
+    try:
+        w, keys = c.for_worker(0), np.arange(4)
+        for _ in range(8):  # sgd at 1.0: +1 a row a push
+            w.push_many({"x": (keys, -np.ones((4, 1)))}, 1.0)
+        w.flush()
+        kill_shard(job, 1, c.stats()[1]["pid"], back=True)  # (back at its backup, clock 6)
+        # The launching client at clock 0 reads what the shards hold now (shard 1: its backup)
+        np.testing.assert_array_equal(c.pull("x", keys)[:, 0], [8.0, 8.0, 6.0, 6.0])
+        r = w.push_pull({"x": (keys, -np.ones((4, 1)))}, 1.0, {"x": keys})
+        np.testing.assert_array_equal(r["x"][:, 0], [9.0] * 4)
+        w.shutdown()
+    finally:
+        c.shutdown()
 
 
 def test_a_shard_killed_after_the_client_caught_up_is_caught_up_again_and_saved(
