@@ -13,6 +13,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import ray
 from ray.exceptions import ActorUnavailableError
 
@@ -37,11 +38,13 @@ def _clock_of(handle, worker: int) -> int:
         return -1
 
 
+@pytest.mark.parametrize("transport", ["socket", "ray"])
 def test_a_worker_replays_a_restarted_shard_while_its_other_call_waits_for_a_peer(
-    ray_local, tmp_path, capsys
+    ray_local, tmp_path, capsys, transport
 ):
-    job = "peers-bsp"
-    c = _launch_x(job, tmp_path, num_workers=2)  # (inline backups: the last at clock 3)
+    job = f"peers-{transport}"
+    # (inline backups: the last at clock 3)
+    c = _launch_x(job, tmp_path, {"angel.ps.transport": transport}, num_workers=2)
     w0, w1 = c.for_worker(0), c.for_worker(1)
     try:
         for _ in range(BEFORE):
