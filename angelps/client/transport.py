@@ -211,7 +211,9 @@ class Transport:
                 return None
             try:
                 sock = self._connect(shard)
-            except (OSError, GetTimeoutError, RayTaskError, RayActorError):
+            except RayActorError:
+                return None  # (restarting: as :meth:`_open`)
+            except (OSError, GetTimeoutError, RayTaskError):
                 self.swap_chans[shard] = False
                 return None
             chan = self.swap_chans[shard] = Channel(sock)
@@ -252,12 +254,13 @@ class Transport:
         return ref
 
     def reconnect(self, shard: int) -> None:
-        """Drop the connections to ``shard`` (it restarted): the next call opens new ones."""
+        """Drop the connections to ``shard`` (it restarted): the next call opens new ones,
+        even where the process before could not be reached (the new one may be elsewhere)."""
         for chans in (self.chans, self.swap_chans):
             ch = chans[shard]
             if isinstance(ch, Channel):
                 ch.close()
-                chans[shard] = None
+            chans[shard] = None
 
     def close(self) -> None:
         for ch in (*self.chans, *self.swap_chans):
@@ -285,7 +288,13 @@ class Transport:
     def _open(self, shard: int) -> Channel | None:
         try:
             sock = self._connect(shard)
-        except (OSError, GetTimeoutError, RayTaskError, RayActorError) as e:
+        except RayActorError:
+            # Restarting (or dead): this call goes by Ray and fails, the recovery reconnects
+            # and the next call opens a connection to the new process. Not a reason to give
+            # the connection up for good (the job's calls to it all went by Ray after a
+            # restart before).
+            return None
+        except (OSError, GetTimeoutError, RayTaskError) as e:
             # Unreachable from here (a firewall, a loopback-only shard on another node): the
             # shard still answers Ray actor calls, only slower.
             # A Ray error's text is the remote traceback (coloured): its last line says why.

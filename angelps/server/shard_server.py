@@ -152,8 +152,8 @@ class ShardServer(DataPlane):
         After a restart, a worker's calls are refused with :class:`ShardRestarted` until one
         arrives that its client sent knowing of the restart (``call.recovering``: a replayed
         push or a redone pull; Ray may deliver those out of order, so they wait for their clock
-        instead) or that is at the restored clock (a call behind it, from a client that is not
-        the worker's own, is served and leaves it waiting)."""
+        instead) or a push at the restored clock (a read not ahead of it is served and leaves
+        the worker to replay: it may come from a client that is not the worker's own)."""
         self._check_secret(secret, "step")
         if self.backups.error is not None:
             raise RuntimeError(self.backups.error)
@@ -164,10 +164,11 @@ class ShardServer(DataPlane):
             held = shard.clocks.pushed[worker]
             if not call.recovering and clock > held:
                 raise ShardRestarted(shard.shard_id, worker, held)
-            if call.recovering or clock == held:
+            if call.recovering or (clock == held and call.pushes is not None):
                 self._awaiting_replay.discard(worker)
-            # (else a client behind this worker's pushes, as the launching client at clock 0
-            # is: served, but the worker itself still has its pushes since to replay)
+            # (else a read: served, but it may come from a client that is not the worker's
+            # own, as the launching client's at clock 0 is, even where the backup holds the
+            # worker at clock 0; the worker's own shows it has nothing to replay at its push)
         if call.pushes is not None:
             await self._wait(
                 lambda: shard.clocks.pushed[worker] >= clock,

@@ -14,41 +14,16 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import ray
 
 from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
-from angelps.server.launch import actor_name
 from angelps.server.shard import NotReplayed
-from tests.angelps.test_recovery import X, _data, _launch, _train
-
-
-def kill_shard(job: str, shard: int, pid: int, back: bool = False) -> None:
-    """Kill ``shard`` of ``job`` (process ``pid``) by Ray, which restarts it; wait for the
-    process to be gone, and with ``back`` for the new one to answer."""
-    handle = ray.get_actor(actor_name(job, shard), namespace="angelps")
-    ray.kill(handle, no_restart=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError(f"shard {shard} (pid {pid}) did not die")
-    while back and time.monotonic() < deadline:
-        try:
-            ray.get(handle.ping.remote(), timeout=5)
-            return
-        except ray.exceptions.RayError:
-            time.sleep(0.1)
+from tests.angelps.test_recovery import X, _data, _launch, _train, kill_shard
 
 
 def _pulled(path: str, keys: np.ndarray, tmp: str) -> dict[str, np.ndarray]:
@@ -149,19 +124,23 @@ def test_a_restarted_shard_refuses_to_save_until_every_worker_caught_up(ray_loca
         back.shutdown()
 
 
-def test_a_read_by_the_launching_client_leaves_the_worker_to_replay(ray_local, tmp_path):
-    job = "drvread"
+@pytest.mark.parametrize("pushes", [8, 2])
+def test_a_read_by_the_launching_client_leaves_the_worker_to_replay(ray_local, tmp_path, pushes):
+    """(2 pushes: the shard comes back at its first backup, worker 0 at clock 0, the clock of
+    the launching client's read.)"""
+    job = f"drvread{pushes}"
     c = _launch_x(job, tmp_path, {"angel.matrixtransfer.request.timeout.ms": 20000})
     try:
         w, keys = c.for_worker(0), np.arange(4)
-        for _ in range(8):  # sgd at 1.0: +1 a row a push
+        for _ in range(pushes):  # sgd at 1.0: +1 a row a push
             w.push_many({"x": (keys, -np.ones((4, 1)))}, 1.0)
         w.flush()
-        kill_shard(job, 1, c.stats()[1]["pid"], back=True)  # (back at its backup, clock 6)
+        kill_shard(job, 1, c.stats()[1]["pid"], back=True)  # (back at its last backup)
+        held = pushes // 3 * 3  # (backups every 3 pushes, and at clock 0)
         # The launching client at clock 0 reads what the shards hold now (shard 1: its backup)
-        np.testing.assert_array_equal(c.pull("x", keys)[:, 0], [8.0, 8.0, 6.0, 6.0])
+        np.testing.assert_array_equal(c.pull("x", keys)[:, 0], [pushes] * 2 + [held] * 2)
         r = w.push_pull({"x": (keys, -np.ones((4, 1)))}, 1.0, {"x": keys})
-        np.testing.assert_array_equal(r["x"][:, 0], [9.0] * 4)
+        np.testing.assert_array_equal(r["x"][:, 0], [pushes + 1.0] * 4)
         w.shutdown()
     finally:
         c.shutdown()

@@ -13,6 +13,7 @@ import pytest
 import ray
 
 from angelps.checkpoint.backups import read_backup
+from angelps.client.channel import Channel
 from angelps.client.ps_client import PSClient
 from angelps.options import PSOptions
 from angelps.server.launch import actor_name
@@ -31,6 +32,28 @@ def _data(seed=0, n=4000, feats=300, nnz=8):
     return ids, y
 
 
+def kill_shard(job: str, shard: int, pid: int, back: bool = False) -> None:
+    """Kill ``shard`` of ``job`` (process ``pid``) by Ray, which restarts it; wait for the
+    process to be gone, and with ``back`` for the new one to answer."""
+    handle = ray.get_actor(actor_name(job, shard), namespace="angelps")
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"shard {shard} (pid {pid}) did not die")
+    while back and time.monotonic() < deadline:
+        try:
+            ray.get(handle.ping.remote(), timeout=5)
+            return
+        except ray.exceptions.RayError:
+            time.sleep(0.1)
+
+
 def _train(client, kill_at=None, job=None, fused=True):
     ids, y = _data()
     bs = len(y) // STEPS
@@ -39,9 +62,10 @@ def _train(client, kill_at=None, job=None, fused=True):
     losses = []
     for step in range(STEPS):
         if step == kill_at:
-            # Find the shard as an operator would, by name, and kill its process.
-            victim = ray.get_actor(actor_name(job, 1), namespace="angelps")
-            ray.kill(victim, no_restart=False)
+            # Find the shard as an operator would, by name, and kill its process (waited
+            # for: ray.kill returns before it is gone, and under load it went after the last
+            # step, with nothing left to recover).
+            kill_shard(job, 1, client.learn_pids()[1])
         x = ids[step * bs : (step + 1) * bs]
         t = y[step * bs : (step + 1) * bs]
         w = rows["w"].reshape(bs, -1)
@@ -99,15 +123,17 @@ def test_killed_shard_recovers_and_training_is_unchanged(
     c = _launch(job, tmp_path, background=background)
     try:
         got, losses = _train(c, kill_at=13, job=job, fused=fused)
+        # The steps after the restart went over a connection to the new process again (before,
+        # the call that met the restart gave the connection up for the rest of the job).
+        assert isinstance(c.net.chans[1], Channel)
         stats = c.stats()
         assert [s["restarted"] for s in stats] == [False, True]
         # Killed after 13 pushes with a backup every 5 updates (inline): shard 1 came back at clock 10
         # and the client replayed pushes 10..12 (then training went on to 24).
         assert stats[1]["clocks"]["pushed"] == [STEPS]
         backup_dir = c.options.shard.backup_dir
-        # (ray.kill returns before the process is gone: the call that fails is push 13 or 14,
-        # or, on a loaded machine, one after the next backup at clock 15, with nothing to
-        # replay)
+        # (the process is gone before push 13: that call fails, or with a prefetch in flight
+        # the one after it)
         err = capsys.readouterr().err
         m = re.fullmatch(
             r"angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
@@ -138,7 +164,6 @@ def test_a_shard_that_dies_again_while_a_worker_replays_is_recovered_again(
     replays (its replayed calls fail): the worker recovers it again (before: the second
     failure was raised, and the job failed although Ray restarted the shard)."""
     from angelps.client.recovery import ReplayLog
-    from tests.angelps.test_before_replay import kill_shard
 
     ref, ref_losses = uninterrupted
     job, real, again = "twice", ReplayLog._restored_clock, []
@@ -199,30 +224,19 @@ def test_without_backups_a_dead_shard_fails_clearly(ray_local, tmp_path):
 X = TableSpec("x", rows=4, cols=1, init="zeros", optimizer=OptimizerSpec("sgd"))
 
 
-def _pid_of(handle: ray.actor.ActorHandle) -> int:
-    """The shard's process id; 0 while Ray restarts it."""
-    try:
-        return int(ray.get(handle.pid.remote(), timeout=30))
-    except ray.exceptions.RayActorError:
-        return 0
-
-
 @ray.remote(num_cpus=0)
 class Worker:
     def run(self, client: PSClient, steps: int, kill: tuple[str, int] | None) -> list[float]:
-        """Push -1 to row 0..3 each step (BSP: +2 per step with two workers); optionally kill a
-        shard by name after ``kill[1]`` steps. Returns the row-0 value seen at each clock."""
+        """Push -1 to row 0..3 each step (BSP: +2 per step with two workers); optionally kill
+        shard 1 of job ``kill[0]`` after ``kill[1]`` steps. Returns the row-0 value seen at
+        each clock."""
         keys = np.arange(4)
         seen = [float(client.pull("x", keys)[0, 0])]
         for step in range(steps):
             if kill is not None and step == kill[1]:
-                victim = ray.get_actor(kill[0], namespace="angelps")
-                pid = ray.get(victim.pid.remote())
-                ray.kill(victim, no_restart=False)
-                # (ray.kill returns before the process dies: under load it died after both
-                # workers' last steps, and nothing was left to replay to it)
-                while _pid_of(victim) == pid:
-                    time.sleep(0.05)
+                # (waited for: under load the process died after both workers' last steps,
+                # and nothing was left to replay to it)
+                kill_shard(kill[0], 1, client.learn_pids()[1])
             r = client.push_pull({"x": (keys, -np.ones((4, 1)))}, 1.0, {"x": keys})
             seen.append(float(r["x"][0, 0]))
         client.flush()
@@ -248,7 +262,7 @@ def test_bsp_two_workers_recover_from_a_killed_shard(ray_local, tmp_path):
         steps = 12
         seen = ray.get(
             [
-                ws[0].run.remote(c.for_worker(0), steps, (actor_name("chaos-bsp", 1), 7)),
+                ws[0].run.remote(c.for_worker(0), steps, ("chaos-bsp", 7)),
                 ws[1].run.remote(c.for_worker(1), steps, None),
             ]
         )

@@ -17,9 +17,11 @@ import pytest
 import ray
 from ray.exceptions import ActorUnavailableError
 
+from angelps.client.channel import Channel
 from angelps.client.ps_client import PSClient
 from angelps.server.launch import actor_name
 from tests.angelps.test_before_replay import _launch_x
+from tests.angelps.test_recovery import kill_shard
 
 KEYS = np.arange(4)
 BEFORE = 5  # steps both workers make before the shard is killed (backups every 3 pushes)
@@ -51,8 +53,9 @@ def test_a_worker_replays_a_restarted_shard_while_its_other_call_waits_for_a_pee
             f0, f1 = _step(w0), _step(w1)
             f0.result()
             f1.result()
+        # (back before worker 0's step: under load a restart took longer than the wait below)
+        kill_shard(job, 1, c.learn_pids()[1], back=True)
         shard1 = ray.get_actor(actor_name(job, 1), namespace="angelps")
-        ray.kill(shard1, no_restart=False)
 
         # Worker 0's next step: its call to shard 0 waits for worker 1's push, its call to
         # shard 1 reaches the restarted shard (which came back at worker 0's clock 3).
@@ -84,6 +87,8 @@ def test_a_worker_replays_a_restarted_shard_while_its_other_call_waits_for_a_pee
         np.testing.assert_array_equal(f0.result()["x"][:, 0], [2.0 * (BEFORE + 2)] * 4)
         np.testing.assert_array_equal(f1.result()["x"][:, 0], [2.0 * (BEFORE + 2)] * 4)
         assert [st["restarted"] for st in c.stats()] == [False, True]
+        if transport == "socket":  # (the connections to the new process, not Ray calls)
+            assert all(isinstance(w.net.chans[1], Channel) for w in (w0, w1))
         err = capsys.readouterr().err
         for w in (0, 1):
             assert (
