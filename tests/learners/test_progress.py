@@ -83,8 +83,8 @@ def test_off_a_terminal_a_plain_line_every_so_many_seconds():
     assert f.getvalue() == ""
     now[0] = 160.0
     p.update(70, 2240, 0.2, 0.4321, 0.0125)  # 60 s, 120 of 300 updates: 90 s left
-    assert f.getvalue() == (
-        "progress: epoch 2/3   40% 120/300 updates [01:00<01:30]  11.2k samples/s"
+    assert f.getvalue() == (  # (3,840 samples in the two chunks' 0.325 s: 11.8k a second)
+        "progress: epoch 2/3   40% 120/300 updates [01:00<01:30]  11.8k samples/s"
         "  loss 0.4321  lr 0.0125\n"
     )
     now[0] = 170.0
@@ -93,6 +93,22 @@ def test_off_a_terminal_a_plain_line_every_so_many_seconds():
     assert f.getvalue().count("progress:") == 1
     p.tick()
     p.close()
+
+
+def test_a_line_shows_the_samples_per_second_of_every_chunk_since_the_line_before():
+    now = [0.0]
+    f = io.StringIO()
+    p = PlainProgress(300, 0, 3, 100, every_s=30.0, file=f, clock=lambda: now[0])
+    now[0] = 30.0
+    p.update(10, 10_000, 1.0, 0.5, 0.02)  # the first line: 10k samples in 1 s
+    now[0] = 45.0
+    p.update(20, 240_000, 8.0, 0.5, 0.02)  # 30k samples/s, no line yet
+    now[0] = 60.0
+    p.update(1, 8_000, 4.0, 0.5, 0.02)  # a stalled chunk (2k samples/s) ends the window
+    first, second = f.getvalue().splitlines()
+    assert "10.0k samples/s" in first
+    # 248,000 samples in 12 s since the first line, not the stalled chunk's 2.0k
+    assert "20.7k samples/s" in second and "2.0k samples/s" not in second
 
 
 def test_a_resumed_job_estimates_from_its_own_updates():
