@@ -23,7 +23,10 @@ and metrics of an uninterrupted run) and costs at most the epoch in progress.
 
 Invariant: a restart is said on the console (which worker died, why, where the job restarts
 from), and there are at most ``angel.worker.max.restarts`` of them in a job; the next death
-fails the job with one line saying so.
+fails the job with one line saying so. A death in an attempt in which Ray killed any of the
+job's processes because their node ran low on memory is not restarted: the job stops at once
+with :class:`learners.job.memory_kills.NodeOutOfMemory`, which says what was killed and what to
+change (a restart would run the same steps into the same limit).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from angelps.server.launch import NAMESPACE, actor_name
 from learners.data.problems import printable
 from learners.job import saved_model
 from learners.job.loop_options import MAX_WORKER_RESTARTS
+from learners.job.memory_kills import memory_kills, now_ms, out_of_memory
 from learners.runs.folders import BACKUP_DIR, log_root
 from learners.worker.group import WorkerDied
 
@@ -94,6 +98,7 @@ class WorkerFailover:
         self.options = options
         self.save_path = save_path
         self.restarts = 0
+        self.since_ms = now_ms()  # (the attempt's start: the memory kills that count)
 
     def restart(self, loop: Any, died: WorkerDied, log: Any, progress: Any) -> Any:
         """Stop every worker and shard of the training ``loop``'s actors, start them again and
@@ -101,6 +106,11 @@ class WorkerFailover:
         keeping the training time and samples counted so far. Raises ``died`` (with the count) when the
         restarts ``angel.worker.max.restarts`` allows are used up."""
         limit = self.options.max_restarts
+        kills = memory_kills(self.since_ms)
+        if kills:
+            _kill_workers(loop.actors)
+            what = f"worker {died.index} died ({died.reason})"
+            raise out_of_memory(what, kills, names(loop.actors), self.save_path) from died
         if self.restarts >= limit:
             _kill_workers(loop.actors)  # the live ones may wait for the dead one: do not ask them
             raise WorkerDied(
@@ -127,6 +137,7 @@ class WorkerFailover:
             flush=True,
         )
         _stop(loop.actors)
+        self.since_ms = now_ms()
         fresh = loop.prepare(resume is not None, log)
         fresh.samples, fresh.train_s = progress.samples, progress.train_s
         return fresh
@@ -141,6 +152,13 @@ class WorkerFailover:
             return None  # none written yet (a death in the first epoch)
         # Every file checked; a damaged latest falls back to <path>.prev, as --resume does.
         return int(saved_model.resume_point(self.save_path)["learner"]["next_epoch"])
+
+
+def names(actors: Any) -> dict[int, str]:
+    """The job's parameter shards by the pid their client last knew (a killed process named)."""
+    ps = getattr(actors, "ps", None)
+    pids = getattr(ps, "shard_pids", None) or {}
+    return {pid: f"parameter shard {shard}" for shard, pid in pids.items()}
 
 
 def _kill_workers(actors: Any) -> None:

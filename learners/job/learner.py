@@ -150,6 +150,11 @@ class GraphLearner:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""
         if self.actors.ps is None:
             raise RuntimeError("save(): nothing trained or loaded yet")
+        if self.actors.workers is None:  # (a failed train() stopped them; its error said why)
+            raise RuntimeError(
+                "save(): the job's workers were stopped by the failure of the last train(); "
+                "nothing to save: train again, or load a checkpoint"
+            )
         self.loop.checkpoint(str(path), self.loop.epoch, TrainProgress())
 
     @classmethod

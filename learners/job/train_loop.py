@@ -31,7 +31,7 @@ from typing import Any
 from angelconf.config import Config
 from angelps.client.pending_save import PendingSave
 from decay import StepSizeScheduler
-from learners.job import failover, saved_model
+from learners.job import failover, memory_kills, saved_model
 from learners.job.actors import JobActors
 from learners.job.disk_space import check_log_space, explain
 from learners.job.epoch_schedule import schedule_epoch
@@ -193,6 +193,15 @@ class TrainingLoop:
             log.write_summary(summary)
             log.say(done_line(summary))
             return TrainResult(history=progress.history, summary=jsonable(summary))
+        except Exception as e:
+            # (a failure with no worker death to restart for, e.g. a shard that Ray restarted
+            # until its restarts ran out: said as the memory's where Ray killed for it)
+            oom = memory_kills.explained(
+                e, restarts.since_ms, failover.names(self.actors), plan.save_path
+            )
+            if oom is None:
+                raise
+            raise oom from e
         finally:
             if ckpts is not None and ckpts.writing:  # (an error: its files may all be written)
                 ckpts.abandon()
