@@ -38,6 +38,7 @@ __all__ = [
     "HashIndex",
     "KeyIndex",
     "direct_span",
+    "hinted_lookup",
     "new_index",
 ]
 
@@ -167,3 +168,29 @@ def new_index(
     if HASH_KIND == "khash":
         return HashIndex(size_hint)
     return OpenIndex(key_at, size_hint)
+
+
+def hinted_lookup(
+    index: Any,
+    key_at: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    keys: np.ndarray,
+    hint: np.ndarray | None,
+) -> np.ndarray:
+    """``index.lookup(keys)``, where ``hint`` (each key's slot in another table read with the
+    same keys, -1 where absent there) is taken wherever the key at that slot is the key: one
+    random read a key instead of a probe of the index (a bucket, then the key it names, and on
+    past a collision). The tables of a device tier's book are created with the same keys in
+    the same order, so their slots agree; where they do not (or ``n`` rows end below a hint),
+    those keys are looked up. No ``hint``, or an index that is not a hash (a direct index is
+    one read already): ``index.lookup(keys)``."""
+    if hint is None or getattr(index, "kind", "") not in ("hash", "khash"):
+        return index.lookup(keys)
+    out = np.full(len(keys), -1, dtype=np.int64)
+    at = np.flatnonzero((hint >= 0) & (hint < n))
+    at = at[key_at(hint[at]) == keys[at]]
+    out[at] = hint[at]
+    rest = np.flatnonzero(out < 0)
+    if len(rest):
+        out[rest] = index.lookup(keys[rest])
+    return out

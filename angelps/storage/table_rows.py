@@ -37,7 +37,7 @@ from angelps.dedup import strictly_increasing
 from angelps.optim import apply, slot_columns, slot_widths
 from angelps.partition import Partitioner
 from angelps.storage.admission import Admission
-from angelps.storage.index import DIRECT_MAX, DirectIndex, new_index
+from angelps.storage.index import DIRECT_MAX, DirectIndex, hinted_lookup, new_index
 from angelps.storage.row_threads import RowThreads
 from angelps.storage.rows import PagedRows, RowStore, TorchRows, as_rows
 from angelps.table import TableSpec, init_rows
@@ -76,6 +76,7 @@ class Table:
         self.ttl = int(ttl)
         self.admission = Admission(min_count) if spec.sparse and min_count > 1 else None
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # last pull: keys, slots
+        self.located: np.ndarray | None = None  # last take_rows/put_rows: its keys' slots
         self.stamps: PagedRows | None = None
         if spec.sparse:
             self.lo = self.hi = self.n = 0
@@ -126,12 +127,15 @@ class Table:
                 f"(rows [{self.lo}, {self.hi}))"
             )
 
-    def locate(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+    def locate(
+        self, keys: np.ndarray, create: bool = True, hint: np.ndarray | None = None
+    ) -> np.ndarray:
         """Storage slots of unique ``keys``; sparse rows missing are created (initialised)
-        unless ``create`` is False (then their slot is -1)."""
+        unless ``create`` is False (then their slot is -1); ``hint``: their slots in another
+        table of the same keys, checked (:func:`~angelps.storage.index.hinted_lookup`)."""
         if not self.spec.sparse:
             return keys - self.lo
-        slots = self.index.lookup(keys)
+        slots = hinted_lookup(self.index, self.keys.take1, self.n, keys, hint)
         missing = slots < 0
         if create and missing.any():
             slots[missing] = self._create(keys[missing])
@@ -312,17 +316,22 @@ class Table:
         )
 
     def take_rows(
-        self, keys: np.ndarray, par: RowThreads | None = None, out: np.ndarray | None = None
+        self,
+        keys: np.ndarray,
+        par: RowThreads | None = None,
+        out: np.ndarray | None = None,
+        hint: np.ndarray | None = None,
     ) -> np.ndarray:
         """Whole rows (weights, then the optimizer slots) of unique ``keys``, a new array (or
         ``out``, a contiguous ``[len(keys), width]`` array of the table's dtype); rows missing
         are created (initialised) as a pull creates them. A worker's device tier fetches its
         misses with their optimizer state this way. ``par``: the keys cut into parts, each
         looked up and gathered by a thread of its own (:mod:`angelps.storage.row_threads`);
-        the rows missing made after, by this thread."""
+        the rows missing made after, by this thread. ``hint``: as :meth:`locate`'s; the
+        slots read are left in :attr:`located`."""
         self._last = None
         if par is None or not self.n:
-            slots = self.locate(keys, create=True)
+            slots = self.located = self.locate(keys, True, hint)
             if out is None:
                 return self.rows.gather(slots)
             self.rows.gather_into(slots, out)
@@ -333,7 +342,7 @@ class Table:
         rows = out
 
         def part(a: int, b: int) -> None:
-            s = self.locate(keys[a:b], create=False)
+            s = self.locate(keys[a:b], False, None if hint is None else hint[a:b])
             slots[a:b] = s
             if len(s) and s.min() < 0:
                 s = np.maximum(s, 0)  # (row 0 read for now: the rows made below replace it)
@@ -346,6 +355,8 @@ class Table:
             at = np.flatnonzero(missing)
             made = self._create(keys.take(at))
             np.put(as_rows(out), at, as_rows(self.rows.gather(made)))
+            slots[at] = made
+        self.located = slots
         return out
 
     def assign(self, keys: np.ndarray, w: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
@@ -357,20 +368,26 @@ class Table:
             block[:, a:b] = state[k]
         self.put_rows(keys, block)
 
-    def put_rows(self, keys: np.ndarray, block: np.ndarray, par: RowThreads | None = None) -> None:
+    def put_rows(
+        self,
+        keys: np.ndarray,
+        block: np.ndarray,
+        par: RowThreads | None = None,
+        hint: np.ndarray | None = None,
+    ) -> None:
         """Overwrite whole rows (weights and slots, as :meth:`take_rows` returns them) of
         unique ``keys``; rows missing are created with these values. ``par``: the keys cut
         into parts, each looked up and written by a thread of its own; the rows missing made
-        after, by this thread."""
+        after, by this thread. ``hint``, :attr:`located`: as :meth:`take_rows`'s."""
         block = np.ascontiguousarray(block, dtype=self.dtype)
-        self._last = None
+        self._last = self.located = None
         if par is not None and self.n:
-            self._put_parts(keys, block, par)
+            self._put_parts(keys, block, par, hint)
             return
         if not self.spec.sparse:
             self.rows.scatter(keys - self.lo, block)
             return
-        slots = self.index.lookup(keys)
+        slots = self.located = hinted_lookup(self.index, self.keys.take1, self.n, keys, hint)
         missing = slots < 0
         if missing.all():  # a restore into an empty table: no copy of the chunk
             self._create(keys, block)
@@ -382,12 +399,15 @@ class Table:
         if len(slots):
             self.rows.scatter(slots, block)
 
-    def _put_parts(self, keys: np.ndarray, block: np.ndarray, par: RowThreads) -> None:
+    def _put_parts(
+        self, keys: np.ndarray, block: np.ndarray, par: RowThreads, hint: np.ndarray | None
+    ) -> None:
         """:meth:`put_rows` over ``par``'s threads."""
         missing = np.zeros(len(keys), dtype=bool)
+        found = self.located = np.empty(len(keys), dtype=np.int64)
 
         def part(a: int, b: int) -> None:
-            s = self.locate(keys[a:b], create=False)
+            s = found[a:b] = self.locate(keys[a:b], False, None if hint is None else hint[a:b])
             held = s >= 0
             if held.all():
                 self.rows.scatter(s, block[a:b])
