@@ -17,6 +17,7 @@ traceback, shown with ANGELPS_DEBUG=1), so the command line prints its one line 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,11 @@ from learners.worker.actor import remote_worker_class
 __all__ = ["WorkerDied", "WorkerGroup", "gather", "get"]
 
 _BAD_INPUT = (DataError, ConfigError, FileNotFoundError)
+
+# How long a failed call's peers are given to say they died: a worker killed mid-step resets
+# its peers' collective (gloo: "Connection reset by peer") and that error can reach the driver
+# before Ray's word that the killed one is dead; a death is a restart, an error is not.
+DEATH_GRACE_S = 5.0
 
 
 def get(refs: list[ray.ObjectRef], workers: Sequence[int] | None = None) -> list[Any]:
@@ -84,6 +90,10 @@ def gather(refs: Sequence[ray.ObjectRef], workers: Sequence[int] | None = None) 
             raise WorkerDied(index[done[0]], _reason(e)) from e
         except RayTaskError as e:
             _tier_lost(e, index[done[0]])
+            if not isinstance(getattr(e, "cause", None), _BAD_INPUT):
+                died = _died_meanwhile(pending, index)
+                if died is not None:
+                    raise died from e
             raise
     try:
         return list(ray.get(list(refs)))
@@ -92,6 +102,29 @@ def gather(refs: Sequence[ray.ObjectRef], workers: Sequence[int] | None = None) 
     except RayTaskError as e:
         _tier_lost(e, index[pending[0]] if pending else (who[0] if who else 0))
         raise
+
+
+def _died_meanwhile(
+    pending: list[ray.ObjectRef], index: dict[ray.ObjectRef, int]
+) -> WorkerDied | None:
+    """The first of the ``pending`` calls whose worker turns out dead within
+    :data:`DEATH_GRACE_S` (as :class:`WorkerDied`), or None: returns as soon as every pending
+    call has answered, so a call that failed on its own is raised without waiting long."""
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not done:
+            return None
+        try:
+            ray.get(done)
+        except RayActorError as e:
+            return WorkerDied(index[done[0]], _reason(e))
+        except Exception:  # another failure: the first one is raised
+            continue
+    return None
 
 
 def _tier_lost(e: RayTaskError, worker: int) -> None:
