@@ -153,14 +153,52 @@ class OpenIndex:
             pos[pos >= cap] -= cap
 
     def _grow(self, need: int) -> None:
-        """Rehash into ``need / LOW_LOAD`` buckets, a chunk of old buckets at a time."""
+        """Rehash into ``need / LOW_LOAD`` buckets, a chunk of old buckets at a time.
+
+        A key's home is its hash scaled to the capacity, so the old buckets, read in order,
+        hold the keys nearly in the order of their new homes (only a probe's displacement
+        apart): sorted by new home within a chunk, they are laid as runs, each key at
+        ``p_i = max(h_i, p_{i-1} + 1)`` (= ``i + cummax(h_j - j)``), every bucket from its home
+        to its place full, as a probe needs. Four sequential passes a key, where probing them
+        in took a dozen random ones (2.4 s at 36M keys). The few keys a run cannot take (homes
+        behind a run already laid, places past the last bucket, the old table's leading run,
+        which may hold keys wrapped from its end) are probed in after."""
         old = self.buckets
-        self.buckets = np.zeros(_capacity_for(need), dtype=np.int32)
-        for a in range(0, len(old), _CHUNK):
+        cap = _capacity_for(need)
+        new = np.zeros(cap, dtype=np.int32)
+        self.buckets = new
+        lead = int(np.argmax(old == 0))  # growth happens below MAX_LOAD: one is empty
+        later = [old[:lead][old[:lead] != 0]]
+        floor = 0  # the first bucket no run has passed yet
+        for a in range(lead, len(old), _CHUNK):
             tags = old[a : a + _CHUNK]
             tags = tags[tags != 0]
-            if len(tags):
-                self._place(self.key_at(tags.astype(np.int64) - 1), tags)
+            if not len(tags):
+                continue
+            home = self._home(self.key_at(tags.astype(np.int64) - 1))
+            order = np.argsort(home, kind="stable")  # nearly sorted: a merge sort's best case
+            home, tags = home[order], tags[order]
+            behind = home < floor
+            if behind.any():
+                later.append(tags[behind])
+                home, tags = home[~behind], tags[~behind]
+            if not len(tags):
+                continue
+            i = np.arange(len(home), dtype=np.int64)
+            home -= i
+            np.maximum(home, floor, out=home)
+            pos = np.maximum.accumulate(home)
+            pos += i
+            past = pos >= cap
+            if past.any():
+                later.append(tags[past])
+                pos, tags = pos[~past], tags[~past]
+            if len(pos):
+                new[pos] = tags
+                floor = int(pos[-1]) + 1
+        rest = np.concatenate(later)
+        if len(rest):
+            self._place(self.key_at(rest.astype(np.int64) - 1), rest)
 
     def rebuild(self, keys: np.ndarray) -> None:
         """Only ``keys[i] -> i`` (after rows were removed and the rest renumbered)."""

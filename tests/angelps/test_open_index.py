@@ -83,7 +83,10 @@ def test_rebuild_after_removing_keys_equals_a_dict(batches, data):
     m.add(np.concatenate([gone, np.arange(-5, 5)]))  # removed keys come back as new slots
 
 
-def test_growth_keeps_every_key_and_the_load_bounded():
+@pytest.mark.parametrize("chunk", [1 << 22, 64, 7])
+def test_growth_keeps_every_key_and_the_load_bounded(monkeypatch, chunk):
+    # (small chunks: the runs laid by growth meet at chunk bounds, keys behind a run)
+    monkeypatch.setattr(open_index, "_CHUNK", chunk)
     rng = np.random.default_rng(3)
     m = Model()
     caps = set()
@@ -96,6 +99,48 @@ def test_growth_keeps_every_key_and_the_load_bounded():
     load = m.index.count / m.index.capacity
     assert open_index.LOW_LOAD * 0.99 <= load <= open_index.MAX_LOAD
     assert m.index.nbytes() / m.index.count <= 4 / open_index.LOW_LOAD + 0.01
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batches=st.lists(st.lists(KEYS, max_size=200), min_size=1, max_size=8),
+    chunk=st.sampled_from([3, 16, 1 << 22]),
+)
+def test_growth_in_runs_equals_a_dict(batches, chunk):
+    """Growth lays the old buckets' keys as runs (sorted by new home, a chunk at a time): every
+    key stays found, every absent one stays absent, whatever the chunks and collisions."""
+    old = open_index._CHUNK
+    open_index._CHUNK = chunk
+    try:
+        m = Model(0, page_rows=64)
+        for b in batches:
+            m.add(np.array(b, dtype=np.int64))
+            m.check(np.arange(-60, 60, dtype=np.int64))
+    finally:
+        open_index._CHUNK = old
+
+
+def test_growth_lays_spread_keys_as_runs_past_a_wrapped_lead(monkeypatch):
+    """Keys packed near the last bucket (their probes wrap to the first ones) among keys spread
+    over the table: a growth lays the spread ones as runs and keeps all of them reachable."""
+    monkeypatch.setattr(open_index, "_CHUNK", 16)
+    m = Model(size_hint=200)
+    cap = m.index.capacity
+    cand = np.arange(-(10**6), 10**6, dtype=np.int64)
+    home = m.index._home(cand)
+    tail = cand[home == cap - 1][:30]  # all wrap past the end but one
+    spread = cand[np.isin(home, np.arange(20, cap - 20, 3))][::50][:80]
+    m.add(np.concatenate([tail, spread]))
+    assert m.index.buckets[:5].all()  # the wrapped lead run
+    probed: list[int] = []
+    place = m.index._place
+    m.index._place = lambda keys, tags: (probed.append(len(keys)), place(keys, tags))[1]
+    m.index._grow(m.index.count + 100)
+    # Only the lead run (the wrapped keys) and the keys behind or past a run are probed in;
+    # the rest are laid as runs (a lead put into the first run would push all after it).
+    assert sum(probed) <= len(tail) + 2
+    m.add(cand[:400])  # grows again, through insert
+    m.check(cand[:2000])
 
 
 def test_a_full_window_of_collisions_is_probed_past():
