@@ -17,9 +17,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from typing import Any
@@ -27,6 +25,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from shared_memory import write_results
 
 from angelps.server.shard import ParameterShard
 from angelps.storage import open_index
@@ -104,14 +105,8 @@ def main() -> None:
                 f"{res['swap_ms_median']}), last growth {last['seconds']} s at {last['keys']:,} keys",
                 flush=True,
             )
-    out = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "args": vars(args),
-        "runs": out_runs,
-    }
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+        write_results(args.json, out_runs)
 
 
 if __name__ == "__main__":
