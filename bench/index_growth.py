@@ -28,11 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from shared_memory import write_results
+from swap_keys import specs
 
 from angelps.server.shard import ParameterShard
 from angelps.storage import open_index
 from angelps.storage.open_index import OpenIndex
-from bench.swap_keys import specs
 
 
 def probed_growth(self: OpenIndex, need: int) -> None:
