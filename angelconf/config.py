@@ -239,6 +239,15 @@ def _validate(key: Key, value: Any, where: str, name: str | None = None) -> Any:
         raise ConfigError(f"{where}: {e}") from None
 
 
+def _show_default(value: Any) -> str:
+    """A default as a job file would write it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 # --- key lookup --------------------------------------------------------------------------------
 
 
@@ -455,8 +464,16 @@ def load_config(
                     f"{first[e.key]}): keep one (--set on the command line overrides a file)"
                 )
             first[e.key] = e.line
-            # An empty value in a file means "unset": the default applies.
+            # An empty value in a file means "unset" where unset is nothing (a path, a list):
+            # Angel's templates leave such keys empty. A key whose default is a value (a rate,
+            # a model, a format) is refused: `ml.learn.rate =` trained at the default before,
+            # silently, and is more likely a value lost than a default meant.
             if e.value == "":
+                if key.default not in (None, ""):
+                    raise ConfigError(
+                        f"{where}: {e.key} has no value; give one, or remove the line to use "
+                        f"the default ({_show_default(key.default)})"
+                    )
                 values[e.key] = (
                     _validate(key, key.default, where) if key.default is not None else None
                 )
@@ -472,6 +489,13 @@ def load_config(
         if key is None:
             unknown.append((where, name))
             continue
+        if raw is None:
+            # (None read back as "unset": it dropped a file's value for the default, silently)
+            raise ConfigError(
+                f"{where}: {name}=None: give a value; to use the default "
+                f"({_show_default(key.default) if key.default is not None else 'unset'}) "
+                "leave the key out"
+            )
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "--set" else "program"
     if unknown:

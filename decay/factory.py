@@ -320,7 +320,6 @@ def _warn_unused(r: _Reader, sched: StepSizeScheduler) -> None:
         if k.startswith(PREFIX)
         and k not in r.used
         and k not in _LEARNER_KEYS
-        and not _CHILD.match(k)
         and not _is_table_key(k)  # a table's own schedule reads it (learners)
         and r.is_set(k)
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -106,12 +107,35 @@ def test_precedence_default_file_command_line(tmp_path: Path) -> None:
     assert conf["ml.epoch.num"] == 2
 
 
-def test_empty_value_means_default(tmp_path: Path) -> None:
+def test_an_empty_value_is_unset_where_unset_is_nothing(tmp_path: Path) -> None:
     f = tmp_path / "job.properties"
-    f.write_text("ml.epoch.num=\nangel.train.data.path=\n")
+    f.write_text("angel.train.data.path=\nml.opt.decay.milestones =\n")
     conf = load_config(f, [], KEYS)
-    assert conf["ml.epoch.num"] == 30
     assert conf["angel.train.data.path"] is None
+    assert conf["ml.opt.decay.milestones"] is None
+
+
+@pytest.mark.parametrize(
+    ("line", "default"),
+    [
+        ("ml.epoch.num=", "30"),
+        ("ml.learn.rate =", "0.5"),
+        ("ml.opt.decay.class.name", "StandardDecay"),
+        ("ml.opt.decay.on.batch:", "false"),
+    ],
+)
+def test_an_empty_value_of_a_key_with_a_default_is_refused(
+    tmp_path: Path, line: str, default: str
+) -> None:
+    """It trained at the default before, silently: a value lost is likelier than one meant."""
+    f = tmp_path / "job.properties"
+    f.write_text(f"# a job\n{line}\n")
+    key = re.split(r"[=: ]", line)[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(f, [], KEYS)
+    assert str(e.value) == (
+        f"{f}:2: {key} has no value; give one, or remove the line to use the default ({default})"
+    )
 
 
 def test_types() -> None:
@@ -264,3 +288,15 @@ def test_key_index_finds_table_names() -> None:
     assert index.find("ml.opt.decay.wide_bias.gamma") is own
     assert index.find("ml.opt.decay.3.gamma") is KEYS[-1]  # an index, not a table
     assert index.find("ml.opt.decay.a.b.gamma") is None  # a table name has no dot
+
+
+def test_an_override_of_none_is_refused(tmp_path: Path) -> None:
+    """None dropped the file's value for the default, silently."""
+    f = tmp_path / "job.properties"
+    f.write_text("ml.learn.rate=0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, {"ml.learn.rate": None}, KEYS)
+    assert str(e.value) == (
+        "override: ml.learn.rate=None: give a value; to use the default (0.5) leave the key out"
+    )
+    assert load_config(f, {"ml.learn.rate": 0.2}, KEYS)["ml.learn.rate"] == 0.2

@@ -326,6 +326,22 @@ def build_rate_plan(
     return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale, ps_dense)
 
 
+def _sourced(message: str, conf: Mapping[str, Any]) -> str:
+    """``message`` (``KEY=VALUE: why``) with where KEY was set, as other key errors say it."""
+    key, eq, rest = message.partition("=")
+    source = getattr(conf, "source", None)
+    is_set = getattr(conf, "is_set", None)
+    value, colon, why = rest.partition(": ")
+    if not (eq and colon and callable(source) and callable(is_set)) or "(set in" in message:
+        return message
+    try:
+        if not is_set(key):
+            return message
+        return f"{key}={value} ({source(key)}): {why}"
+    except KeyError:  # (not a key: the message names something else)
+        return message
+
+
 def check_rates_early(conf: Mapping[str, Any]) -> None:
     """Before any actor starts: per-table keys naming a table the model does not have, and a
     momentum cycle on a table whose optimizer has none (the PS tables follow from the
@@ -342,8 +358,13 @@ def check_rates_early(conf: Mapping[str, Any]) -> None:
     far = 10**9  # any length: only the names and the momentum cycle are checked here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the job's own build warns, once
-        own = table_schedules(conf, [t.name for t in specs], far, dense_layers=None)
-        main = from_conf(conf, total_steps=far)
+        try:
+            own = table_schedules(conf, [t.name for t in specs], far, dense_layers=None)
+            main = from_conf(conf, total_steps=far)
+        except ConfigError:
+            raise
+        except ValueError as e:  # a schedule's bad name or value: bad input (exit 2), sourced
+            raise ConfigError(_sourced(str(e), conf)) from None
     users = [
         (t.name, f"table {t.name} (ml.{d.role}.optimizer)", t.optimizer.name)
         for t, d in zip(specs, decls, strict=True)

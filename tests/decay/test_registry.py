@@ -400,6 +400,34 @@ def test_unused_keys_warn() -> None:
         )
 
 
+def test_child_keys_of_a_schedule_that_is_not_a_chain_warn() -> None:
+    """A child's keys (``ml.opt.decay.0.*``) were read only by a chain, and ignored silently
+    by any other schedule."""
+    with pytest.warns(
+        UserWarning,
+        match=r"^ml.opt.decay.0.class.name, ml.opt.decay.0.gamma, ml.opt.decay.0.step.size: "
+        r"set but not used by StandardDecay",
+    ):
+        decay.from_conf(
+            conf(
+                "ml.opt.decay.0.class.name=StepLR",
+                "ml.opt.decay.0.step.size=1",
+                "ml.opt.decay.0.gamma=0.1",
+            )
+        )
+    with warnings.catch_warnings():  # a chain reads them: no warning
+        warnings.simplefilter("error")
+        decay.from_conf(
+            conf(
+                "ml.opt.decay.class.name=SequentialLR",
+                "ml.opt.decay.schedulers=StepLR,ConstantLR",
+                "ml.opt.decay.milestones=3",
+                "ml.opt.decay.0.step.size=1",
+                "ml.opt.decay.0.gamma=0.1",
+            )
+        )
+
+
 def test_never_inf_or_nan() -> None:
     g = decay.ExponentialLR(1.0, 10.0)
     assert g.lr_at(300) == 1e300
