@@ -8,7 +8,10 @@ saved model (learners/job/inference.py) use the same steps and read the same sta
 
 from __future__ import annotations
 
+import atexit
 import shutil
+import weakref
+from collections.abc import Callable
 
 import ray
 
@@ -54,6 +57,7 @@ class JobActors:
         self.size: JobSize | None = None
         #: which tables the shards serve and which the workers hold (angel.sparse.placement)
         self.placed: Placed | None = None
+        self._at_exit: Callable[[], None] | None = None
 
     def model_task(self) -> str:
         """The model's task (binary, multiclass, regression): what its metrics are."""
@@ -68,6 +72,7 @@ class JobActors:
                     cluster.start_or_join(self.address, self.plan.ray_connect_timeout_s)
             finally:  # up, even when a SIGTERM held during the start is raised now
                 self.ray_started = ray.is_initialized()
+        self._stop_at_exit()
         cluster.check_fits(self.plan, self.ps_options, self.options.resources.placement)
 
     def start_workers(self) -> WorkerGroup:
@@ -143,8 +148,28 @@ class JobActors:
         handles, opts = wait_started(pending)
         return PSClient(tables, handles, opts, 0, owner=True)
 
+    def _stop_at_exit(self) -> None:
+        """Stop this job's actors when the interpreter exits, if nothing stopped them before: a
+        script that trains without ``with`` or ``shutdown()`` (README's example) left its
+        shards' backups on disk, a folder a run. Ray's own exit hook, registered before this
+        one, runs after it."""
+        if self._at_exit is not None:
+            return
+        ref = weakref.ref(self)  # (the hook keeps no learner alive)
+
+        def stop() -> None:
+            me = ref()
+            if me is not None:
+                me.shutdown()
+
+        self._at_exit = stop
+        atexit.register(stop)
+
     def shutdown(self) -> None:
         """Stop the workers and the PS; stop Ray only if this learner started it."""
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         at_once = self.ray_started and terminate.received()
         if at_once:
             # A SIGTERM (to the whole process group, as schedulers and `timeout` send it, or
