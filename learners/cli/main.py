@@ -115,9 +115,14 @@ def _plain_warning(
     lineno: int,
     line: str | None = None,
 ) -> str:
-    """A Python warning as :func:`warnings.formatwarning` writes it, without Ray's colour codes
-    and with the control characters of a value it quotes escaped."""
-    text = _formatwarning(message, category, filename, lineno, line)
+    """A Python warning as one line, ``angelps: warning: MESSAGE``, without Ray's colour codes
+    and with the control characters of a value it quotes escaped. The source file and line of
+    the code that warned (Python's own form, two lines) are for whoever debugs angelps: with
+    ANGELPS_DEBUG=1."""
+    if os.environ.get("ANGELPS_DEBUG", "") not in ("", "0"):
+        text = _formatwarning(message, category, filename, lineno, line)
+    else:
+        text = f"angelps: warning: {str(message).removeprefix('angelps: ')}"
     return printable_lines(uncoloured(text.rstrip("\n"))) + "\n"
 
 

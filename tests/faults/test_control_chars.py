@@ -219,6 +219,8 @@ def test_a_python_warning_is_written_plain(monkeypatch: pytest.MonkeyPatch) -> N
         f"angelps: no direct connection (\x1b[36mray::S.f()\x1b[39m{VF})", RuntimeWarning, "t.py", 7
     )
     assert text == (
-        "t.py:7: RuntimeWarning: angelps: no direct connection "
-        "(ray::S.f()\\x1b[2J\\x00\\x07\\x1b]0;title\\x07)\n"
+        "angelps: warning: no direct connection (ray::S.f()\\x1b[2J\\x00\\x07\\x1b]0;title\\x07)\n"
     )
+    monkeypatch.setenv("ANGELPS_DEBUG", "1")  # Python's own form, where the code warned
+    text = warnings.formatwarning("angelps: no direct connection", RuntimeWarning, "t.py", 7)
+    assert text == "t.py:7: RuntimeWarning: angelps: no direct connection\n"
