@@ -39,6 +39,7 @@ _EXPORTS = {
     "DataError": "learners.data.problems",
     "ReadStats": "learners.data.problems",
     "input_files": "learners.data.reader",
+    "line_of": "learners.data.reader",
     "load_file": "learners.data.reader",
     "read_file": "learners.data.reader",
     "iter_train_chunks": "learners.data.split",
@@ -63,6 +64,7 @@ __all__ = [  # the keys of _EXPORTS, spelled out for linters
     "iter_stream_minibatches",
     "iter_train_chunks",
     "label_transform",
+    "line_of",
     "load_file",
     "load_train_valid",
     "multiclass_labels",
@@ -79,7 +81,7 @@ if TYPE_CHECKING:
     from learners.data.minibatches import iter_minibatches, iter_stream_minibatches
     from learners.data.options import FORMATS, LABEL_TRANSFORMS, DataOptions, split_period
     from learners.data.problems import DataError, ReadStats
-    from learners.data.reader import input_files, load_file, read_file
+    from learners.data.reader import input_files, line_of, load_file, read_file
     from learners.data.split import iter_train_chunks, load_train_valid, validation_mask
 
 

@@ -28,7 +28,7 @@ from learners.data.parquet import open_parquet, parse_record_batch
 from learners.data.problems import DataError, ReadStats, printable, reject
 from learners.data.text import TextParser, line_blocks
 
-__all__ = ["Reader", "input_files", "load_file", "read_file"]
+__all__ = ["Reader", "input_files", "line_of", "load_file", "read_file"]
 
 
 def input_files(path: str) -> list[str]:
@@ -156,6 +156,26 @@ class Reader:
                 parsed = parse_record_batch(file, part, start + pos, offset, self.opts)
                 yield self._finish(parsed.batch, parsed.bad)
         return int(pf.metadata.num_rows)
+
+
+def line_of(path: str, opts: DataOptions, row_index: int) -> str:
+    """Where row ``row_index`` of the input ``path`` is (a :class:`Batch`'s ``row_index``:
+    its line position over the input's files in name order): ``FILE:LINE`` (1-based), or
+    ``FILE, row N`` in Parquet. Reads the files before it to count their lines: for an error's
+    message, not for a hot path."""
+    start = 0
+    for file in input_files(path):
+        if opts.kind == "parquet":
+            n = int(open_parquet(file, opts)[0].metadata.num_rows)
+        else:
+            n = 0
+            for lines, first in line_blocks(file, 8 << 20):
+                n = first + len(lines)
+        if row_index < start + n:
+            pos = row_index - start + 1
+            return f"{file}, row {pos}" if opts.kind == "parquet" else f"{file}:{pos}"
+        start += n
+    return f"{path}, row index {row_index}"
 
 
 def read_file(

@@ -15,18 +15,20 @@ driver as itself (``DataError`` naming the file and line) and becomes one line a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from learners.data import (
     Batch,
+    DataError,
     DataOptions,
     ReadStats,
     concat,
     iter_minibatches,
     iter_stream_minibatches,
+    line_of,
     load_file,
     load_train_valid,
     read_file,
@@ -94,6 +96,24 @@ class DataPart:
         else:
             valid = concat(valid_parts) if valid_parts else Batch.empty()
         return valid, summary.as_dict()
+
+    def check_labels(self, check: Callable[[np.ndarray], Any]) -> None:
+        """Raise a bad label of the rows held (``check``: the model's, as its steps apply it to
+        a batch) as a :class:`DataError` naming the file and line of the first row that makes
+        it fail: a step's check knows the batch, not where its rows came from. Streamed
+        training rows are checked by each step, without the line."""
+        opts = self.opts
+        valid_path = opts.validate_path or opts.train_path
+        for rows, path in ((self.train, opts.train_path), (self.valid, valid_path)):
+            y = np.asarray(rows.labels)
+            if not len(y) or np.isnan(y).all():  # (no labels: a predict input)
+                continue
+            try:
+                check(y)
+            except ValueError as e:
+                row = _first_failing(y, check)
+                where = line_of(str(path), opts, int(rows.row_index[row]))
+                raise DataError(f"{where}: {e}") from None
 
     def load_file(self, path: str) -> Batch:
         """This worker's part of another input (prediction, evaluation), in memory."""
@@ -174,3 +194,18 @@ class _Summary:
             "min_nnz": self.min_nnz if self.rows else 0,
             "max_nnz": self.max_nnz,
         }
+
+
+def _first_failing(y: np.ndarray, check: Callable[[np.ndarray], Any]) -> int:
+    """The first ``k`` such that ``check(y[: k + 1])`` fails (``check(y)`` fails; a prefix that
+    fails makes every longer one fail, as a check of the set of values does)."""
+    lo, hi = 0, len(y) - 1  # y[: hi + 1] fails
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            check(y[: mid + 1])
+        except ValueError:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi

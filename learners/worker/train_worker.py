@@ -40,7 +40,7 @@ from angelps.dedup import Dedup, merge_rows
 from angelps.optim import DenseOptimizer
 from angelps.rates import Step
 from decay import StepSizeScheduler
-from learners.data import Batch, DataOptions
+from learners.data import Batch, DataOptions, binary_labels01
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan, UpdateRates
@@ -162,10 +162,20 @@ class TrainWorker(HoldsTables, DenseCheckpoint, Predicts):
             self.dedup,
         )
         self.task = self.model.task
+        self.part.check_labels(self._check_labels)  # (a bad one named by file and line)
         self._side = SideStream(self.device)  # (where the next batch is built: CUDA)
         self.hold_tables([], "hash")
         torch.manual_seed(plan.seed + 7919 * (self.worker_id + 1))
         return self.tables
+
+    def _check_labels(self, y: np.ndarray) -> None:
+        """The labels ``y`` as a step checks them (binary: -1/+1 or 0/1; the model's own
+        check otherwise, as its loss takes them); ValueError where one is not."""
+        assert self.model is not None
+        if self.task == "binary":
+            binary_labels01(y)
+        else:
+            self.model.prepare_labels(torch.from_numpy(np.ascontiguousarray(y, np.float32)))
 
     def dense_param_count(self) -> int:
         """Number of worker-side (dense) parameters of the model."""
