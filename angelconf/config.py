@@ -289,7 +289,10 @@ class KeyIndex:
         names = list(self.exact)
         for _, k in self.patterns:
             names.append(k.name.replace("<i>", m.group(1)) if m else k.name)
-        return difflib.get_close_matches(name, names, n=3, cutoff=_CLOSE)
+        # (keys are lower case: ML.LEARN.RATE is compared as ml.learn.rate, an exact match)
+        by_lower = {n.lower(): n for n in names}
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=_CLOSE)
+        return [by_lower[n] for n in close]
 
     def unknown(
         self, name: str, where: str = "", listing: str = "`angelps conf --keys` lists every key"

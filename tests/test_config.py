@@ -300,3 +300,10 @@ def test_an_override_of_none_is_refused(tmp_path: Path) -> None:
         "override: ml.learn.rate=None: give a value; to use the default (0.5) leave the key out"
     )
     assert load_config(f, {"ml.learn.rate": 0.2}, KEYS)["ml.learn.rate"] == 0.2
+
+
+def test_a_key_in_another_case_is_suggested_in_lower_case() -> None:
+    with pytest.raises(
+        ConfigError, match=r"unknown key ML.LEARN.RATE \(did you mean ml.learn.rate\?\)"
+    ):
+        load_config(None, ["ML.LEARN.RATE=0.1"], KEYS)
