@@ -22,13 +22,15 @@ a worker lost mid-run :mod:`learners.job.failover`. The loop runs on the job's a
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from angelconf.config import Config
+from angelconf.config import Config, ConfigError
+from angelps.checkpoint.errors import CheckpointError, NoCheckpoint
 from angelps.client.pending_save import PendingSave
 from decay import StepSizeScheduler
 from learners.job import failover, memory_kills, saved_model
@@ -121,12 +123,24 @@ class TrainingLoop:
         plan, t_start = self.plan, time.perf_counter()
         if resume:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
-            point = saved_model.resume_point(str(plan.save_path))
+            with _named("--resume: ", self.conf, SAVE_KEY):
+                point = saved_model.resume_point(str(plan.save_path))
             check_resume(point, plan)
             check_saved_graph(self.conf, point["learner"], str(plan.save_path), SAVE_KEY)
-        elif plan.load_path and self.conf.get("ml.model.graph"):
-            extra = saved_model.read_extra(str(plan.load_path))
-            check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
+        elif plan.load_path:
+            # (before Ray starts: a missing model said in a second, not after the start-up)
+            graph = self.conf.get("ml.model.graph")
+            with _named("", self.conf, "angel.load.model.path"):
+                try:
+                    extra = saved_model.read_extra(str(plan.load_path))
+                except CheckpointError:  # (none there, or damaged: said as it is)
+                    raise
+                except ConfigError:
+                    if graph:
+                        raise
+                    extra = None  # (a checkpoint without a learner: the load says what it lacks)
+            if graph and extra is not None:
+                check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
         self.actors.start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
@@ -452,3 +466,14 @@ class TrainingLoop:
 def _angel_name(conf: Mapping[str, Any]) -> str:
     """The model's Angel class name, whatever spelling ``ml.model.class.name`` used."""
     return job_model_info(conf).angel_name
+
+
+@contextmanager
+def _named(what: str, conf: Config, key: str) -> Iterator[None]:
+    """A missing checkpoint said with the key that pointed at it, its value and its source
+    (``what``: how the job read it)."""
+    try:
+        yield
+    except NoCheckpoint as e:
+        source = conf.source(key) if conf.is_set(key) else "default"
+        raise NoCheckpoint(f"{what}{key}={conf[key]} ({source}): {e}") from None
