@@ -57,6 +57,7 @@ __all__ = [
     "inference_conf",
     "load_dense",
     "read_extra",
+    "replaced_note",
     "restore",
     "resume_point",
     "save",
@@ -250,6 +251,29 @@ def resume_point(path: str) -> dict[str, Any]:
     except checkpoint.CheckpointError:
         pass  # not a checkpoint at all: read_extra below says so
     return read_extra(path)
+
+
+def replaced_note(path: str, model: str) -> str | None:
+    """A note when the checkpoint at ``path`` is of another model than ``model`` (Angel's class
+    name): a job that trains there afresh replaces it at its first save (Angel's
+    ``angel.output.path.deleteonexist``, true by default), keeping it only as ``<path>.prev``
+    until the save after, and its ``.best`` goes at once. None where the path holds no
+    checkpoint, one of the same model, or one that cannot be read (the save says so)."""
+    try:
+        learner = checkpoint.read_manifest(path).get("extra", {}).get("learner", {})
+    except Exception:  # (a note only: what cannot be read is said by the save)
+        return None
+    old = learner.get("model")
+    if not old or old == model:
+        return None
+    epoch = learner.get("epoch")
+    shown = f" (epoch {epoch + 1})" if isinstance(epoch, int) else ""  # (1-based, as said)
+    return (
+        f"angelps: note: {path} holds a {old} checkpoint{shown}; "
+        f"this {model} job replaces it at its first save (kept as {path}.prev until the save "
+        f"after; its best epoch's, {path}.best, is replaced too). To keep it, stop and set "
+        "angel.save.model.path to another folder, or angel.output.path.deleteonexist=false"
+    )
 
 
 def _verify(path: str) -> dict[str, Any]:

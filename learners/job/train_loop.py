@@ -21,6 +21,7 @@ a worker lost mid-run :mod:`learners.job.failover`. The loop runs on the job's a
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from angelconf.config import Config, ConfigError
 from angelps.checkpoint.errors import CheckpointError, NoCheckpoint
 from angelps.client.pending_save import PendingSave
 from decay import StepSizeScheduler
+from learners.data.problems import printable
 from learners.job import failover, memory_kills, saved_model
 from learners.job.actors import JobActors
 from learners.job.disk_space import check_log_space, explain
@@ -141,6 +143,10 @@ class TrainingLoop:
                     extra = None  # (a checkpoint without a learner: the load says what it lacks)
             if graph and extra is not None:
                 check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
+        elif plan.save_path and not self.quiet:
+            note = saved_model.replaced_note(str(plan.save_path), _angel_name(self.conf))
+            if note is not None:
+                print(printable(note), file=sys.stderr)
         self.actors.start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
