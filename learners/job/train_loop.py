@@ -47,7 +47,7 @@ from learners.models.angel_json import check_saved_graph
 from learners.models.config import job_model_info
 from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
 from learners.runs.log_store import run_logs_for
-from learners.runs.metrics import validation_metrics
+from learners.runs.metrics import reported_names, validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks, tier_note
 from learners.runs.progress import TrainProgress as _Progress
 from learners.runs.retention import Checkpoints, CheckpointWriteError, kept_summary
@@ -143,7 +143,8 @@ class TrainingLoop:
                     extra = None  # (a checkpoint without a learner: the load says what it lacks)
             if graph and extra is not None:
                 check_saved_graph(self.conf, extra["learner"], str(plan.load_path))
-        elif plan.save_path and not self.quiet:
+        _check_watched_name(self.conf, plan)
+        if not resume and not plan.load_path and plan.save_path and not self.quiet:
             note = saved_model.replaced_note(str(plan.save_path), _angel_name(self.conf))
             if note is not None:
                 print(printable(note), file=sys.stderr)
@@ -466,6 +467,22 @@ class TrainingLoop:
         }
         return saved_model.save(
             path, self.actors.ps, self.actors.workers, section, self.actors.held(), background
+        )
+
+
+def _check_watched_name(conf: Config, plan: TrainPlan) -> None:
+    """ConfigError for an ``ml.early.stop.metric`` the model does not report, before anything
+    starts: it was found only by early stopping or a plateau after an epoch, and with neither
+    (the default) the best checkpoint was kept by nothing, silently."""
+    key = "ml.early.stop.metric"
+    if not conf.is_set(key):
+        return
+    task = job_model_info(conf).task
+    name, names = watched_metric(plan, task), reported_names(task)
+    if name not in names:
+        raise ConfigError(
+            f"{key}={plan.early_stop_metric} ({conf.source(key)}): this model reports no "
+            f"{name}; valid names: {', '.join(names)}"
         )
 
 

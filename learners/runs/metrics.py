@@ -29,6 +29,7 @@ __all__ = [
     "binary_metrics",
     "multiclass_metrics",
     "regression_metrics",
+    "reported_names",
     "validation_metrics",
 ]
 
@@ -180,3 +181,15 @@ def validation_metrics(task: str, outs: Sequence[Mapping[str, Any]]) -> dict[str
     out["valid_loss"] = loss
     out["valid_rows"] = rows
     return out
+
+
+def reported_names(task: str) -> list[str]:
+    """The ``valid_*`` names :func:`validation_metrics` reports for ``task`` (what
+    ``ml.early.stop.metric`` may watch), from the metric functions themselves."""
+    if task == "binary":
+        names = binary_metrics([0.0, 1.0], [0.25, 0.75])
+    elif task == "multiclass":
+        names = multiclass_metrics([0.0, 1.0], [[0.75, 0.25], [0.25, 0.75]])
+    else:
+        names = regression_metrics([0.0, 1.0], [0.25, 0.75])
+    return sorted([f"valid_{k}" for k in names] + ["valid_loss", "valid_rows"])

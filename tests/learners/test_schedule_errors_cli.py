@@ -1,4 +1,4 @@
-"""A schedule's bad name or value in a train job is bad input: exit 2 before Ray starts, with
+"""A schedule's (or the watched metric's) bad name or value in a train job is bad input: exit 2 before Ray starts, with
 the key, the value and where it was set (it was a failure while running, exit 1, naming no
 file)."""
 
@@ -41,6 +41,12 @@ def job(tmp_path: Path) -> Path:
             "increasing list of integers >= 0 (set in command line)",
         ),
         ("ml.learn.rate =", [], "job.properties:7: ml.learn.rate has no value; give one"),
+        (  # (found only by early stopping or a plateau after an epoch; by nothing at patience 0)
+            "ml.early.stop.metric = aucc",
+            [],
+            "ml.early.stop.metric=aucc (job.properties:7): this model reports no valid_aucc; "
+            "valid names: valid_accuracy, valid_auc, valid_count, valid_false_recall, ",
+        ),
     ],
 )
 def test_a_bad_schedule_stops_the_job_before_it_starts(
