@@ -372,6 +372,13 @@ def angel_notes(conf: Config) -> list[str]:
     notes = []
     for m in _MAPPED:
         if m.key.name in conf and conf.is_set(m.key.name):
+            if m.fill_only and m.target in conf and conf.is_set(m.target):
+                # (it only fills the target: set too, the target stands and this is checked)
+                notes.append(
+                    f"note: {_shown(conf, m.key.name)} is checked against "
+                    f"{_shown(conf, m.target)}, which sets the size (Angel's key)"
+                )
+                continue
             notes.append(f"note: {_shown(conf, m.key.name)} sets {m.target} (Angel's key)")
     for name, why in _NO_EFFECT.items():
         if name in conf and conf.is_set(name):

@@ -162,6 +162,17 @@ def test_angel_key_notes_say_what_each_does() -> None:
     ]
 
 
+def test_a_bound_set_beside_its_target_is_said_to_be_checked_not_to_set_it() -> None:
+    """ml.model.size fills ml.feature.index.range only when that key is not set."""
+    assert angel_notes(_conf({"ml.model.size": "123"})) == [
+        "note: ml.model.size=123 (program) sets ml.feature.index.range (Angel's key)"
+    ]
+    assert angel_notes(_conf({"ml.model.size": "100", "ml.feature.index.range": "123"})) == [
+        "note: ml.model.size=100 (program) is checked against ml.feature.index.range=123 "
+        "(program), which sets the size (Angel's key)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
