@@ -123,12 +123,34 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     if missing:
         raise ConfigError(f"{key}={path}: the JSON file {missing}")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+    except _Repeated as e:
+        raise ConfigError(f"{path}: {e}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
     return doc
+
+
+class _Repeated(ValueError):
+    """A key given twice in one JSON object."""
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused where it gives a key twice (keys are read case-insensitively):
+    JSON parsers keep the last silently, as a .properties file would, where a key given twice
+    is an error too (either value may be the meant one)."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for k, v in pairs:
+        first = seen.get(k.lower())
+        if first is not None:
+            raise _Repeated(
+                f'"{first[0]}" is given twice in one object ({json.dumps(first[1])}, then '
+                f'"{k}": {json.dumps(v)}): keep one'
+            )
+        seen[k.lower()] = (k, v)
+    return dict(pairs)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:

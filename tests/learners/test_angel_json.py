@@ -429,6 +429,17 @@ def test_malformed_json_names_the_file_line_and_column(tmp_path: Path) -> None:
     )
 
 
+def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
+    """A JSON parser keeps the last silently (lr 4.0, then 0.001 trained at 0.001); a key
+    given twice in a .properties file is an error, and so it is here."""
+    text = '{"train": {"epoch": 1, "lr": 4.0, "LR": 0.001}}'
+    assert _error(tmp_path, text) == (
+        'FILE: "lr" is given twice in one object (4.0, then "LR": 0.001): keep one'
+    )
+    # The same key in two objects (every layer's "name") is no repeat.
+    assert _json_conf("deepfm.json")["ml.model.graph"]
+
+
 def test_a_missing_json_file_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"angel\.ml\.conf=.*nope\.json: the JSON file does not exist"
