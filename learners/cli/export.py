@@ -4,13 +4,13 @@ module or ONNX (learners/runs/export_formats.py)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from angelconf.config import ConfigError
 from angelconf.printable import printable
 from learners.cli.common import EXIT_OK, Subparsers, add_verb
+from learners.job.paths import cannot_write
 
 __all__ = ["register"]
 
@@ -70,8 +70,11 @@ def _export(args: argparse.Namespace) -> int:
     parent = out.parent
     if not parent.is_dir():
         raise ConfigError(f"--out {args.out}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {args.out}: the directory {parent} is not writable")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(
+            f"--out {args.out}: cannot write there ({why}); choose a folder you can write to"
+        )
     if not args.max_mb > 0:
         raise ConfigError(f"--max-mb {args.max_mb:g} is not valid: expected a number > 0")
     from learners.runs.export_formats import export_model, format_of  # torch: only when writing

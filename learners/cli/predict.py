@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ from angelconf.printable import printable
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
-from learners.job.paths import absolute_paths, check_url, relative_notes
+from learners.job.paths import absolute_paths, cannot_write, check_url, relative_notes
 from learners.runs.output_file import replace_atomically
 
 if TYPE_CHECKING:
@@ -178,8 +177,11 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
     parent = out.parent if is_file or not out.is_dir() else out
     if not parent.is_dir():
         raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} is not writable")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(
+            f"{_shown(conf, _OUT)}: cannot write there ({why}); choose a folder you can write to"
+        )
     return out if is_file else out / PREDICTIONS_FILE
 
 

@@ -17,7 +17,7 @@ from angelconf.printable import printable
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
 from learners.job.action import JobAction
-from learners.job.paths import absolute_paths, relative_notes
+from learners.job.paths import absolute_paths, cannot_write, relative_notes
 from learners.runs.output_file import replace_atomically
 
 __all__ = ["register", "train_job"]
@@ -70,6 +70,11 @@ def _check_summary_json(name: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise ConfigError(f"--summary-json {name}: {parent} is a file, not a directory")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(
+            f"--summary-json {name}: cannot write there ({why}); choose a folder you can write to"
+        )
 
 
 def _write_text(path: str, text: str) -> None:

@@ -13,6 +13,9 @@ Standard library only: the command line calls it before torch and Ray load.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 from angelconf.config import Config, ConfigError
 from angelps.file_store import files_for
@@ -23,6 +26,7 @@ __all__ = [
     "READ_KEYS",
     "absolute",
     "absolute_paths",
+    "cannot_write",
     "check_url",
     "relative_notes",
 ]
@@ -112,3 +116,21 @@ def relative_notes(conf: Config, address: str | None) -> list[str]:
             "see it: give an absolute path on a shared file system, or a URL"
         )
     return notes
+
+
+def cannot_write(folder: str | os.PathLike[str]) -> str | None:
+    """Why files cannot be written in ``folder`` or in folders made under it (its nearest
+    existing ancestor is tried: a folder is made there and removed), or None where they can.
+    A real attempt, not ``os.access``: root passes that check where /proc, /sys or a
+    read-only mount still refuse the write, which then failed after the job's work."""
+    here = Path(folder)
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{here} is a file, not a folder"
+    try:
+        probe = tempfile.mkdtemp(prefix=".angelps-probe-", dir=here)
+    except OSError as e:
+        return f"{here}: {e.strerror or e}"
+    shutil.rmtree(probe, ignore_errors=True)
+    return None

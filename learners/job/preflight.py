@@ -26,7 +26,7 @@ from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
 from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
-from learners.job.paths import PATH_KEYS, check_url
+from learners.job.paths import PATH_KEYS, cannot_write, check_url
 from learners.job.rate_plan import check_rates_early
 from learners.models.config import job_model_info
 from learners.models.table_decl import table_specs
@@ -99,6 +99,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         )
         if not resume:
             check_output_policy(conf, "angel.save.model.path")
+    _check_log_path(conf, plan.log_dir)
     check_rates(conf)
     _check_plateau(conf, watched_metric(plan, cls.task))
     _check_kept(conf, plan)
@@ -140,8 +141,23 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
         parent = parent.parent
     if not parent.is_dir():
         raise ConfigError(f"{where}: {parent} is a file, so the directory cannot be created")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: {parent} is not writable")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(f"{where}: cannot write there ({why}); choose a folder you can write to")
+
+
+def _check_log_path(conf: Config, log_dir: str) -> None:
+    """``angel.log.path`` on a disk must be a folder that can be written (or made): a file
+    there, or a place that refuses writes, failed after Ray had started."""
+    if not log_dir or files_for(log_dir).disk_path(log_dir) is None:
+        return  # (object storage: check_url reached it)
+    key = "angel.log.path"
+    where = f"{key}={log_dir}" + (f" ({conf.source(key)})" if conf.is_set(key) else "")
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ConfigError(f"{where} is a file: expected the folder of the job's runs")
+    why = cannot_write(log_dir)
+    if why is not None:
+        raise ConfigError(f"{where}: cannot write there ({why}); choose a folder you can write to")
 
 
 def _check_own_folders(path: Path, where: str, log_dir: str, backup_path: str) -> None:

@@ -9,6 +9,7 @@ byte.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -135,12 +136,45 @@ def test_summary_json_naming_a_directory_exits_2_before_training(user_files, cap
 
 
 def test_an_unwritable_parent_is_refused(user_files, capsys, monkeypatch):
-    """(Root may write anywhere: the permission answer is simulated.)"""
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: os.path.realpath(p) != os.path.realpath(user_files)
-    )
+    """(Root may write anywhere: the refusal is simulated where the check tries the write.)"""
+    mkdtemp = tempfile.mkdtemp
+
+    def refuse(*args, dir=None, **kw):
+        if dir is not None and os.path.realpath(dir) == os.path.realpath(user_files):
+            raise PermissionError(13, "Permission denied")
+        return mkdtemp(*args, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
     assert _train("new/model", "logs") == 2
     assert capsys.readouterr().err == (
-        f"angelps: error: angel.save.model.path=new/model (command line): {user_files} "
-        "is not writable\n"
+        "angelps: error: angel.save.model.path=new/model (command line): cannot write there "
+        f"({os.path.realpath(user_files)}: Permission denied); choose a folder you can write to\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("angel.save.model.path", "angel.save.model.path=/proc/angelps-model (command line)"),
+        ("angel.log.path", "angel.log.path=/proc/angelps-model (command line)"),
+    ],
+)
+def test_a_place_that_refuses_writes_even_to_root_is_refused_up_front(
+    user_files, capsys, key, said
+):
+    """/proc refuses a new file to root too: the check tries the write (os.access said yes to
+    root, and the job failed after it started, with a bare OS error)."""
+    other = "angel.log.path=logs" if key != "angel.log.path" else "angel.save.model.path=model"
+    assert _train("model", "logs", other, f"{key}=/proc/angelps-model") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"angelps: error: {said}: cannot write there (/proc: "), err
+    assert err.endswith("); choose a folder you can write to\n"), err
+
+
+def test_a_summary_json_that_cannot_be_written_is_refused_before_training(user_files, capsys):
+    """It failed after the whole training, naming only the OS error."""
+    assert main(["train", "--conf", CONF, "--summary-json", "/proc/x/summary.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "angelps: error: --summary-json /proc/x/summary.json: cannot write there (/proc: "
+    ), err

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -188,14 +190,20 @@ def test_output_directory_missing_or_not_writable(job_file, tmp_path, capsys, mo
     locked.chmod(0o500)
     try:
         if os.access(locked, os.W_OK):
-            # Root writes anywhere: the check is shown the directory as any other user sees it.
-            access = os.access
-            monkeypatch.setattr(
-                os, "access", lambda p, mode: False if Path(p) == locked else access(p, mode)
-            )
+            # Root writes anywhere: the check's write is refused as any other user's would be.
+            mkdtemp = tempfile.mkdtemp
+
+            def refuse(*args: Any, dir: Any = None, **kw: Any) -> str:
+                if dir is not None and Path(dir) == locked:
+                    raise PermissionError(13, "Permission denied")
+                return mkdtemp(*args, dir=dir, **kw)
+
+            monkeypatch.setattr(tempfile, "mkdtemp", refuse)
         err = _bad([*base, "--out", str(kept)], capsys)
-        assert f"angel.predict.out.path={kept} (command line): the directory" in err
-        assert "is not writable" in err
+        assert (
+            f"angel.predict.out.path={kept} (command line): cannot write there ({locked}: "
+            "Permission denied); choose a folder you can write to"
+        ) in err
     finally:
         locked.chmod(0o700)
     assert kept.read_text() == "old\n"
