@@ -223,18 +223,21 @@ def apply_angel_json(conf: Config) -> Config:
     values = {k: conf[k] for k in conf}
     sources = {k: conf.source(k) for k in conf if conf.is_set(k)}
     for name, (value, where) in sets.items():
+        raw = json.dumps(value) if isinstance(value, (list, dict)) else value
+        if isinstance(raw, bool):
+            raw = "true" if raw else "false"
+        try:
+            # (checked even where the job's own key wins: a file the user gave holds no
+            # invalid value unsaid, "lr": "fast" behind ml.learn.rate included)
+            valid = validate(by_name[name], raw, name)
+        except ConfigError as e:
+            raise ConfigError(f"{src}: {where}: {e}") from None
         if name == "ml.model.class.name" and conf.is_set(name):
             _check_class(conf, src)
             # The JSON's layers define the network whatever Angel class was named.
         elif conf.is_set(name):
             continue  # the job file or the command line wins
-        raw = json.dumps(value) if isinstance(value, (list, dict)) else value
-        if isinstance(raw, bool):
-            raw = "true" if raw else "false"
-        try:
-            values[name] = validate(by_name[name], raw, name)
-        except ConfigError as e:
-            raise ConfigError(f"{src}: {where}: {e}") from None
+        values[name] = valid
         sources[name] = f"{src}: {where}"
     if MODEL_GRAPH.name in sets and sources.get(MODEL_GRAPH.name, "").startswith(f"{src}:"):
         # The widths that depend on the field count, checked now that it is known.

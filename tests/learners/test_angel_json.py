@@ -440,6 +440,15 @@ def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     assert _json_conf("deepfm.json")["ml.model.graph"]
 
 
+def test_an_invalid_json_value_is_refused_where_a_job_key_overrides_it(tmp_path: Path) -> None:
+    """The job's ml.learn.rate wins over the JSON's lr; the JSON's "fast" is still an error
+    (it was ignored without a word)."""
+    text = '{"train": {"epoch": 1, "lr": "fast"}}'
+    assert _error(tmp_path, text, **{"ml.learn.rate": "0.1"}) == (
+        "FILE: train.lr: ml.learn.rate=fast is not valid: expected a number"
+    )
+
+
 def test_a_missing_json_file_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"angel\.ml\.conf=.*nope\.json: the JSON file does not exist"
