@@ -31,6 +31,7 @@ SimpleLossLayer       the loss of ``lossfunc`` on its input                     
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,9 +52,11 @@ __all__ = [
     "LOSSES",
     "Graph",
     "Layer",
+    "RepeatedKey",
     "TransFunc",
     "graph_from_text",
     "graph_text",
+    "json_once",
     "optimizer_overrides",
     "parse_graph",
 ]
@@ -266,11 +269,13 @@ def graph_text(doc: Mapping[str, Any]) -> str:
 def graph_from_text(text: str, where: str) -> Graph:
     """The :class:`Graph` of an ``ml.model.graph`` value; errors name ``where`` (its source)."""
     try:
-        doc = json.loads(text)
+        doc = json_once(text)
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"ml.model.graph ({where}) is not valid JSON: {e.msg} at column {e.colno}"
         ) from None
+    except RepeatedKey as e:
+        raise ConfigError(f"ml.model.graph ({where}): {e.describe(lines=False)}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"ml.model.graph ({where}): expected a JSON object with layers")
     try:
@@ -278,3 +283,124 @@ def graph_from_text(text: str, where: str) -> Graph:
     except ConfigError as e:
         raise ConfigError(f"ml.model.graph ({where}): {e}") from None
     return Graph(g.layers, where)
+
+
+# --- JSON that gives no key twice -----------------------------------------------------------------
+
+
+class RepeatedKey(ValueError):
+    """A key given twice in one object of a JSON text: where (``line``, ``col`` and the JSON
+    ``path`` of the second) and both: (key, value as written, line, column)."""
+
+    def __init__(
+        self, path: str, first: tuple[str, str, int, int], then: tuple[str, str, int, int]
+    ):
+        super().__init__(path)
+        self.path, self.first, self.then = path, first, then
+        self.line, self.col = then[2], then[3]
+
+    def describe(self, lines: bool = True) -> str:
+        """``<path>: given twice in one object: "lr": 4.0 at line 3, then "lr": 0.001 at line 5;
+        keep one`` (columns for ``lines=False``: a one-line JSON)."""
+        same_line = self.first[2] == self.then[2]
+
+        def at(k: tuple[str, str, int, int]) -> str:
+            pos = f"line {k[2]}" if lines else ""
+            if not lines or same_line:
+                pos = f"{pos} column {k[3]}".strip()
+            return f"{json.dumps(k[0])}: {_brief(k[1])} at {pos}"
+
+        case = " (keys are read case-insensitively)" if self.first[0] != self.then[0] else ""
+        return (
+            f"{self.path}: given twice in one object: {at(self.first)}, then {at(self.then)}"
+            f"{case}; keep one"
+        )
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def json_once(text: str) -> Any:
+    """``json.loads(text)``, a :class:`RepeatedKey` where one object gives a key twice (keys
+    compared case-insensitively, as Angel's are read): a JSON parser keeps the last silently,
+    where either may be the meant one (a key given twice in a ``.properties`` file is refused
+    too). A :class:`json.JSONDecodeError` where the text is not JSON."""
+    repeated = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        if len({k.lower() for k, _ in items}) < len(items):
+            repeated = True
+        return dict(items)
+
+    doc = json.loads(text, object_pairs_hook=pairs)
+    if repeated:
+        _Walk(text).value(0, "")  # raises RepeatedKey, naming where
+    return doc
+
+
+def _brief(written: str) -> str:
+    """A value as written in the JSON, or ``{...}``/``[...]`` for a long object or list."""
+    if (len(written) <= 40 and "\n" not in written) or written[0] not in "{[":
+        return written
+    return "{...}" if written[0] == "{" else "[...]"
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+class _Walk:
+    """A walk over valid JSON text that finds the first key given twice in one object (in the
+    order of the text) with its JSON path, line and column."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _ws(self, i: int) -> int:
+        m = _WS.match(self.text, i)
+        return m.end() if m else i
+
+    def _at(self, i: int) -> tuple[int, int]:
+        line = self.text.count("\n", 0, i) + 1
+        return line, i - (self.text.rfind("\n", 0, i) + 1) + 1
+
+    def value(self, i: int, path: str) -> int:
+        """The end of the value at ``i`` (after whitespace)."""
+        i = self._ws(i)
+        c = self.text[i]
+        if c == "{":
+            return self._object(i + 1, path)
+        if c == "[":
+            i, n = self._ws(i + 1), 0
+            if self.text[i] == "]":
+                return i + 1
+            while True:
+                i = self._ws(self.value(i, f"{path}[{n}]"))
+                n += 1
+                if self.text[i] == "]":
+                    return i + 1
+                i += 1  # ","
+        return _DECODER.raw_decode(self.text, i)[1]
+
+    def _object(self, i: int, path: str) -> int:
+        seen: dict[str, tuple[str, str, int, int]] = {}
+        i = self._ws(i)
+        if self.text[i] == "}":
+            return i + 1
+        while True:
+            at = i
+            key, i = _DECODER.raw_decode(self.text, i)
+            i = self._ws(i) + 1  # ":"
+            start = self._ws(i)
+            sub = f"{path}.{key}" if path else key
+            i = self.value(start, sub)
+            entry = (key, self.text[start:i], *self._at(at))
+            first = seen.get(key.lower())
+            if first is not None:
+                raise RepeatedKey(sub, first, entry)
+            seen[key.lower()] = entry
+            i = self._ws(i)
+            if self.text[i] == "}":
+                return i + 1
+            i = self._ws(i + 1)  # ","

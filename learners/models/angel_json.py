@@ -27,8 +27,10 @@ from angelps.file_store import files_for
 from angelps.optimizer_keys import OPTIMIZER_KEYS
 from learners.models.angel_graph import (
     Layer,
+    RepeatedKey,
     graph_from_text,
     graph_text,
+    json_once,
     optimizer_overrides,
     parse_graph,
 )
@@ -108,7 +110,7 @@ _ROLE_KEYS = ("ml.inputlayer.optimizer", "ml.embedding.optimizer", "ml.fclayer.o
 
 def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name) -> dict[str, Any]:
     """The JSON document of ``path``; a ConfigError names the file (and the line and column of
-    malformed JSON)."""
+    malformed JSON, or of a key given twice in one object, with its JSON path and both values)."""
     src = str(path)
     store = files_for(src)
     missing = text = ""
@@ -123,34 +125,14 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     if missing:
         raise ConfigError(f"{key}={path}: the JSON file {missing}")
     try:
-        doc = json.loads(text, object_pairs_hook=_no_repeats)
+        doc = json_once(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
-    except _Repeated as e:
-        raise ConfigError(f"{path}: {e}") from None
+    except RepeatedKey as e:
+        raise ConfigError(f"{path}:{e.line}:{e.col}: {e}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
     return doc
-
-
-class _Repeated(ValueError):
-    """A key given twice in one JSON object."""
-
-
-def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refused where it gives a key twice (keys are read case-insensitively):
-    JSON parsers keep the last silently, as a .properties file would, where a key given twice
-    is an error too (either value may be the meant one)."""
-    seen: dict[str, tuple[str, Any]] = {}
-    for k, v in pairs:
-        first = seen.get(k.lower())
-        if first is not None:
-            raise _Repeated(
-                f'"{first[0]}" is given twice in one object ({json.dumps(first[1])}, then '
-                f'"{k}": {json.dumps(v)}): keep one'
-            )
-        seen[k.lower()] = (k, v)
-    return dict(pairs)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from angelconf.config import Config, ConfigError, load_config
+from learners.cli.main import main
 from learners.keys import all_keys
+from learners.models.angel_graph import graph_from_text
 from learners.models.angel_json import apply_angel_json
 from learners.models.config import ModelConfig, job_model_info
 from learners.models.sparse_input import SparseInput
@@ -431,13 +433,48 @@ def test_malformed_json_names_the_file_line_and_column(tmp_path: Path) -> None:
 
 def test_a_key_given_twice_in_one_object_is_refused(tmp_path: Path) -> None:
     """A JSON parser keeps the last silently (lr 4.0, then 0.001 trained at 0.001); a key
-    given twice in a .properties file is an error, and so it is here."""
-    text = '{"train": {"epoch": 1, "lr": 4.0, "LR": 0.001}}'
+    given twice in a .properties file is an error, and so it is here: the file, the line and
+    column of the second, its JSON path and both values as written."""
+    text = (
+        '{\n  "train": {"epoch": 1, "lr": 4.0,\n'
+        '            "lr": 0.001, "decayalpha": 0.01, "decayalpha": 0.9}\n}\n'
+    )
     assert _error(tmp_path, text) == (
-        'FILE: "lr" is given twice in one object (4.0, then "LR": 0.001): keep one'
+        'FILE:3:13: train.lr: given twice in one object: "lr": 4.0 at line 2, then '
+        '"lr": 0.001 at line 3; keep one'
+    )
+    # keys are read case-insensitively; on one line the columns tell them apart
+    text = '{"train": {"epoch": 1, "lr": 4.0, "LR": 1e-3}}'
+    assert _error(tmp_path, text) == (
+        'FILE:1:35: train.LR: given twice in one object: "lr": 4.0 at line 1 column 24, then '
+        '"LR": 1e-3 at line 1 column 35 (keys are read case-insensitively); keep one'
+    )
+    # in a layer: its index in the path; a long object or list is shortened
+    doc = _doc("lr.json")
+    lines = json.dumps(doc, indent=2).splitlines()
+    at = next(i for i, x in enumerate(lines) if '"inputlayer": "wide"' in x)
+    lines.insert(at, '      "inputlayer": ["simpleinputlayer", "wide", "some", "other", "layers"],')
+    assert _error(tmp_path, "\n".join(lines)) == (
+        f'FILE:{at + 2}:7: layers[1].inputlayer: given twice in one object: "inputlayer": [...] '
+        f'at line {at + 1}, then "inputlayer": "wide" at line {at + 2}; keep one'
+    )
+    text = '{"train": {"epoch": 1}, "data": {}, "train": {"lr": 0.1}}'
+    assert _error(tmp_path, text) == (
+        'FILE:1:37: train: given twice in one object: "train": {"epoch": 1} at line 1 column 2, '
+        'then "train": {"lr": 0.1} at line 1 column 37; keep one'
     )
     # The same key in two objects (every layer's "name") is no repeat.
     assert _json_conf("deepfm.json")["ml.model.graph"]
+
+
+def test_a_key_given_twice_in_a_models_graph_is_refused() -> None:
+    text = '{"layers": [{"name": "a", "type": "SimpleInputLayer", "outputdim": 1, "name": "b"}]}'
+    with pytest.raises(ConfigError) as e:
+        graph_from_text(text, "--set")
+    assert str(e.value) == (
+        'ml.model.graph (--set): layers[0].name: given twice in one object: "name": "a" at '
+        'column 14, then "name": "b" at column 71; keep one'
+    )
 
 
 def test_an_invalid_json_value_is_refused_where_a_job_key_overrides_it(tmp_path: Path) -> None:
@@ -446,6 +483,57 @@ def test_an_invalid_json_value_is_refused_where_a_job_key_overrides_it(tmp_path:
     text = '{"train": {"epoch": 1, "lr": "fast"}}'
     assert _error(tmp_path, text, **{"ml.learn.rate": "0.1"}) == (
         "FILE: train.lr: ml.learn.rate=fast is not valid: expected a number"
+    )
+    text = '{"data": {"format": "libsvn"}, "train": {"epoch": 1}}'
+    assert _error(tmp_path, text, **{"ml.data.type": "libsvm"}) == (
+        "FILE: data.format: ml.data.type=libsvn is not valid: expected one of libsvm, dummy, "
+        "dense, parquet (did you mean libsvm?)"
+    )
+    doc = {**_doc("lr.json"), "default_optimizer": {"type": "momentum", "momentum": 2}}
+    assert _error(tmp_path, doc, **{"ml.opt.momentum.momentum": "0.5"}) == (
+        "FILE: default_optimizer: ml.opt.momentum.momentum=2.0 is not valid: expected a number "
+        "in [0, 1)"
+    )
+
+
+def test_the_command_line_exits_2_on_a_repeated_or_shadowed_invalid_json_value(
+    tmp_path: Path, capsys
+) -> None:
+    data = tmp_path / "d.libsvm"
+    data.write_text("1 1:1\n0 2:1\n")
+    job = tmp_path / "job.properties"
+    job.write_text(
+        f"angel.train.data.path = {data}\nml.learn.rate = 0.1\nml.data.type = libsvm\n"
+        f"angel.log.path = {tmp_path / 'log'}\n"
+    )
+    graph = tmp_path / "g.json"
+    doc = _doc("lr.json")
+    doc["train"] = {"epoch": 1, "lr": 4.0, "decayalpha": 0.01}
+    text = json.dumps(doc, indent=2)
+    graph.write_text(text.replace('"decayalpha": 0.01', '"decayalpha": 0.01, "decayalpha": 0.9'))
+    argv = ["train", "--conf", str(job), "--set", f"angel.ml.conf={graph}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    line = text.splitlines().index('    "decayalpha": 0.01') + 1
+    assert err == (
+        f"angelps: error: {graph}:{line}:25: train.decayalpha: given twice in one object: "
+        f'"decayalpha": 0.01 at line {line} column 5, then "decayalpha": 0.9 at line {line} '
+        "column 25; keep one"
+    )
+    doc["train"] = {"epoch": 1, "lr": "fast"}
+    doc["data"]["format"] = "libsvn"
+    graph.write_text(json.dumps(doc))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"angelps: error: {graph}: data.format: ml.data.type=libsvn is not valid: expected one "
+        "of libsvm, dummy, dense, parquet (did you mean libsvm?)"
+    )
+    doc["data"]["format"] = "libsvm"
+    graph.write_text(json.dumps(doc))
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"angelps: error: {graph}: train.lr: ml.learn.rate=fast is not valid: expected a number"
     )
 
 
