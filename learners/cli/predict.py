@@ -175,6 +175,8 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             ".parquet file, or a directory"
         )
     parent = out.parent if is_file or not out.is_dir() else out
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{_shown(conf, _OUT)}: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} does not exist")
     why = cannot_write(parent)

@@ -12,6 +12,7 @@ Standard library only: the command line calls it before torch and Ray load.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -131,6 +132,8 @@ def cannot_write(folder: str | os.PathLike[str]) -> str | None:
     try:
         probe = tempfile.mkdtemp(prefix=".angelps-probe-", dir=here)
     except OSError as e:
+        if e.errno == errno.ENOENT:  # (/proc: the folder is there, but takes no new entries)
+            return f"{here}: it takes no new folders ({e.strerror})"
         return f"{here}: {e.strerror or e}"
     shutil.rmtree(probe, ignore_errors=True)
     return None

@@ -148,14 +148,25 @@ def check_save_path(save_path: str, log_dir: str, source: str = "", backup_path:
 
 def _check_log_path(conf: Config, log_dir: str) -> None:
     """``angel.log.path`` on a disk must be a folder that can be written (or made): a file
-    there, or a place that refuses writes, failed after Ray had started."""
-    if not log_dir or files_for(log_dir).disk_path(log_dir) is None:
-        return  # (object storage: check_url reached it)
-    key = "angel.log.path"
-    where = f"{key}={log_dir}" + (f" ({conf.source(key)})" if conf.is_set(key) else "")
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise ConfigError(f"{where} is a file: expected the folder of the job's runs")
-    why = cannot_write(log_dir)
+    there, or a place that refuses writes, failed after Ray had started. So must a local
+    ``angel.ps.backup.path`` when backups are on (it failed after Ray started, with a bare OS
+    error naming no key)."""
+    _check_folder(conf, "angel.log.path", log_dir, "the folder of the job's runs")
+    if int(conf["angel.ps.backup.interval"]) > 0:
+        backups = str(conf["angel.ps.backup.path"] or "")
+        _check_folder(conf, "angel.ps.backup.path", backups, "the folder of the shard backups")
+
+
+def _check_folder(conf: Config, key: str, folder: str, what: str) -> None:
+    """ConfigError naming ``key`` when ``folder`` (a local path; empty or a URL: nothing to
+    check here) is a file, or files cannot be written in it or in folders made under it."""
+    disk = files_for(folder).disk_path(folder) if folder else None
+    if disk is None:
+        return  # (unset, or object storage: check_url reached it)
+    where = f"{key}={folder}" + (f" ({conf.source(key)})" if conf.is_set(key) else "")
+    if disk.exists() and not disk.is_dir():
+        raise ConfigError(f"{where} is a file: expected {what}")
+    why = cannot_write(disk)
     if why is not None:
         raise ConfigError(f"{where}: cannot write there ({why}); choose a folder you can write to")
 
