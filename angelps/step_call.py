@@ -67,3 +67,7 @@ class StepResult:
     #: the shard's process id (a device tier's swap: a tier that sees it change knows the
     #: shard restarted from a backup that may predate its write-backs)
     pid: int | None = None
+    #: the clock of this worker that the shard's backup held when Ray restarted it, on the
+    #: first push the shard took after that restart with nothing to replay (the backup held
+    #: every push before it): the client says the shard died, as it does after a replay
+    restored: int | None = None

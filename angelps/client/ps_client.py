@@ -218,6 +218,8 @@ class PSClient(TierSwaps):
             results = self._log.recover(every, self.net, self._clock)
         for c, r in zip(every, results, strict=True):
             self._log.trim(c.shard, r.backed_up)
+            if r.restored is not None:
+                self._log.warn(c.shard, r.restored, 0)
         return [r.rows for r in results[: len(calls)]]
 
     def _route(self, table: str, keys: ArrayLike) -> Routed:

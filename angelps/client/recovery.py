@@ -246,11 +246,11 @@ class ReplayLog:
                 if not is_restart(e):
                     raise remote_error(e) from None
                 continue
-            self._warn(shard, start, replayed)
+            self.warn(shard, start, replayed)
             return replayed
         raise RuntimeError(_again(shard))
 
-    def _warn(self, shard: int, start: int, replayed: int) -> None:
+    def warn(self, shard: int, start: int, replayed: int) -> None:
         """What failed and what was done, on the console (a worker's stderr reaches the
         driver's through Ray)."""
         print(

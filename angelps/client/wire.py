@@ -26,7 +26,8 @@ length 0) carry the rest, each at most :data:`MAX_FRAME_BYTES` (:func:`frames`).
   ...], "rd": [[table, n], ...]}``; the body holds, per write, the ``n`` int64 keys then the
   ``[n, width]`` whole rows (weights and optimizer slots), and per read its ``n`` int64 keys;
 * reply: ``{"ok": true, "b": backed_up, "rows": [[table, n, cols, dtype], ...] | null}`` (a
-  swap's also ``"pid"``: the shard's process id) and the rows, or ``{"ok": false, "kind": ...,
+  swap's also ``"pid"``: the shard's process id; the first push after a restart that had
+  nothing to replay also ``"r"``: the clock its backup held) and the rows, or ``{"ok": false, "kind": ...,
   "msg": ..., "args": [...]}``.
 
 A connection starts with the job's token (sent by the client, checked by the shard in constant
@@ -398,6 +399,8 @@ def encode_reply(
     head["rows"] = None if result.rows is None else rows_h
     if result.pid is not None:
         head["pid"] = result.pid
+    if result.restored is not None:
+        head["r"] = result.restored
     if region is not None:
         segment, off, size = region
         views = [byte_view(b) for b in bufs]
@@ -439,8 +442,13 @@ def decode_reply(
             dt = np.dtype(dtype)
             rows[name] = np.frombuffer(body, dtype=dt, count=n * cols, offset=off).reshape(n, cols)
             off += dt.itemsize * n * cols
-    pid = h.get("pid")
-    return True, StepResult(rows, int(h["b"]), None if pid is None else int(pid))
+    pid, restored = h.get("pid"), h.get("r")
+    return True, StepResult(
+        rows,
+        int(h["b"]),
+        None if pid is None else int(pid),
+        None if restored is None else int(restored),
+    )
 
 
 def recv_call(

@@ -160,12 +160,17 @@ class ShardServer(DataPlane):
         shard = self.shard
         worker, clock = call.worker, call.clock
         shard.clocks.check_worker(worker)
+        restored: int | None = None
         if worker in self._awaiting_replay:
             held = shard.clocks.pushed[worker]
             if not call.recovering and clock > held:
                 raise ShardRestarted(shard.shard_id, worker, held)
             if call.recovering or (clock == held and call.pushes is not None):
                 self._awaiting_replay.discard(worker)
+            if not call.recovering and call.pushes is not None:
+                # (the backup held every push before this one, so its client, which may never
+                # have seen a call fail, has nothing to replay: the reply tells it of the restart)
+                restored = held
             # (else a read: served, but it may come from a client that is not the worker's
             # own, as the launching client's at clock 0 is, even where the backup holds the
             # worker at clock 0; the worker's own shows it has nothing to replay at its push)
@@ -190,7 +195,7 @@ class ShardServer(DataPlane):
         backed_up = self.backups.clocks[worker]
         self._served["steps"] += 1
         if not call.pulls:
-            return StepResult(None, backed_up)
+            return StepResult(None, backed_up, restored=restored)
         pull_clock = call.pull_clock
         if pull_clock is not None and pull_clock > clock:
             await self._wait(
@@ -206,7 +211,7 @@ class ShardServer(DataPlane):
         t0 = time.perf_counter()
         rows = shard.pull(call.pulls, call.checked)
         self._served["step_s"] += time.perf_counter() - t0
-        return StepResult(rows, backed_up)
+        return StepResult(rows, backed_up, restored=restored)
 
     async def clock_of(self, worker: int) -> int:
         """The next clock this shard expects from ``worker`` (after a restart: the backup's)."""

@@ -54,7 +54,7 @@ def kill_shard(job: str, shard: int, pid: int, back: bool = False) -> None:
             time.sleep(0.1)
 
 
-def _train(client, kill_at=None, job=None, fused=True):
+def _train(client, kill_at=None, job=None, fused=True, back=False):
     ids, y = _data()
     bs = len(y) // STEPS
     lr = 0.05
@@ -65,7 +65,7 @@ def _train(client, kill_at=None, job=None, fused=True):
             # Find the shard as an operator would, by name, and kill its process (waited
             # for: ray.kill returns before it is gone, and under load it went after the last
             # step, with nothing left to recover).
-            kill_shard(job, 1, client.learn_pids()[1])
+            kill_shard(job, 1, client.learn_pids()[1], back=back)
         x = ids[step * bs : (step + 1) * bs]
         t = y[step * bs : (step + 1) * bs]
         w = rows["w"].reshape(bs, -1)
@@ -155,6 +155,28 @@ def test_killed_shard_recovers_and_training_is_unchanged(
     np.testing.assert_array_equal(got["b"], ref["b"])
     assert losses == ref_losses
     assert losses[-1] < losses[0]
+
+
+def test_a_restart_whose_backup_holds_every_push_is_still_reported(uninterrupted, tmp_path, capsys):
+    """Killed right after the update its inline backup was written at (clock 15) and back
+    before the worker's next push: that push reaches the new process by Ray and is the one it
+    expects, so nothing fails and nothing is replayed. The shard's reply says it restarted
+    (before, the restart went unreported: no call failed)."""
+    ref, ref_losses = uninterrupted
+    job = "held"
+    c = _launch(job, tmp_path, background=False)
+    try:
+        got, losses = _train(c, kill_at=15, job=job, back=True)
+        assert [s["restarted"] for s in c.stats()] == [False, True]
+        err = capsys.readouterr().err
+        assert err == (
+            "angelps: warning: parameter shard 1 died; Ray restarted it and it restored its "
+            "backup at clock 15 of worker 0, which replayed 0 push(es) since; training goes on\n"
+        )
+    finally:
+        c.shutdown()
+    np.testing.assert_array_equal(got["w"], ref["w"])
+    assert losses == ref_losses
 
 
 def test_a_shard_that_dies_again_while_a_worker_replays_is_recovered_again(
