@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
 from learners.job.paths import PATH_KEYS, cannot_write, check_url
 from learners.job.rate_plan import check_rates_early
-from learners.models.config import job_model_info
+from learners.models.config import job_model_info, unused_model_keys
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
 from learners.runs.log_store import run_logs_for
@@ -83,6 +84,8 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
             f"({conf.source('angel.train.data.path')}) does not exist"
         )
     cls = job_model_info(conf)  # unknown names fail here, first
+    for unused in unused_model_keys(conf):
+        warnings.warn(f"angelps: {unused}", UserWarning, stacklevel=2)
     if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
         raise ConfigError(
             f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "

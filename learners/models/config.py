@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from angelconf.config import ConfigError, Key, positive
+from angelconf.config import ConfigError, Key, format_value, positive
 from angelconf.options import keyed, read_keys
 from learners.models.angel_graph import Graph, graph_from_text
 from learners.models.angel_json import GRAPH_MODEL, MODEL_GRAPH
@@ -31,6 +31,7 @@ __all__ = [
     "KEYS",
     "ModelConfig",
     "job_model_info",
+    "unused_model_keys",
 ]
 
 #: The activation names ``ml.model.activations`` accepts (lower case).
@@ -82,6 +83,30 @@ def job_model_info(conf: Mapping[str, Any]) -> ModelEntry:
     """The model of a job: the registry entry of ``ml.model.class.name``, or AngelModel's
     for a job with a JSON graph (``angel.ml.conf``)."""
     return _entry(str(MODEL_CLASS_NAME.read(conf)), job_graph(conf))
+
+
+def unused_model_keys(conf: Mapping[str, Any]) -> list[str]:
+    """One line for each model key set in ``conf`` that the job's model does not read
+    (``ModelEntry.reads``): ``ml.fm.rank`` on LogisticRegression trains as if unset, which a
+    user who set it means not to happen unsaid. ``ml.num.class=2`` on a binary model is
+    what the model is: not reported. Empty for a model that declares nothing (a user's)."""
+    entry = job_model_info(conf)
+    if entry.reads is None or not hasattr(conf, "is_set"):
+        return []
+    out = []
+    for key in KEYS[1:]:
+        name = key.name
+        if name in entry.reads or name not in conf or not conf.is_set(name):
+            continue
+        if name == NUM_CLASS.name and entry.task == "binary" and conf[name] == 2:
+            continue
+        shown = "" if conf[name] is None else format_value(conf[name])
+        reads = ", ".join(entry.reads) or "none"
+        out.append(
+            f"{name}={shown} ({conf.source(name)}): set but not used by {entry.name} "
+            f"(the model keys it reads: {reads}; docs/models.md)"
+        )
+    return out
 
 
 MODEL_CLASS_NAME = Key(

@@ -55,6 +55,9 @@ class ModelEntry:
     needs_fields: bool = False
     #: Fully qualified class names that select this model too (Angel's job files).
     angel_classes: tuple[str, ...] = field(default=())
+    #: The model keys (``learners.models.config.KEYS``) its build reads: another one set warns
+    #: as unused (``ml.fm.rank`` on LogisticRegression). None (a user's model): not checked.
+    reads: tuple[str, ...] | None = None
 
     @property
     def angel_name(self) -> str:
@@ -125,29 +128,73 @@ def model_entry(name: str) -> ModelEntry:
     )
 
 
+# The model keys each built-in model reads (learners/models/tables.py and zoo.py).
+_INPUT = ("ml.inputlayer.init.std",)
+_EMBEDDING = ("ml.fm.rank", "ml.embedding.init.std")
+_MLP = ("ml.model.hidden.layers", "ml.model.activations", "ml.model.dropout")
+
+
 def _builtin(
-    name: str, tables: str, package: str | None, task: str = "binary", fields: bool = False
+    name: str,
+    tables: str,
+    package: str | None,
+    reads: tuple[str, ...],
+    task: str = "binary",
+    fields: bool = False,
 ) -> ModelEntry:
     aliases: Iterable[str] = () if package is None else (package + name,)
-    return ModelEntry(name, f"{_TABLES}:{tables}", f"{_ZOO}:{name}", task, fields, tuple(aliases))
+    return ModelEntry(
+        name, f"{_TABLES}:{tables}", f"{_ZOO}:{name}", task, fields, tuple(aliases), reads
+    )
 
 
 # The built-in models: Angel's (angel-ps/mllib/.../ml/{classification,regression}/), whose
 # fully qualified class names are aliases so an Angel job file's ml.model.class.name works.
 # Angel's DNN is its generic JSON-driven graph model: no Angel class name maps to angelps's DNN.
 for _entry in (
-    _builtin("LogisticRegression", "linear", _CLASSIFICATION),
-    _builtin("SupportVectorMachine", "linear", _CLASSIFICATION),
-    _builtin("SoftmaxRegression", "softmax", _CLASSIFICATION, task="multiclass"),
-    _builtin("MixedLogisticRegression", "mixed", _CLASSIFICATION),
-    _builtin("LinearRegression", "linear", _REGRESSION, task="regression"),
-    _builtin("RobustRegression", "linear", _REGRESSION, task="regression"),
-    _builtin("FactorizationMachines", "wide_embedding", _CLASSIFICATION),
-    _builtin("DeepFM", "wide_embedding", _CLASSIFICATION, fields=True),
-    _builtin("WideAndDeep", "wide_embedding", _CLASSIFICATION, fields=True),
-    _builtin("NeuralFactorizationMachines", "wide_embedding", _CLASSIFICATION),
-    _builtin("ProductNeuralNetwork", "wide_embedding", _CLASSIFICATION, fields=True),
-    _builtin("DNN", "dnn", None),
+    _builtin("LogisticRegression", "linear", _CLASSIFICATION, _INPUT),
+    _builtin("SupportVectorMachine", "linear", _CLASSIFICATION, _INPUT),
+    _builtin(
+        "SoftmaxRegression",
+        "softmax",
+        _CLASSIFICATION,
+        (*_INPUT, "ml.num.class"),
+        task="multiclass",
+    ),
+    _builtin("MixedLogisticRegression", "mixed", _CLASSIFICATION, (*_INPUT, "ml.mlr.rank")),
+    _builtin("LinearRegression", "linear", _REGRESSION, _INPUT, task="regression"),
+    _builtin(
+        "RobustRegression",
+        "linear",
+        _REGRESSION,
+        (*_INPUT, "ml.robustregression.loss.delta"),
+        task="regression",
+    ),
+    _builtin("FactorizationMachines", "wide_embedding", _CLASSIFICATION, (*_INPUT, *_EMBEDDING)),
+    _builtin(
+        "DeepFM", "wide_embedding", _CLASSIFICATION, (*_INPUT, *_EMBEDDING, *_MLP), fields=True
+    ),
+    _builtin(
+        "WideAndDeep",
+        "wide_embedding",
+        _CLASSIFICATION,
+        (*_INPUT, *_EMBEDDING, *_MLP),
+        fields=True,
+    ),
+    _builtin(
+        "NeuralFactorizationMachines",
+        "wide_embedding",
+        _CLASSIFICATION,
+        (*_INPUT, *_EMBEDDING, *_MLP),
+    ),
+    _builtin(
+        "ProductNeuralNetwork",
+        "wide_embedding",
+        _CLASSIFICATION,
+        (*_INPUT, *_EMBEDDING, *_MLP),
+        fields=True,
+    ),
+    _builtin("DNN", "dnn", None, (*_INPUT, *_MLP)),
     # Angel's graph model: the network is the JSON of angel.ml.conf (learners/models/angel_json.py);
     # its task and field needs are the graph's (learners.models.config.job_model_info).
     ModelEntry(
@@ -158,6 +205,13 @@ for _entry in (
             "com.tencent.angel.ml.core.graphsubmit.AngelModel",
             "com.tencent.angel.ml.core.graphsubmit.GraphModel",
             "GraphModel",
+        ),
+        # (its layers' sizes, activations and dropout are the JSON's)
+        reads=(
+            *_INPUT,
+            "ml.embedding.init.std",
+            "ml.num.class",
+            "ml.robustregression.loss.delta",
         ),
     ),
 ):
