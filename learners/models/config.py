@@ -91,19 +91,20 @@ def unused_model_keys(conf: Mapping[str, Any]) -> list[str]:
     user who set it means not to happen unsaid. ``ml.num.class=2`` on a binary model is
     what the model is: not reported. Empty for a model that declares nothing (a user's)."""
     entry = job_model_info(conf)
-    if entry.reads is None or not hasattr(conf, "is_set"):
-        return []
+    is_set, source = getattr(conf, "is_set", None), getattr(conf, "source", None)
+    if entry.reads is None or is_set is None or source is None:
+        return []  # (a plain mapping: which keys were set is not known)
     out = []
     for key in KEYS[1:]:
         name = key.name
-        if name in entry.reads or name not in conf or not conf.is_set(name):
+        if name in entry.reads or name not in conf or not is_set(name):
             continue
         if name == NUM_CLASS.name and entry.task == "binary" and conf[name] == 2:
             continue
         shown = "" if conf[name] is None else format_value(conf[name])
         reads = ", ".join(entry.reads) or "none"
         out.append(
-            f"{name}={shown} ({conf.source(name)}): set but not used by {entry.name} "
+            f"{name}={shown} ({source(name)}): set but not used by {entry.name} "
             f"(the model keys it reads: {reads}; docs/models.md)"
         )
     return out
