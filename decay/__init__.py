@@ -39,7 +39,7 @@ from decay.classic import (
 from decay.compose import ChainedScheduler, SequentialLR, Warmup
 from decay.cyclic import CyclicLR, OneCycleLR
 from decay.docs import render_markdown
-from decay.factory import DecayDeprecationWarning, from_conf
+from decay.factory import DecayDeprecationWarning, UnusedDecayKeys, from_conf
 from decay.keys import KEYS
 from decay.modern import (
     InverseSqrt,
@@ -80,6 +80,7 @@ __all__ = [
     "StandardDecay",
     "StepLR",
     "StepSizeScheduler",
+    "UnusedDecayKeys",
     "WarmRestarts",
     "Warmup",
     "WarmupConstant",

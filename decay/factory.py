@@ -24,7 +24,7 @@ from decay.base import ParamError, StepSizeScheduler
 from decay.keys import CLASS_KEY, DEPRECATED_ALPHA_KEY, KEYS, LR_KEY, PREFIX, SCHEDULE_SUFFIXES
 from decay.registry import COMPOSITE, FROM_TOTAL, schedule_class, schedule_keys, suffix
 
-__all__ = ["DecayDeprecationWarning", "from_conf"]
+__all__ = ["DecayDeprecationWarning", "UnusedDecayKeys", "from_conf"]
 
 _INDEX = KeyIndex(KEYS)
 _CHILD = re.compile(r"^ml\.opt\.decay\.(\d+)\.(.+)$")
@@ -35,6 +35,20 @@ _LEARNER_KEYS = (PREFIX + "on.batch", PREFIX + "intervals", PREFIX + "unit")
 
 class DecayDeprecationWarning(UserWarning):
     """A deprecated decay key was used (shown by default, unlike DeprecationWarning)."""
+
+
+class UnusedDecayKeys(UserWarning):
+    """Decay keys set but not read by the schedule built (``keys``, sorted; ``schedule``: its
+    class name), so that a caller can tell where each was set (an Angel JSON's ``train``
+    block sets keys its decay ignores, as Angel's did)."""
+
+    def __init__(self, keys: list[str], schedule: str) -> None:
+        super().__init__(f"{', '.join(keys)}: set but not used by {schedule}")
+        self.keys = tuple(keys)
+        self.schedule = schedule
+
+    def __reduce__(self) -> tuple[type[UnusedDecayKeys], tuple[list[str], str]]:
+        return type(self), (list(self.keys), self.schedule)
 
 
 class _Reader:
@@ -324,11 +338,7 @@ def _warn_unused(r: _Reader, sched: StepSizeScheduler) -> None:
         and r.is_set(k)
     ]
     if unused:
-        warnings.warn(
-            f"{', '.join(sorted(unused))}: set but not used by {type(sched).__name__}",
-            UserWarning,
-            stacklevel=3,
-        )
+        warnings.warn(UnusedDecayKeys(sorted(unused), type(sched).__name__), stacklevel=3)
 
 
 def from_conf(conf: Mapping[str, Any], total_steps: int | None = None) -> StepSizeScheduler:

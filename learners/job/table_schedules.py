@@ -114,14 +114,13 @@ def _build(
         except ValueError as e:  # ConfigError included: a bad value or parameter
             raise ConfigError(_own_names(str(e), table, own)) from None
     for w in caught:
-        text = str(w.message)
-        if "set but not used" in text:
+        if isinstance(w.message, decay.UnusedDecayKeys):
             # the job's keys were reported by the job's own schedule; report the table's only
-            keys = [k for k in text.split(":")[0].split(", ") if k in own]
-            if not keys:
-                continue
-            text = f"{', '.join(own[k] for k in keys)}:{text.split(':', 1)[1]}"
-        warnings.warn(text, w.category, stacklevel=3)
+            keys = [own[k] for k in w.message.keys if k in own]
+            if keys:
+                warnings.warn(decay.UnusedDecayKeys(keys, w.message.schedule), stacklevel=3)
+            continue
+        warnings.warn(str(w.message), w.category, stacklevel=3)
     return sched
 
 

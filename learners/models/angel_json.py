@@ -185,6 +185,15 @@ def json_keys(doc: Mapping[str, Any], conf: Mapping[str, Any]) -> dict[str, tupl
     return out
 
 
+def set_by_angel_json(conf: Mapping[str, Any], key: str) -> bool:
+    """Whether ``key`` of ``conf`` took its value from the Angel JSON of ``angel.ml.conf``."""
+    path = conf.get(ANGEL_ML_CONF.name)
+    source = getattr(conf, "source", None)
+    if not path or source is None or not getattr(conf, "is_set", lambda k: False)(key):
+        return False
+    return str(source(key)).startswith(f"{files_for(str(path)).canonical(str(path))}:")
+
+
 def apply_angel_json(conf: Config) -> Config:
     """``conf`` with the keys of the JSON file of ``angel.ml.conf`` (when set) filled in where
     the job did not set them; ``conf`` itself when the key is unset or already applied."""

@@ -642,3 +642,28 @@ def test_the_json_may_be_on_object_storage(tmp_path: Path, monkeypatch) -> None:
             ConfigError, match=r"^angel\.ml\.conf=s3://angel/jsons: the JSON file is a directory$"
         ):
             _conf({"angel.ml.conf": "s3://angel/jsons"})
+
+
+def test_a_decay_key_the_json_sets_and_its_schedule_ignores_is_a_note(capsys) -> None:
+    """Angel's documented DeepFM JSON sets ``decaybeta`` beside StandardDecay, which ignores
+    it (as Angel's did): one note line, not a warning on every run. The same key set by the
+    job itself still warns."""
+    import warnings
+
+    from learners.job.rate_plan import _job_schedule
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _job_schedule(_json_conf("deepfm.json"), 100)
+    assert [str(w.message) for w in caught] == []
+    src = str(JSONS / "deepfm.json")
+    assert capsys.readouterr().err == (
+        f"angelps: note: ml.opt.decay.beta=0.01 ({src}: train.decaybeta) is not used by "
+        "StandardDecay (nor was it by Angel's)\n"
+    )
+    with pytest.warns(UserWarning) as said:
+        _job_schedule(_json_conf("deepfm.json", **{"ml.opt.decay.beta": 0.2}), 100)
+    assert [str(w.message) for w in said] == [
+        "ml.opt.decay.beta: set but not used by StandardDecay"
+    ]
+    assert capsys.readouterr().err == ""
