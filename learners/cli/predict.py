@@ -108,6 +108,10 @@ def job_from_args(args: argparse.Namespace) -> tuple[Config, JobAction]:
     flags = {_LOAD: args.model, _DATA: args.input, _OUT: getattr(args, "out", None)}
     # Relative paths mean the command's directory, also for actors on other nodes.
     conf = load_job(args, [f"{k}={v}" for k, v in flags.items() if v is not None])
+    # (an error then names the option typed: "angel.predict.out.path=/x.csv (--out)")
+    for key, flag in ((_LOAD, "--model"), (_DATA, "--input"), (_OUT, "--out")):
+        if flags[key] is not None:
+            conf = conf.with_overrides({key: conf[key]}, flag)
     for note in relative_notes(conf, args.address):
         print(printable(note), file=sys.stderr)
     conf = absolute_paths(conf)

@@ -169,9 +169,7 @@ def test_predict_without_a_model_path(job_file, capsys) -> None:
     err = _bad(argv, capsys)
     assert "angel.load.model.path is not set: predict needs a saved model" in err
     err = _bad([*argv, "--model", str(job_file["tmp"] / "nothing")], capsys)
-    assert (
-        f"angel.load.model.path={job_file['tmp'] / 'nothing'} (command line): no saved model" in err
-    )
+    assert f"angel.load.model.path={job_file['tmp'] / 'nothing'} (--model): no saved model" in err
     assert not out.exists()
 
 
@@ -201,7 +199,7 @@ def test_output_directory_missing_or_not_writable(job_file, tmp_path, capsys, mo
             monkeypatch.setattr(tempfile, "mkdtemp", refuse)
         err = _bad([*base, "--out", str(kept)], capsys)
         assert (
-            f"angel.predict.out.path={kept} (command line): cannot write there ({locked}: "
+            f"angel.predict.out.path={kept} (--out): cannot write there ({locked}: "
             "Permission denied); choose a folder you can write to"
         ) in err
     finally:

@@ -139,11 +139,13 @@ def _predict(work: Path, *args: str) -> tuple[int, str]:
 def test_a_prediction_output_under_proc_is_refused_before_predicting(
     work: Path, args: tuple[str, ...]
 ) -> None:
-    """It failed after the predictions were made (about 9 s), naming a temporary file."""
+    """It failed after the predictions were made (about 9 s), naming a temporary file. The
+    option typed is named: ``--out``, or the key set on the command line."""
     rc, err = _predict(work, *args)
     (work / "m").rmdir()
+    where = "--out" if args[0] == "--out" else "command line"
     _refused_up_front(
-        work, rc, err, f"angel.predict.out.path=/proc/angelps-pred.csv (command line): {PROC}"
+        work, rc, err, f"angel.predict.out.path=/proc/angelps-pred.csv ({where}): {PROC}"
     )
 
 
@@ -154,6 +156,6 @@ def test_a_prediction_output_under_a_file_says_it_is_a_file(work: Path) -> None:
         work,
         rc,
         err,
-        f"angel.predict.out.path={work / 'afile' / 'pred.csv'} (command line): "
+        f"angel.predict.out.path={work / 'afile' / 'pred.csv'} (--out): "
         f"{work / 'afile'} is a file, not a directory",
     )
