@@ -37,6 +37,7 @@ from angelps.client.transport import (
     remote_error,
     settled,
 )
+from angelps.memory_kills import MemoryKill, memory_kills, now_ms
 from angelps.server.shard import NotReplayed, SaveLost, ShardRestarted
 from angelps.step_call import Pulls, StepCall, StepResult
 
@@ -47,6 +48,7 @@ __all__ = [
     "UNAVAILABLE_WAITS",
     "Call",
     "ReplayLog",
+    "ShardOutOfMemory",
     "ask_available",
     "dead_for_good",
     "is_restart",
@@ -138,6 +140,25 @@ def dead_for_good(shard: int, e: ActorDiedError) -> str:
     )
 
 
+class ShardOutOfMemory(RuntimeError):
+    """A shard died and Ray killed processes of the job for memory: the client stops rather
+    than replay into a shard that will outgrow its node again (the driver's failover says
+    what was killed and what to change, learners/job/memory_kills.py)."""
+
+    def __init__(self, shard: int, kills: Sequence[MemoryKill]) -> None:
+        pids = ", ".join(str(k.pid) for k in kills)
+        super().__init__(
+            f"parameter shard {shard} died, and Ray killed the job's process(es) {pids} "
+            f"because the node ran low on memory: not recovered, as a shard restored from its "
+            f"backup would grow into the same limit"
+        )
+        self.shard = shard
+        self.kills = tuple(kills)
+
+    def __reduce__(self) -> tuple[type[ShardOutOfMemory], tuple[int, tuple[MemoryKill, ...]]]:
+        return type(self), (self.shard, self.kills)
+
+
 def is_restart(e: RayTaskError) -> bool:
     """A remote call refused because its shard restarted (the client must replay)."""
     return isinstance(getattr(e, "cause", None), ShardRestarted)
@@ -153,6 +174,8 @@ class ReplayLog:
         self.worker_id = worker_id
         self.enabled = enabled
         self.timeout_s = timeout_s
+        #: Ray's memory kills of this job's processes from then on stop a recovery.
+        self.since_ms = now_ms()
         #: The job's secret, which the shards check on every call (set by the client).
         self.secret = ""
         # per shard: the push calls sent to it, as they are replayed (StepCall.replayed)
@@ -233,7 +256,12 @@ class ReplayLog:
         """Replay this worker's pushes to ``shard`` (restarted); the pushes replayed. A shard
         that dies again meanwhile is restarted by Ray from its backup once more: the replay is
         made again, up to :data:`RECOVERY_ROUNDS` times; one Ray will not restart fails at
-        once (naming the key that bounds it)."""
+        once (naming the key that bounds it). A shard, or any process of the job, that Ray
+        killed because its node ran low on memory is not recovered: restored from its backup it
+        would grow into the same limit (:class:`ShardOutOfMemory`)."""
+        kills = memory_kills(self.since_ms)
+        if kills:
+            raise ShardOutOfMemory(shard, kills)
         for _ in range(RECOVERY_ROUNDS):
             net.reconnect(shard)
             try:

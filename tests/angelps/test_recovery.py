@@ -179,6 +179,34 @@ def test_a_restart_whose_backup_holds_every_push_is_still_reported(uninterrupted
     assert losses == ref_losses
 
 
+def test_a_shard_ray_killed_for_memory_is_not_recovered(ray_local, tmp_path, monkeypatch):
+    """Ray restarts a shard its memory monitor killed; restored from its backup it would grow
+    into the same limit, so the client stops (before, it replayed and trained on until Ray
+    killed it again, as often as angel.ps.max-attempts allows). The kills are Ray's worker
+    table's (angelps/memory_kills.py): one is put there for this test."""
+    from angelps.client import recovery
+    from angelps.memory_kills import MemoryKill
+
+    asked: list[int] = []
+    kill = MemoryKill(4242, 2**30, "Memory on the node (IP: 127.0.0.1) was 22GB used")
+    monkeypatch.setattr(recovery, "memory_kills", lambda since: asked.append(since) or [kill])
+    job = "oom"
+    c = _launch(job, tmp_path, background=False)
+    try:
+        with pytest.raises(recovery.ShardOutOfMemory) as e:
+            _train(c, kill_at=7, job=job)
+        assert str(e.value) == (
+            "parameter shard 1 died, and Ray killed the job's process(es) 4242 because the node "
+            "ran low on memory: not recovered, as a shard restored from its backup would grow "
+            "into the same limit"
+        )
+        assert asked == [c._log.since_ms]
+        # (nothing replayed: the restarted shard holds its backup's clock, 5 of 7 pushes)
+        assert ray.get(c.handles[1].clock_of.remote(0)) == 5
+    finally:
+        c.shutdown()
+
+
 def test_a_shard_that_dies_again_while_a_worker_replays_is_recovered_again(
     uninterrupted, tmp_path, monkeypatch, capsys
 ):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from ray.exceptions import RayError
 
+from angelps import memory_kills as ray_kills
 from learners.job import failover, memory_kills
 from learners.job.memory_kills import MemoryKill, NodeOutOfMemory, out_of_memory
 from learners.worker.group import WorkerDied
@@ -57,8 +58,8 @@ def test_the_error_names_each_process_killed_its_memory_the_node_and_what_to_cha
 
 
 def test_rays_line_about_the_node_is_taken_from_the_kills_detail() -> None:
-    assert memory_kills._node(SimpleNamespace(exit_detail=DETAIL)) == NODE
-    assert memory_kills._node(SimpleNamespace(exit_detail="killed")) == ""
+    assert ray_kills._node(SimpleNamespace(exit_detail=DETAIL)) == NODE
+    assert ray_kills._node(SimpleNamespace(exit_detail="killed")) == ""
 
 
 class _Loop:
@@ -124,7 +125,7 @@ def test_a_failure_is_said_as_the_memorys_only_where_ray_killed_for_it(
         reads.append(since)
         return list(found)
 
-    monkeypatch.setattr(memory_kills, "_read", read)
+    monkeypatch.setattr(ray_kills, "_read", read)
     t0 = time.monotonic()
     assert memory_kills.explained(ValueError("bad line"), 5) is None
     assert reads == [5] and time.monotonic() - t0 < 0.5  # (a bad input is not waited on)
