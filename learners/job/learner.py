@@ -48,14 +48,26 @@ __all__ = ["GraphLearner", "TrainResult"]
 class GraphLearner:
     """Train, evaluate and predict one model on the parameter server.
 
-    ``GraphLearner(conf)`` takes a loaded :class:`~angelconf.config.Config`;
-    :meth:`from_properties` loads one from a ``.properties`` file plus overrides.
+    ``GraphLearner(conf)`` takes a loaded :class:`~angelconf.config.Config`, a mapping of keys
+    to values, or the path of a ``.properties`` job file; :meth:`from_properties` loads one
+    from a file plus overrides.
     """
 
     def __init__(
-        self, conf: Config | Mapping[str, Any], address: str | None = None, quiet: bool = False
+        self,
+        conf: Config | Mapping[str, Any] | str | os.PathLike[str],
+        address: str | None = None,
+        quiet: bool = False,
     ) -> None:
-        if not isinstance(conf, Config):
+        if isinstance(conf, (str, os.PathLike)):
+            conf = load_config(conf, (), all_keys())
+            _say_notes(conf, quiet)
+        elif not isinstance(conf, Config):
+            if not isinstance(conf, Mapping):
+                raise TypeError(
+                    f"GraphLearner: expected a Config, a mapping of keys to values or the path "
+                    f"of a .properties file, got {type(conf).__name__}"
+                )
             conf = load_config(None, dict(conf), all_keys())
             _say_notes(conf, quiet)
         # Angel's own keys applied (idempotent), then Angel's JSON (angel.ml.conf), when named
