@@ -105,7 +105,7 @@ def test_every_reader_refuses_a_checkpoint_without_its_manifest(trained, tmp_pat
         assert main(args) == 2, verb
         err = capsys.readouterr().err
         if how == "mid-commit" and verb != "export":
-            want = f"{_LOAD}={model} (command line): no saved model there (no such directory)"
+            want = f"{_LOAD}={model} (--model): no saved model there (no such directory)"
         elif how == "mid-commit":
             want = f"--model {model}: no saved model there (no such directory)"
         else:
