@@ -48,7 +48,6 @@ __all__ = [
     "UNAVAILABLE_WAITS",
     "Call",
     "ReplayLog",
-    "ShardOutOfMemory",
     "ask_available",
     "dead_for_good",
     "is_restart",
@@ -140,25 +139,6 @@ def dead_for_good(shard: int, e: ActorDiedError) -> str:
     )
 
 
-class ShardOutOfMemory(RuntimeError):
-    """A shard died and Ray killed processes of the job for memory: the client stops rather
-    than replay into a shard that will outgrow its node again (the driver's failover says
-    what was killed and what to change, learners/job/memory_kills.py)."""
-
-    def __init__(self, shard: int, kills: Sequence[MemoryKill]) -> None:
-        pids = ", ".join(str(k.pid) for k in kills)
-        super().__init__(
-            f"parameter shard {shard} died, and Ray killed the job's process(es) {pids} "
-            f"because the node ran low on memory: not recovered, as a shard restored from its "
-            f"backup would grow into the same limit"
-        )
-        self.shard = shard
-        self.kills = tuple(kills)
-
-    def __reduce__(self) -> tuple[type[ShardOutOfMemory], tuple[int, tuple[MemoryKill, ...]]]:
-        return type(self), (self.shard, self.kills)
-
-
 def is_restart(e: RayTaskError) -> bool:
     """A remote call refused because its shard restarted (the client must replay)."""
     return isinstance(getattr(e, "cause", None), ShardRestarted)
@@ -174,7 +154,8 @@ class ReplayLog:
         self.worker_id = worker_id
         self.enabled = enabled
         self.timeout_s = timeout_s
-        #: Ray's memory kills of this job's processes from then on stop a recovery.
+        #: Ray's memory kills of this job's processes from then on are named in the warning
+        #: that a shard was recovered.
         self.since_ms = now_ms()
         #: The job's secret, which the shards check on every call (set by the client).
         self.secret = ""
@@ -256,12 +237,7 @@ class ReplayLog:
         """Replay this worker's pushes to ``shard`` (restarted); the pushes replayed. A shard
         that dies again meanwhile is restarted by Ray from its backup once more: the replay is
         made again, up to :data:`RECOVERY_ROUNDS` times; one Ray will not restart fails at
-        once (naming the key that bounds it). A shard, or any process of the job, that Ray
-        killed because its node ran low on memory is not recovered: restored from its backup it
-        would grow into the same limit (:class:`ShardOutOfMemory`)."""
-        kills = memory_kills(self.since_ms)
-        if kills:
-            raise ShardOutOfMemory(shard, kills)
+        once (naming the key that bounds it)."""
         for _ in range(RECOVERY_ROUNDS):
             net.reconnect(shard)
             try:
@@ -274,16 +250,32 @@ class ReplayLog:
                 if not is_restart(e):
                     raise remote_error(e) from None
                 continue
-            self.warn(shard, start, replayed)
+            # (a kill for memory may be a passing peak, a checkpoint's copy of the tables:
+            # recovered, as Ray's restarts allow, but said, with what would keep it away; by
+            # now Ray's worker table has the kill, no wait for it)
+            self.warn(shard, start, replayed, memory_kills(self.since_ms, settle_s=0.0))
             return replayed
         raise RuntimeError(_again(shard))
 
-    def warn(self, shard: int, start: int, replayed: int) -> None:
+    def warn(self, shard: int, start: int, replayed: int, kills: Sequence[MemoryKill] = ()) -> None:
         """What failed and what was done, on the console (a worker's stderr reaches the
-        driver's through Ray)."""
+        driver's through Ray); ``kills``: the job's processes Ray killed for memory since this
+        client started, the likely cause."""
+        why = ""
+        if kills:
+            each = ", ".join(
+                f"pid {k.pid}" + (f" ({k.used_bytes / 2**30:.2f} GiB)" if k.used_bytes else "")
+                for k in kills
+            )
+            why = (
+                f" (Ray killed the job's process(es) {each} because the node ran low on "
+                f"memory; to keep it from happening again: more shard actors on more nodes, "
+                f"angel.ps.number, or checkpoints written without a copy of the tables, "
+                f"angel.save.model.async=false)"
+            )
         print(
-            f"angelps: warning: parameter shard {shard} died; Ray restarted it and it restored "
-            f"its backup at clock {start} of worker {self.worker_id}, which replayed "
+            f"angelps: warning: parameter shard {shard} died{why}; Ray restarted it and it "
+            f"restored its backup at clock {start} of worker {self.worker_id}, which replayed "
             f"{replayed} push(es) since; training goes on",
             file=sys.stderr,
             flush=True,

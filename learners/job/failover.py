@@ -55,6 +55,7 @@ __all__ = [
     "BACKUP_DIR",
     "WorkerFailover",
     "backup_options",
+    "kill_workers",
     "remove_backup_root",
 ]
 
@@ -108,11 +109,11 @@ class WorkerFailover:
         limit = self.options.max_restarts
         kills = memory_kills(self.since_ms)
         if kills:
-            _kill_workers(loop.actors)
+            kill_workers(loop.actors)
             what = f"worker {died.index} died ({died.reason})"
             raise out_of_memory(what, kills, names(loop.actors), self.save_path) from died
         if self.restarts >= limit:
-            _kill_workers(loop.actors)  # the live ones may wait for the dead one: do not ask them
+            kill_workers(loop.actors)  # the live ones may wait for the dead one: do not ask them
             raise WorkerDied(
                 died.index,
                 f"{died.reason}; the job has restarted {self.restarts} time(s), as many as "
@@ -161,7 +162,7 @@ def names(actors: Any) -> dict[int, str]:
     return {pid: f"parameter shard {shard}" for shard, pid in pids.items()}
 
 
-def _kill_workers(actors: Any) -> None:
+def kill_workers(actors: Any) -> None:
     """Kill every worker actor of the job's ``actors`` (learners.job.actors.JobActors) at once."""
     workers, actors.workers = actors.workers, None
     if workers is not None:
@@ -173,7 +174,7 @@ def _kill_workers(actors: Any) -> None:
 def _stop(actors: Any) -> None:
     """Kill the workers (without asking them: the live ones may be blocked waiting for the dead
     one) and the shards, and wait until the shards' names are free for the new launch."""
-    _kill_workers(actors)
+    kill_workers(actors)
     ps, actors.ps = actors.ps, None
     if ps is None:
         return

@@ -73,6 +73,8 @@ class GraphLearner:
         # Angel's own keys applied (idempotent), then Angel's JSON (angel.ml.conf), when named
         conf = apply_angel_json(resolve_angel_keys(conf))
         self.quiet = quiet
+        #: the type of the error that ended the last train(), None after one that succeeded
+        self._train_failed: str | None = None
         self.actors = JobActors(conf, address, quiet)
         self.loop = TrainingLoop(self.actors, quiet)
         self.inference = Inference(self.actors)
@@ -131,7 +133,13 @@ class GraphLearner:
 
     def train(self, resume: bool = False) -> TrainResult:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
-        return self.loop.train(resume)
+        try:
+            result = self.loop.train(resume)
+        except BaseException as e:
+            self._train_failed = type(e).__name__  # (what save() says after it)
+            raise
+        self._train_failed = None
+        return result
 
     def validate(self) -> dict[str, Any]:
         """Validation metrics over every worker's validation part ({} when there is none)."""
@@ -160,6 +168,13 @@ class GraphLearner:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the trained model (PS tables, worker-side layers, scheduler) to ``path``."""
+        if self._train_failed is not None and (
+            self.actors.ps is None or self.actors.workers is None
+        ):
+            raise RuntimeError(
+                f"save(): the last train() failed ({self._train_failed}); nothing to save: fix "
+                "its cause and train again, or load a checkpoint"
+            )
         if self.actors.ps is None:
             raise RuntimeError("save(): nothing trained or loaded yet")
         if self.actors.workers is None:  # (a failed train() stopped them; its error said why)

@@ -222,6 +222,9 @@ class TrainingLoop:
             )
             if oom is None:
                 raise
+            # (its workers are not asked anything again: some of the job's processes are gone,
+            # and save() says that the failure stopped them rather than fail on a dead one)
+            failover.kill_workers(self.actors)
             raise oom from e
         finally:
             if ckpts is not None and ckpts.writing:  # (an error: its files may all be written)

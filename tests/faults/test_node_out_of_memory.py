@@ -58,3 +58,46 @@ def test_a_job_whose_processes_ray_kills_for_memory_stops_at_once_and_says_so(
     assert f"its last checkpoint, if it wrote one, is kept in {tmp_path / 'model'}" in line
     assert "angel.ps.number" in line and "RAY_memory_usage_threshold" in line
     assert "restarting the workers" not in err, err  # (not restarted into the same limit)
+
+
+def test_after_a_python_train_stopped_for_memory_save_says_the_failure_stopped_the_workers(
+    tmp_path: Path,
+) -> None:
+    """GraphLearner.train() raises NodeOutOfMemory; save() after it used to call the workers
+    left alive and end on a raw Ray error about a dead actor (with Ray's colour codes)."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys\n"
+        "from learners import GraphLearner\n"
+        "from learners.job.memory_kills import NodeOutOfMemory\n"
+        f"sets = {{'ml.epoch.num': 3, 'angel.log.path': {str(tmp_path / 'log')!r}}}\n"
+        "with GraphLearner.from_properties('conf/lr_a9a.properties', sets, quiet=True) as l:\n"
+        "    try:\n"
+        "        l.train()\n"
+        "    except NodeOutOfMemory:\n"
+        "        print('train: NodeOutOfMemory', file=sys.stderr)\n"
+        "    try:\n"
+        f"        l.save({str(tmp_path / 'm')!r})\n"
+        "    except RuntimeError as e:\n"
+        "        print(f'save: {e}', file=sys.stderr)\n"
+    )
+    env = {
+        **os.environ,
+        "RAY_memory_usage_threshold": f"{_threshold(300):.4f}",
+        "RAY_memory_monitor_refresh_ms": "100",
+    }
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = out.stderr.splitlines()
+    assert out.returncode == 0, out.stderr
+    assert "train: NodeOutOfMemory" in lines, out.stderr
+    assert (
+        "save: save(): the last train() failed (NodeOutOfMemory); nothing to save: fix its "
+        "cause and train again, or load a checkpoint"
+    ) in lines, out.stderr

@@ -38,3 +38,16 @@ def test_anything_else_says_what_is_taken() -> None:
         "GraphLearner: expected a Config, a mapping of keys to values or the path of a "
         ".properties file, got int"
     )
+
+
+def test_save_after_a_failed_train_says_that_train_failed(tmp_path: Path) -> None:
+    learner = GraphLearner({"angel.train.data.path": str(tmp_path / "none.libsvm")}, quiet=True)
+    with pytest.raises(ConfigError, match="does not exist"):
+        learner.train()  # (refused before Ray starts)
+    with pytest.raises(RuntimeError) as e:
+        learner.save(tmp_path / "m")
+    assert str(e.value) == (
+        "save(): the last train() failed (ConfigError); nothing to save: fix its cause and "
+        "train again, or load a checkpoint"
+    )
+    assert not (tmp_path / "m").exists()
