@@ -33,7 +33,7 @@ from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
 from learners.job.job_options import JobOptions
 from learners.job.lr_scaling import batch_scale
-from learners.job.table_schedules import table_keys, table_schedules
+from learners.job.table_schedules import job_schedule, table_keys, table_schedules
 from learners.runs.output_file import replace_atomically
 
 PLOT_MAX_STEPS = 1_000_000
@@ -173,7 +173,7 @@ def _schedules(conf: Any, total: int) -> tuple[StepSizeScheduler, dict[str, Step
     model to check the names against)."""
 
     try:
-        sched = decay.from_conf(conf, total_steps=total)
+        sched = job_schedule(conf, total)  # (an Angel JSON's unused decay keys: a note)
         return sched, table_schedules(conf, list(table_keys(conf)), total)
     except ConfigError:
         raise

@@ -25,22 +25,20 @@ reports (:meth:`RatePlan.advance`): no schedule state comes back from the worker
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from angelconf.config import ConfigError, format_value
+from angelconf.config import ConfigError
 from angelps import OptimizerSpec
 from angelps.rates import Step, StepRates
 from angelps.table import TableSpec
-from decay import StepSizeScheduler, UnusedDecayKeys, from_conf
+from decay import StepSizeScheduler, from_conf
 from decay.keys import PREFIX
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.lr_scaling import batch_scale
-from learners.job.table_schedules import DENSE, table_schedules
-from learners.models.angel_json import set_by_angel_json
+from learners.job.table_schedules import DENSE, job_schedule, table_schedules
 from learners.models.config import ModelConfig
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
@@ -292,32 +290,6 @@ def check_momentum_cycle(
             )
 
 
-def _job_schedule(conf: Mapping[str, Any], total: int) -> StepSizeScheduler:
-    """The job's schedule (:func:`decay.from_conf`). Of its keys set but not used, those an
-    Angel JSON's ``train`` block set get one note line each rather than a warning: Angel's
-    documented JSONs set ``decaybeta`` for StandardDecay, which ignored it there too, and a
-    JSON pasted as documented should not warn on every run."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        sched = from_conf(conf, total_steps=total)
-    for w in caught:
-        if not isinstance(w.message, UnusedDecayKeys):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            continue
-        from_json = [k for k in w.message.keys if set_by_angel_json(conf, k)]
-        for key in from_json:
-            where = getattr(conf, "source")(key)  # noqa: B009 (set by a JSON: a Config)
-            print(
-                f"angelps: note: {key}={format_value(conf[key])} ({where}) is not "
-                f"used by {w.message.schedule} (nor was it by Angel's)",
-                file=sys.stderr,
-            )
-        rest = [k for k in w.message.keys if k not in from_json]
-        if rest:
-            warnings.warn(UnusedDecayKeys(rest, w.message.schedule), stacklevel=3)
-    return sched
-
-
 def build_rate_plan(
     conf: Mapping[str, Any],
     plan: TrainPlan,
@@ -331,7 +303,7 @@ def build_rate_plan(
     unit = str(conf["ml.opt.decay.unit"])
     rows = sum(size.train_rows) or size.batch_size * plan.workers * size.updates_per_epoch
     total = schedule_total(unit, plan.decay_on_batch, plan.epochs, size.updates_per_epoch, rows)
-    main = _job_schedule(conf, total)
+    main = job_schedule(conf, total)
     worker_dense = bool(dense_params) and plan.dense_placement == "worker"
     names = [t.name for t in tables]
     own = table_schedules(conf, names, total, worker_dense)

@@ -1,4 +1,5 @@
-"""A schedule per table: ``ml.opt.decay.<table>.*`` and ``ml.learn.rate.<table>``.
+"""A schedule per table: ``ml.opt.decay.<table>.*`` and ``ml.learn.rate.<table>``; and the
+job's own (:func:`job_schedule`).
 
 Any of these keys set gives the table a schedule of its own (the job's schedule drives every
 other table). Unset values fall back to the global keys: a table that sets only
@@ -13,17 +14,19 @@ SequentialLR or ChainedScheduler (their children's keys are global).
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import decay
-from angelconf.config import ConfigError, KeyIndex
+from angelconf.config import ConfigError, KeyIndex, format_value
 from decay import StepSizeScheduler
 from decay.keys import CLASS_KEY, KEYS, LR_KEY, PREFIX, TABLE_LR_KEY
 from decay.registry import COMPOSITE, schedule_class
+from learners.models.angel_json import set_by_angel_json
 
-__all__ = ["DENSE", "table_keys", "table_names", "table_schedules"]
+__all__ = ["DENSE", "job_schedule", "table_keys", "table_names", "table_schedules"]
 
 #: The name that stands for the worker-side dense layers (and the PS's ``dense.*`` tables).
 DENSE = "dense"
@@ -140,3 +143,29 @@ def table_schedules(
                 f"names: {', '.join(valid)}"
             )
     return {t: _build(conf, t, own, total) for t, own in sorted(keys.items())}
+
+
+def job_schedule(conf: Mapping[str, Any], total: int) -> StepSizeScheduler:
+    """The job's schedule (:func:`decay.from_conf`; the ``schedule`` verb's too). Of its keys
+    set but not used, those an Angel JSON's ``train`` block set get one note line each rather
+    than a warning: Angel's documented JSONs set ``decaybeta`` for StandardDecay, which
+    ignored it there too, and a JSON pasted as documented should not warn on every run."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = decay.from_conf(conf, total_steps=total)
+    for w in caught:
+        if not isinstance(w.message, decay.UnusedDecayKeys):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        from_json = [k for k in w.message.keys if set_by_angel_json(conf, k)]
+        for key in from_json:
+            where = getattr(conf, "source")(key)  # noqa: B009 (set by a JSON: a Config)
+            print(
+                f"angelps: note: {key}={format_value(conf[key])} ({where}) is not "
+                f"used by {w.message.schedule} (nor was it by Angel's)",
+                file=sys.stderr,
+            )
+        rest = [k for k in w.message.keys if k not in from_json]
+        if rest:
+            warnings.warn(decay.UnusedDecayKeys(rest, w.message.schedule), stacklevel=3)
+    return sched

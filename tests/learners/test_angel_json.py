@@ -650,11 +650,11 @@ def test_a_decay_key_the_json_sets_and_its_schedule_ignores_is_a_note(capsys) ->
     job itself still warns."""
     import warnings
 
-    from learners.job.rate_plan import _job_schedule
+    from learners.job.table_schedules import job_schedule
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _job_schedule(_json_conf("deepfm.json"), 100)
+        job_schedule(_json_conf("deepfm.json"), 100)
     assert [str(w.message) for w in caught] == []
     src = str(JSONS / "deepfm.json")
     assert capsys.readouterr().err == (
@@ -662,7 +662,7 @@ def test_a_decay_key_the_json_sets_and_its_schedule_ignores_is_a_note(capsys) ->
         "StandardDecay (nor was it by Angel's)\n"
     )
     with pytest.warns(UserWarning) as said:
-        _job_schedule(_json_conf("deepfm.json", **{"ml.opt.decay.beta": 0.2}), 100)
+        job_schedule(_json_conf("deepfm.json", **{"ml.opt.decay.beta": 0.2}), 100)
     assert [str(w.message) for w in said] == [
         "ml.opt.decay.beta: set but not used by StandardDecay"
     ]
