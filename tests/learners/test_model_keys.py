@@ -140,3 +140,17 @@ def test_train_warns_before_it_starts(tmp_path: Path):
         "(the model keys it reads: ml.inputlayer.init.std; docs/models.md)",
         "angelps: error: --resume needs angel.save.model.path (the checkpoint directory)",
     ]
+
+
+def test_conf_says_it_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from learners.cli.main import main
+
+    job = tmp_path / "job.properties"
+    job.write_text("ml.model.class.name = SoftmaxRegression\nml.num.class = 3\nml.mlr.rank = 4\n")
+    assert main(["conf", "--conf", str(job)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"angelps: warning: ml.mlr.rank=4 ({job}:3): set but not used by SoftmaxRegression (the "
+        "model keys it reads: ml.inputlayer.init.std, ml.num.class; docs/models.md)"
+    )
+    assert len(err) == 2  # (and the line about hidden defaults)
