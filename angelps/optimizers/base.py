@@ -102,6 +102,10 @@ class Optimizer(ABC):
     has_momentum: ClassVar[bool] = False
     #: Why the workers' dense layers cannot use it (None: they can).
     not_for_dense: ClassVar[str | None] = None
+    #: The :class:`OptimizerSpec` fields its update reads on a PS table (the workers' dense
+    #: layers read these less ``l1``): a key of another field, set, is not used. None (an
+    #: optimizer registered outside angelps that does not say): not checked.
+    reads: ClassVar[tuple[str, ...] | None] = None
 
     @abstractmethod
     def update(

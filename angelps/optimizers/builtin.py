@@ -27,6 +27,7 @@ class SGD(Optimizer):
     ``η' = η/(1+λ2η)``; ``w ← w(1−η'λ2) − η'g``; ``w ← sign(w)·max(0, |w|−η'λ1)``."""
 
     name, display = "sgd", "SGD"
+    reads: ClassVar[tuple[str, ...] | None] = ("l1", "l2")
 
     def update(
         self,
@@ -55,6 +56,7 @@ class Momentum(Optimizer):
     """torch.optim.SGD(momentum=m, weight_decay=λ2): ``v ← m·v + g'``; ``w ← w − η·v``."""
 
     name, display = "momentum", "Momentum"
+    reads: ClassVar[tuple[str, ...] | None] = ("momentum", "l2")
     slots: ClassVar[Mapping[str, int | None]] = {"v": None}
     torch_slots: ClassVar[Mapping[str, str]] = {"momentum_buffer": "v"}
     has_momentum = True
@@ -83,6 +85,7 @@ class Adam(Optimizer):
     """
 
     name, display = "adam", "Adam"
+    reads: ClassVar[tuple[str, ...] | None] = ("beta1", "beta2", "eps", "l2")
     slots: ClassVar[Mapping[str, int | None]] = {"m": None, "v": None, "t": 1}
     torch_slots: ClassVar[Mapping[str, str]] = {"exp_avg": "m", "exp_avg_sq": "v", "step": "t"}
     has_momentum = True
@@ -154,6 +157,7 @@ class AdaGrad(_Scaled):
     then the L1 threshold ``η·λ1/(√n+ε)``."""
 
     name, display = "adagrad", "AdaGrad"
+    reads: ClassVar[tuple[str, ...] | None] = ("eps", "l1", "l2")
     torch_slots: ClassVar[Mapping[str, str]] = {"sum": "n"}
 
     def accumulate(self, xp: Ops, spec: OptimizerSpec, n: Array, gp: Array) -> None:
@@ -166,6 +170,7 @@ class RMSProp(_Scaled):
     (Angel adds λ2w after the n update and has no ε, giving 0/0 where n = 0.)"""
 
     name, display = "rmsprop", "RMSProp"
+    reads: ClassVar[tuple[str, ...] | None] = ("rho", "eps", "l1", "l2")
     torch_slots: ClassVar[Mapping[str, str]] = {"square_avg": "n"}
 
     def accumulate(self, xp: Ops, spec: OptimizerSpec, n: Array, gp: Array) -> None:
@@ -181,6 +186,7 @@ class FTRL(Optimizer):
     As in Angel, α (``ml.opt.ftrl.alpha``) is the rate and the pushed η is not used."""
 
     name, display = "ftrl", "FTRL"
+    reads: ClassVar[tuple[str, ...] | None] = ("ftrl_alpha", "ftrl_beta", "l1", "l2")
     slots: ClassVar[Mapping[str, int | None]] = {"z": None, "n": None}
     not_for_dense = "FTRL ignores the step size"
 

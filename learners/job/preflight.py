@@ -27,6 +27,7 @@ from decay.keys import LR_KEY, PREFIX
 from learners.angel_keys import check_output_policy
 from learners.job.job_options import JobOptions
 from learners.job.loop_options import TrainPlan
+from learners.job.optimizer_use import unused_optimizer_keys
 from learners.job.paths import PATH_KEYS, cannot_write, check_url
 from learners.job.rate_plan import check_rates_early
 from learners.models.config import job_model_info, unused_model_keys
@@ -84,7 +85,7 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
             f"({conf.source('angel.train.data.path')}) does not exist"
         )
     cls = job_model_info(conf)  # unknown names fail here, first
-    for unused in unused_model_keys(conf):
+    for unused in [*unused_model_keys(conf), *unused_optimizer_keys(conf)]:
         warnings.warn(f"angelps: {unused}", UserWarning, stacklevel=2)
     if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
         raise ConfigError(

@@ -125,7 +125,7 @@ def test_train_warns_before_it_starts(tmp_path: Path):
     job.write_text(
         f"angel.train.data.path = {ROOT / 'data/a9a/a9a_123d_train.libsvm'}\n"
         "ml.data.type = libsvm\nml.feature.index.range = 123\nml.fm.rank = 16\n"
-        f"angel.log.path = {tmp_path / 'log'}\n"
+        f"angel.log.path = {tmp_path / 'log'}\nml.reg.l1 = 0.01\n"
     )
     run = subprocess.run(
         [sys.executable, "-m", "angelps", "train", "--conf", str(job), "--resume"],
@@ -138,6 +138,8 @@ def test_train_warns_before_it_starts(tmp_path: Path):
     assert run.stderr.splitlines() == [
         f"angelps: warning: ml.fm.rank=16 ({job}:4): set but not used by LogisticRegression "
         "(the model keys it reads: ml.inputlayer.init.std; docs/models.md)",
+        f"angelps: warning: ml.reg.l1=0.01 ({job}:6): set but not used by the job's optimizers "
+        "(ml.inputlayer.optimizer=Momentum); it is read by SGD, AdaGrad, RMSProp, FTRL",
         "angelps: error: --resume needs angel.save.model.path (the checkpoint directory)",
     ]
 
