@@ -30,6 +30,7 @@ from learners.job.loop_options import TrainPlan
 from learners.job.optimizer_use import unused_optimizer_keys
 from learners.job.paths import PATH_KEYS, cannot_write, check_url
 from learners.job.rate_plan import check_rates_early
+from learners.job.sparse_keys import unused_placement_keys
 from learners.models.config import job_model_info, unused_model_keys
 from learners.models.table_decl import table_specs
 from learners.models.tables import model_tables
@@ -85,7 +86,11 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
             f"({conf.source('angel.train.data.path')}) does not exist"
         )
     cls = job_model_info(conf)  # unknown names fail here, first
-    for unused in [*unused_model_keys(conf), *unused_optimizer_keys(conf)]:
+    for unused in [
+        *unused_model_keys(conf),
+        *unused_optimizer_keys(conf),
+        *unused_placement_keys(conf),
+    ]:
         warnings.warn(f"angelps: {unused}", UserWarning, stacklevel=2)
     if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
         raise ConfigError(

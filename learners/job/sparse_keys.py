@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from angelconf.config import ConfigError, Key, interval, positive
+from angelconf.config import ConfigError, Key, format_value, interval, positive
 from angelconf.options import key_field, read_keys
 
-__all__ = ["KEYS", "SparseOptions"]
+__all__ = ["KEYS", "SparseOptions", "unused_placement_keys"]
 
 SPARSE_PLACEMENT = Key(
     "angel.sparse.placement",
@@ -168,3 +168,35 @@ class SparseOptions:
                 f"default, or {SPARSE_PLACEMENT.name}=ps (or auto)"
             )
         return cls(**values, conflict=conflict)
+
+
+def unused_placement_keys(conf: Mapping[str, Any]) -> list[str]:
+    """One line for each key of the tables on the workers set in a job whose sparse tables
+    stay on the shards (``angel.sparse.placement=ps``, the default): a device tier's budget
+    set without the placement that makes one trains with every row on the shards, unsaid
+    otherwise. ``angel.sparse.worker.memory.mb`` is ``auto``'s alone."""
+    is_set, source = getattr(conf, "is_set", None), getattr(conf, "source", None)
+    if is_set is None or source is None:
+        return []
+    placement = str(conf.get(SPARSE_PLACEMENT.name, SPARSE_PLACEMENT.default))
+    keys = [TABLE_CAPACITY, TABLE_MEMORY_FRACTION, TABLE_EVICTION, TABLE_ADMIT]
+    if placement == "ps":
+        keys.insert(0, SPARSE_WORKER_MEMORY)
+    elif placement == "worker":
+        keys = [SPARSE_WORKER_MEMORY]
+    else:
+        return []
+    out = []
+    for key in keys:
+        if key.name in conf and is_set(key.name):
+            out.append(
+                f"{key.name}={format_value(conf[key.name])} ({source(key.name)}): set but not used with "
+                f"{SPARSE_PLACEMENT.name}={placement}"
+                + (
+                    " (the sparse tables stay on the shards): set angel.sparse.placement=worker "
+                    "or auto for tables on the workers"
+                    if placement == "ps"
+                    else " (it sizes auto's choice only)"
+                )
+            )
+    return out

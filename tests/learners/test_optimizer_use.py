@@ -86,3 +86,23 @@ def test_what_is_not_known_here_is_not_checked():
     # A JSON graph's layers may each name their own optimizer; a plain mapping says not
     # which keys were set.
     assert unused_optimizer_keys({"ml.reg.l1": 0.1}) == []
+
+
+def test_a_device_tier_key_without_tables_on_the_workers_is_named():
+    from learners.job.sparse_keys import unused_placement_keys
+
+    def unused(sets: dict[str, object]) -> list[str]:
+        return unused_placement_keys(load_config(None, sets, all_keys()))
+
+    # (the default placement is ps: a tier's budget alone made no tier, unsaid)
+    assert unused({"angel.worker.table.capacity": "1000000"}) == [
+        "angel.worker.table.capacity=1000000 (program): set but not used with "
+        "angel.sparse.placement=ps (the sparse tables stay on the shards): set "
+        "angel.sparse.placement=worker or auto for tables on the workers"
+    ]
+    assert unused({"angel.sparse.placement": "worker", "angel.sparse.worker.memory.mb": 100}) == [
+        "angel.sparse.worker.memory.mb=100.0 (program): set but not used with "
+        "angel.sparse.placement=worker (it sizes auto's choice only)"
+    ]
+    assert unused({"angel.sparse.placement": "auto", "angel.worker.table.capacity": "2GB"}) == []
+    assert unused({"angel.sparse.placement": "worker", "angel.worker.table.capacity": "2GB"}) == []
