@@ -10,6 +10,7 @@ from angelconf.config import format_value
 from angelconf.render import render_markdown
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.data.problems import printable
+from learners.job.sparse_keys import unused_placement_keys
 from learners.keys import all_keys, key_groups
 from learners.models.config import unused_model_keys
 
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{k.name}  [{k.type}, default {default}]  {k.doc}")
         return EXIT_OK
     conf = load_job(args)
-    for unused in unused_model_keys(conf):  # (as train says it, before the job starts)
+    # (as train says them, before the job starts; the optimizers' keys need numpy: train's)
+    for unused in [*unused_model_keys(conf), *unused_placement_keys(conf)]:
         print(printable(f"angelps: warning: {unused}"), file=sys.stderr)
     width = max(len(k) for k in conf)
     for name in sorted(conf):
