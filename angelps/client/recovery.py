@@ -250,17 +250,17 @@ class ReplayLog:
                 if not is_restart(e):
                     raise remote_error(e) from None
                 continue
-            # (a kill for memory may be a passing peak, a checkpoint's copy of the tables:
-            # recovered, as Ray's restarts allow, but said, with what would keep it away; by
-            # now Ray's worker table has the kill, no wait for it)
-            self.warn(shard, start, replayed, memory_kills(self.since_ms, settle_s=0.0))
+            self.warn(shard, start, replayed)
             return replayed
         raise RuntimeError(_again(shard))
 
-    def warn(self, shard: int, start: int, replayed: int, kills: Sequence[MemoryKill] = ()) -> None:
+    def warn(self, shard: int, start: int, replayed: int) -> None:
         """What failed and what was done, on the console (a worker's stderr reaches the
-        driver's through Ray); ``kills``: the job's processes Ray killed for memory since this
-        client started, the likely cause."""
+        driver's through Ray). A kill for memory may be a passing peak (a checkpoint's copy of
+        the tables): the shard is recovered as Ray's restarts allow, but the job's processes
+        Ray killed for memory since this client started, the likely cause, are named with what
+        would keep it away (by now Ray's worker table has the kill: no wait for it)."""
+        kills: Sequence[MemoryKill] = memory_kills(self.since_ms, settle_s=0.0)
         why = ""
         if kills:
             each = ", ".join(
