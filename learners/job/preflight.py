@@ -69,6 +69,10 @@ def watched_metric(plan: TrainPlan, task: str) -> str:
     return {"binary": "valid_auc", "multiclass": "valid_accuracy"}.get(task, "valid_rmse")
 
 
+#: The unused keys said in this process (:func:`check_job`).
+_SAID: set[str] = set()
+
+
 def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
     """Raise ConfigError for a job that cannot train: no data, an unknown model or one that
     lacks its field count, --resume without a checkpoint path, a save path that a checkpoint
@@ -91,7 +95,10 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
         *unused_optimizer_keys(conf),
         *unused_placement_keys(conf),
     ]:
-        warnings.warn(f"angelps: {unused}", UserWarning, stacklevel=2)
+        # (once a process: the command line checks the job, then training checks it again)
+        if unused not in _SAID:
+            _SAID.add(unused)
+            warnings.warn(f"angelps: {unused}", UserWarning, stacklevel=2)
     if cls.needs_fields and int(conf["ml.fm.field.num"]) < 1:
         raise ConfigError(
             f"{cls.angel_name} needs ml.fm.field.num (the number of fields, one id per field "

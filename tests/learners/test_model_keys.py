@@ -144,6 +144,28 @@ def test_train_warns_before_it_starts(tmp_path: Path):
     ]
 
 
+@pytest.mark.e2e
+def test_a_whole_train_says_it_once(tmp_path: Path) -> None:
+    """The command line checks the job before Ray starts and training checks it again: the
+    warning is printed once (it was printed twice)."""
+    sets = ["ml.epoch.num=1", "ml.reg.l1=0.01", "ml.fm.rank=4"]
+    sets += [f"angel.log.path={tmp_path / 'log'}", f"angel.save.model.path={tmp_path / 'model'}"]
+    argv = [sys.executable, "-m", "angelps", "train", "--conf", "conf/lr_a9a.properties"]
+    run = subprocess.run(
+        [*argv, *(a for s in sets for a in ("--set", s))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    warned = [ln for ln in run.stderr.splitlines() if ln.startswith("angelps: warning:")]
+    assert [w.split(" (")[0] for w in warned] == [
+        "angelps: warning: ml.fm.rank=4",
+        "angelps: warning: ml.reg.l1=0.01",
+    ], run.stderr
+
+
 def test_conf_says_it_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from learners.cli.main import main
 
