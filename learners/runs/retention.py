@@ -317,8 +317,10 @@ class Checkpoints:
         if self.on_failure == "stop":
             # The disk's hint only where the disk (or the path) is the cause.
             fix = "make room or fix the path, then " if _on_disk(exc) else "fix the cause, then "
+            # (with no checkpoint yet there is nothing to resume: --resume would be refused)
+            then = "continue with --resume" if self.last_good is not None else "train again"
             raise CheckpointWriteError(
-                f"{what}; stopped (angel.save.failure=stop): {fix}continue with --resume"
+                f"{what}; stopped (angel.save.failure=stop): {fix}{then}"
             ) from exc
         self.warn(f"angelps: warning: {what}; training goes on (angel.save.failure=continue)")
 

@@ -179,6 +179,20 @@ def test_a_failed_write_stops_naming_the_last_good_checkpoint(tmp_path):
     assert _epoch_of(save) == 1  # untouched
 
 
+def test_a_failed_first_write_says_to_train_again_not_to_resume(tmp_path):
+    """With no checkpoint written yet, --resume has nothing to continue from (it is refused):
+    the error said "continue with --resume" all the same."""
+    save = tmp_path / "model"
+    ck = Checkpoints(str(save), on_failure="stop")
+    with pytest.raises(CheckpointWriteError) as e:
+        ck.save(_writer([], fail_on={0}), 0, True)
+    assert str(e.value).endswith(
+        "; no checkpoint has been written yet; stopped (angel.save.failure=stop): make room or "
+        "fix the path, then train again"
+    )
+    assert not save.exists()
+
+
 class _Pending:
     """A checkpoint written in the background (angelps.client.pending_save.PendingSave): its
     ``result()`` waits for ``gate`` (the files), then commits with ``write`` or raises
