@@ -66,9 +66,10 @@ def check_log_space(log_dir: str, table_bytes: int = 0) -> None:
         )
 
 
-def explain(exc: BaseException, paths: dict[str, str]) -> DiskFull | None:
+def explain(exc: BaseException, paths: dict[str, str], resumable: bool = True) -> DiskFull | None:
     """A DiskFull naming ``paths`` (key -> path) and their free space when ``exc`` (or the text
-    of a Ray error wrapping it) is a "No space left on device"; else None."""
+    of a Ray error wrapping it) is a "No space left on device"; else None. ``resumable``: a
+    checkpoint is there to continue from (else ``--resume`` would be refused: train again)."""
     if not (getattr(exc, "errno", None) == 28 or _NO_SPACE in str(exc)):
         return None
     where = "; ".join(
@@ -76,8 +77,9 @@ def explain(exc: BaseException, paths: dict[str, str]) -> DiskFull | None:
         for key, path in paths.items()
         if path and (free := free_bytes(path)) is not None
     )
+    then = "continue with --resume" if resumable else "train again (no checkpoint to resume yet)"
     return DiskFull(
-        f"no space left on device ({where}): make room, then continue with --resume"
+        f"no space left on device ({where}): make room, then {then}"
         if where
-        else "no space left on device: make room, then continue with --resume"
+        else f"no space left on device: make room, then {then}"
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 from angelconf.config import Config, ConfigError
 from angelps.checkpoint.errors import CheckpointError, NoCheckpoint
+from angelps.checkpoint.store import holds_checkpoint
 from angelps.client.pending_save import PendingSave
 from decay import StepSizeScheduler
 from learners.data.problems import printable
@@ -116,10 +117,18 @@ class TrainingLoop:
         except Exception as e:
             paths = {"angel.log.path": str(self.plan.log_dir)}
             paths["angel.save.model.path"] = str(self.plan.save_path or "")
-            full = explain(e, paths)
+            full = explain(e, paths, self._resumable())
             if full is None:
                 raise
             raise full from e
+
+    def _resumable(self) -> bool:
+        """Whether ``--resume`` would find a checkpoint to continue from (for a failure's hint)."""
+        path = self.plan.save_path
+        try:
+            return bool(path) and holds_checkpoint(str(path))
+        except Exception:  # (unreadable storage: the hint is no worse than before)
+            return True
 
     def _train(self, resume: bool) -> TrainResult:
         plan, t_start = self.plan, time.perf_counter()

@@ -74,3 +74,24 @@ def test_a_full_disk_met_later_names_the_job_s_paths_and_their_room(tmp_path):
         assert str(full).startswith(f"no space left on device (angel.log.path={tmp_path / 'log'}: ")
         assert str(full).endswith(" free): make room, then continue with --resume")
     assert explain(ValueError("something else"), paths) is None
+
+
+def test_a_full_disk_before_any_checkpoint_says_to_train_again(tmp_path):
+    """--resume is refused where no checkpoint was written: the hint must not send a user there."""
+    from types import SimpleNamespace
+
+    from angelps.checkpoint.errors import FORMAT
+    from angelps.checkpoint.local_dir import MANIFEST
+    from learners.job.disk_space import explain
+    from learners.job.train_loop import TrainingLoop
+
+    paths = {"angel.log.path": str(tmp_path / "log")}
+    full = explain(OSError(errno.ENOSPC, "No space left on device"), paths, resumable=False)
+    assert full is not None
+    assert str(full).endswith(" free): make room, then train again (no checkpoint to resume yet)")
+    loop = SimpleNamespace(plan=SimpleNamespace(save_path=tmp_path / "m"))
+    assert TrainingLoop._resumable(loop) is False  # type: ignore[arg-type]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / MANIFEST).write_text(f'{{"format": "{FORMAT}"}}')
+    assert TrainingLoop._resumable(loop) is True  # type: ignore[arg-type]
+    assert TrainingLoop._resumable(SimpleNamespace(plan=SimpleNamespace(save_path=None))) is False  # type: ignore[arg-type]
