@@ -7,8 +7,9 @@
 - ``--address`` (``auto``, ``host:port``, ``ray://host:port``) or ``RAY_ADDRESS`` (as Ray sets
   it inside ``ray job submit``): the job joins that cluster and asks it for no resources of its
   own. The address is first probed, for at most ``angel.ray.connect.timeout.s`` in all, with
-  TCP connections and then a gRPC handshake: an unreachable address, or a port that accepts
-  connections but is not Ray, is one clear error, not minutes (or forever) of Ray's connection
+  TCP connections, a gRPC handshake and one call to the GCS: an unreachable address, a port
+  that accepts connections but is not Ray, or a cluster that refuses this shell's Ray token
+  (or its lack of one), is one clear error, not minutes (or forever) of Ray's connection
   warnings.
 
 Then, before any actor starts, :func:`check_fits` compares what the workers and shards ask for
@@ -155,12 +156,22 @@ def _start_or_join(cli_address: str | None, timeout_s: float) -> None:
         # The port answered (probe), so the likely cause is Ray's token authentication: Ray
         # 2.60 sends the token only under RAY_AUTH_MODE=token, even with one at hand, and a
         # cluster started with tokens then refuses the job after ~25 s of GCS warnings.
-        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
-        raise ConfigError(
-            f"{what}: Ray refused the connection ({e}); a cluster started with token "
-            f"authentication needs RAY_AUTH_MODE=token (now {mode}) and its token "
-            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in this shell"
-        ) from None
+        raise ConfigError(_token_text(what, f"Ray refused the connection ({e})")) from None
+
+
+def _token_text(what: str, refused: str) -> str:
+    """The error of a cluster that refuses this shell's Ray token (or its lack of one)."""
+    mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+    if mode == "token":
+        return (
+            f"{what}: {refused}; this shell's Ray token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+            "~/.ray/auth_token, the first set) is not the one the cluster was started with"
+        )
+    return (
+        f"{what}: {refused}; a cluster started with token authentication needs "
+        f"RAY_AUTH_MODE=token (now {mode}) and its token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+        "~/.ray/auth_token) in this shell"
+    )
 
 
 def stop(at_once: bool = False) -> None:
@@ -254,7 +265,8 @@ def probe(address: str, timeout_s: float, what: str) -> None:
 def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: str) -> None:
     """ConfigError unless ``hp`` completes a gRPC (HTTP/2) handshake before ``deadline``: a
     port that accepts connections but is not Ray (or not yet) would hold ``ray.init`` forever.
-    The channel is Ray's own (its TLS settings, RAY_USE_TLS, apply)."""
+    The channel is Ray's own (its TLS settings, RAY_USE_TLS, and its token where
+    RAY_AUTH_MODE=token apply); a GCS that refuses the token is a ConfigError too."""
     from ray._private.grpc_utils import init_grpc_channel  # (no public API for it)
 
     host = f"[{hp[0]}]" if ":" in hp[0] else hp[0]
@@ -266,10 +278,15 @@ def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: s
             ready.set()
 
     channel.subscribe(watch, try_to_connect=True)
+    refused = False
     try:
-        answered = ready.wait(max(0.05, deadline - time.monotonic()))
+        try:
+            answered = ready.wait(max(0.05, deadline - time.monotonic()))
+        finally:
+            channel.unsubscribe(watch)
+        if answered:
+            refused = _refuses_token(channel, max(0.05, min(5.0, deadline - time.monotonic())))
     finally:
-        channel.unsubscribe(watch)
         channel.close()
     if not answered:
         raise ConfigError(
@@ -279,6 +296,35 @@ def _speaks_grpc(hp: tuple[str, int], deadline: float, timeout_s: float, what: s
             "and that the cluster runs, or leave out --address and RAY_ADDRESS for a private "
             "local Ray"
         )
+    if refused:
+        # (said here at once: ray.init would print Ray's warning every second for ~20 s first)
+        token = os.environ.get("RAY_AUTH_MODE") == "token"
+        raise ConfigError(
+            _token_text(
+                what,
+                "the cluster refused this shell's Ray token"
+                if token
+                else "the cluster requires a Ray token (token authentication)",
+            )
+        )
+
+
+def _refuses_token(channel: object, timeout_s: float) -> bool:
+    """Whether the GCS behind ``channel`` answers one call (``CheckAlive``, sent as ``ray.init``
+    sends its calls: with this shell's token where RAY_AUTH_MODE=token) with UNAUTHENTICATED.
+    Anything else (an answer, another error, a Ray Client port) leaves the verdict to Ray."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        request = gcs_service_pb2.CheckAliveRequest()  # type: ignore[attr-defined]
+        stub.CheckAlive(request, timeout=timeout_s)
+    except grpc.RpcError as e:
+        return bool(e.code() == grpc.StatusCode.UNAUTHENTICATED)
+    except Exception:  # (a Ray whose stubs differ: no verdict)
+        return False
+    return False
 
 
 @dataclass(frozen=True)

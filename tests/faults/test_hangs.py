@@ -149,6 +149,77 @@ def test_a_cluster_that_refuses_the_job_names_ray_s_token(
     )
 
 
+class _Gcs:
+    """A gRPC server with Ray's GCS node service, its CheckAlive answering as ``refuse`` says:
+    a cluster started with token authentication, met by a shell without the token."""
+
+    def __init__(self, refuse: bool) -> None:
+        from concurrent import futures
+
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        class Node(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):  # type: ignore[misc]
+            def CheckAlive(self, request: object, context: grpc.ServicerContext) -> object:
+                if refuse:
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken")
+                return gcs_service_pb2.CheckAliveReply()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(Node(), self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+@pytest.mark.parametrize("mode", [None, "token"])
+def test_a_cluster_that_refuses_the_shell_s_token_is_said_at_the_probe(
+    monkeypatch: pytest.MonkeyPatch, mode: str | None
+) -> None:
+    # ray.init would print Ray's warning every second for ~20 s before failing: the probe asks
+    # the GCS once, as ray.init would (with this shell's token where RAY_AUTH_MODE=token).
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+        monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-cluster-s")
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: pytest.fail("ray.init called"))
+    gcs = _Gcs(refuse=True)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError) as e:
+            cluster.start_or_join(gcs.address, 10.0)
+        assert time.monotonic() - t0 < 9  # (the probe's own deadline is not what ended it)
+    finally:
+        gcs.stop()
+    if mode is None:
+        assert str(e.value) == (
+            f"--address {gcs.address}: the cluster requires a Ray token (token authentication); "
+            "a cluster started with token authentication needs RAY_AUTH_MODE=token (now unset) "
+            "and its token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in this shell"
+        )
+    else:
+        assert str(e.value) == (
+            f"--address {gcs.address}: the cluster refused this shell's Ray token; this shell's "
+            "Ray token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, the first set) "
+            "is not the one the cluster was started with"
+        )
+
+
+def test_a_cluster_that_answers_the_probe_is_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    gcs = _Gcs(refuse=False)
+    try:
+        cluster.start_or_join(gcs.address, 10.0)
+    finally:
+        gcs.stop()
+    assert calls == [{"address": gcs.address, "namespace": "angelps", "log_to_driver": True}]
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

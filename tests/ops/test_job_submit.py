@@ -108,6 +108,35 @@ def test_head_requires_the_token_and_binds_the_dashboard_to_loopback(head: Head)
             s.connect((node_ip.group(1), head.dashboard_port))
 
 
+def test_joining_without_the_token_is_one_line_at_once(head: Head, tmp_path: Path) -> None:
+    # ray.init from a shell without the token prints Ray's GCS warning every second for ~20 s,
+    # then fails; the address's probe asks the GCS once and says what is missing.
+    env = {k: v for k, v in head.env.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(head.state)  # no ~/.ray/auth_token to fall back on
+    address = (head.state / "gcs_address").read_text().strip()
+    joined = subprocess.run(
+        [
+            *(str(VENV_BIN / "angelps"), "train", "--conf", "conf/lr_a9a.properties"),
+            *("--address", address, "--set", f"angel.log.path={tmp_path / 'log'}"),
+            *("--set", f"angel.save.model.path={tmp_path / 'model'}"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert joined.returncode == 2, joined.stdout + joined.stderr
+    assert joined.stderr.strip().splitlines()[-1] == (
+        f"angelps: error: --address {address}: the cluster requires a Ray token (token "
+        "authentication); a cluster started with token authentication needs RAY_AUTH_MODE=token "
+        "(now unset) and its token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) in "
+        "this shell"
+    )
+    assert "Failed to get cluster ID" not in joined.stderr  # (Ray's warnings never started)
+    assert not (tmp_path / "log").exists()
+
+
 def test_submit_train_job_succeeds_and_writes_its_summary(head: Head) -> None:
     out = Path(tempfile.mkdtemp(prefix="angelps-job-"))
     try:
