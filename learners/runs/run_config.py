@@ -2,8 +2,9 @@
 
 ``config.properties`` in the run folder holds every declared key with the value the job ran
 with and, on the line above it, where that value came from (``default``, ``<file>:<line>``,
-``command line``, ``program``, ``Angel's key``); unset keys are commented out. It loads as a
-job file (``angelps train --conf <run>/config.properties`` runs the same job again).
+``command line``, ``program``, ``Angel's key``); unset keys, and those left at their default,
+are commented out. It loads as a job file (``angelps train --conf <run>/config.properties``
+runs the same job again: the same values, and the same keys set).
 
 With ``angel.log.tensorboard=true`` the end of a run adds TensorBoard's HParams: the keys the
 job set (and the model, learning rate, decay, epochs) against the final validation metrics, so
@@ -53,6 +54,11 @@ def write_config(run_dir: Path, conf: Config) -> Path:
         lines.append(printable(f"# {conf.source(name)}"))  # (a file name may hold anything)
         if value is None:
             lines.append(f"# {name} = (unset)")
+        elif not conf.is_set(name):
+            # A default stays a default when the file is loaded again: some keys act by being
+            # set at all (ml.num.update.per.epoch sizes the batch Angel's way), and a key set
+            # that the job does not read is warned about.
+            lines.append(f"# {name} = {_escape(format_value(value))}")
         else:
             lines.append(f"{name} = {_escape(format_value(value))}")
     out = run_dir / CONFIG_FILE

@@ -24,11 +24,16 @@ def test_config_properties_holds_every_key_and_reloads(tmp_path: Path) -> None:
     text = out.read_text()
     assert f"# {tmp_path / 'job.properties'}:1\nml.learn.rate = 0.25\n" in text
     assert "# command line\nangel.job.name = hp\n" in text
-    assert "# default\nml.epoch.num = 30\n" in text
+    assert "# default\n# ml.epoch.num = 30\n" in text
     assert "# default\n# angel.save.model.path = (unset)\n" in text
     again = load_config(out, [], all_keys())
     assert {k: again[k] for k in conf} == {k: conf[k] for k in conf}
-    keys = [ln for ln in text.splitlines() if " = " in ln]  # set or "# key = (unset)"
+    assert [k for k in conf if again.is_set(k)] == [k for k in conf if conf.is_set(k)]
+    # A default loaded back as set would change the job: ml.num.update.per.epoch, set, sizes
+    # the batch Angel's way (10 updates an epoch instead of 115 for a9a's LR).
+    assert [k for k in conf if again.is_set(k)] == [k for k in conf if conf.is_set(k)]
+    assert not again.is_set("ml.num.update.per.epoch")
+    keys = [ln for ln in text.splitlines() if " = " in ln]  # set, default or unset
     assert len(keys) == len(conf)
 
 
@@ -71,3 +76,4 @@ def test_control_characters_are_escaped_and_read_back(tmp_path: Path) -> None:
     assert "# " + str(job).replace("\x1b", "\\x1b").replace("\r", "\\r") + ":1\n" in text
     again = load_config(out, [], all_keys())
     assert {k: again[k] for k in conf} == {k: conf[k] for k in conf}
+    assert [k for k in conf if again.is_set(k)] == [k for k in conf if conf.is_set(k)]
