@@ -132,7 +132,22 @@ class GraphLearner:
     # --- training (learners/job/train_loop.py) --------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
-        """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
+        """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``).
+
+        Once per learner while its job's actors run: a second ``train()`` is refused before
+        anything starts (its shards would take the same names), the model held stays usable."""
+        if self.actors.ps is not None or self.actors.workers is not None:
+            if self._train_failed is not None:
+                raise RuntimeError(
+                    f"train(): the last train() failed ({self._train_failed}) and its job's "
+                    "actors still run; call shutdown() first, then train again"
+                )
+            raise RuntimeError(
+                "train(): this learner already holds a trained or loaded model (predict, "
+                "evaluate and save use it); to train again from the start call shutdown() "
+                "first; to train on from it, save() it and train a learner with "
+                "angel.load.model.path set to that path"
+            )
         try:
             result = self.loop.train(resume)
         except BaseException as e:

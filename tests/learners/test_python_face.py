@@ -71,6 +71,40 @@ def trained(tmp_path_factory):
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+def test_a_second_train_is_refused_and_the_model_stays_usable(trained, tmp_path) -> None:
+    # (it used to start the shards again under the same names: "is already taken ... is a job
+    # with angel.job.name='...' still running?", and left the learner unable to predict or save)
+    learner = GraphLearner.from_properties(
+        ROOT / "conf" / "lr_a9a.properties",
+        {
+            "angel.train.data.path": trained["data"],
+            "ml.epoch.num": 1,
+            "angel.save.model.path": str(tmp_path / "model"),
+            "angel.log.path": str(tmp_path / "log"),
+            "angel.job.name": "twice",
+        },
+        quiet=True,
+    )
+    try:
+        learner.train()
+        runs = sorted(p.name for p in (tmp_path / "log").iterdir())
+        with pytest.raises(RuntimeError) as e:
+            learner.train()
+        assert str(e.value) == (
+            "train(): this learner already holds a trained or loaded model (predict, evaluate "
+            "and save use it); to train again from the start call shutdown() first; to train on "
+            "from it, save() it and train a learner with angel.load.model.path set to that path"
+        )
+        assert sorted(p.name for p in (tmp_path / "log").iterdir()) == runs  # nothing started
+        assert learner.evaluate(trained["data"])["valid_auc"] > 0.8
+        learner.save(tmp_path / "again")
+        assert (tmp_path / "again" / "manifest.json").is_file()
+    finally:
+        learner.shutdown()
+    learner.train()  # after shutdown(): a new job from the start
+    learner.shutdown()
+
+
 def _features(path: str) -> list[list[str]]:
     """The lines of a libsvm file without their labels."""
     return [line.split()[1:] for line in Path(path).read_text().splitlines()]
