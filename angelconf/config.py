@@ -49,6 +49,8 @@ __all__ = [
 
 TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
 
+#: Where an unknown key's error sends the user to find the valid ones.
+LISTING = "`angelps conf --keys` lists every key"
 _CLOSE = 0.8  # difflib's ratio for a suggestion: the likely typo, not a look-alike key
 
 _TRUE = {"true", "yes", "on", "1"}
@@ -294,25 +296,21 @@ class KeyIndex:
         close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=_CLOSE)
         return [by_lower[n] for n in close]
 
-    def unknown(
-        self, name: str, where: str = "", listing: str = "`angelps conf --keys` lists every key"
-    ) -> ConfigError:
+    def unknown(self, name: str, where: str = "", listing: str = LISTING) -> ConfigError:
         """The error for an undeclared ``name``: where, the closest names, where to look."""
         prefix = f"{where}: " if where else ""
         return ConfigError(
             f"{prefix}unknown key {name}{_did_you_mean(self.suggest(name))}; {listing}"
         )
 
-    def unknown_all(self, found: Sequence[tuple[str, str]]) -> ConfigError:
+    def unknown_all(self, found: Sequence[tuple[str, str]], listing: str = LISTING) -> ConfigError:
         """One error naming every undeclared (where, name) of ``found``."""
         if len(found) == 1:
-            return self.unknown(found[0][1], found[0][0])
+            return self.unknown(found[0][1], found[0][0], listing)
         items = "; ".join(
             f"{where}: {name}{_did_you_mean(self.suggest(name)[:1])}" for where, name in found
         )
-        return ConfigError(
-            f"{len(found)} unknown keys: {items}; `angelps conf --keys` lists every key"
-        )
+        return ConfigError(f"{len(found)} unknown keys: {items}; {listing}")
 
 
 def _did_you_mean(close: Sequence[str]) -> str:
@@ -434,11 +432,14 @@ def load_config(
     path: str | os.PathLike[str] | None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     keys: Iterable[Key] = (),
+    *,
+    listing: str = "",
 ) -> Config:
     """Merge defaults < file < overrides into a typed, checked :class:`Config`.
 
     ``sets`` is either ``["key=value", ...]`` (from repeated ``--set``) or a mapping (from the
-    Python API). Unknown keys are rejected with the closest valid names.
+    Python API). Unknown keys are rejected with the closest valid names, and ``listing`` (where
+    the valid keys are listed; by default the CLI's list of every key).
     """
     key_list = list(keys)
     index = KeyIndex(key_list)
@@ -502,5 +503,5 @@ def load_config(
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "--set" else "program"
     if unknown:
-        raise index.unknown_all(unknown)
+        raise index.unknown_all(unknown, listing or LISTING)
     return Config(values, sources, key_list)

@@ -20,7 +20,7 @@ _EXPORTS = {
     "TableSpec": "angelps.table",
     "OptimizerSpec": "angelps.table",
     "PSOptions": "angelps.options",
-    "load_config": "angelconf.config",
+    "load_config": "angelps.options",
     "Config": "angelconf.config",
     "ConfigError": "angelconf.config",
     "Key": "angelconf.config",
@@ -39,9 +39,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from angelconf.config import Config, ConfigError, Key, load_config
+    from angelconf.config import Config, ConfigError, Key
     from angelps.client.ps_client import PSClient
-    from angelps.options import PSOptions
+    from angelps.options import PSOptions, load_config
     from angelps.server.shard import ParameterShard
     from angelps.table import OptimizerSpec, TableSpec
 

@@ -17,11 +17,13 @@ hyper-parameters are read by :meth:`angelps.table.OptimizerSpec.from_conf` throu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from angelconf.config import Key, non_negative
+from angelconf.config import Config, Key, non_negative
+from angelconf.config import load_config as _load_config
 from angelconf.options import key_field, keyed, read_keys
 from angelps.optimizer_keys import OPTIMIZER_KEYS, OPTIMIZER_NAME_KEYS
 
@@ -33,6 +35,7 @@ __all__ = [
     "ClientOptions",
     "PSOptions",
     "ShardOptions",
+    "load_config",
     "one_of",
 ]
 
@@ -245,6 +248,24 @@ KEYS = [
     *OPTIMIZER_NAME_KEYS,
     *OPTIMIZER_KEYS.values(),
 ]
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    sets: Sequence[str] | Mapping[str, Any] = (),
+    keys: Sequence[Key] | None = None,
+) -> Config:
+    """The parameter server's configuration (``from angelps import load_config``): defaults <
+    the ``.properties`` file ``path`` < ``sets``, typed and checked against ``keys``, by
+    default the PS's own (:data:`KEYS`: ``angel.ps.*``, the optimizers' ``ml.*`` keys). A
+    whole job's keys are ``learners.keys.all_keys()``."""
+    listing = (
+        "the parameter server's keys are angelps.options.KEYS (a job's: pass "
+        "keys=learners.keys.all_keys(); `angelps conf --keys` lists them)"
+        if keys is None
+        else ""
+    )
+    return _load_config(path, sets, KEYS if keys is None else keys, listing=listing)
 
 
 def _check_storage(min_count: int, ttl: int) -> None:

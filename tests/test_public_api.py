@@ -22,7 +22,7 @@ def test_angelps_face() -> None:
         angelps.__all__
     )
     assert all(callable(x) for x in (OptimizerSpec, ParameterShard, PSClient, TableSpec))
-    assert load_config.__module__ == "angelconf.config"
+    assert load_config.__module__ == "angelps.options"  # the PS's keys by default
 
 
 def test_decay_face() -> None:

@@ -51,6 +51,28 @@ def test_ps_options_check_their_choices():
     assert PSOptions.from_config({"angel.ps.nan.policy": "SKIP"}).nan_policy == "skip"
 
 
+def test_the_public_load_config_knows_the_ps_keys():
+    # (it was angelconf's, which knows no key unless given them: every key was refused, and
+    # with none an empty Config gave OptimizerSpec.from_conf its defaults silently)
+    from angelps import load_config as public
+
+    conf = public(None, {"ml.inputlayer.optimizer": "Adam", "angel.ps.number": 2})
+    assert OptimizerSpec.from_conf(conf, "ml.inputlayer.optimizer").name == "adam"
+    assert PSOptions.from_config(conf).num_shards == 2
+    assert public()["angel.ps.number"] == PSOptions.from_config({}).num_shards
+    with pytest.raises(ValueError) as e:
+        public(None, {"ml.model.class.name": "FM", "angel.ps.numbr": 2})
+    assert str(e.value) == (
+        "2 unknown keys: override: ml.model.class.name; override: angel.ps.numbr (did you mean "
+        "angel.ps.number?); the parameter server's keys are angelps.options.KEYS (a job's: pass "
+        "keys=learners.keys.all_keys(); `angelps conf --keys` lists them)"
+    )
+    from learners.keys import all_keys
+
+    job = public(None, {"ml.model.class.name": "FM"}, all_keys())
+    assert job["ml.model.class.name"] == "FM" and job.is_set("ml.model.class.name")
+
+
 def test_shard_and_client_options_pickle():
     shard = ShardOptions.from_config({"angel.staleness": 2}, num_workers=3, token="t")
     client = ClientOptions(shard, transport="socket", data_host="127.0.0.1")
