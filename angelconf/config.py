@@ -488,7 +488,8 @@ def load_config(
 
     items = sets.items() if isinstance(sets, Mapping) else (_parse_set(s) for s in sets)
     for name, raw in items:
-        where = "--set" if not isinstance(sets, Mapping) else "override"
+        # (the command line's --set KEY=VALUE and Angel's --KEY VALUE alike: both reach here)
+        where = "command line" if not isinstance(sets, Mapping) else "override"
         key = index.find(name)
         if key is None:
             unknown.append((where, name))
@@ -501,7 +502,7 @@ def load_config(
                 "leave the key out"
             )
         values[name] = _validate(key, raw, where, name)
-        sources[name] = "command line" if where == "--set" else "program"
+        sources[name] = "command line" if where == "command line" else "program"
     if unknown:
         raise index.unknown_all(unknown, listing or LISTING)
     return Config(values, sources, key_list)

@@ -170,18 +170,18 @@ def test_mapping_overrides_are_typed() -> None:
     [
         (
             ["ml.lern.rate=0.1"],
-            r"^--set: unknown key ml.lern.rate \(did you mean ml.learn.rate\?\)",
+            r"^command line: unknown key ml.lern.rate \(did you mean ml.learn.rate\?\)",
         ),
-        (["ml.epoch.num=ten"], r"^--set: ml.epoch.num=ten is not valid: expected an integer$"),
-        (["ml.epoch.num=2.5"], r"^--set: ml.epoch.num=2.5 is not valid: expected an integer$"),
-        (["ml.learn.rate=-1"], r"^--set: ml.learn.rate=-1 is not valid: expected a number > 0$"),
+        (["ml.epoch.num=ten"], r"^command line: ml.epoch.num=ten is not valid: expected an integer$"),
+        (["ml.epoch.num=2.5"], r"^command line: ml.epoch.num=2.5 is not valid: expected an integer$"),
+        (["ml.learn.rate=-1"], r"^command line: ml.learn.rate=-1 is not valid: expected a number > 0$"),
         (
             ["ml.learn.rate=nan"],
-            r"^--set: ml.learn.rate=nan is not valid: expected a finite number$",
+            r"^command line: ml.learn.rate=nan is not valid: expected a finite number$",
         ),
         (
             ["ml.learn.rate=inf"],
-            r"^--set: ml.learn.rate=inf is not valid: expected a finite number$",
+            r"^command line: ml.learn.rate=inf is not valid: expected a finite number$",
         ),
         (["ml.opt.decay.on.batch=maybe"], r"expected true or false$"),
         (["ml.data.validate.ratio=1.5"], r"expected a number in \[0, 1\]$"),

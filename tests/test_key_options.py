@@ -136,11 +136,21 @@ def test_job_options_hold_each_section_built_once() -> None:
     assert options.model.sized(100, 4) == ModelConfig.from_config(conf, 100, 4)
 
 
-def test_an_unknown_model_is_reported_when_the_model_is_asked_for() -> None:
+def test_an_unknown_model_is_reported_when_the_model_is_asked_for(tmp_path) -> None:
     conf = load_config(None, {"ml.model.class.name": "Nope"}, all_keys())
     options = JobOptions.from_config(conf)  # the keys alone are fine
-    with pytest.raises(ConfigError, match=r"ml\.model\.class\.name=Nope is not a known model"):
+    with pytest.raises(
+        ConfigError, match=r"^ml\.model\.class\.name=Nope \(program\) is not a known model"
+    ):
         _ = options.model
+    job = tmp_path / "job.properties"  # a file's key is named by its file and line
+    job.write_text("ml.epoch.num = 2\nml.model.class.name = LogisticRegresion\n")
+    with pytest.raises(ConfigError) as e:
+        _ = JobOptions.from_config(load_config(job, (), all_keys())).model
+    assert str(e.value).startswith(
+        f"ml.model.class.name=LogisticRegresion ({job}:2) is not a known model; valid names "
+        "(closest first): LogisticRegression, "
+    )
 
 
 def test_job_options_load_neither_torch_nor_ray(heavy_after) -> None:

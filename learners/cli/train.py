@@ -48,9 +48,11 @@ def register(sub: Subparsers) -> None:
             "--summary-json out.json",
             "angelps train --conf conf/lr_a9a.properties --set angel.save.model.path=runs/lr "
             "--resume",
+            "angelps train --angel.train.data.path data/a9a/a9a_123d_train.libsvm "
+            "--ml.feature.index.range 123   (the job as keys alone, as Angel's submit)",
         ],
     )
-    _conf_args(p, required=True)
+    _conf_args(p, required=False)
     p.add_argument("--summary-json", metavar="PATH", help="write the final summary as JSON")
     p.add_argument(
         "--resume",

@@ -80,7 +80,8 @@ def check_job(conf: Config, plan: TrainPlan, resume: bool) -> None:
     train_path = conf["angel.train.data.path"]
     if not train_path:
         raise ConfigError(
-            "angel.train.data.path is not set: expected the path of the training data"
+            "angel.train.data.path is not set: expected the path of the training data (in the "
+            "job file, --conf FILE, or on the command line: --angel.train.data.path PATH)"
         )
     # Object storage first: one bounded check per URL, before anything is written or started.
     urls = {k for k in PATH_KEYS if "predict" not in k and check_url(conf, k)}

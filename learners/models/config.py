@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from angelconf.config import ConfigError, Key, format_value, positive
+from angelconf.config import Config, ConfigError, Key, format_value, positive
 from angelconf.options import keyed, read_keys
 from learners.models.angel_graph import Graph, graph_from_text
 from learners.models.angel_json import GRAPH_MODEL, MODEL_GRAPH
@@ -65,12 +65,14 @@ def job_graph(conf: Mapping[str, Any]) -> Graph | None:
     return _graph(str(text), source)
 
 
-def _entry(name: str, graph: Graph | None) -> ModelEntry:
-    """The registry entry of ``name``; a JSON graph's is AngelModel's with the graph's task
-    (from its loss) and field needs (from its layers)."""
+def _entry(conf: Mapping[str, Any], graph: Graph | None) -> ModelEntry:
+    """The registry entry of the job's ``ml.model.class.name``; a JSON graph's is AngelModel's
+    with the graph's task (from its loss) and field needs (from its layers)."""
     if graph is not None:
         return replace(model_entry(GRAPH_MODEL), task=graph.task, needs_fields=graph.needs_fields)
-    entry = model_entry(name)  # an unknown name fails here
+    name = str(MODEL_CLASS_NAME.read(conf))
+    source = conf.source(MODEL_CLASS_NAME.name) if isinstance(conf, Config) else ""
+    entry = model_entry(name, source)  # an unknown name fails here
     if entry.name == GRAPH_MODEL:
         raise ConfigError(
             f"ml.model.class.name={name} builds its network from a JSON graph: set "
@@ -82,7 +84,7 @@ def _entry(name: str, graph: Graph | None) -> ModelEntry:
 def job_model_info(conf: Mapping[str, Any]) -> ModelEntry:
     """The model of a job: the registry entry of ``ml.model.class.name``, or AngelModel's
     for a job with a JSON graph (``angel.ml.conf``)."""
-    return _entry(str(MODEL_CLASS_NAME.read(conf)), job_graph(conf))
+    return _entry(conf, job_graph(conf))
 
 
 def unused_model_keys(conf: Mapping[str, Any]) -> list[str]:
@@ -232,7 +234,7 @@ class ModelConfig:
         """Read the model keys from a job configuration (a Config, or any mapping of typed
         values; a missing key takes its declared default)."""
         graph = job_graph(conf)
-        entry = _entry(str(MODEL_CLASS_NAME.read(conf)), graph)
+        entry = _entry(conf, graph)
         return cls(
             model=entry.name,
             num_features=int(num_features),

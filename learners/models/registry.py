@@ -114,17 +114,19 @@ def model_name(name: str) -> str:
     return by_lower.get(stripped.lower(), stripped)
 
 
-def model_entry(name: str) -> ModelEntry:
+def model_entry(name: str, source: str = "") -> ModelEntry:
     """The model of ``ml.model.class.name`` (case-insensitive; Angel's qualified names are
-    aliases); an unknown name lists the valid ones, closest first."""
+    aliases); an unknown name lists the valid ones, closest first, and names ``source``
+    (where the key was set: ``job.properties:3``, ``command line``) where given."""
     by_lower = {k.lower(): v for k, v in MODELS.items()}
     entry = by_lower.get(model_name(name).lower())
     if entry is not None:
         return entry
     ranked = difflib.get_close_matches(name, list(MODELS), n=len(MODELS), cutoff=0.0)
+    where = f" ({source})" if source else ""
     raise ConfigError(
-        f"ml.model.class.name={name} is not a known model; valid names (closest first): "
-        f"{', '.join(ranked)}"
+        f"ml.model.class.name={name}{where} is not a known model; valid names (closest "
+        f"first): {', '.join(ranked)}"
     )
 
 

@@ -221,7 +221,7 @@ def test_python_only_schedules_are_explained() -> None:
         ),
         (
             ["ml.opt.decay.class.name=ExponentialLR", "ml.opt.decay.gamma=-0.5"],
-            r"--set: ml.opt.decay.gamma=-0.5 is not valid: expected a number > 0",
+            r"command line: ml.opt.decay.gamma=-0.5 is not valid: expected a number > 0",
         ),
         (
             ["ml.opt.decay.class.name=CosineAnnealingLR"],

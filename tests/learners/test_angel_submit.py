@@ -212,7 +212,7 @@ def test_every_unknown_key_is_reported_at_once(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.strip() == (
         f"angelps: error: 3 unknown keys: {job}:1: ml.epoch.nmu (did you mean ml.epoch.num?); "
-        f"{job}:3: angel.foo.bar; --set: ml.lern.rate (did you mean ml.learn.rate?); "
+        f"{job}:3: angel.foo.bar; command line: ml.lern.rate (did you mean ml.learn.rate?); "
         "`angelps conf --keys` lists every key"
     )
 
@@ -286,3 +286,23 @@ def test_unknown_options_file_keys_and_sets_come_in_one_message(tmp_path, capsys
         "accepted as --KEY VALUE, -DKEY=VALUE or --set KEY=VALUE (`angelps conf --keys` lists "
         "every key)"
     )
+
+
+def test_train_takes_the_job_as_keys_alone(data, ray_local, capsys) -> None:
+    """As Angel's submit: `angelps train --KEY VALUE ...` without a job file (--conf)."""
+    tmp = data["tmp"]
+    assert main(["train"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "angelps: error: angel.train.data.path is not set: expected the path of the training "
+        "data (in the job file, --conf FILE, or on the command line: --angel.train.data.path PATH)"
+    )
+    out = tmp / "keys_only.json"
+    argv = [
+        "train", "--angel.train.data.path", str(data["a9a"]), "--ml.epoch.num", "1",
+        "--ml.feature.index.range", "123", "--ml.data.validate.ratio", "0.1",
+        "--angel.save.model.path", str(tmp / "keys_only" / "model"),
+        "--angel.log.path", str(tmp / "keys_only" / "log"), "--summary-json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    s = json.loads(out.read_text())
+    assert s["model"] == "LogisticRegression" and s["epochs"] == 1 and s["valid_auc"] > 0.8

@@ -415,7 +415,7 @@ def test_bad_model_name_fails_before_any_actor(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert "ml.model.class.name=DeepFMM is not a known model" in err
+    assert "ml.model.class.name=DeepFMM (command line) is not a known model" in err
     assert "closest first): DeepFM," in err
 
 

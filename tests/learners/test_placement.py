@@ -40,7 +40,7 @@ def test_bad_resources_are_one_clear_config_error(value: str, why: str) -> None:
     with pytest.raises(ConfigError) as e:
         _conf(f"angel.ps.resources={value}")
     assert str(e.value) == (
-        f"--set: angel.ps.resources={value} is not valid: expected Ray custom "
+        f"command line: angel.ps.resources={value} is not valid: expected Ray custom "
         "resources as NAME:AMOUNT pairs separated by commas, such as ps:1 (named by "
         f"`ray start --resources`); {why}"
     )
