@@ -172,9 +172,18 @@ def test_mapping_overrides_are_typed() -> None:
             ["ml.lern.rate=0.1"],
             r"^command line: unknown key ml.lern.rate \(did you mean ml.learn.rate\?\)",
         ),
-        (["ml.epoch.num=ten"], r"^command line: ml.epoch.num=ten is not valid: expected an integer$"),
-        (["ml.epoch.num=2.5"], r"^command line: ml.epoch.num=2.5 is not valid: expected an integer$"),
-        (["ml.learn.rate=-1"], r"^command line: ml.learn.rate=-1 is not valid: expected a number > 0$"),
+        (
+            ["ml.epoch.num=ten"],
+            r"^command line: ml.epoch.num=ten is not valid: expected an integer$",
+        ),
+        (
+            ["ml.epoch.num=2.5"],
+            r"^command line: ml.epoch.num=2.5 is not valid: expected an integer$",
+        ),
+        (
+            ["ml.learn.rate=-1"],
+            r"^command line: ml.learn.rate=-1 is not valid: expected a number > 0$",
+        ),
         (
             ["ml.learn.rate=nan"],
             r"^command line: ml.learn.rate=nan is not valid: expected a finite number$",

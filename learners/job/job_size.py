@@ -27,6 +27,8 @@ class JobSize:
     train_rows: tuple[int, ...] = ()
     valid_rows: tuple[int, ...] = ()
     skipped_lines: int = 0
+    #: the first skipped line's message (FILE:LINE: what is wrong), None when none was skipped
+    skipped_first: str | None = None
 
     @classmethod
     def of_parts(
@@ -65,4 +67,7 @@ class JobSize:
             train_rows=train_rows,
             valid_rows=tuple(int(s["valid"]["rows"]) for s in summaries),
             skipped_lines=sum(int(s.get("skipped_lines", 0)) for s in summaries),
+            skipped_first=next(
+                (str(s["skipped_first"]) for s in summaries if s.get("skipped_first")), None
+            ),
         )

@@ -431,6 +431,7 @@ class TrainingLoop:
             "elapsed_s": elapsed_s,
             "stopped_early": progress.stopped_early,
             "skipped_lines": size.skipped_lines,
+            "skipped_first": size.skipped_first,
             "run_dir": str(run_dir),
             **kept_summary(ckpts, progress.best_epoch, self.watch_metric(), progress.best),
         }

@@ -345,7 +345,8 @@ def banner(
         f"  data     {conf['angel.train.data.path']}: {sum(size.train_rows)} train rows, "
         f"{sum(size.valid_rows)} validation rows, {size.num_features} features"
         + (f", {size.num_fields} fields" if size.num_fields else "")
-        + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else ""),
+        + (f", {size.skipped_lines} bad lines skipped" if size.skipped_lines else "")
+        + (f" (first: {size.skipped_first})" if size.skipped_first else ""),
         f"  tables   on {ps.num_shards} shard(s), sparse keys "
         f"{ps.partitioner}-partitioned, staleness {ps.staleness}:",
     ]

@@ -53,6 +53,10 @@ def test_job_size_takes_the_smallest_part():
     assert (size.num_features, size.num_fields, size.batch_size) == (42, None, 10)
     assert size.updates_per_epoch == 5  # ceil(95 / 10) // 2
     assert size.train_rows == (95, 120) and size.skipped_lines == 4
+    assert size.skipped_first is None
+    second = {**_summary(120), "skipped_first": "b.libsvm:7: bad value"}
+    size = JobSize.of_parts(plan, [_summary(95), second], -1, -1)
+    assert size.skipped_first == "b.libsvm:7: bad value"  # the first worker that skipped one
     angel = _plan(**{"ml.num.update.per.epoch": 4})
     assert JobSize.of_parts(angel, [_summary(95)], 148, 13).batch_size == 24
     with pytest.raises(ValueError, match="worker 1 has no training rows"):
