@@ -26,8 +26,8 @@ from angelps import TableSpec
 from angelps.checkpoint import files as checkpoint
 from angelps.table import init_rows
 from learners.job import saved_model
-from learners.worker.dense import read_dense
 from learners.runs.output_file import replace_atomically
+from learners.worker.dense import read_dense
 
 __all__ = [
     "check_export_size",

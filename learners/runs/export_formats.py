@@ -31,9 +31,14 @@ from angelconf.config import ConfigError
 from angelps import TableSpec
 from angelps.checkpoint import files as checkpoint
 from learners.job import saved_model
-from learners.worker.dense import read_dense
-from learners.runs.export import check_export_size, export_state_dict, table_arrays, write_state_dict
+from learners.runs.export import (
+    check_export_size,
+    export_state_dict,
+    table_arrays,
+    write_state_dict,
+)
 from learners.runs.output_file import replace_atomically
+from learners.worker.dense import read_dense
 
 __all__ = ["FORMATS", "export_model", "format_of"]
 

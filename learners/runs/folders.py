@@ -18,11 +18,9 @@ run stays light).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,9 +188,7 @@ def _runs_under(store: FileStore, root: str) -> list[str]:
     """The runs (folders holding a metrics file) directly under the log root ``root``."""
     if not store.is_dir(root):
         return []
-    return [
-        n for n, d in store.list_dir(root) if d and store.is_file(store.join(root, n, METRICS))
-    ]
+    return [n for n, d in store.list_dir(root) if d and store.is_file(store.join(root, n, METRICS))]
 
 
 def _no_runs(root: str, pointer: str) -> str:

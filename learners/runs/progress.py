@@ -21,7 +21,7 @@ import math
 import shutil
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 

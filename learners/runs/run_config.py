@@ -40,9 +40,7 @@ def _escape(text: str) -> str:
     control character (an escape sequence, a line end) as ``\\uXXXX``, which reads back as
     itself and keeps the file plain text."""
     text = text.replace("\\", "\\\\")
-    text = "".join(
-        c if c.isprintable() or ord(c) > 0xFFFF else f"\\u{ord(c):04x}" for c in text
-    )
+    text = "".join(c if c.isprintable() or ord(c) > 0xFFFF else f"\\u{ord(c):04x}" for c in text)
     return "\\" + text if text[:1].isspace() else text
 
 

@@ -26,9 +26,9 @@ from typing import IO, Any
 import numpy as np
 
 from angelconf.config import Config, ConfigError
+from angelconf.printable import printable, printable_lines
 from angelps import OptimizerSpec, PSOptions, TableSpec
 from decay import StepSizeScheduler
-from angelconf.printable import printable, printable_lines
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
 from learners.job.rate_plan import RatePlan

@@ -26,12 +26,12 @@ from angelconf.config import Config, ConfigError, load_config
 from angelps import TableSpec
 from angelps.checkpoint import files as checkpoint
 from learners.job import saved_model
-from learners.worker.dense import read_dense
 from learners.keys import all_keys
 from learners.models.config import ModelConfig
 from learners.models.registry import model_entry
 from learners.models.zoo import BaseModel, build_model
 from learners.runs.export import table_arrays  # one reader of the saved tables
+from learners.worker.dense import read_dense
 
 __all__ = ["Standalone", "load_standalone", "padded"]
 
