@@ -135,11 +135,34 @@ class Checkpoints:
         self._writing: _Writing | None = None
         #: seconds training waited for checkpoints (their writes, or copies and commits)
         self.waited_s = 0.0
+        #: a job that does not continue the checkpoint at its path: the copies beside it are
+        #: another job's until its first commit replaces them (:meth:`_drop_stale`)
+        self._fresh = True
 
     def resumed(self, epoch: int) -> None:
         """Training continues from the checkpoint saved after ``epoch``."""
         self.last_good = Kept(self.path, epoch)
         self.best_kept = _epoch_of(self.path + _BEST) if self.keep_best else None
+        self._fresh = False
+
+    def _drop_stale(self) -> list[str]:
+        """At a fresh job's first commit: remove the copies an earlier job left beside the
+        checkpoint it replaced (``<path>.best``, ``<path>.epoch-<n>``), which would otherwise
+        pass for this job's (a best epoch of other data, an epoch this job never ran). The
+        notes to say."""
+        self._fresh = False
+        stale = [p for _, p in sorted(self._epoch_copies()) if self.store.holds_checkpoint(p)]
+        if self.store.holds_checkpoint(self.path + _BEST):
+            stale.append(self.path + _BEST)  # (only checkpoints: whatever else is there stays)
+        notes = []
+        for p in stale:
+            try:
+                self.store.remove(p)
+            except (OSError, CheckpointError) as e:
+                notes.append(f"angelps: warning: not removing {p}, another job's: {_reason(e)}")
+                continue
+            notes.append(f"angelps: note: removed {p}, kept by the job this one replaced")
+        return notes
 
     def save(self, write: Callable[[str], object], epoch: int, improved: bool) -> bool:
         """Write the checkpoint of ``epoch`` with ``write(path)``, then keep its copies.
@@ -163,7 +186,7 @@ class Checkpoints:
         warnings (said at once unless ``say`` is false: the commit thread's, said by
         :meth:`wait`)."""
         self.last_good = Kept(self.path, epoch)
-        notes = []
+        notes = self._drop_stale() if self._fresh else []
         try:
             self._keep(epoch, improved)
         except (OSError, CheckpointError) as e:

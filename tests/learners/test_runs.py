@@ -152,6 +152,44 @@ def test_keep_last_and_best_as_linked_copies(tmp_path):
     assert ck.where(0) is None  # pruned
 
 
+def test_a_fresh_job_drops_the_copies_of_the_job_it_replaces(tmp_path):
+    """An earlier job's <path>.best and <path>.epoch-<n> would pass for this job's (a best
+    epoch of other data: `--model model.best` silently another model); they go at this job's
+    first commit, not before (a job that fails first leaves them), and a resumed job keeps
+    them."""
+    save = tmp_path / "model"
+    old = Checkpoints(str(save), keep_last=3, keep_best=True)
+    calls: list[int] = []
+    for epoch in range(3):
+        assert old.save(_writer(calls), epoch, improved=epoch == 1)
+    before = ["model", "model.best", "model.epoch-1", "model.epoch-2", "model.epoch-3", "model.prev"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    (tmp_path / "model.epoch-9").mkdir()  # (not a checkpoint: whatever stands there stays)
+
+    resumed = Checkpoints(str(save), keep_best=True)  # --resume: the same job goes on
+    resumed.resumed(2)
+    assert resumed.save(_writer(calls), 3, improved=False)
+    assert (tmp_path / "model.best").is_dir() and (tmp_path / "model.epoch-3").is_dir()
+
+    said: list[str] = []
+    fresh = Checkpoints(str(save), warn=said.append)  # no validation: it keeps no best
+    failing = _writer(calls, fail_on={len(calls)})
+    assert not Checkpoints(str(save), on_failure="continue", warn=said.append).save(
+        failing, 0, improved=False
+    )
+    assert (tmp_path / "model.best").is_dir()  # nothing dropped before a commit
+    assert fresh.save(_writer(calls), 0, improved=False)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["model", "model.epoch-9", "model.prev"]
+    assert fresh.where(0) == str(save) and fresh.where(1) is None
+    assert [s for s in said if "removed" in s] == [
+        f"angelps: note: removed {tmp_path / 'model.epoch-1'}, kept by the job this one replaced",
+        f"angelps: note: removed {tmp_path / 'model.epoch-2'}, kept by the job this one replaced",
+        f"angelps: note: removed {tmp_path / 'model.epoch-3'}, kept by the job this one replaced",
+        f"angelps: note: removed {tmp_path / 'model.best'}, kept by the job this one replaced",
+    ]
+
+
 def test_the_defaults_keep_only_the_latest_and_its_previous(tmp_path):
     save = tmp_path / "model"
     ck = Checkpoints(str(save))
