@@ -34,6 +34,7 @@ from angelconf.config import Config, ConfigError
 from angelps.checkpoint.errors import CheckpointError, NoCheckpoint
 from angelps.checkpoint.store import holds_checkpoint
 from angelps.client.pending_save import PendingSave
+from angelps.file_store import is_url
 from decay import StepSizeScheduler
 from learners.data.problems import printable
 from learners.job import failover, memory_kills, saved_model
@@ -46,7 +47,12 @@ from learners.job.rate_plan import RatePlan, build_rate_plan
 from learners.job.save_lock import SaveLock
 from learners.models.angel_json import check_saved_graph
 from learners.models.config import job_model_info
-from learners.runs.folders import log_root, new_run_dir, relative_under_ray_job
+from learners.runs.folders import (
+    drop_unstarted_run,
+    log_root,
+    new_run_dir,
+    relative_under_ray_job,
+)
 from learners.runs.log_store import run_logs_for
 from learners.runs.metrics import reported_names, validation_metrics
 from learners.runs.progress import PROGRESS_EVERY, Chunker, merge_chunks, tier_note
@@ -103,6 +109,16 @@ class TrainingLoop:
         """Train ``ml.epoch.num`` epochs (continuing from ``angel.save.model.path`` if ``resume``)."""
         check_job(self.conf, self.plan, resume)
         check_log_space(str(self.plan.log_dir))  # room for the run and the first backups
+        self._run_dir: Path | None = None  # the run's local folder, once made
+        try:
+            return self._train_locked(resume)
+        except BaseException:
+            if self._run_dir is not None:
+                drop_unstarted_run(self._run_dir)  # (a failure before training: no empty run)
+            raise
+
+    def _train_locked(self, resume: bool) -> TrainResult:
+        """:meth:`train` under the save path's lock, a full disk said as such."""
         try:
             if not self.plan.save_path:
                 return self._train(resume)
@@ -160,6 +176,7 @@ class TrainingLoop:
         self.actors.start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
+        self._run_dir = None if is_url(str(plan.log_dir)) else run_dir
         progress_s = PROGRESS_EVERY.read(self.conf)  # plain progress lines off a terminal
         log = RunLog(
             run_dir, self.quiet, plan.tensorboard, progress_s=progress_s, upload_to=plan.log_dir

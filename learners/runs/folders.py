@@ -18,9 +18,11 @@ run stays light).
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,36 @@ def new_run_dir(root: str | os.PathLike[str], job: str, when: float | None = Non
         _point_latest(base, candidate.name)
         return candidate
     raise FileExistsError(f"{base}: 999 runs named {name}-* already exist")
+
+
+def drop_unstarted_run(run_dir: Path) -> bool:
+    """Remove the folder of a run that ended before its first step or epoch record (bad data
+    found by the workers, an interrupted start-up) and point ``latest`` back at the newest run
+    left: an empty run would become the one ``angelps plot`` draws by default, and fail there.
+    A run holding a record of training, or anything of a checkpoint, stays. Whether removed."""
+    try:
+        lines = (run_dir / METRICS).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        lines = []
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line).get("kind") in ("step", "epoch"):
+                return False
+        except (ValueError, AttributeError):
+            return False  # (not ours to judge: kept)
+    if any(p.name.startswith("model") for p in run_dir.iterdir()):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    root = run_dir.parent
+    if latest_run(root) is None:  # (it pointed at the run removed)
+        left = [p for p in root.iterdir() if p.is_dir() and (p / METRICS).is_file()]
+        if left:
+            _point_latest(root, max(left, key=lambda p: (p / METRICS).stat().st_mtime).name)
+        else:
+            (root / LATEST).unlink(missing_ok=True)
+    return True
 
 
 def log_root(path: str) -> str:

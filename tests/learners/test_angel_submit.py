@@ -306,3 +306,14 @@ def test_train_takes_the_job_as_keys_alone(data, ray_local, capsys) -> None:
     assert main(argv) == 0, capsys.readouterr().err
     s = json.loads(out.read_text())
     assert s["model"] == "LogisticRegression" and s["epochs"] == 1 and s["valid_auc"] > 0.8
+    # A job stopped by its data (found by the workers, once Ray and the run folder are up)
+    # leaves no empty run behind, and `latest` still names the run above (plot draws it).
+    log = tmp / "keys_only" / "log"
+    runs = sorted(p.name for p in log.iterdir())
+    bad = tmp / "bad.libsvm"
+    bad.write_text("1 3:1\n1 4:x\n")
+    argv[2] = str(bad)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"angelps: error: {bad}:2: ")
+    assert sorted(p.name for p in log.iterdir()) == runs
+    assert (log / "latest").read_text().strip() == Path(s["run_dir"]).name

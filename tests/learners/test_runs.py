@@ -36,6 +36,25 @@ def test_run_dirs_are_named_by_job_and_time_and_latest_points_at_the_newest(tmp_
     assert run_name("..", WHEN) == "run-20261123-124500"
 
 
+def test_a_run_that_never_trained_is_dropped_and_latest_goes_back(tmp_path):
+    from learners.runs.folders import drop_unstarted_run
+
+    done = new_run_dir(tmp_path, "lr", when=1_700_000_000)
+    (done / "metrics.jsonl").write_text('{"kind": "start"}\n{"kind": "epoch", "epoch": 1}\n')
+    failed = new_run_dir(tmp_path, "lr", when=1_700_000_100)
+    (failed / "metrics.jsonl").write_text('{"kind": "start"}\n')
+    assert latest_run(tmp_path) == failed
+    assert not drop_unstarted_run(done)  # (it trained: kept)
+    assert drop_unstarted_run(failed)
+    assert not failed.exists() and latest_run(tmp_path) == done
+    model = new_run_dir(tmp_path, "lr", when=1_700_000_200)
+    (model / "model").mkdir()  # anything of a checkpoint: kept
+    assert not drop_unstarted_run(model) and model.exists()
+    alone = tmp_path / "alone"
+    only = new_run_dir(alone, "lr", when=1_700_000_300)  # no run left: no pointer
+    assert drop_unstarted_run(only) and not (alone / "latest").exists()
+
+
 def test_a_latest_pointer_never_leads_outside_its_root(tmp_path):
     (tmp_path / "latest").write_text("../elsewhere\n")
     assert latest_run(tmp_path) is None
@@ -162,7 +181,14 @@ def test_a_fresh_job_drops_the_copies_of_the_job_it_replaces(tmp_path):
     calls: list[int] = []
     for epoch in range(3):
         assert old.save(_writer(calls), epoch, improved=epoch == 1)
-    before = ["model", "model.best", "model.epoch-1", "model.epoch-2", "model.epoch-3", "model.prev"]
+    before = [
+        "model",
+        "model.best",
+        "model.epoch-1",
+        "model.epoch-2",
+        "model.epoch-3",
+        "model.prev",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     (tmp_path / "model.epoch-9").mkdir()  # (not a checkpoint: whatever stands there stays)
 
