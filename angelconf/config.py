@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from angelconf.printable import printable
 from angelconf.properties import ConfigError, parse_properties
 
 __all__ = [
@@ -49,6 +50,10 @@ __all__ = [
 
 TYPES = ("int", "float", "bool", "str", "int_list", "float_list", "str_list")
 
+#: Unknown keys named in one message (the rest counted); a job file with at least
+#: _NOT_A_JOB entries and no known key is said to be no job file.
+_LISTED = 20
+_NOT_A_JOB = 10
 #: Where an unknown key's error sends the user to find the valid ones.
 LISTING = "`angelps conf --keys` lists every key"
 _CLOSE = 0.8  # difflib's ratio for a suggestion: the likely typo, not a look-alike key
@@ -308,9 +313,11 @@ class KeyIndex:
         if len(found) == 1:
             return self.unknown(found[0][1], found[0][0], listing)
         items = "; ".join(
-            f"{where}: {name}{_did_you_mean(self.suggest(name)[:1])}" for where, name in found
+            f"{where}: {name}{_did_you_mean(self.suggest(name)[:1])}"
+            for where, name in found[:_LISTED]
         )
-        return ConfigError(f"{len(found)} unknown keys: {items}; {listing}")
+        more = f"; and {len(found) - _LISTED} more" if len(found) > _LISTED else ""
+        return ConfigError(f"{len(found)} unknown keys: {items}{more}; {listing}")
 
 
 def _did_you_mean(close: Sequence[str]) -> str:
@@ -412,7 +419,8 @@ def _read_file(path: str | os.PathLike[str]) -> str:
     except OSError as e:
         raise ConfigError(f"configuration file {path} cannot be read: {e.strerror}") from None
     try:
-        return raw.decode("utf-8")
+        # (-sig: a byte-order mark, as Windows editors save, would start the first key)
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         # Java's classic Properties encoding; \uXXXX escapes carry anything else.
         return raw.decode("latin-1")
@@ -504,5 +512,12 @@ def load_config(
         values[name] = _validate(key, raw, where, name)
         sources[name] = "command line" if where == "command line" else "program"
     if unknown:
+        if path is not None and not first and len(unknown) >= _NOT_A_JOB:
+            # (a data file given as the job: one message per line of it, unreadable)
+            raise ConfigError(
+                f"configuration file {path} does not look like a .properties job: none of its "
+                f"{len(unknown)} entries is a known key (first: {unknown[0][0]}: "
+                f"{printable(unknown[0][1][:40])}); {listing or LISTING}"
+            )
         raise index.unknown_all(unknown, listing or LISTING)
     return Config(values, sources, key_list)

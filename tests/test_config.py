@@ -316,3 +316,32 @@ def test_a_key_in_another_case_is_suggested_in_lower_case() -> None:
         ConfigError, match=r"unknown key ML.LEARN.RATE \(did you mean ml.learn.rate\?\)"
     ):
         load_config(None, ["ML.LEARN.RATE=0.1"], KEYS)
+
+
+def test_a_byte_order_mark_does_not_start_the_first_key(tmp_path: Path) -> None:
+    f = tmp_path / "notepad.properties"  # (as Windows editors save UTF-8)
+    f.write_bytes(b"\xef\xbb\xbfml.epoch.num = 2\n")
+    conf = load_config(f, [], KEYS)
+    assert conf["ml.epoch.num"] == 2 and conf.source("ml.epoch.num") == f"{f}:1"
+
+
+def test_a_data_file_given_as_the_job_is_one_short_line(tmp_path: Path) -> None:
+    f = tmp_path / "train.libsvm"
+    f.write_text("".join(f"{i % 2} 3:1 7:0.5\n" for i in range(2000)))
+    with pytest.raises(ConfigError) as e:
+        load_config(f, [], KEYS)
+    assert str(e.value) == (
+        f"configuration file {f} does not look like a .properties job: none of its 2000 "
+        f"entries is a known key (first: {f}:1: 0); `angelps conf --keys` lists every key"
+    )
+
+
+def test_many_unknown_keys_are_counted_past_the_first_twenty(tmp_path: Path) -> None:
+    f = tmp_path / "job.properties"
+    f.write_text("ml.epoch.num = 2\n" + "".join(f"my.key.{i} = 1\n" for i in range(30)))
+    with pytest.raises(ConfigError) as e:
+        load_config(f, [], KEYS)
+    text = str(e.value)
+    assert text.startswith(f"30 unknown keys: {f}:2: my.key.0; ")
+    assert f"{f}:21: my.key.19; and 10 more; `angelps conf --keys` lists every key" in text
+    assert "my.key.20" not in text

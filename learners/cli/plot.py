@@ -6,12 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from angelconf.config import ConfigError
 from angelconf.printable import printable
 from angelps.file_store import files_for
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
+from learners.job.paths import cannot_write
 from learners.runs.folders import RunRef
 
-__all__ = ["register", "run"]
+__all__ = ["check_image_out", "image_formats", "register", "run"]
+
+#: The formats named first in an error (the ones the help mentions); the rest follow sorted.
+_COMMON_FORMATS = ("png", "pdf", "svg")
 
 
 def register(sub: Subparsers) -> None:
@@ -46,8 +51,9 @@ def register(sub: Subparsers) -> None:
         "--out",
         metavar="PATH",
         default=None,
-        help="image to write (default: curves.png in the run's folder; several runs: "
-        "compare.png in --log-dir; a run on object storage: <run>-curves.png here)",
+        help="image to write, in an existing directory (default: curves.png in the run's "
+        "folder; several runs: compare.png in --log-dir; a run on object storage: "
+        "<run>-curves.png here)",
     )
     p.add_argument(
         "--metric",
@@ -65,6 +71,45 @@ def register(sub: Subparsers) -> None:
         "--title", default=None, help="figure title (default: the job, model and settings)"
     )
     p.set_defaults(func=run)
+
+
+def image_formats() -> list[str]:
+    """The file suffixes (without the dot) matplotlib can write: png, pdf, svg first, then the
+    rest sorted. Imports matplotlib (and numpy): call it only when a figure is to be drawn."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    have = set(FigureCanvasBase.get_supported_filetypes())
+    return [f for f in _COMMON_FORMATS if f in have] + sorted(have - set(_COMMON_FORMATS))
+
+
+def check_image_out(option: str, value: str) -> Path:
+    """The image file ``value`` of ``option`` (``--out``, ``--plot``) on this machine's disk,
+    checked before any work: ConfigError, one line naming the option and the value, for a URL,
+    a directory, a suffix matplotlib cannot write (or none: the format follows the suffix), a
+    parent directory that is a file, is missing (it is not created, as with ``export --out``
+    and ``predict --out``) or takes no new file."""
+    shown = f"{option} {value}"
+    out = files_for(value).disk_path(value)
+    if out is None:
+        raise ConfigError(f"{shown}: a figure is written to the local disk only")
+    if out.is_dir():
+        raise ConfigError(f"{shown} is a directory: expected a file name")
+    formats = image_formats()
+    valid = ", ".join(f".{f}" for f in formats)
+    suffix = out.suffix[1:].lower()
+    if not suffix:
+        raise ConfigError(f"{shown}: no suffix to tell the image format; valid: {valid}")
+    if suffix not in formats:
+        raise ConfigError(f"{shown}: matplotlib cannot write .{suffix}; valid: {valid}")
+    parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{shown}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise ConfigError(f"{shown}: the directory {parent} does not exist")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(f"{shown}: cannot write there ({why}); choose a folder you can write to")
+    return out
 
 
 def _default_out(refs: list[RunRef], log_dir: str) -> Path:
@@ -90,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from learners.runs.plot import plot_runs
 
     try:
+        if args.out is not None:  # before any run is read: a bad path is told at once
+            check_image_out("--out", args.out)
         runs, refs = [], []
         for arg in args.runs or [None]:
             ref = find_run(arg, args.log_dir)
@@ -102,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{', '.join(sorted(dupes))}: the same run named more than once")
         where = str(runs[0].name) if len(runs) == 1 else ""
         target = args.out or _default_out(refs, args.log_dir)
+        if args.out is None and (why := cannot_write(Path(target).parent)) is not None:
+            raise ValueError(f"cannot write {target} ({why}); choose where with --out")
         out = plot_runs(runs, target, metrics=args.metric, title=args.title, where=where)
     except ValueError as e:
         print(printable(f"angelps: error: {e}"), file=sys.stderr)

@@ -31,6 +31,7 @@ from angelconf.printable import printable
 from decay import StepSizeScheduler
 from decay.render import example
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, load_job
+from learners.cli.plot import check_image_out
 from learners.job.job_options import JobOptions
 from learners.job.lr_scaling import batch_scale
 from learners.job.table_schedules import job_schedule, table_keys, table_schedules
@@ -85,7 +86,12 @@ def register(subparsers: Subparsers) -> None:
         help="per-update jobs: the updates per epoch, instead of counting the training input",
     )
     p.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (csv)")
-    p.add_argument("--plot", metavar="OUT.png", help="also draw the curve into this PNG file")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also draw the curve into this image (png, pdf, svg by the suffix; its directory "
+        "must exist)",
+    )
     p.add_argument(
         "--catalogue",
         metavar="DIR",
@@ -374,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
         for path in catalogue(args.catalogue):
             print(printable(str(path)))
         return EXIT_OK
+    if args.plot is not None:  # before anything is computed or printed
+        check_image_out("--plot", args.plot)
     if args.steps is not None and args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: expected an integer >= 0")
     p = build(args)
