@@ -270,8 +270,19 @@ def _check_plateau(conf: Config, metric: str) -> None:
         )
 
 
-def check_resume(extra: Mapping[str, Any], plan: TrainPlan) -> None:
-    """ConfigError when the checkpoint has already trained ``ml.epoch.num`` epochs or more."""
+def check_resume(extra: Mapping[str, Any], plan: TrainPlan, conf: Config | None = None) -> None:
+    """ConfigError when the checkpoint holds another model than the job's (``conf``), or has
+    already trained ``ml.epoch.num`` epochs or more."""
+    saved = extra["learner"].get("model")
+    if conf is not None and saved:
+        mine = job_model_info(conf).angel_name  # (as the checkpoint records it)
+        if str(saved).lower() != mine.lower():
+            key = "ml.model.class.name"
+            raise ConfigError(
+                f"--resume: the checkpoint in {plan.save_path} holds a {saved} model, but "
+                f"{key}={conf[key]} ({conf.source(key)}): resume with the job that wrote it, or "
+                "train this one afresh (without --resume) into another angel.save.model.path"
+            )
     done = int(extra["learner"].get("next_epoch", 0))
     if plan.epochs <= done:
         raise ConfigError(

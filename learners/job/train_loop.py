@@ -152,7 +152,7 @@ class TrainingLoop:
             # Every file checked (a damaged latest falls back to <path>.prev), before any actor.
             with _named("--resume: ", self.conf, SAVE_KEY):
                 point = saved_model.resume_point(str(plan.save_path))
-            check_resume(point, plan)
+            check_resume(point, plan, self.conf)
             check_saved_graph(self.conf, point["learner"], str(plan.save_path), SAVE_KEY)
         elif plan.load_path:
             # (before Ray starts: a missing model said in a second, not after the start-up)

@@ -216,6 +216,17 @@ def test_resume_with_no_epochs_left_says_so() -> None:
         "to train more"
     )
     check_resume({"learner": {"next_epoch": 9}}, plan)
+    # Another model's checkpoint is named as such first (it said "nothing left to train", or,
+    # with epochs to go, that a table's rows differ).
+    softmax = {"learner": {"next_epoch": 40, "model": "SoftmaxRegression"}}
+    with pytest.raises(ConfigError) as e:
+        check_resume(softmax, plan, conf)
+    assert str(e.value) == (
+        "--resume: the checkpoint in runs/x holds a SoftmaxRegression model, but "
+        "ml.model.class.name=LogisticRegression (default): resume with the job that wrote it, or "
+        "train this one afresh (without --resume) into another angel.save.model.path"
+    )
+    check_resume({"learner": {"next_epoch": 9, "model": "LogisticRegression"}}, plan, conf)
 
 
 def _train(data: Path, *extra: str, conf: str = "conf/lr_a9a.properties") -> tuple[int, str]:
