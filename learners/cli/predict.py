@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
 from angelconf.printable import printable
+from angelps.file_store import files_for, is_url
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 _LOAD, _DATA, _OUT = "angel.load.model.path", "angel.predict.data.path", "angel.predict.out.path"
+_SAVE = "angel.save.model.path"
 #: The file written into an angel.predict.out.path that is a directory (Angel's layout).
 PREDICTIONS_FILE = "predictions.csv"
 
@@ -165,6 +168,7 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             f"{_OUT} is not set: prediction needs an output "
             f"(--{_OUT} FILE.csv, --out FILE.csv or {_OUT} in the job file)"
         )
+    _check_apart(conf, action)
     check_output_policy(conf, _OUT)
     if check_url(conf, _OUT):
         url = action.out_path.rstrip("/")
@@ -189,6 +193,80 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             f"{_shown(conf, _OUT)}: cannot write there ({why}); choose a folder you can write to"
         )
     return out if is_file else out / PREDICTIONS_FILE
+
+
+def _target(out: str) -> str:
+    """The file that angel.predict.out.path ``out`` writes (as :func:`check_out` returns it): a
+    .csv/.parquet name itself, another name's predictions.csv; a URL without its trailing /."""
+    if is_url(out):
+        url = out.rstrip("/")
+        return url if url.lower().endswith((".csv", ".parquet")) else f"{url}/{PREDICTIONS_FILE}"
+    path = files_for(out).disk_path(out) or Path(out)
+    is_file = path.suffix.lower() in (".csv", ".parquet") or path.is_file()
+    return os.path.realpath(path if is_file else path / PREDICTIONS_FILE)
+
+
+def _same(target: str, other: str) -> bool:
+    """Whether the file ``target`` (:func:`_target`) is the file ``other`` names: the same
+    resolved path or the same file on the disk (a hard link, a link); URLs as strings."""
+    if is_url(target) or is_url(other):
+        return is_url(target) and is_url(other) and target == other.rstrip("/")
+    path = os.path.realpath(files_for(other).disk_path(other) or other)
+    if path == target:
+        return True
+    try:
+        return os.path.samefile(target, path)
+    except OSError:  # (one of them does not exist)
+        return False
+
+
+def _inside(target: str, folder: str) -> bool:
+    """Whether the file ``target`` (:func:`_target`) lies under the directory ``folder`` (at
+    any depth; resolved, or the same directory on the disk as one of its parents); URLs as
+    strings."""
+    if is_url(target) or is_url(folder):
+        return is_url(target) and is_url(folder) and target.startswith(folder.rstrip("/") + "/")
+    top = os.path.realpath(files_for(folder).disk_path(folder) or folder)
+    if os.path.commonpath([target, top]) == top and target != top:
+        return True
+    if not os.path.isdir(top):
+        return False
+    for parent in Path(target).parents:
+        try:
+            if os.path.samefile(parent, top):
+                return True
+        except OSError:  # (not there)
+            continue
+    return False
+
+
+def _check_apart(conf: Config, action: JobAction) -> None:
+    """ConfigError when angel.predict.out.path would write over the input (the same file, or
+    a file inside an input directory, read as data next time), into the saved model that
+    predicts, or (train_predict) into the checkpoint that training writes."""
+    assert action.out_path is not None
+    target = _target(action.out_path)
+    data = action.data_path
+    if data and _same(target, data):
+        raise ConfigError(
+            f"{_shown(conf, _OUT)} is the input {_shown(conf, _DATA)}: predictions would "
+            "replace the data; choose another file"
+        )
+    if data and _inside(target, data):
+        raise ConfigError(
+            f"{_shown(conf, _OUT)} writes into the input directory {_shown(conf, _DATA)}: the "
+            "predictions would be read as data next time; choose a path outside it"
+        )
+    models = [(_LOAD, action.model_path, "the model directory")]
+    if action.action == "train_predict":
+        save = conf[_SAVE] if _SAVE in conf else None
+        models.append((_SAVE, save, "the model directory that training saves to"))
+    for key, model, what in models:
+        if model and (_same(target, model) or _inside(target, model)):
+            raise ConfigError(
+                f"{_shown(conf, _OUT)} writes into {what} {_shown(conf, key)}: predictions "
+                "do not belong in a checkpoint; choose a path outside it"
+            )
 
 
 def prediction_file(conf: Config, learner: GraphLearner, data: str) -> dict[str, np.ndarray]:
