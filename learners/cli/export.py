@@ -43,8 +43,8 @@ def register(sub: Subparsers) -> None:
         "--format",
         metavar="FORMAT",
         default=None,
-        help="torch, safetensors, torchscript or onnx (default: by the extension of --out: "
-        ".pt/.pth torch, .safetensors, .onnx)",
+        help="torch, safetensors, torchscript or onnx, in any case (default: by the extension "
+        "of --out: .pt/.pth torch, .safetensors, .onnx, .ts/.torchscript torchscript)",
     )
     p.add_argument(
         "--max-mb",
@@ -68,8 +68,15 @@ def _export(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise ConfigError(f"--out {args.out} is a directory: expected a file name")
     parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"--out {args.out}: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise ConfigError(f"--out {args.out}: the directory {parent} does not exist")
+    if out.resolve().is_relative_to(model.resolve()):
+        raise ConfigError(
+            f"--out {args.out} is inside the model directory --model {args.model}: an export "
+            "does not belong in a checkpoint; choose a path outside it"
+        )
     why = cannot_write(parent)
     if why is not None:
         raise ConfigError(

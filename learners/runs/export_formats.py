@@ -56,8 +56,10 @@ def format_of(out: Path, fmt: str | None) -> str:
     """The format to write ``out`` in: ``fmt`` when given and ``out``'s extension fits it,
     else the format its extension names. ConfigError when they disagree or neither says."""
     ext = out.suffix.lower()
+    fmt = fmt.lower() if fmt is not None else None  # (as class names: any case)
     if fmt is None:
-        for name in ("torch", "safetensors", "onnx"):
+        # (.pt is torch's first: a TorchScript file by its extension is .ts or .torchscript)
+        for name in ("torch", "safetensors", "onnx", "torchscript"):
             if ext in _EXTENSIONS[name]:
                 return name
         raise ConfigError(

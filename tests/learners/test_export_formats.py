@@ -28,6 +28,7 @@ from learners.data import DataOptions
 from learners.data.problems import DataError
 from learners.data.reader import load_file
 from learners.keys import all_keys
+from learners.runs.export_formats import format_of
 from learners.runs.standalone import padded
 from tests.short_tmp import short_tmp
 
@@ -217,10 +218,28 @@ def test_an_extension_that_disagrees_with_the_format_is_refused(tmp_path, capsys
             "--format keras is not valid: expected one of torch, safetensors, torchscript, onnx",
         ),
     ]
+    (tmp_path / "data.libsvm").write_text("1 3:1\n")
+    cases += [
+        (
+            ["--out", str(tmp_path / "data.libsvm" / "m.pt")],
+            f"--out {tmp_path / 'data.libsvm' / 'm.pt'}: {tmp_path / 'data.libsvm'} is a file, "
+            "not a directory",  # (it said: the directory ... does not exist)
+        ),
+        (
+            ["--out", str(model / "m.pt")],
+            f"--out {model / 'm.pt'} is inside the model directory --model {model}: an export "
+            "does not belong in a checkpoint; choose a path outside it",
+        ),
+    ]
     for argv, message in cases:
         assert main(["export", "--model", str(model), *argv]) == 2
         assert capsys.readouterr().err == f"angelps: error: {message}\n"
-        assert not list(tmp_path.glob("m.*"))
+        assert not list(tmp_path.glob("m.*")) and not list(model.iterdir())
+    # the format in any case, and TorchScript by its own extensions
+    assert format_of(tmp_path / "m.pt", "TorchScript") == "torchscript"
+    assert format_of(tmp_path / "m.ts", None) == format_of(tmp_path / "m.torchscript", None)
+    assert format_of(tmp_path / "m.ts", None) == "torchscript"
+    assert format_of(tmp_path / "m.pt", None) == "torch"
 
 
 @pytest.mark.slow
