@@ -150,7 +150,8 @@ def predict_parts(
     batch = to_batch(data, opts, labels)
     check_ids(batch, num_features, data)
     parts = np.array_split(np.arange(len(batch)), len(workers))
-    return workers.execute_each("predict_batch", [(batch.take(rows),) for rows in parts])
+    what = type(data).__name__
+    return workers.execute_each("predict_input", [(batch.take(rows), what) for rows in parts])
 
 
 def in_input_order(

@@ -15,6 +15,7 @@ driver as itself (``DataError`` naming the file and line) and becomes one line a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +36,7 @@ from learners.data import (
     validation_mask,
 )
 
-__all__ = ["DataPart"]
+__all__ = ["DataPart", "check_rows_labels"]
 
 
 class DataPart:
@@ -104,16 +105,8 @@ class DataPart:
         training rows are checked by each step, without the line."""
         opts = self.opts
         valid_path = opts.validate_path or opts.train_path
-        for rows, path in ((self.train, opts.train_path), (self.valid, valid_path)):
-            y = np.asarray(rows.labels)
-            if not len(y) or np.isnan(y).all():  # (no labels: a predict input)
-                continue
-            try:
-                check(y)
-            except ValueError as e:
-                row = _first_failing(y, check)
-                where = line_of(str(path), opts, int(rows.row_index[row]))
-                raise DataError(f"{where}: {e}") from None
+        for rows, path in ((self.train, str(opts.train_path)), (self.valid, str(valid_path))):
+            check_rows_labels(rows, check, functools.partial(line_of, path, opts))
 
     def load_file(self, path: str) -> Batch:
         """This worker's part of another input (prediction, evaluation), in memory."""
@@ -194,6 +187,23 @@ class _Summary:
             "min_nnz": self.min_nnz if self.rows else 0,
             "max_nnz": self.max_nnz,
         }
+
+
+def check_rows_labels(
+    rows: Batch, check: Callable[[np.ndarray], Any], where: Callable[[int], str]
+) -> None:
+    """Raise the first label of ``rows`` that ``check`` (the model's) rejects as a
+    :class:`DataError` prefixed by ``where`` of its row's ``row_index`` (``FILE:LINE`` of a
+    file's rows: :func:`~learners.data.reader.line_of`). Rows without labels (all NaN: a
+    predict input, ``ml.data.has.label=false``) pass."""
+    y = np.asarray(rows.labels)
+    if not len(y) or np.isnan(y).all():
+        return
+    try:
+        check(y)
+    except ValueError as e:
+        row = _first_failing(y, check)
+        raise DataError(f"{where(int(rows.row_index[row]))}: {e}") from None
 
 
 def _first_failing(y: np.ndarray, check: Callable[[np.ndarray], Any]) -> int:

@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from learners.data import Batch, binary_labels01
+from learners.data import Batch, binary_labels01, line_of
 from learners.models.sparse_input import SparseInput
 from learners.models.zoo import BaseModel
+from learners.worker.data_part import check_rows_labels
 from learners.worker.step_stats import num_rows
 
 __all__ = ["Predicts", "predict_rows"]
@@ -95,6 +96,8 @@ class Predicts:
 
     #: the worker's input of a batch (rows read), and its prediction rounds (held tables)
     _input: InputOf
+    #: the model's check of labels (ValueError for one it cannot take): TrainWorker's
+    _check_labels: Callable[[np.ndarray], None]
     _rounds: Callable[[], tuple[Callable[[int], int], Callable[[], None]] | None]
 
     def validate(self, chunk: int = 4096) -> dict[str, Any]:
@@ -108,8 +111,17 @@ class Predicts:
         self.held.train(False)
         return predict_rows(self.model, data, chunk, self._input, self.amp, self._rounds())
 
+    def predict_input(self, data: Batch, what: str) -> dict[str, Any]:
+        """Predict rows given in memory (``what``: their kind, ``DataFrame``), a label the model
+        cannot take first raised as a DataError naming its row (``DataFrame row 3: ...``)."""
+        check_rows_labels(data, self._check_labels, lambda i: f"{what} row {i}")
+        return self.predict_batch(data)
+
     def predict_file(self, path: str) -> dict[str, Any]:
-        """Read a file (this worker's part) and predict it."""
-        return self.predict_batch(
-            self.part.load_file(path), self.plan.minibatch_size * _PREDICT_BATCHES
-        )
+        """Read a file (this worker's part) and predict it, a label the model cannot take
+        first raised as a DataError naming its file and line, as training does
+        (:meth:`learners.worker.data_part.DataPart.check_labels`)."""
+        data = self.part.load_file(path)
+        opts = self.part.opts
+        check_rows_labels(data, self._check_labels, lambda i: line_of(path, opts, i))
+        return self.predict_batch(data, self.plan.minibatch_size * _PREDICT_BATCHES)
