@@ -21,6 +21,7 @@ a worker lost mid-run :mod:`learners.job.failover`. The loop runs on the job's a
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -334,6 +335,11 @@ class TrainingLoop:
                 self.actors.placed.where() if self.actors.placed is not None else None,
             )
         )
+        if resume:
+            said, *warnings = _resume_lines(self.conf, plan, info, progress.next_epoch)
+            log.say(said)
+            for line in warnings:
+                log.warn(line)
         return progress
 
     def run_epoch(self, epoch: int, log: RunLog, progress: _Progress) -> dict[str, Any]:
@@ -514,6 +520,35 @@ def _check_watched_name(conf: Config, plan: TrainPlan) -> None:
             f"{key}={plan.early_stop_metric} ({conf.source(key)}): this model reports no "
             f"{name}; valid names: {', '.join(names)}"
         )
+
+
+def _resume_lines(
+    conf: Config, plan: TrainPlan, info: Mapping[str, Any], next_epoch: int
+) -> list[str]:
+    """The banner's line of a resumed job (where from, the epochs left), and a warning for each
+    data path that is not the one the checkpoint trained on: the epochs left read other data,
+    and the best epoch is then chosen across different validation sets."""
+    lines = [
+        f"  resume   {plan.save_path} after epoch {next_epoch}: epochs {next_epoch + 1}.."
+        f"{plan.epochs} left of {plan.epochs}"
+    ]
+    saved = dict(info.get("conf") or {})
+    for key in ("angel.train.data.path", "angel.validate.data.path"):
+        now, was = conf[key], saved.get(key)
+        if now and was and not _same_path(str(was), str(now)):
+            lines.append(
+                f"angelps: warning: {key}={now} ({conf.source(key)}) is not the data the "
+                f"checkpoint trained on ({was}): the epochs left read other data, and the best "
+                "epoch is chosen across both"
+            )
+    return lines
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two data paths name the same input (a local one relative or not)."""
+    if a == b:
+        return True
+    return not (is_url(a) or is_url(b)) and os.path.abspath(a) == os.path.abspath(b)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

@@ -317,3 +317,17 @@ def test_train_takes_the_job_as_keys_alone(data, ray_local, capsys) -> None:
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"angelps: error: {bad}:2: ")
     assert sorted(p.name for p in log.iterdir()) == runs
     assert (log / "latest").read_text().strip() == Path(s["run_dir"]).name
+    # Resumed on other data: where from and the epochs left, and a warning naming both paths.
+    other = tmp / "other.libsvm"
+    other.write_text("".join(data["a9a"].read_text().splitlines(keepends=True)[:600]))
+    argv[2] = str(other)
+    argv[argv.index("--ml.epoch.num") + 1] = "2"
+    assert main([*argv, "--resume"]) == 0
+    said = capsys.readouterr()
+    model = tmp / "keys_only" / "model"
+    assert f"  resume   {model} after epoch 1: epochs 2..2 left of 2\n" in said.out
+    assert (
+        f"angelps: warning: angel.train.data.path={other} (command line) is not the data the "
+        f"checkpoint trained on ({data['a9a']}): the epochs left read other data, and the best "
+        "epoch is chosen across both"
+    ) in said.err
