@@ -53,6 +53,23 @@ def test_conf_shows_values_and_sources(tmp_path: Path, capsys: pytest.CaptureFix
     )
 
 
+def test_conf_refuses_a_schedule_train_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "job.properties"
+    f.write_text("ml.opt.decay.class.name = CosineAnealingLR\n")
+    assert main(["conf", "--conf", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"angelps: error: ml.opt.decay.class.name=CosineAnealingLR ({f}:1): unknown schedule; "
+        "valid names (closest first): CosineAnnealingLR, "
+    )
+    assert main(["conf", "--set", "ml.opt.decay.wide.class.name=Nope"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "angelps: error: ml.opt.decay.wide.class.name=Nope (command line): unknown schedule"
+    )
+
+
 def test_conf_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     from learners.keys import all_keys
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from angelconf.config import format_value
+from angelconf.config import ConfigError, format_value
 from angelconf.render import render_markdown
+from decay.keys import PREFIX
+from decay.registry import schedule_class
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.data.problems import printable
 from learners.job.sparse_keys import unused_placement_keys
@@ -49,6 +51,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{k.name}  [{k.type}, default {default}]  {k.doc}")
         return EXIT_OK
     conf = load_job(args)
+    # Every schedule the job names is one train knows (train and schedule refuse it at once).
+    for name in sorted(k for k in conf if k.startswith(PREFIX) and k.endswith("class.name")):
+        if conf[name] is not None:
+            try:
+                schedule_class(str(conf[name]), name)
+            except ValueError as e:
+                said = f"{name}={conf[name]}"  # (where it was set, after it)
+                text = str(e).replace(said, f"{said} ({conf.source(name)})", 1)
+                raise ConfigError(text) from None
     # (as train says them, before the job starts; the optimizers' keys need numpy: train's)
     for unused in [*unused_model_keys(conf), *unused_placement_keys(conf)]:
         print(printable(f"angelps: warning: {unused}"), file=sys.stderr)
