@@ -97,6 +97,7 @@ class TrainingLoop:
         self.sched: StepSizeScheduler | None = None  # (the job's schedule: rates.main)
         self.epoch = 0  # the epoch running, or the last one run
         self.chunker = Chunker(actors.plan.log_every)
+        self._unwatched_said = False  # (the watched metric's absence, said once)
 
     @property
     def conf(self) -> Config:
@@ -212,6 +213,7 @@ class TrainingLoop:
                     row.update(self.validate())
                     self._schedule_epoch(row)
                     improved = self._track(epoch, row, progress)
+                    self._say_unwatched(row, log)
                     row["elapsed_s"] = time.perf_counter() - t_start
                     progress.history.append(row)
                     log.record(row)
@@ -410,6 +412,26 @@ class TrainingLoop:
         this epoch is the best so far."""
         metric_name = self.watch_metric()
         return progress.watch(epoch, row.get(metric_name), lower_is_better(metric_name))
+
+    def _say_unwatched(self, row: Mapping[str, Any], log: RunLog) -> None:
+        """Once a job: the watched metric is missing from a validated epoch (an AUC of one
+        class only is undefined): no best epoch is kept, and early stopping never acts."""
+        name = self.watch_metric()
+        if self._unwatched_said or not row.get("valid_rows"):
+            return
+        if row.get(name) is not None:
+            return
+        self._unwatched_said = True
+        why = (
+            "the validation rows hold one class only, where the AUC is undefined"
+            if name == "valid_auc"
+            else "this job's validation does not report it"
+        )
+        log.warn(
+            f"angelps: warning: {name} (ml.early.stop.metric) is not reported ({why}): no best "
+            "epoch is kept and early stopping does not act; check the labels, or watch another "
+            "metric (valid_logloss)"
+        )
 
     def _stops(self, progress: _Progress) -> bool:
         patience = self.plan.early_stop_patience

@@ -331,3 +331,26 @@ def test_train_takes_the_job_as_keys_alone(data, ray_local, capsys) -> None:
         f"checkpoint trained on ({data['a9a']}): the epochs left read other data, and the best "
         "epoch is chosen across both"
     ) in said.err
+
+
+def test_one_class_validation_says_the_auc_is_not_there(data, ray_local, capsys) -> None:
+    """Labels of one class: the AUC is undefined, so no best epoch is kept and early stopping
+    never acts; said once, not silently."""
+    tmp = data["tmp"]
+    neg = tmp / "neg.libsvm"
+    lines = data["a9a"].read_text().splitlines(keepends=True)
+    neg.write_text("".join([line for line in lines if line.startswith("-1")][:800]))
+    argv = [
+        "train", "--angel.train.data.path", str(neg), "--ml.epoch.num", "2",
+        "--ml.feature.index.range", "123", "--ml.data.validate.ratio", "0.2",
+        "--angel.save.model.path", str(tmp / "neg" / "model"),
+        "--angel.log.path", str(tmp / "neg" / "log"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    warning = (
+        "angelps: warning: valid_auc (ml.early.stop.metric) is not reported (the validation "
+        "rows hold one class only, where the AUC is undefined): no best epoch is kept and early "
+        "stopping does not act; check the labels, or watch another metric (valid_logloss)"
+    )
+    assert err.count(warning) == 1
