@@ -210,7 +210,8 @@ class JobBar:
                 file=file if file is not None else sys.stderr,
                 leave=False,
                 # a fixed width (80 where the terminal does not say): readable, never zero
-                ncols=ncols or min(shutil.get_terminal_size().columns, 120),
+                # (a pty without a size, as some container runtimes make, says 0 columns)
+                ncols=ncols or min(shutil.get_terminal_size().columns or 80, 120),
                 mininterval=0.2,
                 bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} upd "
                 "[{elapsed}<{remaining}{postfix}]",

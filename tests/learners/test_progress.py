@@ -74,6 +74,20 @@ def test_the_bar_counts_the_whole_job_and_says_samples_loss_and_lr():
     assert f.getvalue().endswith("\r")  # the bar's line cleared, nothing left on it
 
 
+def test_a_terminal_without_a_size_still_gets_a_bar(monkeypatch):
+    # (a pty with no window size says 0 columns: tqdm then drew nothing, a long epoch silent)
+    import os
+    import shutil
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: os.terminal_size((0, 0)))
+    f = io.StringIO()
+    bar = JobBar(total=30, done=0, epochs=3, updates_per_epoch=10, file=f)
+    bar.update(5, samples=1_000, seconds=1.0, loss=0.5, lr=0.01)
+    bar.tick()
+    bar.close()
+    assert "| 5/30 upd [" in f.getvalue()
+
+
 def test_off_a_terminal_a_plain_line_every_so_many_seconds():
     now = [100.0]
     f = io.StringIO()
