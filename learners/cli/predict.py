@@ -192,6 +192,16 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
         raise ConfigError(
             f"{_shown(conf, _OUT)}: cannot write there ({why}); choose a folder you can write to"
         )
+    if not is_file and out.suffix and not out.exists():
+        # (pred.txt, pred.json: most likely meant as a file, and taken as Angel's folder)
+        print(
+            printable(
+                f"angelps: note: {_shown(conf, _OUT)} has no .csv or .parquet suffix: it is "
+                f"made a folder (Angel's layout) and the predictions go to "
+                f"{out / PREDICTIONS_FILE}"
+            ),
+            file=sys.stderr,
+        )
     return out if is_file else out / PREDICTIONS_FILE
 
 

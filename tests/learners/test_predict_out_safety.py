@@ -222,3 +222,21 @@ def test_a_separate_output_still_works(
     assert f"wrote {ROWS} predictions to {job / 'pred.csv'}" in capsys.readouterr().err
     assert len((job / "pred.csv").read_text().splitlines()) == ROWS + 1  # a header, one per row
     assert (_snapshot(model), (job / "in.csv").read_bytes()) == before
+
+
+def test_an_output_named_like_another_file_type_is_said_to_be_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "in.libsvm"
+    data.write_text("1 3:1\n")
+    out = tmp_path / "pred.txt"
+    conf = _conf(**{_DATA: str(data), _OUT: str(out), "action.type": "predict"})
+    assert check_out(conf, JobAction.from_config(conf)) == out / "predictions.csv"
+    assert capsys.readouterr().err == (
+        f"angelps: note: {_OUT}={out} (test) has no .csv or .parquet suffix: it is made a "
+        f"folder (Angel's layout) and the predictions go to {out / 'predictions.csv'}\n"
+    )
+    folder = tmp_path / "preds"  # a plain folder name: nothing to say
+    conf = _conf(**{_DATA: str(data), _OUT: str(folder), "action.type": "predict"})
+    assert check_out(conf, JobAction.from_config(conf)) == folder / "predictions.csv"
+    assert capsys.readouterr().err == ""
