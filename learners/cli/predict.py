@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from angelconf.config import Config, ConfigError
 from angelconf.printable import printable
-from angelps.file_store import files_for, is_url
+from angelps.file_store import files_for
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
@@ -205,10 +205,15 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
     return out if is_file else out / PREDICTIONS_FILE
 
 
+def _remote(path: str) -> bool:
+    """Whether ``path`` is on object storage (no path on this machine's disk)."""
+    return files_for(path).disk_path(path) is None
+
+
 def _target(out: str) -> str:
     """The file that angel.predict.out.path ``out`` writes (as :func:`check_out` returns it): a
     .csv/.parquet name itself, another name's predictions.csv; a URL without its trailing /."""
-    if is_url(out):
+    if _remote(out):
         url = out.rstrip("/")
         return url if url.lower().endswith((".csv", ".parquet")) else f"{url}/{PREDICTIONS_FILE}"
     path = files_for(out).disk_path(out) or Path(out)
@@ -219,8 +224,8 @@ def _target(out: str) -> str:
 def _same(target: str, other: str) -> bool:
     """Whether the file ``target`` (:func:`_target`) is the file ``other`` names: the same
     resolved path or the same file on the disk (a hard link, a link); URLs as strings."""
-    if is_url(target) or is_url(other):
-        return is_url(target) and is_url(other) and target == other.rstrip("/")
+    if _remote(target) or _remote(other):
+        return _remote(target) and _remote(other) and target == other.rstrip("/")
     path = os.path.realpath(files_for(other).disk_path(other) or other)
     if path == target:
         return True
@@ -234,8 +239,8 @@ def _inside(target: str, folder: str) -> bool:
     """Whether the file ``target`` (:func:`_target`) lies under the directory ``folder`` (at
     any depth; resolved, or the same directory on the disk as one of its parents); URLs as
     strings."""
-    if is_url(target) or is_url(folder):
-        return is_url(target) and is_url(folder) and target.startswith(folder.rstrip("/") + "/")
+    if _remote(target) or _remote(folder):
+        return _remote(target) and _remote(folder) and target.startswith(folder.rstrip("/") + "/")
     top = os.path.realpath(files_for(folder).disk_path(folder) or folder)
     if os.path.commonpath([target, top]) == top and target != top:
         return True

@@ -35,7 +35,7 @@ from angelconf.config import Config, ConfigError
 from angelps.checkpoint.errors import CheckpointError, NoCheckpoint
 from angelps.checkpoint.store import holds_checkpoint
 from angelps.client.pending_save import PendingSave
-from angelps.file_store import is_url
+from angelps.file_store import files_for
 from decay import StepSizeScheduler
 from learners.data.problems import printable
 from learners.job import failover, memory_kills, saved_model
@@ -178,7 +178,9 @@ class TrainingLoop:
         self.actors.start_ray()
         # A log path on object storage: the run is staged locally and copied there (runs.py).
         run_dir = new_run_dir(log_root(plan.log_dir), str(self.conf["angel.job.name"]))
-        self._run_dir = None if is_url(str(plan.log_dir)) else run_dir
+        # (a log path on object storage: its run is staged, and copied there when written)
+        local = files_for(str(plan.log_dir)).disk_path(str(plan.log_dir)) is not None
+        self._run_dir = run_dir if local else None
         progress_s = PROGRESS_EVERY.read(self.conf)  # plain progress lines off a terminal
         log = RunLog(
             run_dir, self.quiet, plan.tensorboard, progress_s=progress_s, upload_to=plan.log_dir
@@ -570,7 +572,8 @@ def _same_path(a: str, b: str) -> bool:
     """Whether two data paths name the same input (a local one relative or not)."""
     if a == b:
         return True
-    return not (is_url(a) or is_url(b)) and os.path.abspath(a) == os.path.abspath(b)
+    da, db = files_for(a).disk_path(a), files_for(b).disk_path(b)  # (None: object storage)
+    return da is not None and db is not None and os.path.abspath(da) == os.path.abspath(db)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:
