@@ -21,7 +21,9 @@ class Batch:
     """A mini-batch in CSR form (numpy only).
 
     Row ``r`` has the features ``ids[indptr[r]:indptr[r+1]]`` with ``values`` alongside, in file
-    order. ``labels`` are after the label transform (NaN when the input has no labels).
+    order. ``labels`` are after the label transform (NaN when the input has no labels), the
+    ``ml.data.label.trans.class`` named by ``label_trans`` (None when not known: rows a reader
+    did not read), so that a message can name a label as its input has it.
     ``row_index`` is each row's 0-based line position in its input (over all files of a
     directory, in name order): the order predictions are written in, and the data position.
     """
@@ -31,6 +33,7 @@ class Batch:
     ids: np.ndarray  # int64 [nnz]
     values: np.ndarray  # float32 [nnz]
     row_index: np.ndarray  # int64 [n]
+    label_trans: str | None = None  # the transform the labels went through; None: not known
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -77,6 +80,7 @@ class Batch:
             ids=self.ids[gather],
             values=self.values[gather],
             row_index=self.row_index[rows],
+            label_trans=self.label_trans,
         )
 
     def slice(self, start: int, stop: int) -> Batch:
@@ -88,6 +92,7 @@ class Batch:
             ids=self.ids[a:b],
             values=self.values[a:b],
             row_index=self.row_index[start:stop],
+            label_trans=self.label_trans,
         )
 
     def field_ids(self, num_fields: int) -> np.ndarray:
@@ -124,6 +129,7 @@ def concat(batches: Sequence[Batch]) -> Batch:
     if len(batches) == 1:
         return batches[0]
     nnz = np.cumsum([0] + [b.nnz for b in batches[:-1]])
+    trans = {b.label_trans for b in batches}  # one transform, or not known
     indptr = np.concatenate(
         [batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, nnz, strict=True)]
     )
@@ -133,6 +139,7 @@ def concat(batches: Sequence[Batch]) -> Batch:
         ids=np.concatenate([b.ids for b in batches]),
         values=np.concatenate([b.values for b in batches]),
         row_index=np.concatenate([b.row_index for b in batches]),
+        label_trans=trans.pop() if len(trans) == 1 else None,
     )
 
 

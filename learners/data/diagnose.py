@@ -31,10 +31,13 @@ def _number(token: str, what: str) -> str | None:
     return f"{what} is '{token}', not a number"
 
 
-def _feature_id(token: str, kind: str) -> str | None:
+def _feature_id(token: str, kind: str, index_range: int = -1) -> str | None:
     """What is wrong with ``token`` as a feature id of ``kind``, or None."""
     if _INT.fullmatch(token):
         return None
+    if kind == "dummy" and token != "":
+        below = f" below ml.feature.index.range={index_range}" if index_range > 0 else ""
+        return f"feature id '{token}' is not a valid dummy id (a non-negative integer{below})"
     if _NEG_INT.fullmatch(token):
         return f"feature id {token} is negative ({kind} ids start at {_BASE[kind]})"
     if token == "":
@@ -42,7 +45,7 @@ def _feature_id(token: str, kind: str) -> str | None:
     return f"feature id '{token}' is not an integer"
 
 
-def _feature(token: str, kind: str) -> str | None:
+def _feature(token: str, kind: str, index_range: int = -1) -> str | None:
     """What is wrong with one feature token of ``kind``, or None."""
     if token == "":
         return "an empty field (two separators in a row)"
@@ -51,7 +54,7 @@ def _feature(token: str, kind: str) -> str | None:
     if kind == "dummy":
         if ":" in token:
             return f"feature '{token}' is not an id (dummy lines hold ids without values)"
-        return _feature_id(token, kind)
+        return _feature_id(token, kind, index_range)
     if ":" not in token:
         return f"feature '{token}' has no ':<value>'"
     fid, _, value = token.partition(":")
@@ -70,10 +73,21 @@ def _fields(line: str, sep: str, whitespace: bool) -> list[str]:
     return fields
 
 
-def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) -> str | None:
+def why_bad(
+    raw: bytes,
+    kind: str,
+    has_label: bool,
+    sep: str,
+    whitespace: bool,
+    *,
+    sid: bool = False,
+    index_range: int = -1,
+) -> str | None:
     """The first problem of a line (its bytes) that failed its format's regular expression, or
     None; ``sep`` is the regular expression between fields, ``whitespace`` whether fields are
-    separated by whitespace only."""
+    separated by whitespace only. ``sid``: the line's sample id is already cut off (a label
+    that is not a number is then not a sample id); ``index_range``: ml.feature.index.range
+    (<= 0: not set)."""
     body = raw.decode("latin-1").rstrip("\r\n")
     if not body.isascii() or any(c < " " and c not in "\t\r\f\v" for c in body):
         return _NOT_TEXT
@@ -83,25 +97,46 @@ def why_bad(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) 
     if has_label:
         problem = _number(fields[0], "the label")
         if problem and problem.endswith(", not a number"):
-            # Angel's predict files start with a sample id
-            return f"{problem} (a sample id first? set ml.data.sid=true)"
+            if _feature(fields[0], kind, index_range) is None:  # a feature where the label goes
+                after = " after the sample id" if sid else ""
+                return f"{problem} (no label{after}? set ml.data.has.label=false)"
+            if not sid:  # Angel's predict files start with a sample id
+                return f"{problem} (a sample id first? set ml.data.sid=true)"
         if problem:
             return problem
         fields = fields[1:]
     for token in fields:
-        problem = _feature(token, kind)
+        problem = _feature(token, kind, index_range)
         if problem:
             return problem
     return None
 
 
-def looks_like(raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool) -> str | None:
+def _fits_dense(fields: list[str], index_range: int) -> bool:
+    """Whether numbers ``fields`` (a line's, label cut off) are a dense row rather than ids: as
+    many as ml.feature.index.range (give or take one: a label read or not), or, without it,
+    mostly not ids (negative, fractional) or repeating (a line holds an id once)."""
+    if index_range > 0:
+        return abs(len(fields) - index_range) <= 1
+    ids = [f for f in fields if _INT.fullmatch(f)]
+    return 2 * len(ids) <= len(fields) or len(set(map(int, ids))) < len(ids)
+
+
+def looks_like(
+    raw: bytes, kind: str, has_label: bool, sep: str, whitespace: bool, index_range: int = -1
+) -> str | None:
     """The other text format (libsvm, dummy, dense) that a line bad for ``kind`` is good
-    for, or None: the ml.data.type the input most likely has."""
+    for, or None: the ml.data.type the input most likely has. Dense only for a line that
+    fits a dense row (:func:`_fits_dense`): a dummy line with one bad id is no dense row."""
     body = raw.decode("latin-1").rstrip("\r\n")
     if not body.strip():
         return None
     for other in ("libsvm", "dummy", "dense"):
-        if other != kind and why_bad(raw, other, has_label, sep, whitespace) is None:
-            return other
+        if other == kind or why_bad(raw, other, has_label, sep, whitespace) is not None:
+            continue
+        if other == "dense":
+            fields = _fields(body, sep, whitespace)[1 if has_label else 0 :]
+            if not _fits_dense(fields, index_range):
+                continue
+        return other
     return None

@@ -11,7 +11,7 @@ import numpy as np
 from learners.data.options import LABEL_TRANSFORMS
 from learners.data.problems import DataError
 
-__all__ = ["binary_labels01", "label_transform", "multiclass_labels"]
+__all__ = ["binary_labels01", "class_index_message", "label_transform", "multiclass_labels"]
 
 
 def label_transform(
@@ -37,6 +37,39 @@ def label_transform(
     raise ValueError(
         f"ml.data.label.trans.class={name} is not valid: expected one of {', '.join(LABEL_TRANSFORMS)}"
     )
+
+
+def class_index_message(label: float, num_class: int, label_trans: str | None) -> str:
+    """Why ``label``, as ``ml.data.label.trans.class=label_trans`` left it (None: the transform
+    is not known), is not a class index of ``num_class`` classes: the label as the input has it
+    where the transform can be undone, the transform, and the labels it expects.
+
+    >>> class_index_message(3.0, 3, "SubOneTrans")
+    'label 4 (3 after ml.data.label.trans.class=SubOneTrans) is not a class index in 0..2 (ml.num.class=3): labels 1..3 are expected with SubOneTrans'
+    """
+    c, v = num_class, float(label)
+    not_index = f"is not a class index in 0..{c - 1} (ml.num.class={c})"
+    key = (label_trans or "").lower()
+    if key == "notrans":
+        hint = ""
+        if v == c:  # 1-based labels, most likely
+            hint = f": labels 1..{c} need ml.data.label.trans.class=SubOneTrans"
+        return f"label {v:g} {not_index}{hint}"
+    if key in ("subonetrans", "addonetrans"):
+        shift = -1 if key == "subonetrans" else 1
+        lo, hi = -shift, c - 1 - shift
+        expected = f"{lo}..{hi}" if hi > lo else f"{lo}"
+        return (
+            f"label {v - shift:g} ({v:g} after ml.data.label.trans.class={label_trans}) "
+            f"{not_index}: labels {expected} are expected with {label_trans}"
+        )
+    if key in ("posnegtrans", "zeroonetrans"):
+        makes = "-1 and 1" if key == "posnegtrans" else "0 and 1"
+        return (
+            f"label {v:g} after ml.data.label.trans.class={label_trans} {not_index}: "
+            f"{label_trans} makes the labels {makes}"
+        )
+    return f"label {v:g} {not_index}"
 
 
 def _show_values(values: np.ndarray, limit: int = 6) -> str:

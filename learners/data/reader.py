@@ -124,6 +124,8 @@ class Reader:
         opts = self.opts
         if self.transform and len(batch) and opts.label_trans.lower() != "notrans":
             batch.labels = label_transform(batch.labels, opts.label_trans, opts.label_threshold)
+        # what the labels went through, for messages that name a label as the file has it
+        batch.label_trans = opts.label_trans if self.transform else "NoTrans"
         self.stats.rows += len(batch)
         return batch
 

@@ -85,6 +85,7 @@ class TextFormat:
     field_num: int
     line_rx: str
     expected: str  # "'<label> <id>:<value> ...' (libsvm)", for error messages
+    sid: bool = False  # a sample id first on each line (cut off before the line is matched)
 
     @classmethod
     def from_options(cls, opts: DataOptions) -> TextFormat:
@@ -98,6 +99,8 @@ class TextFormat:
             body = rf"{token}(?:{sep}{token})*"
             expected = f"{shape} ..."
         note = kind if whitespace else f"{kind}, separator {splitor!r}"
+        if opts.sid:  # messages quote a line whole, its sample id included
+            expected = f"<sid> {expected}"
         return cls(
             kind=kind,
             has_label=opts.has_label,
@@ -110,6 +113,7 @@ class TextFormat:
             # Java's String.split drops a trailing empty field, so a trailing separator is fine.
             line_rx=rf"^{_WS}*(?:{body}(?:{sep})?)?{_WS}*$",
             expected=f"'{expected}' ({note})",
+            sid=opts.sid,
         )
 
 
@@ -227,17 +231,24 @@ def _to_float(tokens: pa.Array) -> np.ndarray:
 
 @dataclass
 class _Lines:
-    """The lines of a chunk still in play, with their 0-based line numbers in the file."""
+    """The lines of a chunk still in play, with their 0-based line numbers in the file;
+    ``whole``: the lines as the file has them, where ``lines`` lost their sample ids."""
 
     lines: pa.Array
     line_no: np.ndarray
+    whole: pa.Array | None = None
 
     def keep(self, mask: np.ndarray) -> None:
-        self.lines = self.lines.filter(pa.array(mask))
+        keep = pa.array(mask)
+        self.lines = self.lines.filter(keep)
         self.line_no = self.line_no[mask]
+        if self.whole is not None:
+            self.whole = self.whole.filter(keep)
 
     def shown(self, r: int) -> str:
-        return _shorten(_decode(self.lines[r].as_py()))
+        """Line ``r`` as messages quote it: whole, as in the file."""
+        lines = self.lines if self.whole is None else self.whole
+        return _shorten(_decode(lines[r].as_py()))
 
 
 @dataclass
@@ -300,9 +311,11 @@ class TextParser:
 
     def parse(self, file: str, lines: pa.Array, line_no: np.ndarray, offset: int) -> ParsedText:
         """Parse ``lines`` (numbered ``line_no`` in ``file``, which starts at line index ``offset``)."""
+        whole = None
         if self.sid:
+            whole = lines
             lines = pc.replace_substring_regex(lines, r"^\s*\S+", "", max_replacements=1)
-        chunk = _Lines(lines, line_no)
+        chunk = _Lines(lines, line_no, whole)
         problems = _Problems(chunk)
         self._match(chunk, problems)
         flat, counts = self._tokens(chunk)
@@ -337,9 +350,19 @@ class TextParser:
         for r in np.flatnonzero(~good):
             line = int(chunk.line_no[r])
             raw = chunk.lines[int(r)].as_py() or b""
-            why = why_bad(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
+            why = why_bad(
+                raw,
+                fmt.kind,
+                fmt.has_label,
+                fmt.sep,
+                fmt.whitespace,
+                sid=fmt.sid,
+                index_range=fmt.index_range,
+            )
             shape = f"expected {fmt.expected}, got '{chunk.shown(int(r))}'"
-            other = looks_like(raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace)
+            other = looks_like(
+                raw, fmt.kind, fmt.has_label, fmt.sep, fmt.whitespace, fmt.index_range
+            )
             if other is not None:  # a whole file in another format, most likely
                 shape += f"; the line is {other}: {FORMAT_HINT}{other}?"
             problems.by_line[line] = f"{why}; {shape}" if why else shape

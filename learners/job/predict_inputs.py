@@ -115,6 +115,7 @@ def to_batch(data: InMemory, opts: DataOptions, labels: Any = None) -> Batch:
     has = np.isfinite(batch.labels).any()
     if has and len(batch) and opts.label_trans.lower() != "notrans":
         batch.labels = label_transform(batch.labels, opts.label_trans, opts.label_threshold)
+    batch.label_trans = opts.label_trans  # (a bad label is then named as given)
     return batch
 
 

@@ -16,6 +16,7 @@ driver as itself (``DataError`` naming the file and line) and becomes one line a
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from learners.data import (
     read_file,
     validation_mask,
 )
+from learners.data.labels import class_index_message
 
 __all__ = ["DataPart", "check_rows_labels"]
 
@@ -194,7 +196,8 @@ def check_rows_labels(
 ) -> None:
     """Raise the first label of ``rows`` that ``check`` (the model's) rejects as a
     :class:`DataError` prefixed by ``where`` of its row's ``row_index`` (``FILE:LINE`` of a
-    file's rows: :func:`~learners.data.reader.line_of`). Rows without labels (all NaN: a
+    file's rows: :func:`~learners.data.reader.line_of`). A label that is not a class index is
+    named as the input has it, before ``rows.label_trans``. Rows without labels (all NaN: a
     predict input, ``ml.data.has.label=false``) pass."""
     y = np.asarray(rows.labels)
     if not len(y) or np.isnan(y).all():
@@ -203,7 +206,17 @@ def check_rows_labels(
         check(y)
     except ValueError as e:
         row = _first_failing(y, check)
-        raise DataError(f"{where(int(rows.row_index[row]))}: {e}") from None
+        said = str(e)
+        # A model's class-index message knows the label after the transform only: named again
+        # as the input has it, with the transform in effect (learners.data.labels).
+        m = _NOT_A_CLASS.match(said)
+        if m is not None:
+            said = class_index_message(float(y[row]), int(m.group(1)), rows.label_trans)
+        raise DataError(f"{where(int(rows.row_index[row]))}: {said}") from None
+
+
+#: How the models (learners/models) say a label is not a class index: its class count.
+_NOT_A_CLASS = re.compile(r"label \S+ is not a class index in 0\.\.-?\d+ \(ml\.num\.class=(\d+)\)")
 
 
 def _first_failing(y: np.ndarray, check: Callable[[np.ndarray], Any]) -> int:

@@ -144,7 +144,7 @@ BAD_CASES = [
     ),
     ("libsvm", {"ml.fm.field.num": 2}, "1 1:1 2:1\n1 1:1\n", "2: expected exactly ml.fm.field.num=2 features, got 1"),
     ("dummy", {}, "1 2 3:1\n", "1: feature '3:1' is not an id (dummy lines hold ids without values); expected '<label> <id> ...' (dummy), got '1 2 3:1'"),
-    ("dummy", {}, "1 2.5\n", "1: feature id '2.5' is not an integer; expected '<label> <id> ...' (dummy), got '1 2.5'; the line is dense: set ml.data.type=dense?"),
+    ("dummy", {}, "1 2.5\n", "1: feature id '2.5' is not a valid dummy id (a non-negative integer); expected '<label> <id> ...' (dummy), got '1 2.5'; the line is dense: set ml.data.type=dense?"),
     ("dense", {}, "1 2 x\n", "1: a value is 'x', not a number; expected '<label> <value> ...' (dense), got '1 2 x'"),
     ("dense", {}, "1 2 3\n1 2\n", "2: expected 2 values (as the first row), got 1"),
     ("dense", {"ml.feature.index.range": 3}, "1 2 3\n", "1: expected 3 values (as ml.feature.index.range), got 2"),
@@ -153,7 +153,7 @@ BAD_CASES = [
     ("libsvm", {}, "1 3:inf\n", "1: the value of feature 3 is 'inf', not a finite number; expected '<label> <id>:<value> ...' (libsvm), got '1 3:inf'"),
     ("libsvm", {}, "1 3:1 5:1 3:2\n", "1: feature id 3 appears more than once (a line holds each id at most once)"),
     ("dummy", {}, "1 7 2 7\n", "1: feature id 7 appears more than once (a line holds each id at most once)"),
-    ("dummy", {}, "1 -2\n", "1: feature id -2 is negative (dummy ids start at 0); expected '<label> <id> ...' (dummy), got '1 -2'; the line is dense: set ml.data.type=dense?"),
+    ("dummy", {}, "1 -2\n", "1: feature id '-2' is not a valid dummy id (a non-negative integer); expected '<label> <id> ...' (dummy), got '1 -2'; the line is dense: set ml.data.type=dense?"),
     ("dense", {}, "1 2 -inf\n", "1: a value is '-inf', not a finite number; expected '<label> <value> ...' (dense), got '1 2 -inf'"),
     (
         "libsvm",

@@ -45,7 +45,8 @@ def test_the_first_failing_row_is_where_a_check_of_the_values_starts_failing() -
             "softmax_dna",
             None,
             ["ml.num.class=2"],
-            "data/dna/dna.scale:2: label 2 is not a class index in 0..1 (ml.num.class=2)",
+            "data/dna/dna.scale:2: label 3 (2 after ml.data.label.trans.class=SubOneTrans) is "
+            "not a class index in 0..1 (ml.num.class=2): labels 1..2 are expected with SubOneTrans",
         ),
     ],
 )

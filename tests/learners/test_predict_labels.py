@@ -58,7 +58,9 @@ def test_a_bad_label_is_named_by_its_file_and_line(model, capsys, verb: str) -> 
     said = _last_line(capsys.readouterr().err)
     assert said.startswith("angelps: error: "), said
     assert (
-        f"{model['bad']}:{BAD_LINE}: label 3 is not a class index in 0..2 (ml.num.class=3)" in said
+        f"{model['bad']}:{BAD_LINE}: label 4 (3 after ml.data.label.trans.class=SubOneTrans) "
+        "is not a class index in 0..2 (ml.num.class=3): labels 1..3 are expected with SubOneTrans"
+        in said
     ), said
     assert not out.exists()
 
@@ -79,7 +81,11 @@ def test_an_in_memory_bad_label_is_named_by_its_row(model) -> None:
         }
     )
     with GraphLearner.load(model["model"]) as learner:
-        with pytest.raises(DataError, match=rf"^Table row {BAD_LINE - 1}: label 3 is not a class"):
+        with pytest.raises(
+            DataError,
+            match=rf"^Table row {BAD_LINE - 1}: label 4 \(3 after ml\.data\.label\.trans\.class="
+            r"SubOneTrans\) is not a class",
+        ):
             learner.evaluate(table)
         ok = np.asarray(learner.evaluate(table.slice(0, BAD_LINE - 1))["valid_accuracy"])
     assert 0.0 <= float(ok) <= 1.0
