@@ -10,7 +10,7 @@ from pathlib import Path
 from angelconf.config import ConfigError
 from angelconf.printable import printable
 from learners.cli.common import EXIT_OK, Subparsers, add_verb
-from learners.job.paths import cannot_write
+from learners.job.paths import check_out_folder
 
 __all__ = ["register"]
 
@@ -67,21 +67,12 @@ def _export(args: argparse.Namespace) -> int:
         )
     if out.is_dir():
         raise ConfigError(f"--out {args.out} is a directory: expected a file name")
-    parent = out.parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"--out {args.out}: {parent} is a file, not a directory")
-    if not parent.is_dir():
-        raise ConfigError(f"--out {args.out}: the directory {parent} does not exist")
     if out.resolve().is_relative_to(model.resolve()):
         raise ConfigError(
             f"--out {args.out} is inside the model directory --model {args.model}: an export "
             "does not belong in a checkpoint; choose a path outside it"
         )
-    why = cannot_write(parent)
-    if why is not None:
-        raise ConfigError(
-            f"--out {args.out}: cannot write there ({why}); choose a folder you can write to"
-        )
+    check_out_folder(f"--out {args.out}", out.parent)
     if not args.max_mb > 0:
         raise ConfigError(f"--max-mb {args.max_mb:g} is not valid: expected a number > 0")
     from learners.runs.export_formats import export_model, format_of  # torch: only when writing

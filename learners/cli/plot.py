@@ -10,7 +10,7 @@ from angelconf.config import ConfigError
 from angelconf.printable import printable
 from angelps.file_store import files_for
 from learners.cli.common import EXIT_BAD_INPUT, EXIT_OK, Subparsers, add_verb
-from learners.job.paths import cannot_write
+from learners.job.paths import cannot_write, check_out_folder
 from learners.runs.folders import RunRef
 
 __all__ = ["check_image_out", "image_formats", "register", "run"]
@@ -101,14 +101,7 @@ def check_image_out(option: str, value: str) -> Path:
         raise ConfigError(f"{shown}: no suffix to tell the image format; valid: {valid}")
     if suffix not in formats:
         raise ConfigError(f"{shown}: matplotlib cannot write .{suffix}; valid: {valid}")
-    parent = out.parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"{shown}: {parent} is a file, not a directory")
-    if not parent.is_dir():
-        raise ConfigError(f"{shown}: the directory {parent} does not exist")
-    why = cannot_write(parent)
-    if why is not None:
-        raise ConfigError(f"{shown}: cannot write there ({why}); choose a folder you can write to")
+    check_out_folder(shown, out.parent)
     return out
 
 

@@ -24,7 +24,7 @@ from angelps.file_store import files_for
 from learners.angel_keys import check_output_policy
 from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_verb, load_job
 from learners.job.action import PREDICT_OUT_FORMAT, JobAction
-from learners.job.paths import absolute_paths, cannot_write, check_url, relative_notes
+from learners.job.paths import absolute_paths, check_out_folder, check_url, relative_notes
 from learners.runs.output_file import replace_atomically
 
 if TYPE_CHECKING:
@@ -182,16 +182,7 @@ def check_out(conf: Config, action: JobAction) -> Path | str:
             f"{_shown(conf, _OUT)} is a file without a .csv or .parquet suffix: name a .csv or "
             ".parquet file, or a directory"
         )
-    parent = out.parent if is_file or not out.is_dir() else out
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"{_shown(conf, _OUT)}: {parent} is a file, not a directory")
-    if not parent.is_dir():
-        raise ConfigError(f"{_shown(conf, _OUT)}: the directory {parent} does not exist")
-    why = cannot_write(parent)
-    if why is not None:
-        raise ConfigError(
-            f"{_shown(conf, _OUT)}: cannot write there ({why}); choose a folder you can write to"
-        )
+    check_out_folder(_shown(conf, _OUT), out.parent if is_file or not out.is_dir() else out)
     if not is_file and out.suffix and not out.exists():
         # (pred.txt, pred.json: most likely meant as a file, and taken as Angel's folder)
         print(

@@ -28,6 +28,7 @@ __all__ = [
     "absolute",
     "absolute_paths",
     "cannot_write",
+    "check_out_folder",
     "check_url",
     "relative_notes",
 ]
@@ -117,6 +118,19 @@ def relative_notes(conf: Config, address: str | None) -> list[str]:
             "see it: give an absolute path on a shared file system, or a URL"
         )
     return notes
+
+
+def check_out_folder(shown: str, parent: Path) -> None:
+    """ConfigError, naming ``shown`` (the option or key and its value), unless ``parent``, the
+    folder an output file goes to, is an existing directory this process can write in (it is
+    not created: as every verb's output)."""
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{shown}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise ConfigError(f"{shown}: the directory {parent} does not exist")
+    why = cannot_write(parent)
+    if why is not None:
+        raise ConfigError(f"{shown}: cannot write there ({why}); choose a folder you can write to")
 
 
 def cannot_write(folder: str | os.PathLike[str]) -> str | None:

@@ -21,6 +21,21 @@ ROOT = Path(__file__).resolve().parents[2]
 ROWS = 800
 
 
+def _lr(data: str, out: Path, name: str, epochs: int) -> GraphLearner:
+    """conf/lr_a9a.properties on ``data``, its checkpoint and runs under ``out``."""
+    return GraphLearner.from_properties(
+        ROOT / "conf" / "lr_a9a.properties",
+        {
+            "angel.train.data.path": data,
+            "ml.epoch.num": epochs,
+            "angel.save.model.path": str(out / "model"),
+            "angel.log.path": str(out / "log"),
+            "angel.job.name": name,
+        },
+        quiet=True,
+    )
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """LR trained on a slice of a9a and saved; the slice as a file and as parsed rows."""
@@ -36,17 +51,7 @@ def trained(tmp_path_factory):
     lines = (ROOT / "data/a9a/a9a_123d_train.libsvm").read_text().splitlines()[:ROWS]
     data = tmp / "a9a.libsvm"
     data.write_text("\n".join(lines) + "\n")
-    learner = GraphLearner.from_properties(
-        ROOT / "conf" / "lr_a9a.properties",
-        {
-            "angel.train.data.path": str(data),
-            "ml.epoch.num": 2,
-            "angel.save.model.path": str(tmp / "model"),
-            "angel.log.path": str(tmp / "log"),
-            "angel.job.name": "face",
-        },
-        quiet=True,
-    )
+    learner = _lr(str(data), tmp, "face", epochs=2)
     try:
         result = learner.train()
     finally:
@@ -74,17 +79,7 @@ def trained(tmp_path_factory):
 def test_a_second_train_is_refused_and_the_model_stays_usable(trained, tmp_path) -> None:
     # (it used to start the shards again under the same names: "is already taken ... is a job
     # with angel.job.name='...' still running?", and left the learner unable to predict or save)
-    learner = GraphLearner.from_properties(
-        ROOT / "conf" / "lr_a9a.properties",
-        {
-            "angel.train.data.path": trained["data"],
-            "ml.epoch.num": 1,
-            "angel.save.model.path": str(tmp_path / "model"),
-            "angel.log.path": str(tmp_path / "log"),
-            "angel.job.name": "twice",
-        },
-        quiet=True,
-    )
+    learner = _lr(trained["data"], tmp_path, "twice", epochs=1)
     try:
         learner.train()
         runs = sorted(p.name for p in (tmp_path / "log").iterdir())
