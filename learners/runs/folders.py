@@ -231,7 +231,9 @@ def _no_runs(root: str, pointer: str) -> str:
 
 
 def _no_such_run(arg: str, root: str, known: list[str]) -> str:
-    hint = f"; runs under {root}: {', '.join(known[-5:])}" if known else ""
+    known = sorted(known)  # (a run's name ends in its start time: the newest of a job last)
+    cut = f" (the last 5 of {len(known)} by name)" if len(known) > 5 else ""
+    hint = f"; runs under {root}{cut}: {', '.join(known[-5:])}" if known else ""
     return f"{arg}: no such run, run directory or metrics file{hint}"
 
 

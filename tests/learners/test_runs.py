@@ -611,3 +611,16 @@ def test_a_restart_does_not_write_an_epoch_or_step_record_twice(tmp_path):
         *[("step", 3, 5), ("step", 3, 6), ("epoch", 3, 6)],
         ("summary", None, None),
     ]
+
+
+def test_a_missing_run_names_the_newest_five_and_says_it_cut_the_list(tmp_path):
+    for minute in range(8):
+        run = new_run_dir(tmp_path, "lr", when=1_700_000_000 + 60 * minute)
+        (run / "metrics.jsonl").write_text('{"kind": "start"}\n')
+    with pytest.raises(ValueError) as e:
+        find_run("nope", str(tmp_path))
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert str(e.value) == (
+        f"nope: no such run, run directory or metrics file; runs under {tmp_path} (the last 5 "
+        f"of 8 by name): {', '.join(names[-5:])}"
+    )
