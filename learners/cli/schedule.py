@@ -162,7 +162,7 @@ def build(args: argparse.Namespace) -> Preview:
         length = schedule_length(conf, args.updates_per_epoch, options)
         unit, steps, why = length.unit, length.total, length.why
         per_epoch = length.updates_per_epoch
-    sched, tables = _schedules(conf, max(steps, 1))
+    sched, tables = _schedules(conf, max(steps, 1), _model_tables(conf) if args.conf else None)
     return Preview(
         sched,
         steps,
@@ -174,12 +174,32 @@ def build(args: argparse.Namespace) -> Preview:
     )
 
 
-def _schedules(conf: Any, total: int) -> tuple[StepSizeScheduler, dict[str, StepSizeScheduler]]:
-    """The job's schedule and the tables' own (every table a key names: the preview has no
-    model to check the names against)."""
+def _model_tables(conf: Any) -> list[str] | None:
+    """The names of the job's model's PS tables, where a per-table key asks (None: none
+    does, or the model cannot tell them yet: the workers' build reports it)."""
+    if not table_keys(conf):
+        return None
+    from learners.models.config import ModelConfig
+    from learners.models.tables import model_tables  # (numpy: only for per-table keys)
+
+    try:
+        fields = int(conf["ml.fm.field.num"]) or 1
+        n = max(1, int(conf["ml.feature.index.range"]))
+        return [t.name for t in model_tables(ModelConfig.from_config(conf, n, fields))]
+    except (ConfigError, ValueError):
+        return None
+
+
+def _schedules(
+    conf: Any, total: int, tables: list[str] | None = None
+) -> tuple[StepSizeScheduler, dict[str, StepSizeScheduler]]:
+    """The job's schedule and the tables' own: of the job's model's ``tables`` where known
+    (an unknown table is refused as train refuses it), else every table a key names."""
 
     try:
         sched = job_schedule(conf, total)  # (an Angel JSON's unused decay keys: a note)
+        if tables is not None:
+            return sched, table_schedules(conf, tables, total, dense_layers=None)
         return sched, table_schedules(conf, list(table_keys(conf)), total)
     except ConfigError:
         raise
@@ -401,6 +421,9 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (`angelps schedule ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except ValueError as e:  # (a growing schedule's overflow, met as it is printed: bad input)
+        sys.stdout.flush()
+        raise ConfigError(str(e)) from None
     if args.plot:
         title = f"{p.sched.describe()}; {p.why}" if p.why else None
         plot(p.sched, p.steps, args.plot, title, p.unit, p.per_epoch, p)

@@ -139,3 +139,26 @@ def test_subprocess_entry_point() -> None:
         check=False,
     )
     assert "examples:" in h.stdout and "--plot" in h.stdout
+
+
+def test_a_job_s_table_schedule_for_a_table_the_model_lacks_is_refused_as_train_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    keys = ["--set", "ml.opt.decay.embedding.class.name=StepLR"]
+    keys += ["--set", "ml.opt.decay.embedding.step.size=3"]
+    assert main(["schedule", "--conf", "conf/lr_a9a.properties", *keys]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "angelps: error: ml.opt.decay.embedding.class.name: this model has no table 'embedding'; "
+        "valid table names: weight, bias"
+    )
+    assert main(["schedule", "--conf", "conf/fm_census.properties", *keys]) == 0  # FM has one
+    assert capsys.readouterr().out.splitlines()[0] == "epoch,lr,lr/embedding"
+
+
+def test_a_schedule_that_overflows_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["schedule", "--set", "ml.opt.decay.class.name=ExponentialLR"]
+    assert main([*argv, "--set", "ml.opt.decay.gamma=1.5", "--steps", "3000"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "angelps: error: ExponentialLR: the step size at update 1751 is inf (overflow); use a "
+        "smaller gamma or fewer updates"
+    )
