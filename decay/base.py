@@ -183,6 +183,12 @@ class StepSizeScheduler:
             out[name] = getattr(self, name, None)
         return out
 
+    def phases(self) -> list[tuple[int, str]]:
+        """``(k, what)``: the steps at which this schedule changes phase in a way a job is
+        meant to reach (a warmup's end, a first decay), for a check that the job is long
+        enough (:func:`unreached`); none by default."""
+        return []
+
     def describe(self) -> str:
         """``Name(param=value, ...)``, nested schedules included."""
         inner = ", ".join(f"{k}={_describe_value(v)}" for k, v in self.params().items())
@@ -278,3 +284,10 @@ def _pow(owner: Any, k: int, base: float, exponent: float) -> float:
         return _finite(owner, k, math.inf)
     except ZeroDivisionError:  # 0.0 ** negative; schedules validate against it, keep the contract
         return _finite(owner, k, math.inf)
+
+
+def unreached(sched: StepSizeScheduler, total: int) -> list[tuple[int, str]]:
+    """The phases of ``sched`` (:meth:`StepSizeScheduler.phases`) that a job of ``total``
+    steps (k = 0 .. total − 1) never reaches: a warmup longer than the job ends it short of
+    its step size, a first decay past its end never decays."""
+    return [(k, what) for k, what in sched.phases() if k >= total]

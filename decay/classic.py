@@ -56,6 +56,9 @@ class StepLR(StepSizeScheduler):
     def _lr(self, k: int) -> float:
         return self.lr * _pow(self, k, self.gamma, k // self.step_size)
 
+    def phases(self) -> list[tuple[int, str]]:
+        return [(self.step_size, "its first decay")]
+
 
 class MultiStepLR(StepSizeScheduler):
     """Decay at milestones: ``lr_at(k) = b · gamma^(number of milestones <= k)`` (torch
@@ -70,6 +73,9 @@ class MultiStepLR(StepSizeScheduler):
 
     def _lr(self, k: int) -> float:
         return self.lr * _pow(self, k, self.gamma, bisect_right(self.milestones, k))
+
+    def phases(self) -> list[tuple[int, str]]:
+        return [(self.milestones[0], "its first milestone")] if self.milestones else []
 
 
 class ConstantLR(StepSizeScheduler):

@@ -57,6 +57,11 @@ class Warmup(StepSizeScheduler):
             return self._peak * (k / w)
         return self.inner._lr(k - w)
 
+    def phases(self) -> list[tuple[int, str]]:
+        w = self.warmup_steps
+        inner = [(w + k, what) for k, what in self.inner.phases()]
+        return [(w, "the end of its warmup"), *inner] if w > 0 else inner
+
     def _momentum(self, k: int) -> float | None:
         return self.inner._momentum(max(0, k - self.warmup_steps))
 

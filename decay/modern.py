@@ -49,6 +49,10 @@ class _Warmed(StepSizeScheduler):
     def _decay(self, s: int) -> float:
         raise NotImplementedError
 
+    def phases(self) -> list[tuple[int, str]]:
+        w = self.warmup_steps
+        return [(w, "the end of its warmup")] if w > 0 else []
+
 
 def _ratio(owner: StepSizeScheduler, value: float) -> float:
     return _check_float(
@@ -183,6 +187,9 @@ class WarmupStableDecay(_Warmed):
                 "set stable_steps (with decay_steps or total_steps), or decay_steps and "
                 "total_steps",
             )
+
+    def phases(self) -> list[tuple[int, str]]:
+        return [*super().phases(), (self.warmup_steps + self._s, "the start of its cooldown")]
 
     def _decay(self, s: int) -> float:
         if s < self._s:

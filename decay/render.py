@@ -249,6 +249,11 @@ state = sched.state_dict()   # {"count": k}
 * **Names** are matched case-insensitively; an unknown name lists the valid ones, closest first.
 * **Errors** name the key, the value and the valid range (`ValueError`); no schedule divides by
   zero or returns NaN or infinity (a growing schedule that overflows raises).
+* **A job shorter than its schedule.** `sched.phases()` lists the steps a job is meant to reach
+  (a warmup's end, WSD's cooldown, StepLR's first decay, MultiStepLR's first milestone); a
+  training job that ends before one says so in one warning line (`WarmupCosine: the job ends
+  after 10 updates, before the end of its warmup (update 50)`): it would train at a fraction
+  of `ml.learn.rate` throughout, or never decay.
 * **Torch optimizers.** `decay.torch.DecayLR(optimizer, sched)` is a
   `torch.optim.lr_scheduler.LRScheduler` driven by any schedule (it also writes the momentum of
   CyclicLR/OneCycleLR), so these schedules serve plain torch loops too.

@@ -34,6 +34,7 @@ from angelps import OptimizerSpec
 from angelps.rates import Step, StepRates
 from angelps.table import TableSpec
 from decay import StepSizeScheduler, from_conf
+from decay.base import unreached
 from decay.keys import PREFIX
 from learners.job.job_size import JobSize
 from learners.job.loop_options import TrainPlan
@@ -307,6 +308,7 @@ def build_rate_plan(
     worker_dense = bool(dense_params) and plan.dense_placement == "worker"
     names = [t.name for t in tables]
     own = table_schedules(conf, names, total, worker_dense)
+    _say_unreached(main, own, total, unit if unit != "updates" or plan.decay_on_batch else "epochs")
     # (schedule of, what, optimizer) of everything that takes a step
     users = [
         (DENSE if t.name.startswith(DENSE + ".") else t.name, f"table {t.name}", t.optimizer.name)
@@ -324,6 +326,21 @@ def build_rate_plan(
     )
     ps_dense = tuple(n for n in names if n.startswith(DENSE + "."))
     return RatePlan(main, own, unit, plan.decay_on_batch, global_batch, rows, scale, ps_dense)
+
+
+def _say_unreached(
+    main: StepSizeScheduler, own: Mapping[str, StepSizeScheduler], total: int, unit: str
+) -> None:
+    """A warning for each phase of the job's schedules that the job ends before (a warmup of
+    50 updates in a job of 11 trains at a fraction of ml.learn.rate throughout)."""
+    one = unit.removesuffix("s")
+    for name, sched in [("", main), *((f" (table {t})", s) for t, s in own.items())]:
+        for k, what in unreached(sched, total):
+            warnings.warn(
+                f"{type(sched).__name__}{name}: the job ends after {total} {unit}, before "
+                f"{what} ({one} {k}); `angelps schedule --conf JOB` shows the step sizes",
+                stacklevel=3,
+            )
 
 
 def _sourced(message: str, conf: Mapping[str, Any]) -> str:

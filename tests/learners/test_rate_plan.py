@@ -265,3 +265,32 @@ def test_samples_unit_resumed_with_two_workers_continues_the_curve(tmp_path, ray
     assert start["decay_unit"] == "samples" and start["global_batch"] == 100
     assert not math.isclose(curve[2000][0], curve[3000][0])
     assert np.isfinite([r["loss"] for r in after]).all()
+
+
+def test_a_schedule_phase_past_the_job_s_end_is_said():
+    """A warmup longer than the job trains at a fraction of the step size throughout; a first
+    decay past its end never decays: each a warning, none for a schedule the job completes."""
+    job = {"ml.opt.decay.on.batch": True, "ml.epoch.num": 2}  # 5 updates an epoch: 10 in all
+    warm = {"ml.opt.decay.class.name": "WarmupCosine", "ml.opt.decay.warmup.steps": 50}
+    with pytest.warns(UserWarning) as said:
+        build_rate_plan(*_job_parts({**job, **warm, "ml.opt.decay.decay.steps": 100}))
+    assert [str(w.message) for w in said] == [
+        "WarmupCosine: the job ends after 10 updates, before the end of its warmup (update 50); "
+        "`angelps schedule --conf JOB` shows the step sizes"
+    ]
+    per_epoch = {"ml.epoch.num": 2, "ml.opt.decay.class.name": "StepLR"}
+    with pytest.warns(UserWarning, match=r"^StepLR: the job ends after 2 epochs, before its "):
+        build_rate_plan(*_job_parts({**per_epoch, "ml.opt.decay.step.size": 3}))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (reached: nothing said)
+        build_rate_plan(*_job_parts({**per_epoch, "ml.opt.decay.step.size": 1}))
+        build_rate_plan(*_job_parts({**job, **warm, "ml.opt.decay.warmup.steps": 4}))
+    assert decay.StepLR(1.0, step_size=3).phases() == [(3, "its first decay")]
+    wsd = decay.WarmupStableDecay(1.0, warmup_steps=2, stable_steps=5, decay_steps=3)
+    assert wsd.phases() == [(2, "the end of its warmup"), (7, "the start of its cooldown")]
+    assert decay.Warmup(decay.MultiStepLR(1.0, [4]), 2).phases() == [
+        (2, "the end of its warmup"),
+        (6, "its first milestone"),
+    ]
