@@ -121,8 +121,20 @@ def _param_error(e: ParamError, prefix: str, r: _Reader) -> ValueError:
     )
     hint = r.where(key)
     if e.param in FROM_TOTAL and not r.is_set(key):
-        hint = " (not set: the total number of updates, epochs × updates per epoch, was used)"
+        hint = f" (not set: {_total_is(r)}, was used)"
     return ValueError(e.render(key, properties=True) + hint)
+
+
+def _total_is(r: _Reader) -> str:
+    """What the job's total length counts, as ml.opt.decay.unit and .on.batch say."""
+    unit = str(r.get(PREFIX + "unit", mark=False)).lower()
+    if unit == "samples":
+        return "the total number of samples, epochs × rows per epoch"
+    if unit == "epochs" or not r.get(PREFIX + "on.batch", mark=False):
+        return (
+            "the number of epochs (the schedule steps once an epoch: ml.opt.decay.on.batch=false)"
+        )
+    return "the total number of updates, epochs × updates per epoch"
 
 
 def _after_warmup(total_steps: int | None, warmup: int | None) -> int | None:

@@ -481,4 +481,12 @@ def test_learner_supplied_total_is_named_in_errors() -> None:
         r"ml.opt.decay.decay.steps\) "
         r"\(not set: the total number of updates, epochs × updates per epoch, was used\)",
     ):
-        decay.from_conf(conf("ml.opt.decay.class.name=WarmupCosine"), total_steps=300)
+        on_batch = conf("ml.opt.decay.class.name=WarmupCosine", "ml.opt.decay.on.batch=true")
+        decay.from_conf(on_batch, total_steps=300)
+    # per epoch (Angel's default), the total the learner gives is the number of epochs
+    with pytest.raises(
+        ValueError,
+        match=r"\(not set: the number of epochs \(the schedule steps once an epoch: "
+        r"ml.opt.decay.on.batch=false\), was used\)$",
+    ):
+        decay.from_conf(conf("ml.opt.decay.class.name=WarmupCosine"), total_steps=10)
