@@ -183,6 +183,15 @@ LAZY_IMPORTS = {
     ("learners/cli/predict.py", "angelps.fs"): "pyarrow only for an output URL",
     ("learners/cli/predict.py", "learners.job.learner"): "torch and Ray only when predicting",
     ("learners/cli/schedule.py", "learners.job.schedule_length"): "pyarrow only for --conf jobs",
+    ("learners/cli/schedule.py", "learners.models.tables"): "numpy only for per-table keys",
+    (
+        "learners/models/angel_layers.py",
+        "angelps.table",
+    ): "numpy only when a JSON optimizer sets values",
+    (
+        "learners/models/angel_json.py",
+        "angelps.optimizers.registry",
+    ): "numpy only for a JSON graph's FCLayers",
     ("learners/cli/train.py", "learners.job.learner"): "torch and Ray only when training",
     ("learners/cli/train.py", "learners.job.loop_options"): "after the keys are checked",
     ("learners/cli/train.py", "learners.job.preflight"): "pyarrow only when training",

@@ -35,6 +35,7 @@ from learners.cli.plot import check_image_out
 from learners.job.job_options import JobOptions
 from learners.job.lr_scaling import batch_scale
 from learners.job.table_schedules import job_schedule, table_keys, table_schedules
+from learners.models.config import ModelConfig
 from learners.runs.output_file import replace_atomically
 
 PLOT_MAX_STEPS = 1_000_000
@@ -179,7 +180,6 @@ def _model_tables(conf: Any) -> list[str] | None:
     does, or the model cannot tell them yet: the workers' build reports it)."""
     if not table_keys(conf):
         return None
-    from learners.models.config import ModelConfig
     from learners.models.tables import model_tables  # (numpy: only for per-table keys)
 
     try:

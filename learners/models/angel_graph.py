@@ -42,6 +42,7 @@ from learners.models.angel_layers import (
     LOSSES,
     Layer,
     TransFunc,
+    lower_keys,
     optimizer_overrides,
     parse_layer,
     transfunc,
@@ -111,7 +112,8 @@ class Graph:
 def parse_graph(doc: Mapping[str, Any]) -> Graph:
     """The checked :class:`Graph` of a JSON document's ``layers`` (and its
     ``default_transfunc``/``default_lossfunc``); a ConfigError names the first problem by its
-    JSON path."""
+    JSON path. Its keys are read case-insensitively, as every key of the JSON."""
+    doc = lower_keys(doc)
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers:
         raise _err("layers", "expected a non-empty list of layers")
@@ -263,6 +265,7 @@ def graph_text(doc: Mapping[str, Any]) -> str:
     """The part of a JSON document that defines the network, as one line of JSON (the value of
     ``ml.model.graph``)."""
     keep = ("layers", "default_transfunc", "default_lossfunc")
+    doc = lower_keys(doc)
     return json.dumps({k: doc[k] for k in keep if k in doc}, separators=(",", ":"))
 
 

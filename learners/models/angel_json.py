@@ -24,8 +24,9 @@ from typing import Any
 
 from angelconf.config import Config, ConfigError, Key, validate
 from angelps.file_store import files_for
-from angelps.optimizer_keys import OPTIMIZER_KEYS
+from angelps.optimizer_keys import OPTIMIZER_KEYS, OPTIMIZERS
 from learners.models.angel_graph import (
+    Graph,
     Layer,
     RepeatedKey,
     graph_from_text,
@@ -34,6 +35,7 @@ from learners.models.angel_graph import (
     optimizer_overrides,
     parse_graph,
 )
+from learners.models.angel_layers import lower_keys
 from learners.models.registry import model_entry, model_name
 
 __all__ = [
@@ -116,7 +118,7 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     missing = text = ""
     try:
         if store.is_file(src):
-            text = store.read_bytes(src).decode("utf-8")
+            text = store.read_bytes(src).decode("utf-8-sig")  # (a BOM, as editors may write)
         else:
             missing = "is a directory" if store.is_dir(src) else "does not exist"
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -127,12 +129,25 @@ def read_angel_json(path: str | os.PathLike[str], key: str = ANGEL_ML_CONF.name)
     try:
         doc = json_once(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+        raise ConfigError(
+            f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}{_hint(text, e)}"
+        ) from None
     except RepeatedKey as e:
         raise ConfigError(f"{path}:{e.line}:{e.col}: {e}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a JSON object with data, train, layers, ...")
     return doc
+
+
+def _hint(text: str, e: json.JSONDecodeError) -> str:
+    """Why the JSON is malformed, where it is a habit of other formats: a comma before a closing
+    brace or bracket, a comment."""
+    if text.startswith(("//", "/*"), e.pos):
+        return " (JSON has no comments: remove them)"
+    before = text[: e.pos].rstrip()
+    if before.endswith(",") and text[e.pos : e.pos + 1] in ("}", "]"):
+        return f" (a trailing comma before {e.lineno}:{e.colno} is not allowed in JSON)"
+    return ""
 
 
 def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -146,10 +161,12 @@ def _section(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def json_keys(doc: Mapping[str, Any], conf: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
     """The keys the document sets: key -> (value, JSON path). A section entry that is unknown,
-    or not supported here, is a ConfigError naming its JSON path."""
+    or not supported here, is a ConfigError naming its JSON path. Keys are read
+    case-insensitively, in every section."""
     for k in doc:
-        if k not in _TOP:
+        if str(k).lower() not in _TOP:
             raise ConfigError(f"{k}: unknown section (known: {', '.join(_TOP)})")
+    doc = lower_keys(doc)
     out: dict[str, tuple[Any, str]] = {}
     for section, table in _SECTIONS.items():
         for low, (orig, value) in _section(doc, section).items():
@@ -239,7 +256,42 @@ def apply_angel_json(conf: Config) -> Config:
             graph.check_classes(widths, int(values["ml.num.class"]))
         except ConfigError as e:
             raise ConfigError(f"{src}: {e}") from None
+        if values.get("angel.dense.placement", "worker") == "worker":
+            _check_dense_optimizers(graph, values, sources, src)
     return Config(values, sources, keys)
+
+
+def _check_dense_optimizers(
+    graph: Graph, values: Mapping[str, Any], sources: Mapping[str, str], src: str
+) -> None:
+    """The FCLayers run on the workers (angel.dense.placement=worker): an optimizer they cannot
+    run (FTRL), named by a layer or by the JSON's default_optimizer, is a ConfigError naming that
+    place in the JSON, before any training starts."""
+    from angelps.optimizers.registry import optimizer_for  # (numpy: only for a JSON graph)
+
+    role = "ml.fclayer.optimizer"
+    for layer in graph.layers:
+        if layer.kind != "fc":
+            continue
+        if layer.optimizer is not None:
+            name, at = layer.optimizer[0], f"{src}: {layer.path}.optimizer"
+        elif sources.get(role, "").startswith(f"{src}:"):
+            name, at = str(values[role]), sources[role]
+        else:
+            continue  # the job's own key: checked where the job's keys are
+        try:
+            reason = optimizer_for(name).not_for_dense
+        except ValueError:
+            continue  # (an unknown name is reported where it is read)
+        if reason:
+            valid = ", ".join(
+                d for n, d in OPTIMIZERS.items() if not optimizer_for(n).not_for_dense
+            )
+            raise ConfigError(
+                f"{at}={name} cannot run on the workers, where the FCLayer "
+                f"{json.dumps(layer.name)} ({layer.path}) runs with angel.dense.placement=worker "
+                f"({reason}; valid for worker-side dense layers: {valid})"
+            )
 
 
 def _check_class(conf: Config, src: str) -> None:

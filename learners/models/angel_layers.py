@@ -6,14 +6,18 @@ sizes (an FCLayer's folded ``outputdims`` kept as one chain), transfer functions
 not supported is a :class:`~angelconf.config.ConfigError` naming its JSON path
 (``layers[3].type: ...``). :mod:`learners.models.angel_graph` joins the layers into a graph.
 
-Standard library only (with ``angelconf``): the command line's config-only verbs read it.
+Keys are read case-insensitively throughout the JSON (``"Type"`` is ``"type"``), as the
+``data``/``train`` sections and the check for a key given twice read them.
+
+Standard library only (with ``angelconf``): the command line's config-only verbs read it (an
+optimizer's values are checked by :class:`angelps.table.OptimizerSpec`, imported on use).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from angelconf.config import ConfigError
@@ -26,6 +30,7 @@ __all__ = [
     "Layer",
     "TransFunc",
     "layer_error",
+    "lower_keys",
     "optimizer_overrides",
     "parse_layer",
     "transfunc",
@@ -122,6 +127,12 @@ def layer_error(where: str, what: str) -> ConfigError:
     return ConfigError(f"{where}: {what}")
 
 
+def lower_keys(v: Mapping[str, Any]) -> dict[str, Any]:
+    """``v`` with its keys in lower case: keys are read case-insensitively (a key given twice in
+    two cases is refused when the JSON is read, :func:`learners.models.angel_graph.json_once`)."""
+    return {str(k).lower(): x for k, x in v.items()}
+
+
 def _int(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise layer_error(where, f"{json.dumps(v)} is not a size: expected an integer >= 1")
@@ -139,6 +150,7 @@ def _name(v: Any, where: str) -> str:
 def transfunc(v: Any, where: str) -> TransFunc:
     """A transfer function from its JSON: a name, or ``{"type": ..., "proba": ...}``."""
     if isinstance(v, Mapping):
+        v = lower_keys(v)
         extra = sorted(set(v) - {"type", "proba", "actiontype"})
         if extra:
             raise layer_error(
@@ -169,6 +181,7 @@ def optimizer_overrides(v: Any, where: str) -> tuple[str, tuple[tuple[str, float
         raise layer_error(
             where, f"{json.dumps(v)} is not an optimizer: expected a name or an object"
         )
+    v = lower_keys(v)
     name = v.get("type")
     if not isinstance(name, str) or name.lower() not in _OPT_PARAMS:
         raise layer_error(
@@ -194,8 +207,25 @@ def optimizer_overrides(v: Any, where: str) -> tuple[str, tuple[tuple[str, float
             )
         if isinstance(val, bool) or not isinstance(val, (int, float)):
             raise layer_error(f"{where}.{k}", f"{json.dumps(val)} is not a number")
+        _check_value(name, known[k], val, f"{where}.{k}")
         sets.append((known[k], float(val)))
     return name, tuple(sets)
+
+
+def _check_value(name: str, field: str, val: float, where: str) -> None:
+    """The optimizer's own rule for one hyper-parameter (:class:`angelps.table.OptimizerSpec`,
+    which the training applies), as a ConfigError naming the JSON place."""
+    from angelps.table import OptimizerSpec  # (numpy: imported only when a JSON names values)
+
+    try:
+        changes: dict[str, Any] = {field: val}
+        replace(OptimizerSpec(name=name), **changes)
+    except ValueError as e:
+        # "optimizer momentum: l2=-1.0 must be >= 0" -> "must be >= 0"
+        text = str(e)
+        _, _, rest = text.partition(f" {field}=")
+        rule = rest.partition(" ")[2] if rest else text
+        raise layer_error(where, f"{json.dumps(val)} {rule}") from None
 
 
 def _inputs(raw: Mapping[str, Any], kind: str, where: str) -> tuple[str, ...]:
@@ -209,8 +239,8 @@ def _inputs(raw: Mapping[str, Any], kind: str, where: str) -> tuple[str, ...]:
         return ()
     joins = kind in JOINS
     key, other = ("inputlayers", "inputlayer") if joins else ("inputlayer", "inputlayers")
-    if other in raw and key not in raw:
-        # Angel reads only one of the two per type; say which.
+    if other in raw:
+        # Angel reads only one of the two per type; say which (given both, one would be ignored).
         raise layer_error(f"{where}.{other}", f"this layer takes {key}, not {other}")
     if key not in raw:
         raise layer_error(where, f"{key} is missing: the name{'s' if joins else ''} of its input")
@@ -228,7 +258,14 @@ def parse_layer(raw: Any, i: int, default_act: TransFunc, default_loss: str) -> 
     where = f"layers[{i}]"
     if not isinstance(raw, Mapping):
         raise layer_error(where, "a layer is a JSON object with name and type")
-    name = _name(raw.get("name"), f"{where}.name")
+    written = {str(k).lower(): str(k) for k in raw}
+    raw = lower_keys(raw)
+    for needed in ("name", "type"):
+        if needed not in raw:
+            raise layer_error(
+                where, f"{needed} is missing (a layer is a JSON object with name and type)"
+            )
+    name = _name(raw["name"], f"{where}.name")
     if "." in name:
         raise layer_error(f"{where}.name", f"{json.dumps(name)}: a layer name cannot contain '.'")
     typ = raw.get("type")
@@ -237,12 +274,13 @@ def parse_layer(raw: Any, i: int, default_act: TransFunc, default_loss: str) -> 
         raise layer_error(
             f"{where}.type", f"unknown layer type {json.dumps(typ)} (known: {_TYPE_NAMES})"
         )
+    inputs_key = set() if kind in _SOURCES else {"inputlayers" if kind in JOINS else "inputlayer"}
     for k in raw:
         if k not in {"name", "type", "inputlayer", "inputlayers"} | _PARAMS[kind]:
             raise layer_error(
-                f"{where}.{k}",
-                f"{typ} has no parameter {k} "
-                f"(known: {', '.join(sorted(_PARAMS[kind] | {'name', 'type'}))})",
+                f"{where}.{written[k]}",
+                f"{typ} has no parameter {written[k]} "
+                f"(known: {', '.join(sorted(_PARAMS[kind] | {'name', 'type'} | inputs_key))})",
             )
     inputs = _inputs(raw, kind, where)
     opt = (
@@ -299,6 +337,8 @@ def _fc(
     else:
         raise layer_error(where, "outputdims (or outputdim) is missing")
     if "transfuncs" in raw:
+        if "transfunc" in raw:
+            raise layer_error(f"{where}.transfunc", "give transfuncs or transfunc, not both")
         tl = raw["transfuncs"]
         if not isinstance(tl, list) or len(tl) != len(dims):
             raise layer_error(
