@@ -11,9 +11,10 @@ the backups then survive a lost node without a shared file system.
 
 A dead **worker** (its process killed, crashed, or its node lost) restarts the job from its
 last checkpoint: every worker and shard is stopped and started again (each worker reloads its
-data part), the checkpoint in ``angel.save.model.path`` is restored exactly as ``--resume``
-does, and training goes on from the epoch after it; without a checkpoint yet (no save path, or
-a death during the first epoch) it starts again from the beginning (from
+data part), the checkpoint in ``angel.save.model.path`` (by default the run folder's
+``<run>/model``) is restored exactly as ``--resume`` does, and training goes on from the epoch
+after it; without a checkpoint yet (``angel.save.model=false``, or a death during the first
+epoch) it starts again from the beginning (from
 ``angel.load.model.path`` when set). Why not have only the dead worker rejoin at the current
 clock: under BSP the dead worker may have pushed the current clock to some shards and not to
 others (so some shards have applied the update and the gradient it needs is gone), its
@@ -125,7 +126,7 @@ class WorkerFailover:
             f"from the checkpoint {self.save_path} (epoch {resume} done)"
             if resume is not None
             else "from the beginning (no checkpoint yet"
-            + ("" if self.save_path else ": angel.save.model.path is not set")
+            + ("" if self.save_path else ": angel.save.model=false saves none")
             + ")"
         )
         print(

@@ -310,8 +310,9 @@ MAX_WORKER_RESTARTS = Key(
     "int",
     3,
     "Times a training job restarts itself after one of its workers died (every worker and "
-    "shard started again from the last checkpoint in angel.save.model.path, or from the "
-    "beginning without one; see docs/checkpoints.md); 0: a dead worker fails the job.",
+    "shard started again from the last checkpoint in angel.save.model.path (by default the run "
+    "folder's), or from the beginning without one; see docs/checkpoints.md); 0: a dead worker "
+    "fails the job.",
     check=non_negative,
 )
 

@@ -193,14 +193,16 @@ class TrainingLoop:
         # Failover (learners.job.failover): shard backups under the job's own path; a dead worker
         # restarts the job from its last checkpoint.
         self.actors.ps_options = failover.backup_options(self.actors.ps_options, plan.log_dir)
-        restarts = failover.WorkerFailover(
-            failover.FailoverOptions.from_config(self.conf), plan.save_path
-        )
         if plan.save_model and not plan.save_path:
             # Saved by default, into the run's own folder (angel.save.model=false: not at all).
             # (a log path on object storage: beside the run's copy there, not in its staging)
             home = run_logs_for(plan.log_dir).home(run_dir)
             plan = self.actors.plan = replace(plan, save_path=f"{home}/model")
+        # (after the default path: a dead worker restarts from the run folder's checkpoint too;
+        # made before it, the failover saw no save path and restarted from the first epoch)
+        restarts = failover.WorkerFailover(
+            failover.FailoverOptions.from_config(self.conf), plan.save_path
+        )
         ckpts = self._checkpoints(log)
         try:
             progress = self.prepare(resume, log)

@@ -43,10 +43,12 @@ METRICS = ("epoch", "train_loss", "valid_auc", "valid_logloss", "lr")
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
-def _sets(d: Path, job: str, workers: int, epochs: int, save: bool = True) -> dict[str, Any]:
+def _sets(d: Path, job: str, workers: int, epochs: int, save: bool | None = True) -> dict[str, Any]:
+    """``save``: to d/model (True), to the run folder, the default (None), not at all (False)."""
     return {
         "angel.train.data.path": str(ROOT / "data" / "a9a" / "a9a_123d_train.libsvm"),
         "angel.save.model.path": str(d / "model") if save else "",
+        "angel.save.model": save is not False,
         "angel.log.path": str(d / "log"),
         "angel.job.name": job,
         "angel.workergroup.number": workers,
@@ -180,9 +182,10 @@ def _worker_killer(d: Path, how: str, when: str = "checkpoint") -> Callable[[Gra
         def ready() -> bool:
             if learner.actors.workers is None or len(learner.actors.workers.actors) < 2:
                 return False
-            if when == "checkpoint":
-                return (d / "model" / "manifest.json").exists()
             run = latest_run(d / "log")
+            if when == "checkpoint":  # (at the save path, or the run folder's by default)
+                in_run = run is not None and (run / "model" / "manifest.json").exists()
+                return in_run or (d / "model" / "manifest.json").exists()
             log = run / "metrics.jsonl" if run is not None else d / "log" / "no-run-yet"
             return log.exists() and '"kind": "step"' in log.read_text()
 
@@ -224,13 +227,31 @@ def test_without_a_checkpoint_a_killed_worker_restarts_the_job_from_the_beginnin
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ref = _reference(tmp_path_factory, 2, EPOCHS)
-    sets = _sets(tmp_path, "worker-nosave", 2, EPOCHS, save=False)
+    sets = _sets(tmp_path, "worker-nosave", 2, EPOCHS, save=False)  # (no checkpoint at all)
     history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, "ray", when="step"))
     assert killer is not None and killer.killed
     err = capsys.readouterr().err
     assert (
         "); restarting the workers and parameter shards from the beginning (no checkpoint "
-        "yet: angel.save.model.path is not set), restart 1 of angel.worker.max.restarts=3\n"
+        "yet: angel.save.model=false saves none), restart 1 of angel.worker.max.restarts=3\n"
+    ) in err
+    assert _metrics(history) == ref
+
+
+def test_without_a_save_path_a_killed_worker_restarts_from_the_run_folder_s_checkpoint(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job saves into its run folder by default: a dead worker restarts from there (it
+    restarted from the first epoch, the failover made before that default was filled in)."""
+    ref = _reference(tmp_path_factory, 2, EPOCHS)
+    sets = _sets(tmp_path, "worker-runsave", 2, EPOCHS, save=None)
+    history, _, killer = _run(tmp_path, sets, _worker_killer(tmp_path, "ray"))
+    assert killer is not None and killer.killed
+    err = capsys.readouterr().err
+    model = next((tmp_path / "log").glob("worker-runsave-*")) / "model"
+    assert (
+        f"); restarting the workers and parameter shards from the checkpoint {model} (epoch 1 "
+        "done), restart 1 of angel.worker.max.restarts=3\n"
     ) in err
     assert _metrics(history) == ref
 
