@@ -18,6 +18,7 @@ from learners.cli.common import EXIT_OK, Subparsers, add_config_arguments, add_v
 from learners.cli.predict import check_input, check_out, prediction_file, write_predictions
 from learners.job.action import JobAction
 from learners.job.paths import absolute_paths, cannot_write, relative_notes
+from learners.runs.folders import relative_under_ray_job
 from learners.runs.output_file import replace_atomically
 
 __all__ = ["register", "train_job"]
@@ -102,6 +103,9 @@ def train_job(args: argparse.Namespace, conf: Config, action: JobAction) -> int:
     paths checked before training)."""
     if args.summary_json:
         _check_summary_json(args.summary_json)  # before training, not after it
+        note = relative_under_ray_job({"--summary-json": args.summary_json})
+        if note:  # (under ray job submit: written into Ray's copy of the working directory)
+            print(printable(note), file=sys.stderr)
     out = None
     if action.action == "train_predict":
         check_input(conf, action, "train_predict")

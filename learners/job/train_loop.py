@@ -571,11 +571,23 @@ def _resume_lines(
 
 
 def _same_path(a: str, b: str) -> bool:
-    """Whether two data paths name the same input (a local one relative or not)."""
+    """Whether two data paths name the same input (a local one relative or not; one inside
+    the copy of the working directory Ray made for a submitted job by its place in it)."""
     if a == b:
         return True
     da, db = files_for(a).disk_path(a), files_for(b).disk_path(b)  # (None: object storage)
-    return da is not None and db is not None and os.path.abspath(da) == os.path.abspath(db)
+    if da is None or db is None:
+        return False
+    return _in_job_dir(os.path.abspath(da)) == _in_job_dir(os.path.abspath(db))
+
+
+def _in_job_dir(path: str) -> str:
+    """``path`` relative to the working directory of its job: to Ray's copy of it for a
+    submitted job (``.../_ray_pkg_<hash>/data/x``: ``data/x``), else to this one's."""
+    _, sep, tail = path.partition("/_ray_pkg_")
+    if sep:
+        return tail.partition("/")[2]
+    return os.path.relpath(path)
 
 
 def _angel_name(conf: Mapping[str, Any]) -> str:

@@ -545,7 +545,7 @@ def test_which_epochs_are_saved(epoch, every, stops, saves):
     assert TrainingLoop._saves_after(loop, epoch, progress) is saves  # type: ignore[arg-type]
 
 
-def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path):
+def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_path, capsys):
     from learners.runs.folders import relative_under_ray_job
 
     paths = {"angel.log.path": "runs", "angel.save.model.path": str(tmp_path / "m")}
@@ -558,6 +558,15 @@ def test_relative_outputs_of_a_submitted_job_are_pointed_out(monkeypatch, tmp_pa
         "made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
     )
     assert relative_under_ray_job({"angel.log.path": str(tmp_path)}) is None
+    # --summary-json too, said before the job starts (here it stops at its missing data)
+    from learners.cli.main import main
+
+    assert main(["train", "--summary-json", "s.json"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"angelps: note: --summary-json=s.json is relative to {tmp_path}, the working directory "
+        "Ray made for this job, which Ray deletes with it: give absolute paths to keep the outputs"
+    ) in err
 
 
 @pytest.mark.parametrize(
@@ -624,3 +633,17 @@ def test_a_missing_run_names_the_newest_five_and_says_it_cut_the_list(tmp_path):
         f"nope: no such run, run directory or metrics file; runs under {tmp_path} (the last 5 "
         f"of 8 by name): {', '.join(names[-5:])}"
     )
+
+
+def test_a_resumed_job_s_data_is_compared_by_its_place_in_the_job_s_directory(monkeypatch):
+    """A submitted job reads its data from Ray's copy of the working directory: resumed from
+    the checkout (or submitted again, another copy), the same file is not other data."""
+    from learners.job.train_loop import _same_path
+
+    monkeypatch.chdir(ROOT)
+    pkg = "/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_fef2a259"
+    assert _same_path(f"{pkg}/data/a9a/x.libsvm", str(ROOT / "data" / "a9a" / "x.libsvm"))
+    assert _same_path(f"{pkg}/data/x", "/tmp/r2/_ray_pkg_0c1d/data/x")
+    assert not _same_path(f"{pkg}/data/x", f"{pkg}/data/y")
+    assert not _same_path("/tmp/a/x", "/tmp/b/x")
+    assert _same_path("s3://b/x", "s3://b/x") and not _same_path("s3://b/x", "/b/x")
