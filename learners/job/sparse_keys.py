@@ -180,7 +180,8 @@ def unused_placement_keys(conf: Mapping[str, Any]) -> list[str]:
         return []
     placement = str(conf.get(SPARSE_PLACEMENT.name, SPARSE_PLACEMENT.default))
     keys = [TABLE_CAPACITY, TABLE_MEMORY_FRACTION, TABLE_EVICTION, TABLE_ADMIT]
-    if placement == "ps":
+    conflict = _worker_conflict(conf) if placement == "auto" else ""
+    if placement == "ps" or conflict:
         keys.insert(0, SPARSE_WORKER_MEMORY)
     elif placement == "worker":
         keys = [SPARSE_WORKER_MEMORY]
@@ -196,6 +197,9 @@ def unused_placement_keys(conf: Mapping[str, Any]) -> list[str]:
                     " (the sparse tables stay on the shards): set angel.sparse.placement=worker "
                     "or auto for tables on the workers"
                     if placement == "ps"
+                    # (auto keeps them on the shards where a key needs them there: SSP, ...)
+                    else f" (it keeps the sparse tables on the shards: {conflict})"
+                    if conflict
                     else " (it sizes auto's choice only)"
                 )
             )

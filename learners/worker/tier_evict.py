@@ -140,8 +140,8 @@ class TierEvictions:
             # (the rows this update reads: those held (pinned) and those to place)
             reads = live - len(victims) + need + self.n_free
             raise ConfigError(
-                f"table {self.label}: angel.worker.table.capacity={self.capacity} rows is "
-                f"below the {reads} rows one update reads on this worker; "
-                "raise it (or lower the batch size)"
+                f"table {self.label}: its device tier of {self.capacity} rows "
+                f"(angel.worker.table.capacity) is below the {reads} rows one update reads on "
+                "this worker; raise it (or lower the batch size)"
             )
         return self._release(victims)  # (waited for: these rows may be sent at once)

@@ -513,7 +513,8 @@ def test_every_policy_is_exact(policy: TierPolicy) -> None:
 def test_a_tier_below_one_updates_rows_is_refused_by_name() -> None:
     with pytest.raises(
         ValueError,
-        match=r"table 'e': angel.worker.table.capacity=60 rows is below the \d+ rows one update reads",
+        match=r"table 'e': its device tier of 60 rows \(angel.worker.table.capacity\) is below "
+        r"the \d+ rows one update reads",
     ):
         _steps(OPTS[0], 60)
 

@@ -106,3 +106,10 @@ def test_a_device_tier_key_without_tables_on_the_workers_is_named():
     ]
     assert unused({"angel.sparse.placement": "auto", "angel.worker.table.capacity": "2GB"}) == []
     assert unused({"angel.sparse.placement": "worker", "angel.worker.table.capacity": "2GB"}) == []
+    # auto with a key that keeps the tables on the shards (SSP): the tier's keys are said too
+    ssp = {"angel.sparse.placement": "auto", "angel.staleness": 1}
+    assert unused({**ssp, "angel.worker.table.eviction": "lfu"}) == [
+        "angel.worker.table.eviction=lfu (program): set but not used with "
+        "angel.sparse.placement=auto (it keeps the sparse tables on the shards: angel.staleness=1: "
+        "tables on the workers are updated once per step by their owners (BSP))"
+    ]
