@@ -108,6 +108,26 @@ def test_head_requires_the_token_and_binds_the_dashboard_to_loopback(head: Head)
             s.connect((node_ip.group(1), head.dashboard_port))
 
 
+def test_a_second_head_on_the_same_port_is_refused(head: Head, tmp_path: Path) -> None:
+    # (it came up "head up" with the first head's jobs API answering for it: every submit
+    # then went to the other cluster)
+    other = Head(tmp_path / "second", {**head.env, "ANGELPS_RAY_DIR": str(tmp_path / "second")}, 0)
+    started = other.run("start", "--dashboard-port", str(head.dashboard_port), timeout=60)
+    assert started.returncode == 2, started.stdout + started.stderr
+    assert started.stderr.startswith(
+        f"ray-cluster: port {head.dashboard_port} on 127.0.0.1 is in use (another head? "
+    )
+    assert not (tmp_path / "second" / "pid").exists()
+
+
+def test_a_job_id_that_does_not_exist_is_one_line(head: Head) -> None:
+    status = head.run("status", "nope", timeout=60)
+    assert status.returncode != 0
+    assert "Traceback" not in status.stderr, status.stderr
+    lines = status.stderr.strip().splitlines()
+    assert lines[-1].startswith("ray-cluster: status: ") and "nope" in lines[-1], status.stderr
+
+
 def test_joining_without_the_token_is_one_line_at_once(head: Head, tmp_path: Path) -> None:
     # ray.init from a shell without the token prints Ray's GCS warning every second for ~20 s,
     # then fails; the address's probe asks the GCS once and says what is missing.
