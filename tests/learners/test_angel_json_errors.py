@@ -20,8 +20,10 @@ def _deepfm() -> dict[str, Any]:
     return copy.deepcopy(json.loads((JSONS / "deepfm.json").read_text()))
 
 
-def _conf(tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFixture[str]) -> str:
-    """``angelps conf`` of the JSON ``doc`` (saved as deepfm.json): the error line (exit 2)."""
+def _run_conf(
+    tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str, Path]:
+    """``angelps conf`` of the JSON ``doc`` saved as deepfm.json: (exit, out, err, its path)."""
     p = tmp_path / "deepfm.json"
     if isinstance(doc, bytes):
         p.write_bytes(doc)
@@ -29,7 +31,13 @@ def _conf(tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFix
         p.write_text(json.dumps(doc, indent=2))
     capsys.readouterr()
     rc = main(["conf", "--angel.ml.conf", str(p)])
-    err = capsys.readouterr().err.strip()
+    said = capsys.readouterr()
+    return rc, said.out, said.err.strip(), p
+
+
+def _conf(tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    """The error line of ``angelps conf`` (exit 2) on ``doc``, after the file's name."""
+    rc, _, err, p = _run_conf(tmp_path, doc, capsys)
     assert rc == 2, err
     assert len(err.splitlines()) == 1, err
     prefix = f"angelps: error: {p}"
@@ -38,16 +46,9 @@ def _conf(tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFix
 
 
 def _ok(tmp_path: Path, doc: dict[str, Any] | bytes, capsys: pytest.CaptureFixture[str]) -> str:
-    p = tmp_path / "deepfm.json"
-    if isinstance(doc, bytes):
-        p.write_bytes(doc)
-    else:
-        p.write_text(json.dumps(doc, indent=2))
-    capsys.readouterr()
-    rc = main(["conf", "--angel.ml.conf", str(p)])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    return out.out
+    rc, out, err, _ = _run_conf(tmp_path, doc, capsys)
+    assert rc == 0, err
+    return out
 
 
 # --- 1. a layer's optimizer values, checked by the optimizer's own rules -------------------------
